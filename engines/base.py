@@ -1,0 +1,64 @@
+"""The Engine interface every backend implements, and the tensor description they share."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+# ONNX TensorProto element types we meet in classifiers, by name
+DTYPES = {"float32": np.float32, "float16": np.float16, "int8": np.int8, "uint8": np.uint8, "int64": np.int64,
+          "int32": np.int32, "bool": np.bool_, "float64": np.float64}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str  # numpy dtype name
+    shape: tuple  # ints, or strings for symbolic dimensions ("batch")
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TensorSpec":
+        return cls(d["name"], d["dtype"], tuple(d["shape"]))
+
+    @property
+    def numpy_dtype(self):
+        return np.dtype(DTYPES.get(self.dtype, self.dtype))
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """A loaded model. ``infer`` takes the input batch and returns the outputs, in ``outputs`` order."""
+
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    device: str
+
+    def infer(self, batch: Any) -> list[Any]: ...
+
+    def close(self) -> None: ...
+
+    def __enter__(self): ...
+
+    def __exit__(self, *exc) -> None: ...
+
+
+class EngineBase:
+    """Context-manager plumbing shared by the backends."""
+
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    device: str = "cpu"
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,85 @@
+"""ONNX Runtime backend.
+
+CPU execution provider for machines without a GPU; CUDA execution provider where onnxruntime-gpu is installed.
+This first version feeds host (numpy) batches; zero-copy IOBinding on device buffers comes with the video
+runtime.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ._deps import dist_version, require
+from .base import EngineBase, TensorSpec
+from .errors import EngineError, UsageProblem
+
+_ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
+              "tensor(int8)": "int8", "tensor(uint8)": "uint8", "tensor(int32)": "int32", "tensor(int64)": "int64",
+              "tensor(bool)": "bool"}
+
+
+def _spec(arg) -> TensorSpec:
+    shape = tuple(d if isinstance(d, int) else (d or "?") for d in arg.shape)
+    return TensorSpec(arg.name, _ORT_TYPES.get(arg.type, arg.type), shape)
+
+
+def parse_device(device: str) -> tuple[str, int]:
+    d = (device or "cpu").strip().lower()
+    if d == "cpu":
+        return "cpu", 0
+    if d == "cuda":
+        return "cuda", 0
+    if d.startswith("cuda:") and d[5:].isdigit():
+        return "cuda", int(d[5:])
+    raise UsageProblem(f"unknown device {device!r}", "use cpu, cuda or cuda:N")
+
+
+def providers_for(device: str) -> list:
+    ort = require("onnxruntime", "Running ONNX models")
+    kind, index = parse_device(device)
+    available = ort.get_available_providers()
+    if kind == "cpu":
+        return ["CPUExecutionProvider"]
+    if "CUDAExecutionProvider" not in available:
+        both = dist_version("onnxruntime") and dist_version("onnxruntime-gpu")
+        if both:
+            raise EngineError("both onnxruntime and onnxruntime-gpu are installed; they provide the same module and "
+                              "the CPU build won, so the CUDA execution provider is missing",
+                              "pip uninstall -y onnxruntime onnxruntime-gpu && pip install onnxruntime-gpu")
+        raise EngineError(f"ONNX Runtime here has no CUDA execution provider (it has {', '.join(available)})",
+                          'pip uninstall -y onnxruntime && pip install "trtc[gpu]", or use --device cpu')
+    return [("CUDAExecutionProvider", {"device_id": index}), "CPUExecutionProvider"]
+
+
+class OnnxRuntimeEngine(EngineBase):
+    def __init__(self, path: str | os.PathLike, device: str = "cpu", threads: int | None = None):
+        ort = require("onnxruntime", "Running ONNX models")
+        self.path = Path(path)
+        self.device = device
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        if threads:
+            opts.intra_op_num_threads = threads
+        try:
+            self.session = ort.InferenceSession(os.fspath(self.path), sess_options=opts,
+                                                providers=providers_for(device))
+        except EngineError:
+            raise
+        except Exception as exc:  # ORT raises its own exception types for bad graphs
+            raise EngineError(f"ONNX Runtime cannot load {self.path.name}: {str(exc).splitlines()[0]}",
+                              "check the model with `trtc inspect` or re-export it") from exc
+        self.inputs = [_spec(a) for a in self.session.get_inputs()]
+        self.outputs = [_spec(a) for a in self.session.get_outputs()]
+        self._output_names = [o.name for o in self.outputs]
+
+    def infer(self, batch) -> list[np.ndarray]:
+        feeds = batch if isinstance(batch, dict) else {self.inputs[0].name: batch}
+        casted = {}
+        for spec in self.inputs:
+            if spec.name not in feeds:
+                raise UsageProblem(f"no data for model input {spec.name!r}")
+            casted[spec.name] = np.ascontiguousarray(feeds[spec.name], dtype=spec.numpy_dtype)
+        return self.session.run(self._output_names, casted)

@@ -1,0 +1,71 @@
+"""Progress reporting between the library and whoever drives it.
+
+Library functions take a ``reporter`` and announce their phases through it; they never print. The CLI passes a
+:class:`RichReporter` (spinner/progress bars on stderr); Python callers get :class:`Reporter`, which only logs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+
+log = logging.getLogger("trtc")
+
+
+class Reporter:
+    """Silent reporter: phases go to the ``trtc`` logger at debug level."""
+
+    @contextlib.contextmanager
+    def phase(self, description: str, total: int | None = None):
+        t0 = time.perf_counter()
+        log.debug("%s ...", description)
+        bar = _Bar()
+        yield bar
+        log.debug("%s done in %.2f s", description, time.perf_counter() - t0)
+
+
+class _Bar:
+    def advance(self, n: int = 1) -> None:
+        pass
+
+
+class RichReporter(Reporter):
+    """Transient progress bars on stderr, one per phase; a done line per phase stays visible."""
+
+    def __init__(self, console, quiet: bool = False):
+        self.console = console
+        self.quiet = quiet
+
+    @contextlib.contextmanager
+    def phase(self, description: str, total: int | None = None):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        t0 = time.perf_counter()
+        if self.quiet:
+            yield _Bar()
+            return
+        columns = [SpinnerColumn(), TextColumn("{task.description}")]
+        if total:
+            columns += [BarColumn(), MofNCompleteColumn()]
+        columns.append(TimeElapsedColumn())
+        with Progress(*columns, console=self.console, transient=True) as progress:
+            task = progress.add_task(description, total=total)
+
+            class Bar:
+                def advance(self, n: int = 1) -> None:
+                    progress.advance(task, n)
+
+            yield Bar()
+        self.console.print(f"[green]✓[/] {description} [dim]({time.perf_counter() - t0:.1f} s)[/]")
+
+
+def setup_logging(console, verbosity: int) -> None:
+    """-q: errors only; default: warnings; -v: info; -vv: debug. Everything on stderr."""
+    from rich.logging import RichHandler
+
+    level = {-1: logging.ERROR, 0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG)
+    logger = logging.getLogger("trtc")
+    logger.handlers[:] = [RichHandler(console=console, show_time=False, show_path=False, markup=False)]
+    logger.setLevel(level)
+    logger.propagate = False

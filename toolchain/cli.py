@@ -1,0 +1,196 @@
+"""The `trtc` command line: each command parses its options, calls one library function and renders the result.
+
+Results go to stdout (a table, or JSON with --json); logs and progress bars go to stderr. Exit codes: 0 success,
+1 the work failed (one line saying why, and the fix), 2 the command line is wrong. --debug shows tracebacks.
+Heavy modules are imported inside the commands, so `trtc --help` is instant.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+
+import click
+
+from engines import __version__
+from engines.errors import TrtcError
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 110}
+
+
+class State:
+    def __init__(self, verbosity: int, debug: bool):
+        from rich.console import Console
+
+        self.verbosity = verbosity
+        self.debug = debug
+        self.err = Console(stderr=True, highlight=False)
+        self.out = Console(highlight=False, soft_wrap=True)
+
+    def reporter(self):
+        from ._ui import RichReporter
+
+        return RichReporter(self.err, quiet=self.verbosity < 0)
+
+
+def _fail(ctx: click.Context, reason: str, fix: str | None, code: int) -> None:
+    click.echo(f"error: {reason}", err=True)
+    if fix:
+        click.echo(f"  fix: {fix}", err=True)
+    ctx.exit(code)
+
+
+class TrtcGroup(click.Group):
+    """Turns TrtcError into a one-line message and its exit code; other exceptions into 'internal error'."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except TrtcError as exc:
+            if _debug(ctx):
+                traceback.print_exc()
+            _fail(ctx, exc.reason, exc.fix, exc.exit_code)
+        except KeyboardInterrupt:
+            click.echo("interrupted: nothing was written", err=True)
+            ctx.exit(130)
+        except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
+            raise
+        except Exception as exc:  # a bug: say so, briefly
+            if _debug(ctx):
+                traceback.print_exc()
+            _fail(ctx, f"internal error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+                  "this is a bug in trtc; run again with --debug and report the traceback", 1)
+
+
+def _debug(ctx: click.Context) -> bool:
+    state = ctx.find_object(State)
+    return bool(state and state.debug) or "--debug" in sys.argv
+
+
+@click.group(cls=TrtcGroup, context_settings=CONTEXT)
+@click.option("-v", "--verbose", count=True, help="More log output on stderr (-vv for debug).")
+@click.option("-q", "--quiet", is_flag=True, help="Only errors on stderr; no progress bars.")
+@click.option("--debug", is_flag=True, help="Show tracebacks on errors.")
+@click.version_option(__version__, "-V", "--version", prog_name="trtc")
+@click.pass_context
+def cli(ctx: click.Context, verbose: int, quiet: bool, debug: bool):
+    """trtc: deploy image classifiers on NVIDIA GPUs.
+
+    \b
+    export    PyTorch classifier -> ONNX + manifest, checked against PyTorch
+    doctor    what this machine can run, and how to fix what it cannot
+    """
+    from ._ui import setup_logging
+
+    state = State(-1 if quiet else (2 if debug else verbose), debug)
+    setup_logging(state.err, state.verbosity)
+    ctx.obj = state
+
+
+def _floats3(ctx, param, value):
+    if value is None:
+        return None
+    try:
+        vals = tuple(float(v) for v in value.replace(" ", "").split(","))
+    except ValueError:
+        raise click.BadParameter("give three comma-separated numbers, e.g. 0.485,0.456,0.406") from None
+    if len(vals) != 3:
+        raise click.BadParameter(f"needs 3 values (one per channel), got {len(vals)}")
+    return vals
+
+
+def _size(ctx, param, value):
+    if value is None:
+        return None
+    try:
+        parts = [int(v) for v in value.lower().replace("x", ",").split(",")]
+    except ValueError:
+        raise click.BadParameter("give N or HxW, e.g. 224 or 256x320") from None
+    if len(parts) == 1:
+        parts *= 2
+    if len(parts) != 2 or min(parts) < 8:
+        raise click.BadParameter("give N or HxW with sides of at least 8 pixels")
+    return tuple(parts)
+
+
+def _emit_json(state: State, data) -> None:
+    click.echo(json.dumps(data, indent=2, default=str))
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("source")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="The .onnx file to write.")
+@click.option("--weights", type=click.Path(), help="State dict or checkpoint for torchvision:/timm:/file.py: sources.")
+@click.option("--num-classes", type=click.IntRange(1), help="Replace the classifier head with N classes.")
+@click.option("--input-size", "--crop", "input_size", callback=_size, help="Model input (= crop) size, N or HxW. "
+              "Default: the source's own (224 for most).")
+@click.option("--batch", default="1:8:32", show_default=True, help="Batch range MIN:OPT:MAX (the TensorRT profile); "
+              "a single N fixes the batch.")
+@click.option("--opset", type=int, help="ONNX opset (default: the exporter's).")
+@click.option("--exporter", type=click.Choice(["auto", "dynamo", "torchscript"]), default="auto", show_default=True,
+              help="auto tries dynamo, then falls back to TorchScript.")
+@click.option("--labels", type=click.Path(), help="Class names: a text file (one per line) or a JSON list.")
+@click.option("--mean", callback=_floats3, help="Per-channel mean in [0,1] units, e.g. 0.485,0.456,0.406.")
+@click.option("--std", callback=_floats3, help="Per-channel std in [0,1] units.")
+@click.option("--color", type=click.Choice(["RGB", "BGR"], case_sensitive=False), help="Channel order of the input.")
+@click.option("--resize", type=click.IntRange(0), help="Short side before the centre crop; 0 stretches to the input.")
+@click.option("--check-data", type=click.Path(), help="Images (file or folder) to compare ONNX Runtime with PyTorch "
+              "on; default: random inputs.")
+@click.option("--check-samples", type=click.IntRange(1, 1024), default=8, show_default=True,
+              help="Random inputs when no --check-data.")
+@click.option("--atol", type=float, default=1e-3, show_default=True, help="Max abs logit difference allowed.")
+@click.option("--name", help="Model name for the manifest (default: from the source).")
+@click.option("--force", is_flag=True, help="Overwrite an existing output.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
+@click.pass_obj
+def export(state: State, source, output, weights, num_classes, input_size, batch, opset, exporter, labels, mean, std,
+           color, resize, check_data, check_samples, atol, name, force, as_json):
+    """Export a PyTorch classifier to ONNX, with OUTPUT.json (the manifest) beside it.
+
+    SOURCE is torchvision:ARCH, timm:NAME, pretrained:efficientnet-lite0, path/to/file.py:factory, a TorchScript
+    file or a torch.export .pt2. Nothing is downloaded. The result is checked with onnx.checker and against PyTorch
+    in ONNX Runtime (CPU) before it is written; on any failure nothing is left behind.
+
+    \b
+    Examples:
+      trtc export pretrained:efficientnet-lite0 -o lite0.onnx
+      trtc export torchvision:resnet18 --weights w.pth --num-classes 10 -o r18.onnx --check-data photos/
+    """
+    from .export import export_onnx
+
+    report = export_onnx(source, output, weights=weights, num_classes=num_classes, input_size=input_size,
+                         batch=batch, opset=opset, exporter=exporter, labels=labels, mean=mean, std=std,
+                         color=color.upper() if color else None, resize=resize, check_data=check_data,
+                         check_samples=check_samples, atol=atol, force=force, name=name, reporter=state.reporter())
+    if as_json:
+        _emit_json(state, report.to_dict())
+        return
+    from .render import render_export
+
+    render_export(state.out, report)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
+@click.pass_obj
+def doctor(state: State, as_json):
+    """Say what this machine can do: packages, GPU, NVDEC, and which trtc features work (with the fix for those
+    that do not)."""
+    from .doctor import diagnose
+
+    report = diagnose()
+    if as_json:
+        _emit_json(state, report)
+        return
+    from .render import render_doctor
+
+    render_doctor(state.out, report)
+
+
+def main() -> None:
+    cli(prog_name="trtc")
+
+
+if __name__ == "__main__":
+    main()

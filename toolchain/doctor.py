@@ -1,0 +1,180 @@
+"""`trtc doctor`: what this machine can do, and the install line for what it cannot.
+
+Versions come from package metadata (no import); a package is imported only where the question needs it
+(ONNX Runtime's providers, TensorRT's version, NVDEC's capabilities), and a broken import is reported, not
+raised.
+"""
+
+from __future__ import annotations
+
+import platform
+import shutil
+import subprocess
+import sys
+
+from engines._deps import dist_version, is_installed
+
+PACKAGES = [
+    # (shown name, module, distributions that provide it)
+    ("torch", "torch", ["torch"]),
+    ("torchvision", "torchvision", ["torchvision"]),
+    ("onnx", "onnx", ["onnx"]),
+    ("onnxscript", "onnxscript", ["onnxscript"]),
+    ("onnxruntime", "onnxruntime", ["onnxruntime", "onnxruntime-gpu"]),
+    ("tensorrt", "tensorrt", ["tensorrt", "tensorrt-cu13", "tensorrt-cu12", "tensorrt-cu13-bindings",
+                              "tensorrt-cu12-bindings"]),
+    ("tensorrt_rtx", "tensorrt_rtx", ["tensorrt-rtx", "tensorrt-rtx-cu13-bindings", "tensorrt-rtx-cu12-bindings"]),
+    ("cupy", "cupy", ["cupy-cuda13x", "cupy-cuda12x", "cupy"]),
+    ("PyNvVideoCodec", "PyNvVideoCodec", ["pynvvideocodec", "PyNvVideoCodec"]),
+    ("av (PyAV)", "av", ["av"]),
+    ("timm", "timm", ["timm"]),
+]
+CODECS = [("H264", "420", 8), ("HEVC", "420", 8), ("HEVC", "420", 10), ("AV1", "420", 8), ("VP9", "420", 8)]
+
+
+def _run(cmd: list[str]) -> str | None:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _module_alias(primary: str, alias: str) -> str | None:
+    """TensorRT's PyPI wheels install `tensorrt_bindings` / `tensorrt_rtx_bindings`; NVIDIA's installs the plain
+    name. Return whichever is importable-looking."""
+    for m in (primary, alias):
+        if is_installed(m):
+            return m
+    return None
+
+
+def packages() -> dict:
+    out = {}
+    for shown, module, dists in PACKAGES:
+        version = dist_version(*dists)
+        info = {"version": version, "module": module}
+        if module == "onnxruntime":
+            cpu, gpu = dist_version("onnxruntime"), dist_version("onnxruntime-gpu")
+            info["distributions"] = {"onnxruntime": cpu, "onnxruntime-gpu": gpu}
+            if cpu and gpu:
+                info["note"] = ("onnxruntime AND onnxruntime-gpu are both installed: they share one module; "
+                                "uninstall both, then install only one")
+            if version:
+                try:
+                    import onnxruntime
+
+                    info["providers"] = onnxruntime.get_available_providers()
+                    info.setdefault("note", "providers: " + ", ".join(p.replace("ExecutionProvider", "")
+                                                                      for p in info["providers"]))
+                except Exception as exc:
+                    info["import_error"] = f"{type(exc).__name__}: {exc}"
+                    info["note"] = f"import failed: {exc}"
+        elif module in ("tensorrt", "tensorrt_rtx"):
+            mod = _module_alias(module, module.replace("tensorrt", "tensorrt_bindings", 1) if module == "tensorrt"
+                                else "tensorrt_rtx_bindings")
+            if mod:
+                info["import_as"] = mod
+                try:
+                    m = __import__(mod)
+                    info["version"] = getattr(m, "__version__", version)
+                    info["note"] = f"import {mod}"
+                except Exception as exc:
+                    info["import_error"] = f"{type(exc).__name__}: {exc}"
+                    info["note"] = f"import {mod} failed: {str(exc)[:80]}"
+        out[shown] = info
+    return out
+
+
+def gpus() -> dict:
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return {"devices": [], "reason": "nvidia-smi not found (no NVIDIA driver)"}
+    text = _run([smi, "--query-gpu=name,compute_cap,driver_version,memory.total", "--format=csv,noheader,nounits"])
+    if not text:
+        return {"devices": [], "reason": "nvidia-smi failed (driver not loaded?)"}
+    devices, driver = [], None
+    for line in text.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) >= 4:
+            devices.append({"name": parts[0], "compute_capability": parts[1], "memory_mib": parts[3]})
+            driver = parts[2]
+    cuda = None
+    head = _run([smi]) or ""
+    for token in head.split("CUDA Version:")[1:2]:
+        cuda = token.split()[0]
+    return {"devices": devices, "driver": driver, "cuda": cuda}
+
+
+def nvdec_caps() -> dict:
+    """NVDEC limits per codec from PyNvVideoCodec, where it and a GPU are present."""
+    if not is_installed("PyNvVideoCodec"):
+        return {}
+    try:
+        import PyNvVideoCodec as nvc
+    except Exception as exc:
+        return {"error": f"import failed: {exc}"}
+    chroma = {"420": nvc.cudaVideoChromaFormat.YUV420}
+    out = {}
+    for codec, fmt, depth in CODECS:
+        key = f"{codec} {fmt} {depth}-bit"
+        try:
+            caps = nvc.GetDecoderCaps(gpuid=0, codec=getattr(nvc.cudaVideoCodec, codec), chromaformat=chroma[fmt],
+                                      bitdepth=depth)
+            out[key] = (f"up to {caps.get('width_max')}x{caps.get('height_max')}, "
+                        f"{caps.get('num_decoder_engines')} engine(s)") if caps.get("supported") else "not supported"
+        except Exception as exc:
+            out[key] = f"query failed: {str(exc)[:60]}"
+    return out
+
+
+def features(pk: dict, gpu: dict) -> list[dict]:
+    has = {name: bool(info.get("version")) and not info.get("import_error") for name, info in pk.items()}
+    providers = pk.get("onnxruntime", {}).get("providers", [])
+    have_gpu = bool(gpu.get("devices"))
+    both_ort = bool(pk.get("onnxruntime", {}).get("distributions", {}).get("onnxruntime")) and bool(
+        pk.get("onnxruntime", {}).get("distributions", {}).get("onnxruntime-gpu"))
+    ccs = [d["compute_capability"] for d in gpu.get("devices", [])]
+    rows = []
+
+    def row(feature, ok, reason, fix):
+        rows.append({"feature": feature, "ok": bool(ok), "reason": "" if ok else reason, "fix": "" if ok else fix})
+
+    export_missing = [n for n in ("torch", "torchvision", "onnx", "onnxscript") if not has[n]]
+    row("trtc export (PyTorch -> ONNX)", not export_missing, "missing " + ", ".join(export_missing),
+        'pip install "trtc[export]"')
+    row("ONNX Runtime on CPU (export check; FP32/FP16/INT8 ONNX)", has["onnxruntime"], "onnxruntime not installed",
+        'pip install "trtc[cpu]"')
+    cuda_ep = "CUDAExecutionProvider" in providers
+    fix = ("pip uninstall -y onnxruntime onnxruntime-gpu && pip install onnxruntime-gpu" if both_ort else
+           'pip uninstall -y onnxruntime && pip install "trtc[gpu]"' if have_gpu else "needs an NVIDIA GPU")
+    row("ONNX Runtime on GPU (CUDA EP)", cuda_ep and have_gpu,
+        "no GPU" if not have_gpu else "onnxruntime has no CUDAExecutionProvider", fix)
+    row("GPU preprocessing (CuPy)", has["cupy"] and have_gpu, "no GPU" if not have_gpu else "cupy not installed",
+        'pip install "trtc[gpu]"' if have_gpu else "needs an NVIDIA GPU")
+    row("NVDEC video decode (PyNvVideoCodec)", has["PyNvVideoCodec"] and have_gpu,
+        "no GPU" if not have_gpu else "PyNvVideoCodec not installed",
+        'pip install "trtc[gpu]"' if have_gpu else "needs an NVIDIA GPU")
+    row("CPU video decode (PyAV)", has["av (PyAV)"], "av not installed", 'pip install "trtc[video-cpu]"')
+    row("TensorRT 10/11 engines (build + run)", has["tensorrt"] and have_gpu,
+        "no GPU" if not have_gpu else "tensorrt not installed",
+        'pip install "trtc[trt]" (NVIDIA\'s wheels fetch the libraries from NVIDIA\'s index)' if have_gpu
+        else "needs an NVIDIA GPU")
+    rtx_runs = any(c and (c.startswith(("7.5", "8.", "12.")) or c >= "12") for c in ccs)
+    row("TensorRT-RTX engines: build", has["tensorrt_rtx"], "tensorrt_rtx not installed", 'pip install "trtc[rtx]"')
+    row("TensorRT-RTX engines: run", has["tensorrt_rtx"] and rtx_runs,
+        "tensorrt_rtx not installed" if not has["tensorrt_rtx"] else
+        f"RTX runs on compute capability 7.5/8.x/12.x, this GPU is {', '.join(ccs) or 'absent'}",
+        'pip install "trtc[rtx]"' if not has["tensorrt_rtx"] else "build with --backend tensorrt on this GPU")
+    return rows
+
+
+def diagnose() -> dict:
+    pk = packages()
+    gpu = gpus()
+    if gpu.get("devices"):
+        gpu["nvdec"] = nvdec_caps()
+    from engines import __version__
+
+    system = {"trtc": __version__, "python": sys.version.split()[0], "platform": platform.platform(),
+              "machine": platform.machine()}
+    return {"system": system, "packages": pk, "gpu": gpu, "features": features(pk, gpu)}

@@ -1,0 +1,398 @@
+"""PyTorch classifier -> one self-contained ONNX file + its manifest, checked against PyTorch.
+
+    report = export_onnx("pretrained:efficientnet-lite0", "model.onnx", check_data="photos/")
+
+The ONNX is written to a temporary file beside the target, checked (onnx.checker with full shape inference,
+then ONNX Runtime on the CPU against PyTorch on the same inputs), and only then moved into place together with
+``model.onnx.json``. A failure at any step leaves no file behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import re
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from engines import __version__
+from engines._deps import dist_version, require
+from engines._io import atomic_path, sha256_file
+from engines.manifest import BatchProfile, Manifest, manifest_path, write_manifest
+from engines.preprocess import PreprocessSpec, batch_from_images, list_images
+
+from ._ui import Reporter
+from .errors import ExportError, UsageProblem
+from .model_source import LoadedModel, load_model, parse_source
+
+log = logging.getLogger("trtc")
+INPUT_NAME, OUTPUT_NAME = "input", "logits"
+MAX_CHECK_IMAGES = 64
+
+
+@dataclass
+class ParityCheck:
+    data: str  # "random" or the data path
+    samples: int
+    max_abs_diff: float
+    mean_abs_diff: float
+    top1_agreement: float
+    flips: int  # top-1 disagreements larger than the tolerance can explain
+    atol: float
+    passed: bool
+    batch_sizes: list[int] = field(default_factory=list)
+
+
+@dataclass
+class ExportReport:
+    output: str
+    manifest: str
+    source: str
+    exporter: str
+    opset: int
+    bytes: int
+    sha256: str
+    input_shape: list
+    num_classes: int
+    batch: dict
+    preprocess: dict
+    check: ParityCheck
+    timings: dict
+    predictions: list[dict] = field(default_factory=list)  # per check image: file and top-5 (label, prob)
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def check_output_path(output: str | Path, force: bool, suffix: str = ".onnx") -> Path:
+    out = Path(output)
+    if out.suffix.lower() != suffix:
+        raise UsageProblem(f"output {out} must end in {suffix}", f"e.g. -o model{suffix}")
+    if not out.parent.exists():
+        raise UsageProblem(f"output folder {out.parent} does not exist",
+                           f"create it first (mkdir -p {out.parent}) or choose another -o")
+    if out.is_dir():
+        raise UsageProblem(f"output {out} is a folder", f"give a file name, e.g. -o {out / ('model' + suffix)}")
+    if out.exists() and not force:
+        raise UsageProblem(f"{out} already exists", "add --force to overwrite it")
+    return out
+
+
+def read_labels(path: str | Path) -> list[str]:
+    p = Path(path)
+    if not p.is_file():
+        raise UsageProblem(f"labels file not found: {p}")
+    text = p.read_text(encoding="utf-8")
+    if p.suffix.lower() == ".json":
+        try:
+            labels = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise UsageProblem(f"labels file {p} is not valid JSON: {exc}") from exc
+        if not isinstance(labels, list) or not all(isinstance(x, str) for x in labels):
+            raise UsageProblem(f"labels file {p} must hold a JSON list of strings")
+        return labels
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def build_spec(loaded: LoadedModel, input_size=None, resize=None, mean=None, std=None, color=None) -> PreprocessSpec:
+    d = loaded.defaults
+    size = input_size if input_size is not None else d.get("size", 224)
+    size = (size, size) if isinstance(size, int) else tuple(size)
+    if resize is None:
+        resize = d.get("resize", 256) if input_size is None else int(round(min(size) / 0.875))
+    return PreprocessSpec(size=size, resize=resize or None, color=color or d.get("color", "RGB"),
+                          mean=tuple(mean or d.get("mean")), std=tuple(std or d.get("std")), input=INPUT_NAME)
+
+
+@contextlib.contextmanager
+def _quiet_torch():
+    """The exporters print progress to stdout and emit many warnings: keep stdout for results."""
+    buf = io.StringIO()
+    with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(buf):
+        warnings.simplefilter("always")
+        yield
+    for line in buf.getvalue().splitlines():
+        log.debug("exporter: %s", line)
+    for w in caught:
+        log.debug("exporter warning: %s", w.message)
+
+
+def explain_failure(exc: BaseException) -> tuple[str | None, str | None]:
+    """(operator, module path) behind an exporter failure, from the message and the fx node being translated."""
+    op = module = None
+    seen, chain = set(), exc
+    while chain is not None and id(chain) not in seen:
+        seen.add(id(chain))
+        text = str(chain)
+        m = (re.search(r"No ONNX function found for <OpOverload\(op='([\w.]+)'", text)
+             or re.search(r"operator '([\w:.]+)'", text)
+             or re.search(r"target=torch\.ops\.([\w.]+?)(?:\.default)?\]", text))
+        if m and op is None:
+            op = m.group(1)
+        tb = chain.__traceback__
+        while tb is not None:
+            node = tb.tb_frame.f_locals.get("node")
+            stack = getattr(node, "meta", {}).get("nn_module_stack") if node is not None else None
+            if stack:
+                path, typ = list(stack.values())[-1]
+                module = f"{path or '<root>'} ({typ if isinstance(typ, str) else getattr(typ, '__name__', typ)})"
+                if op is None:
+                    op = str(getattr(node, "target", ""))
+            tb = tb.tb_next
+        chain = chain.__cause__ or chain.__context__
+    return op, module
+
+
+def _export_dynamo(loaded: LoadedModel, example, batch: BatchProfile, path: Path, opset: int | None):
+    import torch
+
+    with _quiet_torch():
+        if loaded.kind == "exported":
+            program = loaded.module
+        else:
+            dynamic = ({0: torch.export.Dim("batch", min=batch.min, max=batch.max)},) if batch.dynamic else None
+            try:
+                program = torch.export.export(loaded.module, (example,), dynamic_shapes=dynamic, strict=False)
+            except Exception as exc:
+                raise _ExporterFailed("torch.export", exc) from exc
+        try:
+            torch.onnx.export(program, (example,), str(path), dynamo=True, external_data=False,
+                              input_names=[INPUT_NAME], output_names=[OUTPUT_NAME], opset_version=opset)
+        except Exception as exc:
+            raise _ExporterFailed("onnx", exc) from exc
+    _name_batch_dim(path)
+
+
+def _name_batch_dim(path: Path) -> None:
+    """torch.export names the dynamic batch dimension after an internal symbol (s85); call it "batch"."""
+    import onnx
+
+    model = onnx.load(str(path))
+    dims = model.graph.input[0].type.tensor_type.shape.dim
+    old = dims[0].dim_param if dims else ""
+    if not old or old == "batch":
+        return
+    for vi in list(model.graph.input) + list(model.graph.output) + list(model.graph.value_info):
+        for d in vi.type.tensor_type.shape.dim:
+            if d.dim_param == old:
+                d.dim_param = "batch"
+    onnx.save(model, str(path))
+
+
+def _export_torchscript(loaded: LoadedModel, example, batch: BatchProfile, path: Path, opset: int | None):
+    import torch
+
+    axes = {INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}} if batch.dynamic else None
+    with _quiet_torch():
+        try:
+            torch.onnx.export(loaded.module, (example,), str(path), dynamo=False, input_names=[INPUT_NAME],
+                              output_names=[OUTPUT_NAME], dynamic_axes=axes, opset_version=min(opset or 17, 20))
+        except Exception as exc:
+            raise _ExporterFailed("torchscript", exc) from exc
+
+
+class _ExporterFailed(Exception):
+    def __init__(self, stage: str, exc: BaseException):
+        super().__init__(f"{stage}: {exc}")
+        self.stage, self.exc = stage, exc
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc)
+    m = re.search(r"## Exception summary\s+(.*?)(?:\n\n|$)", text, re.S)
+    if m:
+        text = re.sub(r"<class '[\w.]+'>: ", "", m.group(1))
+    text = re.sub(r"\x1b\[[0-9;]*m", "", text)
+    return text.strip().splitlines()[0][:300] if text.strip() else type(exc).__name__
+
+
+def _run_exporters(loaded: LoadedModel, exporter: str, example, batch, path: Path, opset) -> str:
+    if loaded.kind == "script" and exporter == "dynamo":
+        raise UsageProblem("a TorchScript model can only be exported with the TorchScript exporter",
+                           "use --exporter torchscript (or auto)")
+    if loaded.kind == "exported" and exporter == "torchscript":
+        raise UsageProblem("a .pt2 ExportedProgram can only be exported with the dynamo exporter",
+                           "use --exporter dynamo (or auto)")
+    order = {"dynamo": ["dynamo"], "torchscript": ["torchscript"], "auto": ["dynamo", "torchscript"]}[exporter]
+    if loaded.kind == "script":
+        order = ["torchscript"]
+    elif loaded.kind == "exported":
+        order = ["dynamo"]
+    failures = []
+    for name in order:
+        try:
+            (_export_dynamo if name == "dynamo" else _export_torchscript)(loaded, example, batch, path, opset)
+            if failures:
+                log.warning("dynamo exporter failed (%s); used the TorchScript exporter instead",
+                            _first_line(failures[0][1].exc))
+            return name
+        except _ExporterFailed as failed:
+            log.debug("exporter %s failed", name, exc_info=failed.exc)
+            failures.append((name, failed))
+    op = module = None
+    for _, failed in failures:
+        o, m = explain_failure(failed.exc)
+        op, module = op or o, module or m
+    detail = "; ".join(f"{name} exporter: {_first_line(f.exc)}" for name, f in failures)
+    if op:
+        where = f" in module {module}" if module else ""
+        raise ExportError(f"the ONNX exporter cannot handle operator {op}{where} ({detail})",
+                          "replace that operation in the model with supported ones (or, for torch.export failures, "
+                          "make the model code export-friendly); --debug shows the full trace")
+    raise ExportError(f"export failed: {detail}", "run with --debug for the full trace")
+
+
+def _check(tmp: Path, loaded: LoadedModel, spec: PreprocessSpec, batch: BatchProfile, check_data, samples: int,
+           atol: float, reporter: Reporter):
+    import torch
+
+    onnx = require("onnx", "Checking ONNX models")
+    from engines.onnxruntime_engine import OnnxRuntimeEngine
+
+    try:
+        onnx.checker.check_model(str(tmp), full_check=True)
+    except Exception as exc:
+        raise ExportError(f"the exported ONNX fails onnx.checker: {_first_line(exc)}", "report this model") from exc
+    files: list[Path] = []
+    if check_data:
+        files = list_images(check_data)[:MAX_CHECK_IMAGES]
+        if not files:
+            raise UsageProblem(f"no images (jpg/png/bmp/webp) in {check_data}", "point --check-data at photos")
+        x = batch_from_images(files, spec)
+    else:
+        x = np.random.default_rng(0).standard_normal((samples, 3, *spec.size)).astype(np.float32)
+    fn = loaded.module.module() if loaded.kind == "exported" else loaded.module
+    chunk = max(1, batch.max)
+    engine = OnnxRuntimeEngine(tmp, device="cpu")
+    out_spec = engine.outputs
+    if len(out_spec) != 1:
+        raise ExportError(f"the model has {len(out_spec)} outputs; trtc expects a classifier returning one logits "
+                          "tensor", "wrap the model so that forward() returns only the logits")
+    ref, got, sizes = [], [], []
+    with reporter.phase("checking ONNX Runtime against PyTorch", total=len(x)) as bar:
+        with torch.no_grad():
+            for i in range(0, len(x), chunk):
+                xb = x[i:i + chunk]
+                if len(xb) < batch.min:  # a fixed-batch model: pad the last chunk
+                    xb = np.concatenate([xb, np.repeat(xb[-1:], batch.min - len(xb), 0)])
+                r = fn(torch.from_numpy(xb))
+                if isinstance(r, (tuple, list)) or getattr(r, "ndim", 2) != 2:
+                    raise ExportError("the model's forward() does not return a (batch, classes) logits tensor",
+                                      "wrap the model so that forward() returns only the logits")
+                n = min(chunk, len(x) - i)
+                ref.append(r.numpy()[:n])
+                got.append(engine.infer(xb)[0][:n])
+                sizes.append(len(xb))
+                bar.advance(n)
+            extra_diff = 0.0
+            if batch.dynamic and batch.min not in sizes:  # exercise the smallest batch of the profile too
+                xb = x[:batch.min] if len(x) >= batch.min else np.repeat(x[:1], batch.min, 0)
+                extra_diff = float(np.abs(fn(torch.from_numpy(xb)).numpy().astype(np.float64)
+                                          - engine.infer(xb)[0]).max())
+                sizes.append(batch.min)
+    engine.close()
+    ref_all, got_all = np.concatenate(ref), np.concatenate(got)
+    diff = np.abs(ref_all.astype(np.float64) - got_all)
+    max_diff = max(float(diff.max()), extra_diff)
+    r1, g1 = ref_all.argmax(1), got_all.argmax(1)
+    rows = np.arange(len(ref_all))
+    margin = ref_all[rows, r1] - ref_all[rows, g1]  # how far apart the two choices are in the reference
+    flips = int(np.sum((r1 != g1) & (margin > 2 * atol)))
+    check = ParityCheck(data=str(check_data) if check_data else "random", samples=len(ref_all),
+                        max_abs_diff=max_diff, mean_abs_diff=float(diff.mean()),
+                        top1_agreement=float(np.mean(r1 == g1)), flips=flips, atol=atol,
+                        passed=bool(max_diff <= atol and flips == 0), batch_sizes=sorted(set(sizes)))
+    n_files = len(files)
+    return check, got_all[:n_files], files, out_spec[0], engine.inputs[0]
+
+
+def top_k(logits: np.ndarray, labels: list[str] | None, k: int = 5) -> list[tuple[str, float]]:
+    z = logits.astype(np.float64) - logits.max()
+    p = np.exp(z) / np.exp(z).sum()
+    idx = np.argsort(-p)[:k]
+    return [((labels[i] if labels and i < len(labels) else str(int(i))), float(p[i])) for i in idx]
+
+
+def export_onnx(source: str, output: str | Path, *, weights: str | None = None, num_classes: int | None = None,
+                input_size: int | tuple[int, int] | None = None, batch: str | BatchProfile = "1:8:32",
+                opset: int | None = None, exporter: str = "auto", labels: str | list[str] | None = None,
+                mean=None, std=None, color: str | None = None, resize: int | None = None,
+                check_data: str | Path | None = None, check_samples: int = 8, atol: float = 1e-3,
+                force: bool = False, name: str | None = None, reporter: Reporter | None = None) -> ExportReport:
+    """Export a PyTorch classifier to ONNX with its manifest; see the module docstring."""
+    reporter = reporter or Reporter()
+    out = check_output_path(output, force)
+    ref = parse_source(source)
+    profile = batch if isinstance(batch, BatchProfile) else BatchProfile.parse(batch)
+    if exporter not in ("auto", "dynamo", "torchscript"):
+        raise UsageProblem(f"unknown exporter {exporter!r}", "use auto, dynamo or torchscript")
+    if opset is not None and not 13 <= opset <= 25:
+        raise UsageProblem(f"opset {opset} is outside 13..25", "omit --opset for the exporter's default")
+    if check_data is not None and not Path(check_data).exists():
+        raise UsageProblem(f"check data not found: {check_data}")
+    label_list = read_labels(labels) if isinstance(labels, (str, Path)) else labels
+    timings = {}
+
+    t0 = time.perf_counter()
+    with reporter.phase(f"loading {ref.text}"):
+        loaded = load_model(ref, weights=weights, num_classes=num_classes)
+    timings["load_s"] = time.perf_counter() - t0
+    spec = build_spec(loaded, input_size, resize, mean, std, color)
+
+    import torch
+
+    example_batch = profile.min if not profile.dynamic else max(2, min(profile.opt, profile.max))
+    example = torch.from_numpy(np.random.default_rng(1).standard_normal((example_batch, 3, *spec.size),
+                                                                         dtype=np.float32))
+    with atomic_path(out) as tmp:
+        t0 = time.perf_counter()
+        with reporter.phase(f"exporting to ONNX ({exporter} exporter)"):
+            used = _run_exporters(loaded, exporter, example, profile, tmp, opset)
+        timings["export_s"] = time.perf_counter() - t0
+        size = tmp.stat().st_size
+        t0 = time.perf_counter()
+        check, logits, files, out_t, in_t = _check(tmp, loaded, spec, profile, check_data, check_samples, atol,
+                                                   reporter)
+        timings["check_s"] = time.perf_counter() - t0
+        num = out_t.shape[-1] if isinstance(out_t.shape[-1], int) else None
+        if not check.passed:
+            raise ExportError(f"ONNX Runtime disagrees with PyTorch on {check.samples} {check.data} inputs: "
+                              f"max abs logit diff {check.max_abs_diff:.2e} (tolerance {atol:g}), "
+                              f"{check.flips} top-1 flips beyond noise", "try --exporter torchscript; --debug for details")
+        labels_final = label_list if label_list is not None else loaded.labels
+        if label_list is not None and num is not None and len(label_list) != num:
+            raise UsageProblem(f"labels file has {len(label_list)} entries but the model has {num} outputs",
+                               "give one label per class, in output order")
+        onnx = require("onnx", "Reading ONNX models")
+        opset_used = next((o.version for o in onnx.load(str(tmp), load_external_data=False).opset_import
+                           if o.domain in ("", "ai.onnx")), 0)
+        parent = None
+        if weights:
+            parent = {"file": Path(weights).name, "sha256": sha256_file(weights), "role": "weights"}
+        manifest = Manifest(
+            kind="onnx",
+            model={"name": name or loaded.name, "source": loaded.source, "num_classes": num},
+            preprocess=spec, inputs=[in_t], outputs=[out_t], batch=profile, labels=labels_final,
+            precision={"mode": "fp32"},
+            producer={"tool": "trtc export", "trtc": __version__, "exporter": used, "opset": opset_used,
+                      "torch": dist_version("torch"), "onnx": dist_version("onnx"),
+                      "onnxruntime": dist_version("onnxruntime", "onnxruntime-gpu"),
+                      "check": asdict(check)},
+            parent=parent)
+        mpath = write_manifest(out, manifest, hashed_as=tmp)
+    predictions = [{"file": str(f), "top5": top_k(lg, labels_final)} for f, lg in zip(files, logits)]
+    return ExportReport(output=str(out), manifest=str(mpath), source=loaded.source, exporter=used, opset=opset_used,
+                        bytes=size, sha256=manifest.artifact["sha256"], input_shape=list(in_t.shape),
+                        num_classes=num, batch=profile.to_dict(), preprocess=spec.to_dict(), check=check,
+                        timings={k: round(v, 3) for k, v in timings.items()}, predictions=predictions)
+
+
+__all__ = ["export_onnx", "ExportReport", "ParityCheck", "check_output_path", "read_labels", "top_k",
+           "manifest_path"]
