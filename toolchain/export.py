@@ -13,7 +13,10 @@ import contextlib
 import io
 import json
 import logging
+import os
 import re
+import sys
+import tempfile
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -113,15 +116,33 @@ def build_spec(loaded: LoadedModel, input_size=None, resize=None, mean=None, std
 
 @contextlib.contextmanager
 def _quiet_torch():
-    """The exporters print progress to stdout and emit many warnings: keep stdout for results."""
-    buf = io.StringIO()
-    with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(buf):
-        warnings.simplefilter("always")
-        yield
-    for line in buf.getvalue().splitlines():
-        log.debug("exporter: %s", line)
-    for w in caught:
-        log.debug("exporter warning: %s", w.message)
+    """The exporters print progress and graph dumps to stdout/stderr, partly from C++ (file descriptors 1 and 2),
+    and emit many warnings: capture all of it and log it at debug level, keeping stdout for results."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with tempfile.TemporaryFile() as sink:
+        saved = [os.dup(1), os.dup(2)]
+        buf = io.StringIO()
+        try:
+            os.dup2(sink.fileno(), 1)
+            os.dup2(sink.fileno(), 2)
+            with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(buf), \
+                    contextlib.redirect_stderr(buf):
+                warnings.simplefilter("always")
+                yield
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+            sink.seek(0)
+            captured = buf.getvalue() + sink.read().decode("utf-8", "replace")
+            for line in captured.splitlines():
+                log.debug("exporter: %s", line)
+            for w in caught:
+                log.debug("exporter warning: %s", w.message)
 
 
 def explain_failure(exc: BaseException) -> tuple[str | None, str | None]:
@@ -262,7 +283,8 @@ def _check(tmp: Path, loaded: LoadedModel, spec: PreprocessSpec, batch: BatchPro
         raise ExportError(f"the exported ONNX fails onnx.checker: {_first_line(exc)}", "report this model") from exc
     files: list[Path] = []
     if check_data:
-        files = list_images(check_data)[:MAX_CHECK_IMAGES]
+        files = ([Path(f) for f in check_data] if isinstance(check_data, (list, tuple))
+                 else list_images(check_data))[:MAX_CHECK_IMAGES]
         if not files:
             raise UsageProblem(f"no images (jpg/png/bmp/webp) in {check_data}", "point --check-data at photos")
         x = batch_from_images(files, spec)
@@ -305,7 +327,9 @@ def _check(tmp: Path, loaded: LoadedModel, spec: PreprocessSpec, batch: BatchPro
     rows = np.arange(len(ref_all))
     margin = ref_all[rows, r1] - ref_all[rows, g1]  # how far apart the two choices are in the reference
     flips = int(np.sum((r1 != g1) & (margin > 2 * atol)))
-    check = ParityCheck(data=str(check_data) if check_data else "random", samples=len(ref_all),
+    data_name = (f"{len(files)} listed images" if isinstance(check_data, (list, tuple)) else str(check_data)
+                 if check_data else "random")
+    check = ParityCheck(data=data_name, samples=len(ref_all),
                         max_abs_diff=max_diff, mean_abs_diff=float(diff.mean()),
                         top1_agreement=float(np.mean(r1 == g1)), flips=flips, atol=atol,
                         passed=bool(max_diff <= atol and flips == 0), batch_sizes=sorted(set(sizes)))
@@ -324,7 +348,7 @@ def export_onnx(source: str, output: str | Path, *, weights: str | None = None, 
                 input_size: int | tuple[int, int] | None = None, batch: str | BatchProfile = "1:8:32",
                 opset: int | None = None, exporter: str = "auto", labels: str | list[str] | None = None,
                 mean=None, std=None, color: str | None = None, resize: int | None = None,
-                check_data: str | Path | None = None, check_samples: int = 8, atol: float = 1e-3,
+                check_data: str | Path | list | None = None, check_samples: int = 8, atol: float = 1e-3,
                 force: bool = False, name: str | None = None, reporter: Reporter | None = None) -> ExportReport:
     """Export a PyTorch classifier to ONNX with its manifest; see the module docstring."""
     reporter = reporter or Reporter()
@@ -335,8 +359,9 @@ def export_onnx(source: str, output: str | Path, *, weights: str | None = None, 
         raise UsageProblem(f"unknown exporter {exporter!r}", "use auto, dynamo or torchscript")
     if opset is not None and not 13 <= opset <= 25:
         raise UsageProblem(f"opset {opset} is outside 13..25", "omit --opset for the exporter's default")
-    if check_data is not None and not Path(check_data).exists():
-        raise UsageProblem(f"check data not found: {check_data}")
+    for item in (check_data if isinstance(check_data, (list, tuple)) else [check_data] if check_data else []):
+        if not Path(item).exists():
+            raise UsageProblem(f"check data not found: {item}", "give an image file or a folder of images")
     label_list = read_labels(labels) if isinstance(labels, (str, Path)) else labels
     timings = {}
 

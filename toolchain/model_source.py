@@ -244,9 +244,8 @@ def extract_state_dict(obj, path: str) -> dict:
         raise ExportError(f"{path} holds a {type(obj).__name__}, not a state_dict", "save model.state_dict()")
     out = {}
     for k, v in sd.items():
-        for prefix in ("module.", "_orig_mod."):
-            while k.startswith(prefix):
-                k = k[len(prefix):]
+        while k.startswith(("module.", "_orig_mod.")):
+            k = k.split(".", 1)[1]
         out[k] = v
     return out
 

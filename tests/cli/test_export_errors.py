@@ -1,0 +1,162 @@
+"""Every bad input to `trtc export`: exact exit code, a message naming the problem, and no file left behind."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from tests.conftest import needs_export
+from toolchain.cli import cli
+
+
+def run(args):
+    return CliRunner().invoke(cli, args)
+
+
+def assert_nothing_written(folder, keep=()):
+    left = sorted(p.name for p in folder.iterdir() if p.name not in keep)
+    assert left == [], f"left behind: {left}"
+
+
+def test_missing_source_file(tmp_path):
+    r = run(["export", str(tmp_path / "nope.pt"), "-o", str(tmp_path / "m.onnx")])
+    assert r.exit_code == 2 and "source file not found" in r.output and "nope.pt" in r.output
+    assert_nothing_written(tmp_path)
+
+
+def test_unknown_source_form(tmp_path):
+    r = run(["export", "resnet18", "-o", str(tmp_path / "m.onnx")])
+    assert r.exit_code == 2 and "unknown model source 'resnet18'" in r.output and "torchvision:ARCH" in r.output
+
+
+@needs_export
+def test_unknown_architecture_suggests(tmp_path):
+    r = run(["export", "torchvision:resnet19", "-o", str(tmp_path / "m.onnx")])
+    assert r.exit_code == 2, r.output
+    assert "unknown torchvision architecture 'resnet19'" in r.output and "resnet18" in r.output
+    assert_nothing_written(tmp_path)
+
+
+def test_output_in_missing_folder(tmp_path):
+    r = run(["export", "torchvision:resnet18", "-o", str(tmp_path / "no" / "such" / "m.onnx")])
+    assert r.exit_code == 2 and "does not exist" in r.output and "mkdir -p" in r.output
+    assert_nothing_written(tmp_path)
+
+
+def test_existing_output_needs_force(tmp_path):
+    out = tmp_path / "m.onnx"
+    out.write_bytes(b"precious")
+    r = run(["export", "torchvision:resnet18", "-o", str(out)])
+    assert r.exit_code == 2 and "already exists" in r.output and "--force" in r.output
+    assert out.read_bytes() == b"precious"
+    assert_nothing_written(tmp_path, keep={"m.onnx"})
+
+
+@pytest.mark.parametrize("args,match", [
+    (["--batch", "8:4:2"], "MIN:OPT:MAX"),
+    (["--mean", "0.5,0.5"], "needs 3 values"),
+    (["--mean", "124,117,104"], "not in [0, 1] units"),
+    (["--input-size", "abc"], "N or HxW"),
+    (["--opset", "7"], "outside 13..25"),
+    (["--check-data", "/no/such/photos"], "check data not found"),
+])
+def test_bad_options_are_usage_errors(tmp_path, args, match):
+    r = run(["export", "torchvision:resnet18", "-o", str(tmp_path / "m.onnx"), *args])
+    assert r.exit_code == 2, r.output
+    assert match in r.output
+    assert_nothing_written(tmp_path)
+
+
+def test_wrong_suffix(tmp_path):
+    r = run(["export", "torchvision:resnet18", "-o", str(tmp_path / "m.plan")])
+    assert r.exit_code == 2 and "must end in .onnx" in r.output
+
+
+@needs_export
+def test_weights_that_do_not_fit(tmp_path, resnet18_weights):
+    weights, _ = resnet18_weights  # a 10-class head
+    r = run(["export", "torchvision:resnet18", "--weights", str(weights), "-o", str(tmp_path / "m.onnx")])
+    assert r.exit_code == 1, r.output
+    assert "do not fit torchvision:resnet18" in r.output
+    assert "fc.weight: file (10, 512) vs model (1000, 512)" in r.output
+    assert "--num-classes 10" in r.output  # the fix
+    assert "Traceback" not in r.output
+    assert_nothing_written(tmp_path)
+
+
+@needs_export
+def test_weights_of_another_architecture(tmp_path, resnet18_weights):
+    weights, _ = resnet18_weights
+    r = run(["export", "torchvision:mobilenet_v3_small", "--weights", str(weights), "--num-classes", "10",
+             "-o", str(tmp_path / "m.onnx")])
+    assert r.exit_code == 1 and "missing from the file" in r.output and "not in the model" in r.output
+    assert_nothing_written(tmp_path)
+
+
+@needs_export
+def test_unreadable_weights(tmp_path):
+    bad = tmp_path / "w.pth"
+    bad.write_bytes(b"garbage, not a torch file")
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    r = run(["export", "torchvision:resnet18", "--weights", str(bad), "-o", str(out_dir / "m.onnx")])
+    assert r.exit_code == 1 and "cannot read weights" in r.output
+    assert_nothing_written(out_dir)
+
+
+UNSUPPORTED = '''
+import torch
+
+class Bessel(torch.nn.Module):
+    def forward(self, x):
+        return torch.special.i0(x)
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 4, 3, stride=2)
+        self.odd = Bessel()
+        self.pool = torch.nn.AdaptiveAvgPool2d(1)
+        self.fc = torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.fc(self.pool(self.odd(self.stem(x))).flatten(1))
+
+def build():
+    return Net()
+'''
+
+
+@needs_export
+@pytest.mark.parametrize("exporter", ["auto", "dynamo"])
+def test_unsupported_operator_named_with_module(tmp_path, exporter):
+    src = tmp_path / "net.py"
+    src.write_text(UNSUPPORTED)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    r = run(["export", f"{src}:build", "--exporter", exporter, "--input-size", "32", "-o", str(out_dir / "m.onnx")])
+    assert r.exit_code == 1, r.output
+    assert "cannot handle operator" in r.output
+    assert "i0" in r.output  # prims.bessel_i0 (dynamo) or aten::i0 (TorchScript)
+    assert "odd" in r.output and "Bessel" in r.output  # the module it sits in
+    assert_nothing_written(out_dir)
+
+
+@needs_export
+def test_factory_errors(tmp_path):
+    src = tmp_path / "net.py"
+    src.write_text("def build():\n    return 42\n")
+    r = run(["export", f"{src}:build", "-o", str(tmp_path / "m.onnx")])
+    assert r.exit_code == 1 and "not a torch.nn.Module" in r.output
+    r = run(["export", f"{src}:missing", "-o", str(tmp_path / "m.onnx")])
+    assert r.exit_code == 2 and "has no function 'missing'" in r.output and "build" in r.output
+
+
+@needs_export
+def test_debug_shows_traceback(tmp_path, resnet18_weights):
+    weights, _ = resnet18_weights
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    r = CliRunner().invoke(cli, ["--debug", "export", "torchvision:resnet18", "--weights", str(weights),
+                                 "-o", str(out_dir / "m.onnx")])
+    assert r.exit_code == 1 and "Traceback" in r.output

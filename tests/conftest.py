@@ -1,0 +1,101 @@
+"""Shared fixtures. Real models are exported once per test session (they take seconds each on two cores)."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+
+def _has(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def _has_gpu() -> bool:
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return False
+    try:
+        return subprocess.run([smi, "-L"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+HAS_EXPORT = all(_has(m) for m in ("torch", "torchvision", "onnx", "onnxscript", "onnxruntime"))
+needs_export = pytest.mark.skipif(not HAS_EXPORT, reason='needs the export and cpu extras: pip install -e ".[dev]"')
+
+
+def pytest_collection_modifyitems(config, items):
+    if _has_gpu():
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU (run on the GPU machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def photos():
+    from toolchain.datasets import sample_photos
+
+    try:
+        return sample_photos()
+    except Exception as exc:  # pragma: no cover - the dev extra installs scikit-image
+        pytest.skip(f"scikit-image photos unavailable: {exc}")
+
+
+@pytest.fixture(scope="session")
+def lite0_onnx(tmp_path_factory, photos):
+    """EfficientNet-Lite0 (real ImageNet weights) exported once, checked on the real photos."""
+    if not HAS_EXPORT:
+        pytest.skip("needs the export extra")
+    from toolchain.export import export_onnx
+
+    out = tmp_path_factory.mktemp("lite0") / "lite0.onnx"
+    report = export_onnx("pretrained:efficientnet-lite0", out, check_data=photos)
+    return out, report
+
+
+@pytest.fixture(scope="session")
+def resnet18_weights(tmp_path_factory):
+    """A ResNet-18 with a 10-class head, random but fixed weights, saved as a checkpoint dict with DataParallel
+    'module.' prefixes (the shape users hand us)."""
+    if not HAS_EXPORT:
+        pytest.skip("needs the export extra")
+    import torch
+    import torchvision
+
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(weights=None, num_classes=10)
+    # give BatchNorm non-trivial statistics so that the check exercises real arithmetic
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.1, 0.1)
+                m.running_var.uniform_(0.5, 1.5)
+    path = tmp_path_factory.mktemp("r18") / "w.pth"
+    torch.save({"epoch": 3, "state_dict": {f"module.{k}": v for k, v in model.state_dict().items()}}, path)
+    return path, model.eval()
+
+
+@pytest.fixture(scope="session")
+def resnet18_onnx(tmp_path_factory, resnet18_weights, photos):
+    from toolchain.export import export_onnx
+
+    weights, _ = resnet18_weights
+    d = tmp_path_factory.mktemp("r18onnx")
+    labels = d / "classes.txt"
+    labels.write_text("\n".join(f"class-{i}" for i in range(10)) + "\n")
+    out = d / "r18.onnx"
+    report = export_onnx("torchvision:resnet18", out, weights=str(weights), num_classes=10, labels=str(labels),
+                         check_data=photos)
+    return out, report
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    z = x - x.max(axis=-1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=-1, keepdims=True)

@@ -1,0 +1,30 @@
+"""Importing the CLI or the runtime must stay light: no heavy module may load as a side effect."""
+
+import subprocess
+import sys
+
+HEAVY = ["torch", "torchvision", "onnx", "onnxruntime", "onnxscript", "tensorrt", "tensorrt_rtx",
+         "tensorrt_bindings", "tensorrt_rtx_bindings", "cupy", "PyNvVideoCodec", "av", "timm", "skimage"]
+
+
+def _loaded_after(stmt: str) -> list[str]:
+    code = f"import sys\n{stmt}\nprint(','.join(m for m in {HEAVY!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return [m for m in out.stdout.strip().split(",") if m]
+
+
+def test_cli_import_loads_no_heavy_module():
+    assert _loaded_after("import toolchain.cli") == []
+
+
+def test_engines_import_loads_no_heavy_module_nor_click():
+    assert _loaded_after("import engines, engines.manifest, engines.preprocess, engines.onnxruntime_engine") == []
+    code = "import sys, engines; print('click' in sys.modules, 'toolchain' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "False"], "engines must not import click or toolchain"
+
+
+def test_help_loads_no_heavy_module():
+    stmt = ("from click.testing import CliRunner\nfrom toolchain.cli import cli\n"
+            "assert CliRunner().invoke(cli, ['export', '--help']).exit_code == 0")
+    assert _loaded_after(stmt) == []
