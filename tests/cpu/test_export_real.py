@@ -171,7 +171,9 @@ def test_timm_source(tmp_path):
     report = export_onnx("timm:resnet10t", tmp_path / "t.onnx", weights=str(weights), num_classes=4)
     assert report.check.passed and report.check.data == "random" and report.num_classes == 4
     m = read_manifest(tmp_path / "t.onnx")
-    assert m.preprocess.size == (224, 224)  # from timm's data config
+    cfg = timm.data.resolve_data_config({}, model=model)
+    assert m.preprocess.size == tuple(cfg["input_size"][1:])  # from timm's data config
+    assert m.preprocess.mean == tuple(cfg["mean"])
 
 
 def test_parity_failure_writes_nothing(tmp_path, monkeypatch):
