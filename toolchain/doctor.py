@@ -113,12 +113,14 @@ def nvdec_caps() -> dict:
         import PyNvVideoCodec as nvc
     except Exception as exc:
         return {"error": f"import failed: {exc}"}
-    chroma = {"420": nvc.cudaVideoChromaFormat.YUV420}
+    # the pybind11 enum names its members "420", "422", "444" (not attribute names): look them up by name
+    members = getattr(nvc.cudaVideoChromaFormat, "__members__", {})
     out = {}
     for codec, fmt, depth in CODECS:
         key = f"{codec} {fmt} {depth}-bit"
         try:
-            caps = nvc.GetDecoderCaps(gpuid=0, codec=getattr(nvc.cudaVideoCodec, codec), chromaformat=chroma[fmt],
+            chroma = members.get(fmt) or members[f"YUV{fmt}"]
+            caps = nvc.GetDecoderCaps(gpuid=0, codec=getattr(nvc.cudaVideoCodec, codec), chromaformat=chroma,
                                       bitdepth=depth)
             out[key] = (f"up to {caps.get('width_max')}x{caps.get('height_max')}, "
                         f"{caps.get('num_decoder_engines')} engine(s)") if caps.get("supported") else "not supported"

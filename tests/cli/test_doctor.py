@@ -29,3 +29,29 @@ def test_doctor_table():
     result = CliRunner().invoke(cli, ["doctor"])
     assert result.exit_code == 0
     assert "what trtc can do here" in result.output and "trtc export" in result.output
+
+
+def test_nvdec_caps_lookup_with_a_stand_in_module(monkeypatch):
+    """A stand-in for PyNvVideoCodec (NOT the real library) shaped like 2.2.4's pybind11 module, whose chroma
+    enum names its members "420"/"444" (not attribute names). The real module ran on an H200: docs/GPU.md."""
+    import sys
+    import types
+
+    from toolchain import doctor
+
+    calls = []
+
+    class Enum:
+        __members__ = {"420": 1, "444": 3}
+
+    fake = types.SimpleNamespace(
+        cudaVideoChromaFormat=Enum,
+        cudaVideoCodec=types.SimpleNamespace(H264="h264", HEVC="hevc", AV1="av1", VP9="vp9"),
+        GetDecoderCaps=lambda gpuid, codec, chromaformat, bitdepth: calls.append((codec, chromaformat, bitdepth)) or {
+            "supported": codec != "av1", "width_max": 4096, "height_max": 2304, "num_decoder_engines": 7})
+    monkeypatch.setitem(sys.modules, "PyNvVideoCodec", fake)
+    monkeypatch.setattr(doctor, "is_installed", lambda m: True)
+    caps = doctor.nvdec_caps()
+    assert caps["H264 420 8-bit"] == "up to 4096x2304, 7 engine(s)"
+    assert caps["HEVC 420 10-bit"].startswith("up to") and caps["AV1 420 8-bit"] == "not supported"
+    assert ("hevc", 1, 10) in calls and all(c[1] == 1 for c in calls)
