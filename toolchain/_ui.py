@@ -49,7 +49,9 @@ class RichReporter(Reporter):
         if total:
             columns += [BarColumn(), MofNCompleteColumn()]
         columns.append(TimeElapsedColumn())
-        with Progress(*columns, console=self.console, transient=True) as progress:
+        # bars only on a terminal; piped or captured stderr gets just the done lines
+        with Progress(*columns, console=self.console, transient=True,
+                      disable=not self.console.is_terminal) as progress:
             task = progress.add_task(description, total=total)
 
             class Bar:
