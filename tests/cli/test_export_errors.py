@@ -160,3 +160,44 @@ def test_debug_shows_traceback(tmp_path, resnet18_weights):
     r = CliRunner().invoke(cli, ["--debug", "export", "torchvision:resnet18", "--weights", str(weights),
                                  "-o", str(out_dir / "m.onnx")])
     assert r.exit_code == 1 and "Traceback" in r.output
+
+
+SMALL = '''
+import torch
+
+def build(num_classes=10):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, stride=2), torch.nn.AdaptiveAvgPool2d(1),
+                               torch.nn.Flatten(), torch.nn.Linear(4, num_classes))
+'''
+
+
+@needs_export
+def test_labels_that_do_not_match_the_outputs(tmp_path):
+    src = tmp_path / "net.py"
+    src.write_text(SMALL)
+    labels = tmp_path / "labels.txt"
+    labels.write_text("cat\ndog\nbird\n")
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    r = run(["export", f"{src}:build", "--input-size", "32", "--labels", str(labels), "-o", str(out_dir / "m.onnx")])
+    assert r.exit_code == 2, r.output
+    assert "labels file has 3 entries but the model has 10 outputs" in r.output
+    assert_nothing_written(out_dir)
+
+
+@needs_export
+def test_ctrl_c_during_export_leaves_nothing(tmp_path, monkeypatch):
+    from toolchain import export as export_mod
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(export_mod, "_check", interrupted)  # Ctrl-C after the ONNX was written to its temp file
+    src = tmp_path / "net.py"
+    src.write_text(SMALL)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    r = run(["export", f"{src}:build", "--input-size", "32", "-o", str(out_dir / "m.onnx")])
+    assert r.exit_code == 130 and "nothing was written" in r.output
+    assert_nothing_written(out_dir)
