@@ -270,8 +270,8 @@ def _run_exporters(loaded: LoadedModel, exporter: str, example, batch, path: Pat
     raise ExportError(f"export failed: {detail}", "run with --debug for the full trace")
 
 
-def _check(tmp: Path, loaded: LoadedModel, spec: PreprocessSpec, batch: BatchProfile, check_data, samples: int,
-           atol: float, reporter: Reporter):
+def _check(tmp: Path, loaded: LoadedModel, spec: PreprocessSpec, batch: BatchProfile, files: list[Path],
+           data_name: str, samples: int, atol: float, reporter: Reporter):
     import torch
 
     onnx = require("onnx", "Checking ONNX models")
@@ -281,12 +281,7 @@ def _check(tmp: Path, loaded: LoadedModel, spec: PreprocessSpec, batch: BatchPro
         onnx.checker.check_model(str(tmp), full_check=True)
     except Exception as exc:
         raise ExportError(f"the exported ONNX fails onnx.checker: {_first_line(exc)}", "report this model") from exc
-    files: list[Path] = []
-    if check_data:
-        files = ([Path(f) for f in check_data] if isinstance(check_data, (list, tuple))
-                 else list_images(check_data))[:MAX_CHECK_IMAGES]
-        if not files:
-            raise UsageProblem(f"no images (jpg/png/bmp/webp) in {check_data}", "point --check-data at photos")
+    if files:
         x = batch_from_images(files, spec)
     else:
         x = np.random.default_rng(0).standard_normal((samples, 3, *spec.size)).astype(np.float32)
@@ -327,14 +322,26 @@ def _check(tmp: Path, loaded: LoadedModel, spec: PreprocessSpec, batch: BatchPro
     rows = np.arange(len(ref_all))
     margin = ref_all[rows, r1] - ref_all[rows, g1]  # how far apart the two choices are in the reference
     flips = int(np.sum((r1 != g1) & (margin > 2 * atol)))
-    data_name = (f"{len(files)} listed images" if isinstance(check_data, (list, tuple)) else str(check_data)
-                 if check_data else "random")
     check = ParityCheck(data=data_name, samples=len(ref_all),
                         max_abs_diff=max_diff, mean_abs_diff=float(diff.mean()),
                         top1_agreement=float(np.mean(r1 == g1)), flips=flips, atol=atol,
                         passed=bool(max_diff <= atol and flips == 0), batch_sizes=sorted(set(sizes)))
-    n_files = len(files)
-    return check, got_all[:n_files], files, out_spec[0], engine.inputs[0]
+    return check, got_all[:len(files)], out_spec[0], engine.inputs[0]
+
+
+def _check_files(check_data) -> tuple[list[Path], str]:
+    """The images the export is checked on (a list of files, one file or a folder) and how to name them; an
+    empty list means seeded random inputs. Resolved before any model is loaded, so a bad path fails fast."""
+    if not check_data:
+        return [], "random"
+    listed = isinstance(check_data, (list, tuple))
+    for item in (check_data if listed else [check_data]):
+        if not Path(item).exists():
+            raise UsageProblem(f"check data not found: {item}", "give an image file or a folder of images")
+    files = [Path(f) for f in check_data] if listed else list_images(check_data)
+    if not files:
+        raise UsageProblem(f"no images (jpg/png/bmp/webp) in {check_data}", "point --check-data at photos")
+    return files[:MAX_CHECK_IMAGES], (f"{len(files)} listed images" if listed else str(check_data))
 
 
 def top_k(logits: np.ndarray, labels: list[str] | None, k: int = 5) -> list[tuple[str, float]]:
@@ -359,9 +366,7 @@ def export_onnx(source: str, output: str | Path, *, weights: str | None = None, 
         raise UsageProblem(f"unknown exporter {exporter!r}", "use auto, dynamo or torchscript")
     if opset is not None and not 13 <= opset <= 25:
         raise UsageProblem(f"opset {opset} is outside 13..25", "omit --opset for the exporter's default")
-    for item in (check_data if isinstance(check_data, (list, tuple)) else [check_data] if check_data else []):
-        if not Path(item).exists():
-            raise UsageProblem(f"check data not found: {item}", "give an image file or a folder of images")
+    check_files, data_name = _check_files(check_data)
     label_list = read_labels(labels) if isinstance(labels, (str, Path)) else labels
     timings = {}
 
@@ -383,8 +388,8 @@ def export_onnx(source: str, output: str | Path, *, weights: str | None = None, 
         timings["export_s"] = time.perf_counter() - t0
         size = tmp.stat().st_size
         t0 = time.perf_counter()
-        check, logits, files, out_t, in_t = _check(tmp, loaded, spec, profile, check_data, check_samples, atol,
-                                                   reporter)
+        check, logits, out_t, in_t = _check(tmp, loaded, spec, profile, check_files, data_name, check_samples, atol,
+                                            reporter)
         timings["check_s"] = time.perf_counter() - t0
         num = out_t.shape[-1] if isinstance(out_t.shape[-1], int) else None
         if not check.passed:
@@ -412,7 +417,7 @@ def export_onnx(source: str, output: str | Path, *, weights: str | None = None, 
                       "check": asdict(check)},
             parent=parent)
         mpath = write_manifest(out, manifest, hashed_as=tmp)
-    predictions = [{"file": str(f), "top5": top_k(lg, labels_final)} for f, lg in zip(files, logits)]
+    predictions = [{"file": str(f), "top5": top_k(lg, labels_final)} for f, lg in zip(check_files, logits)]
     return ExportReport(output=str(out), manifest=str(mpath), source=loaded.source, exporter=used, opset=opset_used,
                         bytes=size, sha256=manifest.artifact["sha256"], input_shape=list(in_t.shape),
                         num_classes=num, batch=profile.to_dict(), preprocess=spec.to_dict(), check=check,
