@@ -1,0 +1,45 @@
+import numpy as np
+import pytest
+
+from toolchain.parity import TIE_MARGIN, accuracy, compare, softmax, topk_indices
+
+
+def test_identical_logits_agree_fully():
+    x = np.random.default_rng(0).standard_normal((20, 10)).astype(np.float32)
+    p = compare(x, x)
+    assert p.top1_agreement == 1.0 and p.top5_overlap == 1.0 and p.flips == []
+    assert p.max_abs_diff == 0.0 and p.cosine == pytest.approx(1.0) and p.kl == pytest.approx(0.0, abs=1e-12)
+
+
+def test_flip_is_counted_and_located():
+    ref = np.array([[3.0, 1.0, 0.0], [0.0, 2.0, 1.0], [1.0, 0.0, 5.0]])
+    cand = ref.copy()
+    cand[1] = [0.0, 1.0, 2.0]  # sample 1 now picks class 2
+    p = compare(ref, cand)
+    assert p.flips == [1]
+    assert p.top1_agreement == pytest.approx(2 / 3)
+    assert p.max_abs_diff == pytest.approx(1.0)
+    assert p.kl > 0
+
+
+def test_near_tie_flips_do_not_count_as_decisive():
+    ref = np.array([[2.0, 2.0 + TIE_MARGIN / 2, 0.0], [5.0, 0.0, 0.0]])
+    cand = np.array([[2.0 + TIE_MARGIN, 2.0, 0.0], [5.0, 0.0, 0.0]])
+    p = compare(ref, cand)
+    assert p.top1_agreement == 0.5 and p.near_ties == 1 and p.decisive_agreement == 1.0
+
+
+def test_top5_overlap_and_topk_order():
+    ref = np.arange(10, dtype=np.float64)[None]
+    cand = ref.copy()
+    cand[0, 9], cand[0, 0] = -1.0, 100.0  # swaps one member of the top 5
+    assert compare(ref, cand).top5_overlap == pytest.approx(0.8)
+    assert topk_indices(ref, 3).tolist() == [[9, 8, 7]]
+
+
+def test_softmax_accuracy_and_shape_errors():
+    s = softmax(np.array([[1000.0, 1000.0]]))
+    assert np.allclose(s, 0.5)
+    assert accuracy(np.eye(3), np.array([0, 1, 0])) == pytest.approx(2 / 3)
+    with pytest.raises(ValueError):
+        compare(np.zeros((2, 3)), np.zeros((3, 3)))
