@@ -51,18 +51,55 @@ def providers_for(device: str) -> list:
                               "pip uninstall -y onnxruntime onnxruntime-gpu && pip install onnxruntime-gpu")
         raise EngineError(f"ONNX Runtime here has no CUDA execution provider (it has {', '.join(available)})",
                           'pip uninstall -y onnxruntime && pip install "trtc[gpu]", or use --device cpu')
+    if hasattr(ort, "preload_dlls"):  # CUDA/cuDNN from the nvidia-* wheels (e.g. torch's) when not on the path
+        try:
+            ort.preload_dlls()
+        except Exception:  # noqa: BLE001 - best effort; the session reports what is really missing
+            pass
     return [("CUDAExecutionProvider", {"device_id": index}), "CPUExecutionProvider"]
 
 
+def qdq_fusion_safe(path, device: str) -> bool:
+    """Whether ONNX Runtime may fuse this model's Q/DQ pairs into its own INT8 kernels.
+
+    On the CPU, ONNX Runtime 1.31 fuses DequantizeLinear -> Conv -> QuantizeLinear into integer kernels. With FP16
+    scales (INT8 models whose other layers compute in FP16, trtc's default) the fused path returned wrong logits
+    here (0% top-1 agreement on EfficientNet-Lite0, while the same graph run op by op agrees like its FP32-scale
+    twin). TensorRT does its own fusion; for ONNX Runtime on the CPU such models run op by op, which computes
+    exactly what the graph says."""
+    if parse_device(device)[0] != "cpu":
+        return True
+    from .manifest import manifest_path
+
+    mp = manifest_path(path)
+    try:
+        import json
+
+        precision = json.loads(mp.read_text()).get("precision") or {}
+    except (OSError, ValueError):
+        return True
+    return not (precision.get("mode") == "int8" and precision.get("high_precision") == "fp16")
+
+
+def session_options(ort, threads: int | None = None, qdq_fusion: bool = True):
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    if threads:
+        opts.intra_op_num_threads = threads
+    if not qdq_fusion:
+        opts.add_session_config_entry("session.disable_quant_qdq", "1")
+    return opts
+
+
 class OnnxRuntimeEngine(EngineBase):
-    def __init__(self, path: str | os.PathLike, device: str = "cpu", threads: int | None = None):
+    def __init__(self, path: str | os.PathLike, device: str = "cpu", threads: int | None = None,
+                 qdq_fusion: bool | None = None):
         ort = require("onnxruntime", "Running ONNX models")
         self.path = Path(path)
         self.device = device
-        opts = ort.SessionOptions()
-        opts.log_severity_level = 3
-        if threads:
-            opts.intra_op_num_threads = threads
+        if qdq_fusion is None:
+            qdq_fusion = qdq_fusion_safe(self.path, device)
+        opts = session_options(ort, threads, qdq_fusion)
         try:
             self.session = ort.InferenceSession(os.fspath(self.path), sess_options=opts,
                                                 providers=providers_for(device))

@@ -1,0 +1,198 @@
+"""Explicit INT8 quantization: QuantizeLinear/DequantizeLinear pairs where TensorRT fuses them.
+
+What TensorRT 10/11 and TensorRT-RTX accept and fuse (their explicit-quantization guide): symmetric INT8 with zero
+point 0; weights per output channel, stored as INT8 initializers followed by a DequantizeLinear (TensorRT folds
+it into the kernel); activations per tensor, a Q/DQ pair on the *input* of each Conv, ConvTranspose, Gemm and
+MatMul. The layer before a quantized input then writes INT8 directly (TensorRT moves the Quantize into its
+epilogue), so nothing else needs Q/DQ, and nothing else gets it: Q/DQ on every tensor forces extra reformatting
+and is a known reason INT8 engines end up slower than FP16 ones.
+
+Weights: |w| <= 127 * scale per channel (scale = max|w| / 127). Activations: x clipped to the calibrated range,
+scale = range / 127, zero point 0 (Q saturates to [-128, 127]).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from .fp16 import _topological
+from .graph import all_names, graph_inputs, node_label, onnx_module, unique
+
+QUANTIZABLE = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+
+
+@dataclass
+class Layer:
+    """One quantizable node: the activations to quantize and, where constant, its weight."""
+
+    name: str
+    op: str
+    index: int  # node index in the prepared model
+    activations: list[str]
+    weight: str | None = None
+    axis: int | None = None  # per-channel axis of the weight (None: per tensor)
+    first: bool = False  # reads a graph input
+    last: bool = False  # writes a graph output (the classifier head)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def find_layers(model) -> list[Layer]:
+    onnx = onnx_module()
+    g = model.graph
+    consts = {i.name for i in g.initializer}
+    shapes = {i.name: list(i.dims) for i in g.initializer}
+    feeds = {i.name for i in graph_inputs(model)}
+    outputs = {o.name for o in g.output}
+    # what each tensor eventually feeds, through shape-only/elementwise tail ops, to find the head layer
+    readers: dict[str, list] = {}
+    for n in g.node:
+        for i in n.input:
+            readers.setdefault(i, []).append(n)
+    tail_ops = {"Add", "Reshape", "Flatten", "Identity", "Squeeze", "Softmax", "LogSoftmax", "Mul", "Cast"}
+
+    def reaches_output(t: str, depth: int = 0) -> bool:
+        if t in outputs:
+            return True
+        if depth > 4:
+            return False
+        return any(r.op_type in tail_ops and any(reaches_output(o, depth + 1) for o in r.output)
+                   for r in readers.get(t, []))
+
+    layers = []
+    for idx, n in enumerate(g.node):
+        if n.op_type not in QUANTIZABLE or len(n.input) < 2:
+            continue
+        attr = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+        a_in, b_in = n.input[0], n.input[1]
+        acts = [a_in] if a_in not in consts else []
+        weight, axis = None, None
+        if b_in in consts:
+            weight = b_in
+            rank = len(shapes[b_in])
+            if n.op_type == "Conv":
+                axis = 0
+            elif n.op_type == "ConvTranspose":
+                axis = 1 if attr.get("group", 1) == 1 else None
+            elif n.op_type == "Gemm":
+                axis = 0 if attr.get("transB", 0) else 1
+            elif n.op_type == "MatMul":
+                axis = rank - 1 if rank >= 2 else None
+        else:
+            acts.append(b_in)
+        if not acts and weight is None:
+            continue
+        layers.append(Layer(name=node_label(n, idx), op=n.op_type, index=idx, activations=acts, weight=weight,
+                            axis=axis, first=any(a in feeds for a in acts),
+                            last=any(reaches_output(o) for o in n.output)))
+    return layers
+
+
+def activation_tensors(layers: list[Layer]) -> list[str]:
+    seen, out = set(), []
+    for layer in layers:
+        for t in layer.activations:
+            if t not in seen:
+                seen.add(t)
+                out.append(t)
+    return out
+
+
+def quantize_weight(w: np.ndarray, axis: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric INT8: (int8 weights, float32 scales per channel or a scalar)."""
+    w = np.asarray(w, np.float32)
+    if axis is None:
+        amax = np.float32(np.max(np.abs(w))) if w.size else np.float32(0)
+        scale = np.float32(amax / 127.0) if amax > 0 else np.float32(1.0)
+        q = np.clip(np.round(w / scale), -127, 127).astype(np.int8)
+        return q, np.asarray(scale, np.float32)
+    other = tuple(i for i in range(w.ndim) if i != axis)
+    amax = np.max(np.abs(w), axis=other) if w.size else np.zeros(w.shape[axis], np.float32)
+    scale = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
+    shape = [1] * w.ndim
+    shape[axis] = -1
+    q = np.clip(np.round(w / scale.reshape(shape)), -127, 127).astype(np.int8)
+    return q, scale
+
+
+def activation_scale(amax: float) -> float:
+    return float(amax) / 127.0 if amax > 0 else 1.0
+
+
+@dataclass
+class QdqResult:
+    quantized: list[str] = field(default_factory=list)  # layer names with Q/DQ
+    excluded: list[str] = field(default_factory=list)  # layer names left in higher precision
+    weights: int = 0
+    activations: int = 0
+
+
+def insert_qdq(model, layers: list[Layer], ranges: dict[str, float], exclude: set[str]) -> QdqResult:
+    """Add Q/DQ to ``model`` (in place) for every layer not in ``exclude``."""
+    onnx_module()
+    from onnx import helper, numpy_helper
+
+    from .graph import prune_initializers
+
+    g = model.graph
+    taken = all_names(model)
+    inits = {i.name: i for i in g.initializer}
+    nodes = list(g.node)
+    result = QdqResult()
+    new_nodes, new_inits = [], []
+    act_dq: dict[str, str] = {}
+    w_dq: dict[tuple[str, int | None], str] = {}
+
+    def q_pair(t: str) -> str:
+        if t not in act_dq:
+            scale = unique(f"{t}_scale", taken)
+            zp = unique(f"{t}_zp", taken)
+            new_inits.append(numpy_helper.from_array(np.asarray(activation_scale(ranges[t]), np.float32), scale))
+            new_inits.append(numpy_helper.from_array(np.asarray(0, np.int8), zp))
+            q_out, dq_out = unique(f"{t}_q", taken), unique(f"{t}_dq", taken)
+            new_nodes.append(helper.make_node("QuantizeLinear", [t, scale, zp], [q_out],
+                                              name=unique(f"QuantizeLinear_{t}", taken)))
+            new_nodes.append(helper.make_node("DequantizeLinear", [q_out, scale, zp], [dq_out],
+                                              name=unique(f"DequantizeLinear_{t}", taken)))
+            act_dq[t] = dq_out
+            result.activations += 1
+        return act_dq[t]
+
+    def w_pair(w: str, axis: int | None) -> str:
+        key = (w, axis)
+        if key not in w_dq:
+            q, scale = quantize_weight(numpy_helper.to_array(inits[w]), axis)
+            qn, sn, zn = unique(f"{w}_int8", taken), unique(f"{w}_wscale", taken), unique(f"{w}_wzp", taken)
+            new_inits.append(numpy_helper.from_array(q, qn))
+            new_inits.append(numpy_helper.from_array(scale, sn))
+            new_inits.append(numpy_helper.from_array(np.zeros(scale.shape, np.int8), zn))
+            out = unique(f"{w}_dq", taken)
+            kwargs = {"axis": axis} if axis is not None and scale.ndim == 1 else {}
+            new_nodes.append(helper.make_node("DequantizeLinear", [qn, sn, zn], [out],
+                                              name=unique(f"DequantizeLinear_{w}", taken), **kwargs))
+            w_dq[key] = out
+            result.weights += 1
+        return w_dq[key]
+
+    by_index = {layer.index: layer for layer in layers}
+    for idx, n in enumerate(nodes):
+        layer = by_index.get(idx)
+        if layer is not None:
+            if layer.name in exclude:
+                result.excluded.append(layer.name)
+            else:
+                for slot, t in enumerate(n.input):
+                    if t in layer.activations:
+                        n.input[slot] = q_pair(t)
+                    elif t == layer.weight and slot == 1:
+                        n.input[slot] = w_pair(t, layer.axis)
+                result.quantized.append(layer.name)
+        new_nodes.append(n)
+    g.initializer.extend(new_inits)
+    del g.node[:]
+    g.node.extend(_topological(new_nodes))
+    prune_initializers(model)
+    return result
