@@ -99,3 +99,70 @@ def softmax(x: np.ndarray) -> np.ndarray:
     z = x - x.max(axis=-1, keepdims=True)
     e = np.exp(z)
     return e / e.sum(axis=-1, keepdims=True)
+
+
+HAS_QUANT = all(_has(m) for m in ("onnx", "onnxruntime"))
+needs_quant = pytest.mark.skipif(not HAS_QUANT, reason='needs onnx and onnxruntime: pip install -e ".[dev]"')
+
+
+def _data(fn):
+    from toolchain.errors import MissingDependency
+
+    try:
+        return fn()
+    except MissingDependency as exc:  # pragma: no cover - the dev extra installs them
+        pytest.skip(exc.reason)
+
+
+@pytest.fixture(scope="session")
+def bikes():
+    from toolchain.datasets import bikes_video
+
+    if not _has("av"):
+        pytest.skip("needs PyAV (the video-cpu extra)")
+    return _data(bikes_video)
+
+
+@pytest.fixture(scope="session")
+def mnist(tmp_path_factory):
+    """(model path, npz with x/labels of the 5000 digits, x, labels)."""
+    from toolchain.datasets import mnist_digits, mnist_model
+
+    model = _data(mnist_model)
+    x, labels = _data(mnist_digits)
+    npz = tmp_path_factory.mktemp("mnist") / "digits.npz"
+    np.savez(npz, x=x, labels=labels)
+    return model, npz, x, labels
+
+
+@pytest.fixture(scope="session")
+def orientation_model():
+    from toolchain.datasets import orientation_model
+
+    return _data(orientation_model)
+
+
+@pytest.fixture(scope="session")
+def calib_cache(tmp_path_factory):
+    """Quantize runs in tests cache calibration under a temporary folder, never in the user's ~/.cache."""
+    return tmp_path_factory.mktemp("calib-cache")
+
+
+@pytest.fixture(scope="session")
+def lite0_fp16(tmp_path_factory, lite0_onnx, bikes, photos):
+    """FP16 Lite0, checked on the photos and every frame of bikes.mp4 (FP16 calibrates on nothing)."""
+    from toolchain.quantize import quantize_onnx
+
+    out = tmp_path_factory.mktemp("lite0fp16") / "lite0.fp16.onnx"
+    return quantize_onnx(lite0_onnx[0], out, precision="fp16", check=[*map(str, photos), str(bikes)])
+
+
+@pytest.fixture(scope="session")
+def lite0_int8(tmp_path_factory, lite0_onnx, bikes, calib_cache):
+    """INT8 Lite0 calibrated on 64 frames of bikes.mp4, accuracy-aware (97% target); the other 186 frames are
+    split between tuning the search and the check."""
+    from toolchain.quantize import quantize_onnx
+
+    out = tmp_path_factory.mktemp("lite0int8") / "lite0.int8.onnx"
+    return quantize_onnx(lite0_onnx[0], out, precision="int8", calib=[str(bikes)], calib_count=64,
+                         target_agreement=0.97, calib_cache=calib_cache / "lite0.json")

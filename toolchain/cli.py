@@ -172,6 +172,76 @@ def export(state: State, source, output, weights, num_classes, input_size, batch
 
 
 @cli.command(context_settings=CONTEXT)
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("--precision", type=click.Choice(["fp16", "int8"]), required=True, help="What to make.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False),
+              help="The .onnx file to write (default: MODEL.fp16.onnx / MODEL.int8.onnx beside MODEL).")
+@click.option("--calib", multiple=True, metavar="PATH",
+              help="Calibration data (repeatable): an image folder (recursive), a video (frames sampled evenly, "
+                   "PyAV) or .npy/.npz tensors. Required for int8; 'random' only for smoke tests.")
+@click.option("--calib-count", type=click.IntRange(1), default=128, show_default=True,
+              help="Samples to calibrate on; the rest of the data is held out for the check.")
+@click.option("--calib-method", type=click.Choice(["percentile", "entropy", "minmax"]), default="percentile",
+              show_default=True, help="How activation ranges are chosen (README: Calibration methods).")
+@click.option("--percentile", type=float, default=99.99, show_default=True, help="For --calib-method percentile.")
+@click.option("--keep-fp32", multiple=True, metavar="OP_OR_NODE",
+              help="Op type or node name to keep in FP32 (repeatable); added to the default list.")
+@click.option("--high-precision", type=click.Choice(["fp16", "fp32"]), default="fp16", show_default=True,
+              help="int8: precision of what is not quantized.")
+@click.option("--target-agreement", type=float, metavar="X",
+              help="int8: keep the layers INT8 hurts most out of INT8 until top-1 agreement with the parent "
+                   "reaches X (e.g. 0.97) on held-out data.")
+@click.option("--check", multiple=True, metavar="PATH", help="Data to compare the result with its parent on "
+              "(default: held-out calibration data).")
+@click.option("--check-count", type=click.IntRange(1), default=256, show_default=True, help="Check samples at most.")
+@click.option("--calib-cache", type=click.Path(dir_okay=False), help="Calibration cache file (default: one per "
+              "model, data and recipe under ~/.cache/trtc/calibration).")
+@click.option("--no-calib-cache", is_flag=True, help="Always recalibrate; write no cache.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed for sampling and splitting the data.")
+@click.option("--device", default="cpu", show_default=True, help="ONNX Runtime device for calibration and the "
+              "check: cpu or cuda:N.")
+@click.option("--input-size", callback=_size, help="For an ONNX without manifest: input size N or HxW.")
+@click.option("--resize", type=click.IntRange(0), help="For an ONNX without manifest: short side before the crop.")
+@click.option("--mean", callback=_floats3, help="For an ONNX without manifest: per-channel mean in [0,1] units.")
+@click.option("--std", callback=_floats3, help="For an ONNX without manifest: per-channel std in [0,1] units.")
+@click.option("--color", type=click.Choice(["RGB", "BGR"], case_sensitive=False), help="For an ONNX without "
+              "manifest: channel order.")
+@click.option("--force", is_flag=True, help="Overwrite an existing output.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
+@click.pass_obj
+def quantize(state: State, model, precision, output, calib, calib_count, calib_method, percentile, keep_fp32,
+             high_precision, target_agreement, check, check_count, calib_cache, no_calib_cache, seed, device,
+             input_size, resize, mean, std, color, force, as_json):
+    """Make an FP16 or INT8 (Q/DQ) ONNX from an FP32 one, with OUTPUT.json beside it.
+
+    FP16 keeps FP32 inputs and outputs. INT8 is symmetric Q/DQ (per-channel weights, per-tensor activations) on
+    the inputs of Conv/Gemm/MatMul, calibrated on real data, with the rest in FP16. The result is compared with
+    MODEL on held-out data (top-1 agreement, top-5 overlap, logit difference, cosine) before it is written.
+
+    \b
+    Examples:
+      trtc quantize lite0.onnx --precision fp16 --check photos/
+      trtc quantize lite0.onnx --precision int8 --calib bikes.mp4 --target-agreement 0.97
+    """
+    from .quantize import quantize_onnx
+
+    if calib_cache and no_calib_cache:
+        raise click.UsageError("--calib-cache and --no-calib-cache contradict each other")
+    report = quantize_onnx(model, output, precision=precision, calib=list(calib), calib_count=calib_count,
+                           calib_method=calib_method, percentile=percentile, keep_fp32=list(keep_fp32),
+                           high_precision=high_precision, target_agreement=target_agreement, check=list(check),
+                           check_count=check_count, calib_cache=False if no_calib_cache else calib_cache, seed=seed,
+                           device=device, input_size=input_size, resize=resize, mean=mean, std=std,
+                           color=color.upper() if color else None, force=force, reporter=state.reporter())
+    if as_json:
+        _emit_json(state, report.to_dict())
+        return
+    from .render import render_quantize
+
+    render_quantize(state.out, report)
+
+
+@cli.command(context_settings=CONTEXT)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 @click.pass_obj
 def doctor(state: State, as_json):

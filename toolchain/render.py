@@ -41,6 +41,57 @@ def render_export(console, report) -> None:
         console.print(pt)
 
 
+def render_quantize(console, report) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    c = report.check
+    t = Table(title=f"{report.precision.upper()} model {escape(report.output)}", show_header=False,
+              title_justify="left")
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("parent", f"{escape(report.parent['file'])} ({_mb(report.parent['bytes'])})")
+    t.add_row("size", f"{_mb(report.bytes)} ({report.bytes / max(1, report.parent['bytes']):.2f} x the parent)")
+    r = report.recipe
+    if report.precision == "int8":
+        li = report.layers
+        t.add_row("recipe", f"INT8 Q/DQ on {li['int8']} of {li['total']} layers (weights per-channel, activations "
+                            f"per-tensor), the rest in {r['high_precision'].upper()}")
+        cal = report.calibration
+        src = ", ".join(s.rsplit("/", 1)[-1] for s in cal["sources"])
+        how = f"{cal['method']}" + (f" {cal['percentile']}" if cal.get("percentile") else "")
+        t.add_row("calibration", f"{how} on {cal['samples']} samples of {escape(src)}"
+                                 + (" [yellow](RANDOM)[/]" if cal.get("random") else "")
+                                 + (" (ranges from cache)" if cal.get("from_cache") else "")
+                                 + (f"; skipped {len(cal['skipped'])} unreadable" if cal.get("skipped") else ""))
+    else:
+        t.add_row("recipe", f"FP16 on {report.layers['converted']} nodes, FP32 inputs/outputs")
+    if report.kept:
+        names = ", ".join(f"{k['node']} ({k['op']})" for k in report.kept[:8])
+        more = f" and {len(report.kept) - 8} more" if len(report.kept) > 8 else ""
+        t.add_row("kept higher", escape(names + more))
+    if report.search:
+        s = report.search
+        t.add_row("search", f"target {s['target']:.1%} top-1 agreement on {s['tune_samples']} tuning samples: "
+                            f"reached {s['reached']:.1%} with {report.layers['kept']} layer(s) kept out of INT8")
+    acc = ""
+    if "accuracy" in c:
+        acc = (f"; accuracy {100 * c['accuracy_parent']:.2f}% -> {100 * c['accuracy']:.2f}% "
+               f"({100 * c['accuracy_delta']:+.2f} pp)")
+    t.add_row("vs parent", f"top-1 agreement [bold]{100 * c['top1_agreement']:.1f}%[/], top-5 overlap "
+                           f"{100 * c['top5_overlap']:.1f}%, max abs logit diff {c['max_abs_diff']:.3g}, "
+                           f"cosine {c['cosine']:.4f}{acc}")
+    t.add_row("check data", f"{c['samples']} samples: {escape(c['data'])} ({c['device']})")
+    if c["flips"]:
+        t.add_row("flips", escape(", ".join(c["flips"][:6]) + (" ..." if len(c["flips"]) > 6 else "")))
+    tm = report.timings
+    t.add_row("time", ", ".join(f"{k[:-2]} {v:.1f} s" for k, v in tm.items()))
+    t.add_row("manifest", escape(report.manifest))
+    console.print(t)
+    for w in report.warnings:
+        console.print(f"[yellow]warning:[/] {escape(w)}")
+
+
 def render_doctor(console, report: dict) -> None:
     from rich.markup import escape
     from rich.table import Table

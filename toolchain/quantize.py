@@ -1,0 +1,462 @@
+"""FP32 ONNX -> FP16 or INT8 (Q/DQ) ONNX with its manifest, checked against the parent on held-out data.
+
+    report = quantize_onnx("model.onnx", "model.int8.onnx", precision="int8", calib=["bikes.mp4"])
+
+FP16 casts the graph (:mod:`toolchain.precision.fp16`). INT8 calibrates activation ranges on real data,
+inserts symmetric Q/DQ where TensorRT fuses it (:mod:`toolchain.precision.int8`), and computes the rest in FP16
+(``high_precision="fp32"`` keeps it FP32). With ``target_agreement`` it measures how much each quantized layer
+costs and keeps the most sensitive ones out of INT8 until the top-1 agreement with the parent reaches the target
+on tuning data; the agreement printed at the end is measured on other held-out data.
+
+The output is written to a temporary file beside the target and moved into place, with ``X.json``, only after
+it loaded and ran in ONNX Runtime: a failure or Ctrl-C leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from engines import __version__
+from engines._deps import dist_version, require
+from engines._io import atomic_path, sha256_file
+from engines.errors import ManifestError
+from engines.manifest import BatchProfile, Manifest, read_manifest, write_manifest
+from engines.preprocess import PreprocessSpec
+
+from . import parity
+from ._ui import Reporter
+from .errors import QuantizeError, UsageProblem
+from .export import check_output_path
+from .precision import calibration as cal
+from .precision import fp16 as fp16_pass
+from .precision import graph as G
+from .precision import int8 as int8_pass
+
+log = logging.getLogger("trtc")
+PRECISIONS = ("fp16", "int8")
+DEFAULT_CALIB_COUNT = 128
+DEFAULT_CHECK_COUNT = 256
+RUN_BATCH = 16
+
+
+@dataclass
+class QuantizeReport:
+    output: str
+    manifest: str
+    precision: str
+    bytes: int
+    sha256: str
+    parent: dict
+    recipe: dict
+    layers: dict  # int8: total, int8, kept; fp16: converted, kept
+    kept: list[dict]  # what stayed in higher precision and why
+    calibration: dict | None
+    search: dict | None
+    check: dict  # parity vs the parent on held-out data, and what data
+    timings: dict
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def default_output(model: str | Path, precision: str) -> Path:
+    p = Path(model)
+    return p.with_name(f"{p.stem}.{precision}.onnx")
+
+
+def _spec_for(manifest: Manifest | None, dims: list, input_name: str, input_size, resize, mean, std, color):
+    """Preprocessing for images and frames: the manifest's, or assembled from options for foreign ONNX files."""
+    if manifest is not None and not any(v is not None for v in (input_size, resize, mean, std, color)):
+        return manifest.preprocess
+    base = manifest.preprocess if manifest is not None else None
+    hw = dims[2:4] if len(dims) == 4 else []
+    if input_size is not None:
+        size = (input_size, input_size) if isinstance(input_size, int) else tuple(input_size)
+    elif base is not None:
+        size = base.size
+    elif len(hw) == 2 and all(isinstance(d, int) for d in hw):
+        size = tuple(hw)
+    else:
+        size = (224, 224)
+    if resize is None:
+        resize = base.resize if base is not None and input_size is None else int(round(min(size) / 0.875))
+    return PreprocessSpec(size=size, resize=resize or None,
+                          color=color or (base.color if base else "RGB"),
+                          mean=tuple(mean or (base.mean if base else (0.485, 0.456, 0.406))),
+                          std=tuple(std or (base.std if base else (0.229, 0.224, 0.225))),
+                          input=input_name)
+
+
+def _session(model, device: str, qdq_fusion: bool = True):
+    ort = require("onnxruntime", "Running ONNX models", extra="cpu")
+    from engines.onnxruntime_engine import providers_for, session_options
+
+    data = model if isinstance(model, (str, bytes)) else model.SerializeToString()
+    try:
+        return ort.InferenceSession(data, sess_options=session_options(ort, qdq_fusion=qdq_fusion),
+                                    providers=providers_for(device))
+    except Exception as exc:
+        if type(exc).__module__.startswith("engines"):
+            raise
+        raise QuantizeError(f"ONNX Runtime cannot load the new model: {str(exc).splitlines()[0]}",
+                            "run with --debug and report the model") from exc
+
+
+def _logits(session, x: np.ndarray, batch: int) -> np.ndarray:
+    name = session.get_inputs()[0].name
+    outs = []
+    for n, (y, *_) in cal.run_batches(session, name, x, batch):
+        outs.append(y[:n])
+    return np.concatenate(outs)
+
+
+def _labelled_parity(ref, got, labels, data: cal.DataSet, what: str) -> dict:
+    p = parity.compare(ref, got)
+    d = p.to_dict()
+    d["flips"] = [data.origins[i] for i in p.flips]
+    d["data"] = what
+    if labels is not None:
+        d["accuracy_parent"] = parity.accuracy(ref, labels)
+        d["accuracy"] = parity.accuracy(got, labels)
+        d["accuracy_delta"] = d["accuracy"] - d["accuracy_parent"]
+    return d
+
+
+def quantize_onnx(model: str | Path, output: str | Path | None = None, *, precision: str,
+                  calib: list | tuple | str | None = None, calib_count: int = DEFAULT_CALIB_COUNT,
+                  calib_method: str = cal.DEFAULT_METHOD, percentile: float = cal.DEFAULT_PERCENTILE,
+                  keep_fp32: list[str] | tuple[str, ...] = (), high_precision: str = "fp16",
+                  target_agreement: float | None = None, check: list | tuple | str | None = None,
+                  check_count: int = DEFAULT_CHECK_COUNT, calib_cache: str | Path | bool | None = None,
+                  seed: int = 0, device: str = "cpu", input_size=None, resize: int | None = None, mean=None,
+                  std=None, color: str | None = None, force: bool = False,
+                  reporter: Reporter | None = None) -> QuantizeReport:
+    """Make an FP16 or INT8 model from an FP32 ONNX file; see the module docstring."""
+    reporter = reporter or Reporter()
+    warnings: list[str] = []
+    timings: dict[str, float] = {}
+    # ---- arguments, all checked before any slow work
+    if precision not in PRECISIONS:
+        raise UsageProblem(f"unknown precision {precision!r}", "use --precision fp16 or --precision int8")
+    if calib_method not in cal.METHODS:
+        raise UsageProblem(f"unknown calibration method {calib_method!r}",
+                           f"use one of {', '.join(cal.METHODS)}")
+    if not 50.0 < percentile <= 100.0:
+        raise UsageProblem(f"--percentile {percentile} is outside (50, 100]", "e.g. --percentile 99.99")
+    if high_precision not in ("fp16", "fp32"):
+        raise UsageProblem(f"--high-precision {high_precision!r} is not fp16 or fp32", "use fp16 (default) or fp32")
+    if target_agreement is not None and not 0.0 < target_agreement <= 1.0:
+        raise UsageProblem(f"--target-agreement {target_agreement} is not a fraction in (0, 1]",
+                           "e.g. --target-agreement 0.97 for 97% top-1 agreement")
+    if calib_count < 1 or check_count < 1:
+        raise UsageProblem("--calib-count and --check-count must be at least 1")
+    calib = [calib] if isinstance(calib, (str, Path)) else list(calib or [])
+    check = [check] if isinstance(check, (str, Path)) else list(check or [])
+    random_calib = [str(c) for c in calib] == ["random"]
+    if precision == "int8" and not calib:
+        raise UsageProblem("INT8 needs calibration data, and none was given",
+                           "add --calib FOLDER_OR_VIDEO (images or frames like those the model will see); "
+                           "--calib random only for a smoke test")
+    if random_calib and target_agreement is not None:
+        raise UsageProblem("--target-agreement cannot be met on random calibration data", "give real --calib data")
+    if not random_calib:
+        cal.check_sources(calib)
+    cal.check_sources(check)
+    src = Path(model)
+    out = Path(output) if output is not None else default_output(src, precision)
+    out = check_output_path(out, force)
+    if out.resolve() == src.resolve():
+        raise UsageProblem("the output would overwrite the input model", "choose another -o")
+
+    # ---- the parent
+    t0 = time.perf_counter()
+    parent = G.load(src)
+    G.refuse_reduced(parent, src.name)
+    try:
+        manifest = read_manifest(src, verify_hash=True)
+    except ManifestError as exc:
+        if "does not match" in exc.reason or "malformed" in exc.reason or "schema" in exc.reason:
+            raise
+        manifest = None
+        warnings.append(f"{src.name} has no manifest: preprocessing, labels and batch range come from the options "
+                        "and the graph")
+    parent_sha = sha256_file(src)
+    feeds = G.graph_inputs(parent)
+    if len(feeds) != 1:
+        raise QuantizeError(f"the model has {len(feeds)} inputs; trtc quantize handles single-input classifiers",
+                            "export the classifier with one image input")
+    input_name = feeds[0].name
+    dims = G.input_dims(feeds[0])
+    fixed_batch = dims[0] if dims and isinstance(dims[0], int) else None
+    run_batch = fixed_batch or RUN_BATCH
+    spec = _spec_for(manifest, dims, input_name, input_size, resize, mean, std, color)
+
+    # ---- data: calibration, tuning (for the search) and check, never overlapping
+    calib_set = held = None
+    if precision == "int8":
+        if random_calib:
+            calib_set = cal.random_data(dims, calib_count, seed)
+            warnings.append("CALIBRATED ON RANDOM DATA: the INT8 ranges mean nothing for real inputs; use this model "
+                            "only to test a pipeline")
+            log.warning(warnings[-1])
+        else:
+            extra = 0 if check else check_count
+            pool = cal.load_data(calib, spec, dims, input_name, want=calib_count + extra, seed=seed,
+                                 reporter=reporter)
+            calib_set, held = cal.split(pool, calib_count, seed)
+            if pool.skipped:
+                warnings.append(f"skipped {len(pool.skipped)} unreadable calibration file(s): "
+                                + ", ".join(Path(s['file']).name for s in pool.skipped[:5]))
+    tune_set = None
+    if check:
+        check_set = cal.load_data(check, spec, dims, input_name, want=check_count, seed=seed + 1,
+                                  reporter=reporter, what="check")
+        check_name = ", ".join(str(c) for c in check)
+        tune_set = held
+    elif held is not None:
+        if target_agreement is not None:  # tune on half of the held-out samples, report on the other half
+            tune_set, check_set = held.subset(range(0, len(held), 2)), held.subset(range(1, len(held), 2))
+            check_name = "held-out calibration-source samples (every other one; the rest tuned the search)"
+        else:
+            check_set, check_name = held, "held-out samples of the calibration data (not used to calibrate)"
+    elif precision == "fp16" and calib:
+        check_set = cal.load_data(calib, spec, dims, input_name, want=check_count, seed=seed, reporter=reporter,
+                                  what="check")
+        check_name = ", ".join(str(c) for c in calib)
+    else:
+        check_set, check_name = cal.random_data(dims, min(check_count, 32), seed + 1), "random inputs"
+        warnings.append("checked on random inputs: give --check IMAGES_OR_VIDEO for an agreement figure that means "
+                        "something" if precision == "fp16" else
+                        "no held-out data: all calibration samples were used; give --check or more data")
+    if target_agreement is not None and (tune_set is None or len(tune_set) == 0):
+        raise UsageProblem("--target-agreement needs held-out data to tune on",
+                           "give more calibration samples than --calib-count, or --check DATA")
+    timings["data_s"] = time.perf_counter() - t0
+
+    # ---- the pass
+    t0 = time.perf_counter()
+    parent_session = _session(str(src), device)
+    ref_check = _logits(parent_session, check_set.x, run_batch)
+    keep_ops, keep_names = fp16_pass.resolve_keep(parent, list(keep_fp32))
+    calibration = search = None
+    recipe: dict = {"precision": precision, "keep_fp32": sorted(keep_ops | keep_names)}
+    if precision == "fp16":
+        work = copy.deepcopy(parent)
+        G.fold_constants(work)
+        with reporter.phase("converting to FP16"):
+            res = fp16_pass.convert_fp16(work, keep_ops, keep_names)
+        kept = res.kept
+        layers_info = {"converted": res.converted_nodes, "kept": len(res.kept), "casts": res.casts_added}
+        if res.underflow_values:
+            warnings.append(f"{res.underflow_values} tiny nonzero weights became 0 in FP16")
+        final = work
+    else:
+        prepared = G.upgrade_opset(parent, 19 if high_precision == "fp16" else 13)
+        if prepared is parent:
+            prepared = copy.deepcopy(parent)
+        G.fold_constants(prepared)
+        layers = int8_pass.find_layers(prepared)
+        if not layers:
+            raise QuantizeError("the model has no Conv, Gemm or MatMul layers to quantize",
+                                "use --precision fp16 for this model")
+        tensors = int8_pass.activation_tensors(layers)
+        ranges, calibration = _ranges(prepared, src, parent_sha, tensors, calib_set, calib_method, percentile,
+                                      run_batch, device, calib_cache, random_calib, reporter)
+        recipe.update({"high_precision": high_precision, "calibration": calib_method,
+                       "percentile": percentile if calib_method == "percentile" else None,
+                       "weights": "int8 symmetric per-channel", "activations": "int8 symmetric per-tensor"})
+        # nodes on the FP32 keep-list are not quantized either
+        excluded = {l.name for l in layers if prepared.graph.node[l.index].op_type in keep_ops
+                    or prepared.graph.node[l.index].name in keep_names}
+
+        def build(exclude: set[str]):
+            m = copy.deepcopy(prepared)
+            q = int8_pass.insert_qdq(m, layers, ranges, exclude)
+            r = None
+            if high_precision == "fp16":
+                r = fp16_pass.convert_fp16(m, keep_ops, keep_names)
+            return m, q, r
+
+        fusion = high_precision != "fp16"
+        if target_agreement is not None:
+            t1 = time.perf_counter()
+            excluded, search = _search(prepared, layers, ranges, build, excluded, tune_set, parent_session,
+                                       target_agreement, run_batch, device, fusion, reporter)
+            timings["search_s"] = time.perf_counter() - t1
+        with reporter.phase("inserting Q/DQ"):
+            final, qres, fres = build(excluded)
+        kept = [{"node": name, "op": next(l.op for l in layers if l.name == name),
+                 "reason": (search or {}).get("reasons", {}).get(name, "--keep-fp32")}
+                for name in qres.excluded]
+        if fres is not None:
+            kept += fres.kept
+        layers_info = {"total": len(layers), "int8": len(qres.quantized), "kept": len(qres.excluded),
+                       "activation_qdq": qres.activations, "weight_dq": qres.weights}
+        recipe["kept_layers"] = list(qres.excluded)
+    G.check_model(final, precision)
+    timings["convert_s"] = time.perf_counter() - t0
+
+    # ---- write, run, compare, then move into place
+    t0 = time.perf_counter()
+    with atomic_path(out) as tmp:
+        G.save_model(final, tmp)
+        qdq_fusion = not (precision == "int8" and high_precision == "fp16")
+        from engines.onnxruntime_engine import parse_device
+
+        session = _session(str(tmp), device, qdq_fusion=qdq_fusion or parse_device(device)[0] != "cpu")
+        with reporter.phase(f"checking against the parent on {len(check_set)} samples"):
+            got = _logits(session, check_set.x, run_batch)
+        check_report = _labelled_parity(ref_check, got, check_set.labels, check_set, check_name)
+        check_report["device"] = device
+        size = tmp.stat().st_size
+        m = _manifest(manifest, final, src, parent_sha, spec, dims, precision, recipe, calibration, check_report,
+                      high_precision)
+        mpath = write_manifest(out, m, hashed_as=tmp)
+    timings["check_s"] = time.perf_counter() - t0
+    return QuantizeReport(output=str(out), manifest=str(mpath), precision=precision, bytes=size,
+                          sha256=m.artifact["sha256"],
+                          parent={"file": str(src), "sha256": parent_sha, "bytes": src.stat().st_size},
+                          recipe=recipe, layers=layers_info, kept=kept, calibration=calibration, search=search,
+                          check=check_report, timings={k: round(v, 2) for k, v in timings.items()},
+                          warnings=warnings)
+
+
+def _ranges(prepared, src, parent_sha, tensors, calib_set, method, percentile, batch, device, calib_cache,
+            random_calib, reporter):
+    digest = cal.data_digest(calib_set.x)
+    key = cal.cache_key(parent_sha, digest, method, percentile, tensors)
+    if calib_cache is False or random_calib:
+        path = None
+    elif calib_cache in (None, True):
+        path = cal.cache_dir() / f"{key}.json"
+    else:
+        path = Path(calib_cache)
+    ranges = cal.read_cache(path, key, tensors) if path is not None and path.exists() else None
+    cached = ranges is not None
+    if ranges is None:
+        ranges = cal.collect_ranges(prepared, tensors, calib_set.x, method, percentile, batch, device, reporter)
+        if path is not None:
+            cal.write_cache(path, key, ranges, {"model": src.name, "method": method, "percentile": percentile,
+                                                "samples": len(calib_set)})
+    else:
+        log.info("calibration ranges from cache %s", path)
+    info = {"method": method, "percentile": percentile if method == "percentile" else None,
+            "samples": len(calib_set), "sources": calib_set.sources, "data_sha256": digest,
+            "skipped": calib_set.skipped, "cache": str(path) if path else None, "from_cache": cached,
+            "activations": len(tensors), "random": random_calib}
+    return ranges, info
+
+
+def _search(prepared, layers, ranges, build, excluded, tune_set, parent_session, target, batch, device, fusion,
+            reporter):
+    """Keep the layers whose INT8 costs most out of INT8 until top-1 agreement on the tuning data reaches the
+    target. Cost of a layer = KL divergence from the parent's softmax when only that layer is quantized."""
+    ref = _logits(parent_session, tune_set.x, batch)
+    names = [l.name for l in layers if l.name not in excluded]
+    everything = {l.name for l in layers}
+
+    def agreement(exclude: set[str]) -> float:
+        m, _, _ = build(exclude)
+        return parity.compare(ref, _logits(_session(m, device, fusion), tune_set.x, batch)).top1_agreement
+
+    base = agreement(set(excluded))
+    trail = [{"kept": len(excluded), "agreement": base}]
+    if base >= target:
+        return excluded, {"target": target, "tune_samples": len(tune_set), "reached": base, "trail": trail,
+                          "ranking": [], "reasons": {}}
+    cost = []
+    with reporter.phase(f"measuring the cost of INT8 per layer ({len(names)} layers)", total=len(names)) as bar:
+        for name in names:
+            m = copy.deepcopy(prepared)
+            int8_pass.insert_qdq(m, layers, ranges, everything - {name})
+            out = _logits(_session(m, device), tune_set.x, batch)
+            cost.append((parity.compare(ref, out).kl, name))
+            bar.advance()
+    cost.sort(key=lambda c: -c[0])
+    order = [n for _, n in cost]
+
+    def with_top(k: int) -> set[str]:
+        return set(excluded) | set(order[:k])
+
+    results = {0: base}
+    lo, hi = 0, None
+    with reporter.phase(f"searching for the fewest layers to keep for {target:.1%} agreement") as bar:
+        k = 1
+        while k <= len(order):  # grow until the target holds ...
+            results[k] = agreement(with_top(k))
+            trail.append({"kept": len(with_top(k)), "agreement": results[k]})
+            bar.advance()
+            if results[k] >= target:
+                hi = k
+                break
+            lo = k
+            k = min(len(order), k * 2) if k < len(order) else len(order) + 1
+        if hi is None:
+            best = max(results, key=results.get)
+            raise QuantizeError(f"top-1 agreement {results[best]:.1%} on {len(tune_set)} tuning samples does not "
+                                f"reach --target-agreement {target:.1%} even with {len(with_top(best))} of "
+                                f"{len(layers)} layers kept out of INT8",
+                                "lower --target-agreement, or use --precision fp16")
+        while hi - lo > 1:  # ... then bisect between the last miss and the first hit
+            mid = (lo + hi) // 2
+            results[mid] = agreement(with_top(mid))
+            trail.append({"kept": len(with_top(mid)), "agreement": results[mid]})
+            bar.advance()
+            if results[mid] >= target:
+                hi = mid
+            else:
+                lo = mid
+    chosen = with_top(hi)
+    reasons = {n: f"INT8 cost (KL {c:.2e}) among the top {hi}" for c, n in cost[:hi]}
+    return chosen, {"target": target, "tune_samples": len(tune_set), "reached": results[hi], "trail": trail,
+                    "ranking": [{"layer": n, "kl": c} for c, n in cost[:max(hi, 10)]], "reasons": reasons}
+
+
+def _manifest(parent_m: Manifest | None, final, src: Path, parent_sha: str, spec, dims, precision, recipe,
+              calibration, check_report, high_precision) -> Manifest:
+    from .precision.graph import graph_inputs
+
+    onnx = G.onnx_module()
+
+    def spec_of(vi):
+        from engines.base import TensorSpec
+
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type).name
+        shape = tuple(G.input_dims(vi))
+        return TensorSpec(vi.name, dtype, shape)
+
+    inputs = [spec_of(v) for v in graph_inputs(final)]
+    outputs = [spec_of(v) for v in final.graph.output]
+    if parent_m is not None:
+        batch, labels, model_info = parent_m.batch, parent_m.labels, dict(parent_m.model)
+    else:
+        b = dims[0] if dims and isinstance(dims[0], int) else None
+        batch = BatchProfile(b, b, b) if b else BatchProfile(1, 8, 32)
+        labels = None
+        num = outputs[0].shape[-1] if outputs and outputs[0].shape and isinstance(outputs[0].shape[-1], int) \
+            else None
+        model_info = {"name": src.stem, "source": str(src), "num_classes": num}
+    precision_info = {"mode": precision, **{k: v for k, v in recipe.items() if k != "precision"}}
+    if precision == "int8":
+        precision_info["high_precision"] = high_precision
+    if calibration:
+        precision_info["calibration_data"] = {k: calibration[k] for k in
+                                              ("method", "percentile", "samples", "sources", "data_sha256")}
+    check_small = {k: v for k, v in check_report.items() if k != "flips"}
+    check_small["flips"] = len(check_report["flips"])
+    return Manifest(kind="onnx", model=model_info, preprocess=spec, inputs=inputs, outputs=outputs, batch=batch,
+                    labels=labels, precision=precision_info,
+                    producer={"tool": "trtc quantize", "trtc": __version__, "onnx": dist_version("onnx"),
+                              "onnxruntime": dist_version("onnxruntime", "onnxruntime-gpu"),
+                              "opset": G.opset_of(final), "check": check_small},
+                    parent={"file": src.name, "sha256": parent_sha, "role": "fp32 parent"})
+
+
+__all__ = ["quantize_onnx", "QuantizeReport", "default_output", "PRECISIONS"]
