@@ -60,15 +60,13 @@ def providers_for(device: str) -> list:
 
 
 def qdq_fusion_safe(path, device: str) -> bool:
-    """Whether ONNX Runtime may fuse this model's Q/DQ pairs into its own INT8 kernels.
+    """Whether ONNX Runtime may rewrite this model's Q/DQ pairs with its QDQ graph transformers.
 
-    On the CPU, ONNX Runtime 1.31 fuses DequantizeLinear -> Conv -> QuantizeLinear into integer kernels. With FP16
-    scales (INT8 models whose other layers compute in FP16, trtc's default) the fused path returned wrong logits
-    here (0% top-1 agreement on EfficientNet-Lite0, while the same graph run op by op agrees like its FP32-scale
-    twin). TensorRT does its own fusion; for ONNX Runtime on the CPU such models run op by op, which computes
-    exactly what the graph says."""
-    if parse_device(device)[0] != "cpu":
-        return True
+    ONNX Runtime 1.31 rewrites DequantizeLinear -> Conv -> QuantizeLinear groups (into integer kernels on the
+    CPU). With FP16 scales (INT8 models whose other layers compute in FP16, trtc's default) the rewritten graph
+    returned wrong logits here: 0% top-1 agreement on EfficientNet-Lite0 on the CPU and under the CUDA EP, while
+    the same graph run op by op agrees like its FP32-scale twin. TensorRT does its own fusion; for ONNX Runtime
+    such models run op by op (``session.disable_quant_qdq``), which computes exactly what the graph says."""
     from .manifest import manifest_path
 
     mp = manifest_path(path)

@@ -278,7 +278,7 @@ def quantize_onnx(model: str | Path, output: str | Path | None = None, *, precis
 
         def build(exclude: set[str]):
             m = copy.deepcopy(prepared)
-            q = int8_pass.insert_qdq(m, layers, ranges, exclude)
+            q = int8_pass.insert_qdq(m, layers, ranges, exclude, fp16_scales=high_precision == "fp16")
             r = None
             if high_precision == "fp16":
                 r = fp16_pass.convert_fp16(m, keep_ops, keep_names)
@@ -308,9 +308,7 @@ def quantize_onnx(model: str | Path, output: str | Path | None = None, *, precis
     with atomic_path(out) as tmp:
         G.save_model(final, tmp)
         qdq_fusion = not (precision == "int8" and high_precision == "fp16")
-        from engines.onnxruntime_engine import parse_device
-
-        session = _session(str(tmp), device, qdq_fusion=qdq_fusion or parse_device(device)[0] != "cpu")
+        session = _session(str(tmp), device, qdq_fusion=qdq_fusion)
         with reporter.phase(f"checking against the parent on {len(check_set)} samples"):
             got = _logits(session, check_set.x, run_batch)
         check_report = _labelled_parity(ref_check, got, check_set.labels, check_set, check_name)

@@ -157,3 +157,15 @@ def test_constant_folding_finds_reshaped_weights():
     assert graph.fold_constants(m) == 1
     (layer,) = int8.find_layers(m)
     assert layer.weight == "w2" and layer.axis == 1 and layer.activations == ["x"]
+
+
+def test_fp16_scales_are_exact_positive_and_never_clip():
+    s = np.array([1e-9, 3e-5, 0.0123456, 0.5, 1 / 127], np.float32)
+    h = int8.fp16_scale(s)
+    assert np.all(h >= s) and np.all(h >= 2.0 ** -14)
+    assert np.array_equal(h.astype(np.float16).astype(np.float32), h)  # stored in FP16 without change
+    w = np.random.default_rng(3).standard_normal((6, 4)).astype(np.float32) * np.array([1e-6, 1e-3, 1, 1, 10, 100],
+                                                                                       np.float32)[:, None]
+    q, scale = int8.quantize_weight(w, 0, fp16_scales=True)
+    assert np.all(scale > 0) and np.abs(q).max() <= 127
+    assert np.all(np.abs(q * scale[:, None] - w) <= scale[:, None] / 2 + 1e-9)

@@ -101,25 +101,45 @@ def activation_tensors(layers: list[Layer]) -> list[str]:
     return out
 
 
-def quantize_weight(w: np.ndarray, axis: int | None) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric INT8: (int8 weights, float32 scales per channel or a scalar)."""
+FP16_MIN_NORMAL = 2.0 ** -14
+
+
+def fp16_scale(scale):
+    """The smallest normal FP16 value >= ``scale`` (as float32), so a scale stored in FP16 is exact, positive and
+    not subnormal: TensorRT rejects zero scales ("Scale coefficients must all be positive"), and subnormal FP16 may
+    be flushed to zero by GPU kernels. Rounding *up* means no weight needs clipping."""
+    s = np.maximum(np.asarray(scale, np.float32), np.float32(FP16_MIN_NORMAL))
+    h = s.astype(np.float16)
+    lower = h.astype(np.float32) < s
+    h = np.where(lower, np.nextafter(h, np.float16(np.inf)), h)
+    return h.astype(np.float32)
+
+
+def quantize_weight(w: np.ndarray, axis: int | None, fp16_scales: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric INT8: (int8 weights, float32 scales per channel or a scalar). With ``fp16_scales`` the scales are
+    values FP16 holds exactly (see :func:`fp16_scale`) and the weights are rounded on that grid."""
     w = np.asarray(w, np.float32)
     if axis is None:
         amax = np.float32(np.max(np.abs(w))) if w.size else np.float32(0)
         scale = np.float32(amax / 127.0) if amax > 0 else np.float32(1.0)
+        if fp16_scales:
+            scale = fp16_scale(scale)
         q = np.clip(np.round(w / scale), -127, 127).astype(np.int8)
         return q, np.asarray(scale, np.float32)
     other = tuple(i for i in range(w.ndim) if i != axis)
     amax = np.max(np.abs(w), axis=other) if w.size else np.zeros(w.shape[axis], np.float32)
     scale = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
+    if fp16_scales:
+        scale = fp16_scale(scale)
     shape = [1] * w.ndim
     shape[axis] = -1
     q = np.clip(np.round(w / scale.reshape(shape)), -127, 127).astype(np.int8)
     return q, scale
 
 
-def activation_scale(amax: float) -> float:
-    return float(amax) / 127.0 if amax > 0 else 1.0
+def activation_scale(amax: float, fp16_scales: bool = False) -> float:
+    scale = float(amax) / 127.0 if amax > 0 else 1.0
+    return float(fp16_scale(scale)) if fp16_scales else scale
 
 
 @dataclass
@@ -130,8 +150,10 @@ class QdqResult:
     activations: int = 0
 
 
-def insert_qdq(model, layers: list[Layer], ranges: dict[str, float], exclude: set[str]) -> QdqResult:
-    """Add Q/DQ to ``model`` (in place) for every layer not in ``exclude``."""
+def insert_qdq(model, layers: list[Layer], ranges: dict[str, float], exclude: set[str],
+               fp16_scales: bool = False) -> QdqResult:
+    """Add Q/DQ to ``model`` (in place) for every layer not in ``exclude``. ``fp16_scales``: the scales will be
+    stored in FP16 (the rest of the graph goes FP16), so choose them on FP16's grid."""
     onnx_module()
     from onnx import helper, numpy_helper
 
@@ -150,7 +172,7 @@ def insert_qdq(model, layers: list[Layer], ranges: dict[str, float], exclude: se
         if t not in act_dq:
             scale = unique(f"{t}_scale", taken)
             zp = unique(f"{t}_zp", taken)
-            new_inits.append(numpy_helper.from_array(np.asarray(activation_scale(ranges[t]), np.float32), scale))
+            new_inits.append(numpy_helper.from_array(np.asarray(activation_scale(ranges[t], fp16_scales), np.float32), scale))
             new_inits.append(numpy_helper.from_array(np.asarray(0, np.int8), zp))
             q_out, dq_out = unique(f"{t}_q", taken), unique(f"{t}_dq", taken)
             new_nodes.append(helper.make_node("QuantizeLinear", [t, scale, zp], [q_out],
@@ -164,7 +186,7 @@ def insert_qdq(model, layers: list[Layer], ranges: dict[str, float], exclude: se
     def w_pair(w: str, axis: int | None) -> str:
         key = (w, axis)
         if key not in w_dq:
-            q, scale = quantize_weight(numpy_helper.to_array(inits[w]), axis)
+            q, scale = quantize_weight(numpy_helper.to_array(inits[w]), axis, fp16_scales)
             qn, sn, zn = unique(f"{w}_int8", taken), unique(f"{w}_wscale", taken), unique(f"{w}_wzp", taken)
             new_inits.append(numpy_helper.from_array(q, qn))
             new_inits.append(numpy_helper.from_array(scale, sn))
