@@ -191,6 +191,8 @@ def export(state: State, source, output, weights, num_classes, input_size, batch
 @click.option("--target-agreement", type=float, metavar="X",
               help="int8: keep the layers INT8 hurts most out of INT8 until top-1 agreement with the parent "
                    "reaches X (e.g. 0.97) on held-out data.")
+@click.option("--no-bias-correction", is_flag=True, help="int8: leave the biases as they are (by default each "
+              "quantized Conv/Gemm bias absorbs the mean shift its INT8 weights cause).")
 @click.option("--check", multiple=True, metavar="PATH", help="Data to compare the result with its parent on "
               "(default: held-out calibration data).")
 @click.option("--check-count", type=click.IntRange(1), default=256, show_default=True, help="Check samples at most.")
@@ -210,7 +212,7 @@ def export(state: State, source, output, weights, num_classes, input_size, batch
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 @click.pass_obj
 def quantize(state: State, model, precision, output, calib, calib_count, calib_method, percentile, keep_fp32,
-             high_precision, target_agreement, check, check_count, calib_cache, no_calib_cache, seed, device,
+             high_precision, target_agreement, no_bias_correction, check, check_count, calib_cache, no_calib_cache, seed, device,
              input_size, resize, mean, std, color, force, as_json):
     """Make an FP16 or INT8 (Q/DQ) ONNX from an FP32 one, with OUTPUT.json beside it.
 
@@ -231,7 +233,7 @@ def quantize(state: State, model, precision, output, calib, calib_count, calib_m
                            calib_method=calib_method, percentile=percentile, keep_fp32=list(keep_fp32),
                            high_precision=high_precision, target_agreement=target_agreement, check=list(check),
                            check_count=check_count, calib_cache=False if no_calib_cache else calib_cache, seed=seed,
-                           device=device, input_size=input_size, resize=resize, mean=mean, std=std,
+                           device=device, bias_correction=not no_bias_correction, input_size=input_size, resize=resize, mean=mean, std=std,
                            color=color.upper() if color else None, force=force, reporter=state.reporter())
     if as_json:
         _emit_json(state, report.to_dict())

@@ -135,7 +135,7 @@ def quantize_onnx(model: str | Path, output: str | Path | None = None, *, precis
                   keep_fp32: list[str] | tuple[str, ...] = (), high_precision: str = "fp16",
                   target_agreement: float | None = None, check: list | tuple | str | None = None,
                   check_count: int = DEFAULT_CHECK_COUNT, calib_cache: str | Path | bool | None = None,
-                  seed: int = 0, device: str = "cpu", input_size=None, resize: int | None = None, mean=None,
+                  seed: int = 0, device: str = "cpu", bias_correction: bool = True, input_size=None, resize: int | None = None, mean=None,
                   std=None, color: str | None = None, force: bool = False,
                   reporter: Reporter | None = None) -> QuantizeReport:
     """Make an FP16 or INT8 model from an FP32 ONNX file; see the module docstring."""
@@ -267,18 +267,20 @@ def quantize_onnx(model: str | Path, output: str | Path | None = None, *, precis
             raise QuantizeError("the model has no Conv, Gemm or MatMul layers to quantize",
                                 "use --precision fp16 for this model")
         tensors = int8_pass.activation_tensors(layers)
-        ranges, calibration = _ranges(prepared, src, parent_sha, tensors, calib_set, calib_method, percentile,
+        stats, calibration = _ranges(prepared, src, parent_sha, tensors, calib_set, calib_method, percentile,
                                       run_batch, device, calib_cache, random_calib, reporter)
         recipe.update({"high_precision": high_precision, "calibration": calib_method,
                        "percentile": percentile if calib_method == "percentile" else None,
-                       "weights": "int8 symmetric per-channel", "activations": "int8 symmetric per-tensor"})
+                       "weights": "int8 symmetric per-channel", "activations": "int8 symmetric per-tensor",
+                       "bias_correction": bias_correction})
         # nodes on the FP32 keep-list are not quantized either
         excluded = {l.name for l in layers if prepared.graph.node[l.index].op_type in keep_ops
                     or prepared.graph.node[l.index].name in keep_names}
 
         def build(exclude: set[str]):
             m = copy.deepcopy(prepared)
-            q = int8_pass.insert_qdq(m, layers, ranges, exclude, fp16_scales=high_precision == "fp16")
+            q = int8_pass.insert_qdq(m, layers, stats.ranges, exclude, fp16_scales=high_precision == "fp16",
+                                     means=stats.means if bias_correction else None)
             r = None
             if high_precision == "fp16":
                 r = fp16_pass.convert_fp16(m, keep_ops, keep_names)
@@ -287,7 +289,7 @@ def quantize_onnx(model: str | Path, output: str | Path | None = None, *, precis
         fusion = high_precision != "fp16"
         if target_agreement is not None:
             t1 = time.perf_counter()
-            excluded, search = _search(prepared, layers, ranges, build, excluded, tune_set, parent_session,
+            excluded, search = _search(prepared, layers, stats, build, excluded, tune_set, parent_session,
                                        target_agreement, run_batch, device, fusion, reporter)
             timings["search_s"] = time.perf_counter() - t1
         with reporter.phase("inserting Q/DQ"):
@@ -298,7 +300,8 @@ def quantize_onnx(model: str | Path, output: str | Path | None = None, *, precis
         if fres is not None:
             kept += fres.kept
         layers_info = {"total": len(layers), "int8": len(qres.quantized), "kept": len(qres.excluded),
-                       "activation_qdq": qres.activations, "weight_dq": qres.weights}
+                       "activation_qdq": qres.activations, "weight_dq": qres.weights,
+                       "bias_corrected": qres.bias_corrected}
         recipe["kept_layers"] = list(qres.excluded)
     G.check_model(final, precision)
     timings["convert_s"] = time.perf_counter() - t0
@@ -336,23 +339,23 @@ def _ranges(prepared, src, parent_sha, tensors, calib_set, method, percentile, b
         path = cal.cache_dir() / f"{key}.json"
     else:
         path = Path(calib_cache)
-    ranges = cal.read_cache(path, key, tensors) if path is not None and path.exists() else None
-    cached = ranges is not None
-    if ranges is None:
-        ranges = cal.collect_ranges(prepared, tensors, calib_set.x, method, percentile, batch, device, reporter)
+    stats = cal.read_cache(path, key, tensors) if path is not None and path.exists() else None
+    cached = stats is not None
+    if stats is None:
+        stats = cal.collect_stats(prepared, tensors, calib_set.x, method, percentile, batch, device, reporter)
         if path is not None:
-            cal.write_cache(path, key, ranges, {"model": src.name, "method": method, "percentile": percentile,
-                                                "samples": len(calib_set)})
+            cal.write_cache(path, key, stats, {"model": src.name, "method": method, "percentile": percentile,
+                                               "samples": len(calib_set)})
     else:
         log.info("calibration ranges from cache %s", path)
     info = {"method": method, "percentile": percentile if method == "percentile" else None,
             "samples": len(calib_set), "sources": calib_set.sources, "data_sha256": digest,
             "skipped": calib_set.skipped, "cache": str(path) if path else None, "from_cache": cached,
             "activations": len(tensors), "random": random_calib}
-    return ranges, info
+    return stats, info
 
 
-def _search(prepared, layers, ranges, build, excluded, tune_set, parent_session, target, batch, device, fusion,
+def _search(prepared, layers, stats, build, excluded, tune_set, parent_session, target, batch, device, fusion,
             reporter):
     """Keep the layers whose INT8 costs most out of INT8 until top-1 agreement on the tuning data reaches the
     target. Cost of a layer = KL divergence from the parent's softmax when only that layer is quantized."""
@@ -373,7 +376,7 @@ def _search(prepared, layers, ranges, build, excluded, tune_set, parent_session,
     with reporter.phase(f"measuring the cost of INT8 per layer ({len(names)} layers)", total=len(names)) as bar:
         for name in names:
             m = copy.deepcopy(prepared)
-            int8_pass.insert_qdq(m, layers, ranges, everything - {name})
+            int8_pass.insert_qdq(m, layers, stats.ranges, everything - {name}, means=stats.means)
             out = _logits(_session(m, device), tune_set.x, batch)
             cost.append((parity.compare(ref, out).kl, name))
             bar.advance()

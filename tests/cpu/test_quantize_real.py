@@ -1,6 +1,6 @@
 """`trtc quantize` on real models and real data (CPU, ONNX Runtime), with the figures printed (pytest -s shows
 them; -ra lists them for skips). Targets from the precision issue; where a figure is below the issue's target the
-assertion states the measured floor and docs/QUANTIZE.md says why."""
+assertion states the measured floor and README.md (trtc quantize) says why."""
 
 from __future__ import annotations
 
@@ -66,9 +66,12 @@ def test_lite0_int8_accuracy_aware(lite0_int8, lite0_onnx, photos):
           f"{r.layers['total']} layers out of INT8: {r.recipe['kept_layers']}\n  held-out check on {c['samples']} "
           f"frames: top-1 {c['top1_agreement']:.2%} (decisive {c['decisive_agreement']:.2%}), top-5 "
           f"{c['top5_overlap']:.2%}, max|d| {c['max_abs_diff']:.3g}, cosine {c['cosine']:.4f}; flips {c['flips']}")
-    assert s["reached"] >= 0.97 and s["trail"][0]["agreement"] < 0.9  # plain INT8 misses; the search fixes it
-    assert 0 < r.layers["kept"] < r.layers["total"] / 2  # most layers stay INT8
-    assert c["samples"] == 93 and c["top1_agreement"] >= 0.94 and c["cosine"] > 0.99
+    # plain INT8 (bias-corrected) misses the target on these ambiguous street frames; the search reaches it on the
+    # tuning half and keeps the costliest layers in FP16 (22 of 50 here). On the held-out half it measured 97.8%
+    # here; near-ties move with the CPU's kernels by a sample or two, hence the 95% floor.
+    assert s["trail"][0]["agreement"] < 0.9 and s["reached"] >= 0.97
+    assert 0 < r.layers["kept"] < r.layers["total"] / 2 and r.layers["bias_corrected"] == r.layers["int8"]
+    assert c["samples"] == 93 and c["top1_agreement"] >= 0.95 and c["cosine"] > 0.999
     # the photos were not used at all: they agree
     m = read_manifest(r.output)
     x = _photo_batch(photos, m)
@@ -80,7 +83,7 @@ def test_lite0_int8_accuracy_aware(lite0_int8, lite0_onnx, photos):
     assert m.precision["calibration"] == "percentile" and m.precision["calibration_data"]["samples"] == 64
     assert m.precision["kept_layers"] == r.recipe["kept_layers"]
     assert len(m.precision["calibration_data"]["data_sha256"]) == 64
-    assert r.bytes < 0.35 * r.parent["bytes"]  # INT8 weights
+    assert r.bytes < 0.45 * r.parent["bytes"]  # INT8 weights where quantized, FP16 elsewhere: below the FP16 model
 
 
 def test_qdq_model_structure_is_what_tensorrt_fuses(lite0_int8):

@@ -169,3 +169,39 @@ def test_fp16_scales_are_exact_positive_and_never_clip():
     q, scale = int8.quantize_weight(w, 0, fp16_scales=True)
     assert np.all(scale > 0) and np.abs(q).max() <= 127
     assert np.all(np.abs(q * scale[:, None] - w) <= scale[:, None] / 2 + 1e-9)
+
+
+@pytest.mark.parametrize("groups", [1, 2, 4])
+def test_bias_shift_is_the_output_change_for_the_mean_input(groups):
+    """For an input that is its per-channel mean everywhere, a weight error dw moves each output channel by exactly
+    bias_shift (no padding, so every output pixel sees a full window)."""
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((4, 4 // groups, 3, 3)).astype(np.float32)
+    dw = (rng.standard_normal(w.shape) * 0.01).astype(np.float32)
+    mean = rng.standard_normal(4).astype(np.float32)
+    x = np.broadcast_to(mean[None, :, None, None], (1, 4, 6, 6)).astype(np.float32).copy()
+
+    def conv(weights):
+        node = helper.make_node("Conv", ["x", "w"], ["y"], group=groups, name="c")
+        g = helper.make_graph([node], "t", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 6, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(weights, "w")])
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+        m.ir_version = 8
+        return ort.InferenceSession(m.SerializeToString()).run(None, {"x": x})[0]
+
+    actual = (conv(w + dw) - conv(w)).mean(axis=(0, 2, 3))
+    predicted = int8.bias_shift(helper.make_node("Conv", ["x", "w"], ["y"], group=groups), "Conv", dw, mean, onnx)
+    assert np.allclose(predicted, actual, atol=1e-5)
+
+
+def test_bias_correction_is_applied_to_quantized_layers_only():
+    m = graph.upgrade_opset(_model(), 19)
+    layers = int8.find_layers(m)
+    tensors = int8.activation_tensors(layers)
+    means = {"x": [0.1, -0.2, 0.3], "f": [0.5, 0.1, 0.0, 0.2]}
+    res = int8.insert_qdq(m, layers, {t: 3.0 for t in tensors}, exclude={"fc"}, means=means)
+    assert res.bias_corrected == 1
+    conv = next(n for n in m.graph.node if n.op_type == "Conv")
+    gemm = next(n for n in m.graph.node if n.op_type == "Gemm")
+    assert conv.input[2] == "conv_bias_corrected" and gemm.input[2] == "fb"

@@ -308,9 +308,26 @@ def entropy_amax(hist: np.ndarray, amax: float, levels: int = 128) -> float:
     return float(best_i * amax / bins)
 
 
-def collect_ranges(model, tensors: list[str], data: np.ndarray, method: str, percentile: float, batch: int,
-                   device: str = "cpu", reporter: Reporter | None = None) -> dict[str, float]:
-    """Absolute clip value per tensor (see the module docstring for the methods)."""
+@dataclass
+class Stats:
+    """What calibration measures per activation: the clip value and the per-channel mean (for bias correction)."""
+
+    ranges: dict[str, float]
+    means: dict[str, list[float]]
+
+
+def _channel_sum(v: np.ndarray) -> np.ndarray | None:
+    """Per-channel sum and element count over everything but the channel axis (1 for NCHW, last for (N, K))."""
+    if v.ndim == 4:
+        return v.sum(axis=(0, 2, 3), dtype=np.float64) / (v.shape[2] * v.shape[3])
+    if v.ndim == 2:
+        return v.sum(axis=0, dtype=np.float64)
+    return None
+
+
+def collect_stats(model, tensors: list[str], data: np.ndarray, method: str, percentile: float, batch: int,
+                  device: str = "cpu", reporter: Reporter | None = None) -> Stats:
+    """Clip value (see the module docstring for the methods) and per-channel mean of each tensor."""
     if method not in METHODS:
         raise UsageProblem(f"unknown calibration method {method!r}", f"use one of {', '.join(METHODS)}")
     onnx = require("onnx", "Calibrating", extra="export")
@@ -326,52 +343,61 @@ def collect_ranges(model, tensors: list[str], data: np.ndarray, method: str, per
     aug.CopyFrom(model)
     feed = graph_inputs(aug)[0].name
     existing = {o.name for o in aug.graph.output}
-    node_tensors = [t for t in tensors if t != feed]
-    for t in node_tensors:
+    names = [t for t in tensors if t != feed]
+    for t in names:
         if t not in existing:
             aug.graph.output.append(onnx.helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT, None))
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     sess = ort.InferenceSession(aug.SerializeToString(), sess_options=opts, providers=providers_for(device))
-    names = node_tensors
 
-    def values(outs, n):
-        vals = {t: o[:n] for t, o in zip(names, outs)}
-        return vals
+    def batches():
+        for n, outs in run_batches(sess, feed, data, batch, names):
+            vals = {t: o[:n] for t, o in zip(names, outs)}
+            if feed in tensors:
+                vals[feed] = None  # filled by the caller from the data itself
+            yield n, vals
 
     amax = {t: 0.0 for t in tensors}
+    sums: dict[str, np.ndarray | None] = {t: None for t in tensors}
+    count = 0
     passes = 1 if method == "minmax" else 2
     with reporter.phase(f"calibrating {len(tensors)} activations on {len(data)} samples ({method})",
                         total=len(data) * passes) as bar:
-        xin = None
-        for n, outs in run_batches(sess, feed, data, batch, names):
-            for t, v in values(outs, n).items():
+        done = 0
+        for n, vals in batches():
+            if feed in vals:
+                vals[feed] = data[done:done + n]
+            for t, v in vals.items():
                 amax[t] = max(amax[t], float(np.max(np.abs(v))) if v.size else 0.0)
+                cs = _channel_sum(v)
+                if cs is not None:
+                    sums[t] = cs if sums[t] is None else sums[t] + cs
+            done += n
+            count += n
             bar.advance(n)
-        if feed in amax:
-            xin = data
-            amax[feed] = float(np.max(np.abs(xin)))
+        means = {t: (sums[t] / count).tolist() for t in tensors if sums[t] is not None}
         if method == "minmax":
-            return amax
+            return Stats(amax, means)
         hists = {t: np.zeros(HIST_BINS, np.int64) for t in tensors}
-
-        def add(t, v):
-            # exact zeros (ReLU outputs, padding) quantize exactly; left in, their spike would make any clip
-            # look harmless to the entropy search
-            a = np.abs(v[v != 0])
-            if amax[t] > 0 and a.size:
-                h, _ = np.histogram(a, bins=HIST_BINS, range=(0.0, amax[t]))
-                hists[t] += h
-
-        for n, outs in run_batches(sess, feed, data, batch, names):
-            for t, v in values(outs, n).items():
-                add(t, v)
+        done = 0
+        for n, vals in batches():
+            if feed in vals:
+                vals[feed] = data[done:done + n]
+            for t, v in vals.items():
+                # exact zeros (ReLU outputs, padding) quantize exactly; left in, their spike would make any clip
+                # look harmless to the entropy search
+                a = np.abs(v[v != 0])
+                if amax[t] > 0 and a.size:
+                    h, _ = np.histogram(a, bins=HIST_BINS, range=(0.0, amax[t]))
+                    hists[t] += h
+            done += n
             bar.advance(n)
-        if feed in hists:
-            add(feed, data)
     if method == "percentile":
-        return {t: percentile_amax(hists[t], amax[t], percentile) for t in tensors}
-    return {t: entropy_amax(hists[t], amax[t]) for t in tensors}
+        ranges = {t: percentile_amax(hists[t], amax[t], percentile) for t in tensors}
+    else:
+        ranges = {t: entropy_amax(hists[t], amax[t]) for t in tensors}
+    return Stats(ranges, means)
 
 
 # ---------------------------------------------------------------- cache
@@ -384,11 +410,11 @@ def cache_dir() -> Path:
 def cache_key(model_sha256: str, digest: str, method: str, percentile: float, tensors: list[str]) -> str:
     recipe = json.dumps({"model": model_sha256, "data": digest, "method": method,
                          "percentile": percentile if method == "percentile" else None,
-                         "tensors": sorted(tensors), "version": 1}, sort_keys=True)
+                         "tensors": sorted(tensors), "version": 2}, sort_keys=True)
     return hashlib.sha256(recipe.encode()).hexdigest()
 
 
-def read_cache(path: Path, key: str, tensors: list[str]) -> dict[str, float] | None:
+def read_cache(path: Path, key: str, tensors: list[str]) -> Stats | None:
     try:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
@@ -396,9 +422,10 @@ def read_cache(path: Path, key: str, tensors: list[str]) -> dict[str, float] | N
     ranges = data.get("ranges") or {}
     if data.get("key") != key or set(ranges) != set(tensors):
         return None
-    return {k: float(v) for k, v in ranges.items()}
+    return Stats({k: float(v) for k, v in ranges.items()}, data.get("means") or {})
 
 
-def write_cache(path: Path, key: str, ranges: dict[str, float], recipe: dict) -> None:
+def write_cache(path: Path, key: str, stats: Stats, recipe: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, json.dumps({"key": key, "recipe": recipe, "ranges": ranges}, indent=1) + "\n")
+    atomic_write_text(path, json.dumps({"key": key, "recipe": recipe, "ranges": stats.ranges,
+                                        "means": stats.means}) + "\n")

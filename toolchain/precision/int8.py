@@ -148,13 +148,34 @@ class QdqResult:
     excluded: list[str] = field(default_factory=list)  # layer names left in higher precision
     weights: int = 0
     activations: int = 0
+    bias_corrected: int = 0
+
+
+def bias_shift(node, op: str, dw: np.ndarray, mean: np.ndarray, onnx) -> np.ndarray | None:
+    """Expected change of each output channel caused by the weight error ``dw`` for inputs of per-channel
+    ``mean``: what bias correction subtracts (Nagel et al., "Data-Free Quantization", 2019). None where the
+    layout is not handled (the layer is then left uncorrected)."""
+    attr = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    mean = np.asarray(mean, np.float64)
+    if op == "Conv" and dw.ndim >= 3:
+        groups = attr.get("group", 1)
+        per_in = dw.reshape(dw.shape[0], dw.shape[1], -1).sum(axis=2)  # (O, I/g)
+        if per_in.shape[1] * groups != mean.shape[0]:
+            return None
+        g_of = np.arange(dw.shape[0]) // (dw.shape[0] // groups)
+        return np.einsum("oi,oi->o", per_in, mean.reshape(groups, -1)[g_of])
+    if op == "Gemm" and not attr.get("transA", 0) and dw.ndim == 2:
+        w = dw if attr.get("transB", 0) else dw.T  # (N, K)
+        return w @ mean if w.shape[1] == mean.shape[0] else None
+    return None
 
 
 def insert_qdq(model, layers: list[Layer], ranges: dict[str, float], exclude: set[str],
-               fp16_scales: bool = False) -> QdqResult:
+               fp16_scales: bool = False, means: dict | None = None) -> QdqResult:
     """Add Q/DQ to ``model`` (in place) for every layer not in ``exclude``. ``fp16_scales``: the scales will be
-    stored in FP16 (the rest of the graph goes FP16), so choose them on FP16's grid."""
-    onnx_module()
+    stored in FP16 (the rest of the graph goes FP16), so choose them on FP16's grid. ``means`` (per-channel means
+    of the layer inputs from calibration) turns on bias correction of Conv and Gemm layers."""
+    onnx = onnx_module()
     from onnx import helper, numpy_helper
 
     from .graph import prune_initializers
@@ -165,6 +186,7 @@ def insert_qdq(model, layers: list[Layer], ranges: dict[str, float], exclude: se
     nodes = list(g.node)
     result = QdqResult()
     new_nodes, new_inits = [], []
+    weight_error: dict[tuple[str, int | None], np.ndarray] = {}
     act_dq: dict[str, str] = {}
     w_dq: dict[tuple[str, int | None], str] = {}
 
@@ -186,7 +208,12 @@ def insert_qdq(model, layers: list[Layer], ranges: dict[str, float], exclude: se
     def w_pair(w: str, axis: int | None) -> str:
         key = (w, axis)
         if key not in w_dq:
-            q, scale = quantize_weight(numpy_helper.to_array(inits[w]), axis, fp16_scales)
+            w_float = numpy_helper.to_array(inits[w])
+            q, scale = quantize_weight(w_float, axis, fp16_scales)
+            shape = [1] * q.ndim
+            if axis is not None and scale.ndim == 1:
+                shape[axis] = -1
+            weight_error[key] = q.astype(np.float32) * scale.reshape(shape) - w_float
             qn, sn, zn = unique(f"{w}_int8", taken), unique(f"{w}_wscale", taken), unique(f"{w}_wzp", taken)
             new_inits.append(numpy_helper.from_array(q, qn))
             new_inits.append(numpy_helper.from_array(scale, sn))
@@ -211,6 +238,10 @@ def insert_qdq(model, layers: list[Layer], ranges: dict[str, float], exclude: se
                         n.input[slot] = q_pair(t)
                     elif t == layer.weight and slot == 1:
                         n.input[slot] = w_pair(t, layer.axis)
+                if means is not None and layer.weight and layer.activations and layer.activations[0] in means:
+                    if _correct_bias(n, layer, weight_error[(layer.weight, layer.axis)], means[layer.activations[0]],
+                                     inits, new_inits, taken, onnx, numpy_helper):
+                        result.bias_corrected += 1
                 result.quantized.append(layer.name)
         new_nodes.append(n)
     g.initializer.extend(new_inits)
@@ -218,3 +249,25 @@ def insert_qdq(model, layers: list[Layer], ranges: dict[str, float], exclude: se
     g.node.extend(_topological(new_nodes))
     prune_initializers(model)
     return result
+
+
+def _correct_bias(node, layer: Layer, dw, mean, inits, new_inits, taken, onnx, numpy_helper) -> bool:
+    shift = bias_shift(node, layer.op, dw, mean, onnx)
+    if shift is None:
+        return False
+    out_channels = shift.shape[0]
+    if len(node.input) > 2 and node.input[2]:
+        bias_name = node.input[2]
+        if bias_name not in inits:
+            return False
+        bias = numpy_helper.to_array(inits[bias_name]).astype(np.float64)
+        if bias.shape != (out_channels,):
+            return False
+    else:
+        bias = np.zeros(out_channels, np.float64)
+    name = unique(f"{layer.name}_bias_corrected", taken)
+    new_inits.append(numpy_helper.from_array((bias - shift).astype(np.float32), name))
+    while len(node.input) < 3:
+        node.input.append("")
+    node.input[2] = name
+    return True
