@@ -207,7 +207,7 @@ def quantize_onnx(model: str | Path, output: str | Path | None = None, *, precis
                             "only to test a pipeline")
             log.warning(warnings[-1])
         else:
-            extra = 0 if check else check_count
+            extra = check_count if (not check or target_agreement is not None) else 0  # held out: check/tune
             pool = cal.load_data(calib, spec, dims, input_name, want=calib_count + extra, seed=seed,
                                  reporter=reporter)
             calib_set, held = cal.split(pool, calib_count, seed)

@@ -7,7 +7,7 @@ def test_every_command_has_help():
     runner = CliRunner()
     top = runner.invoke(cli, ["--help"])
     assert top.exit_code == 0 and "Usage: " in top.output
-    assert set(cli.commands) >= {"export", "doctor"}
+    assert set(cli.commands) >= {"export", "quantize", "doctor"}
     for name, command in cli.commands.items():
         result = runner.invoke(cli, [name, "--help"])
         assert result.exit_code == 0, (name, result.output)

@@ -163,3 +163,13 @@ def test_ctrl_c_leaves_nothing(mnist_copy, tmp_path, monkeypatch):
     r = run(["quantize", str(m), "--precision", "int8", "--calib", str(npz), "--no-calib-cache"])
     assert r.exit_code == 130
     assert left(tmp_path) == ["mnist.onnx"]
+
+
+def test_target_with_explicit_check_tunes_on_held_out_calibration_data(mnist_copy, tmp_path):
+    m, npz = mnist_copy
+    r = run(["quantize", str(m), "--precision", "int8", "--calib", str(npz), "--calib-count", "200",
+             "--check-count", "300", "--check", str(npz), "--target-agreement", "0.99", "--no-calib-cache", "--json"])
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.stdout)
+    assert report["search"]["tune_samples"] == 300 and report["search"]["reached"] >= 0.99
+    assert report["check"]["samples"] == 300 and report["calibration"]["samples"] == 200

@@ -28,3 +28,7 @@ def test_help_loads_no_heavy_module():
     stmt = ("from click.testing import CliRunner\nfrom toolchain.cli import cli\n"
             "assert CliRunner().invoke(cli, ['export', '--help']).exit_code == 0")
     assert _loaded_after(stmt) == []
+
+
+def test_quantize_modules_import_lazily():
+    assert _loaded_after("import toolchain.quantize, toolchain.precision.calibration, toolchain.parity") == []
