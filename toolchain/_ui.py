@@ -29,6 +29,9 @@ class _Bar:
     def advance(self, n: int = 1) -> None:
         pass
 
+    def describe(self, text: str) -> None:
+        log.debug("%s", text)
+
 
 class RichReporter(Reporter):
     """Transient progress bars on stderr, one per phase; a done line per phase stays visible."""
@@ -57,6 +60,9 @@ class RichReporter(Reporter):
             class Bar:
                 def advance(self, n: int = 1) -> None:
                     progress.advance(task, n)
+
+                def describe(self, text: str) -> None:
+                    progress.update(task, description=f"{description}: {text}")
 
             yield Bar()
         self.console.print(f"[green]✓[/] {description} [dim]({time.perf_counter() - t0:.1f} s)[/]")

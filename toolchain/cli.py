@@ -244,6 +244,88 @@ def quantize(state: State, model, precision, output, calib, calib_count, calib_m
 
 
 @cli.command(context_settings=CONTEXT)
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", type=click.Path(dir_okay=False),
+              help="The .plan to write (default: MODEL[.fp16|.int8].plan beside MODEL).")
+@click.option("--precision", type=click.Choice(["fp32", "fp16", "int8"]), default="fp32", show_default=True,
+              help="fp16/int8 first make the FP16 or Q/DQ ONNX with trtc quantize, then build it strongly typed.")
+@click.option("--backend", type=click.Choice(["auto", "tensorrt", "tensorrt-rtx"]), default="auto",
+              show_default=True, help="TensorRT 10/11, TensorRT-RTX, or whichever is installed.")
+@click.option("--batch", help="Batch range MIN:OPT:MAX for the optimization profile (default: the manifest's).")
+@click.option("--input-size", callback=_size, help="Input H and W for dynamic spatial dims (default: the manifest's).")
+@click.option("--workspace", help="Workspace memory limit, e.g. 4G (default: TensorRT's).")
+@click.option("--opt-level", type=click.IntRange(0, 5), default=3, show_default=True,
+              help="Builder optimization level (0 ignores the timing cache).")
+@click.option("--timing-cache", type=click.Path(dir_okay=False), help="Timing cache file, loaded and saved "
+              "atomically; share it across builds on one GPU.")
+@click.option("--version-compatible", is_flag=True, help="TensorRT: a plan newer runtimes can load (slower).")
+@click.option("--hardware-compatibility", type=click.Choice(["none", "ampere+", "same-cc"]), default="none",
+              show_default=True, help="TensorRT: run on other GPUs (ampere+ is slower).")
+@click.option("--compute-capability", multiple=True, metavar="SM",
+              help="TensorRT-RTX: build ahead of time for SM75/SM80/SM86/SM89/SM120 ... (repeatable).")
+@click.option("--calib", multiple=True, metavar="PATH", help="int8: calibration data (see trtc quantize).")
+@click.option("--calib-count", type=click.IntRange(1), help="int8: see trtc quantize.")
+@click.option("--target-agreement", type=float, help="int8: see trtc quantize.")
+@click.option("--keep-fp32", multiple=True, metavar="OP_OR_NODE", help="fp16/int8: see trtc quantize.")
+@click.option("--force", is_flag=True, help="Overwrite existing outputs.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
+@click.pass_obj
+def build(state: State, model, output, precision, backend, batch, input_size, workspace, opt_level, timing_cache,
+          version_compatible, hardware_compatibility, compute_capability, calib, calib_count, target_agreement,
+          keep_fp32, force, as_json):
+    """Build a TensorRT plan from an ONNX model, with OUTPUT.json (the manifest) beside it.
+
+    Strongly typed for TensorRT 10, 11 and TensorRT-RTX: the precision is the ONNX graph's. After the build the
+    plan's compute layers are checked, and a plan is not called FP16 or INT8 unless its layers are.
+
+    \b
+    Examples:
+      trtc build lite0.onnx --precision fp16 --timing-cache ~/.cache/trtc/h100.cache
+      trtc build lite0.onnx --precision int8 --calib bikes.mp4 --target-agreement 0.97
+      trtc build lite0.onnx --backend tensorrt-rtx --compute-capability SM89
+    """
+    from .build import build_engine
+
+    quantize = {}
+    if calib:
+        quantize["calib"] = list(calib)
+    if calib_count:
+        quantize["calib_count"] = calib_count
+    if target_agreement is not None:
+        quantize["target_agreement"] = target_agreement
+    if keep_fp32:
+        quantize["keep_fp32"] = list(keep_fp32)
+    report = build_engine(model, output, precision=precision, backend=backend, batch=batch, input_size=input_size,
+                          workspace=workspace, opt_level=opt_level, timing_cache=timing_cache,
+                          version_compatible=version_compatible, hardware_compatibility=hardware_compatibility,
+                          compute_capability=list(compute_capability), quantize=quantize or None, force=force,
+                          reporter=state.reporter())
+    if as_json:
+        _emit_json(state, report.to_dict())
+        return
+    from .render import render_build
+
+    render_build(state.out, report)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("artifact", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
+@click.pass_obj
+def inspect(state: State, artifact, as_json):
+    """Show what an artifact (.onnx or .plan) is, from its manifest, and whether this machine can run it."""
+    from .inspect_artifact import inspect_artifact
+
+    report = inspect_artifact(artifact)
+    if as_json:
+        _emit_json(state, report)
+        return
+    from .render import render_inspect
+
+    render_inspect(state.out, report)
+
+
+@cli.command(context_settings=CONTEXT)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 @click.pass_obj
 def doctor(state: State, as_json):

@@ -8,8 +8,6 @@ raised.
 from __future__ import annotations
 
 import platform
-import shutil
-import subprocess
 import sys
 
 from engines._deps import dist_version, is_installed
@@ -30,13 +28,6 @@ PACKAGES = [
     ("timm", "timm", ["timm"]),
 ]
 CODECS = [("H264", "420", 8), ("HEVC", "420", 8), ("HEVC", "420", 10), ("AV1", "420", 8), ("VP9", "420", 8)]
-
-
-def _run(cmd: list[str]) -> str | None:
-    try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=10, check=True).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
 def _module_alias(primary: str, alias: str) -> str | None:
@@ -86,23 +77,9 @@ def packages() -> dict:
 
 
 def gpus() -> dict:
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return {"devices": [], "reason": "nvidia-smi not found (no NVIDIA driver)"}
-    text = _run([smi, "--query-gpu=name,compute_cap,driver_version,memory.total", "--format=csv,noheader,nounits"])
-    if not text:
-        return {"devices": [], "reason": "nvidia-smi failed (driver not loaded?)"}
-    devices, driver = [], None
-    for line in text.strip().splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) >= 4:
-            devices.append({"name": parts[0], "compute_capability": parts[1], "memory_mib": parts[3]})
-            driver = parts[2]
-    cuda = None
-    head = _run([smi]) or ""
-    for token in head.split("CUDA Version:")[1:2]:
-        cuda = token.split()[0]
-    return {"devices": devices, "driver": driver, "cuda": cuda}
+    from engines._gpu import gpus as _gpus
+
+    return _gpus()
 
 
 def nvdec_caps() -> dict:

@@ -92,6 +92,76 @@ def render_quantize(console, report) -> None:
         console.print(f"[yellow]warning:[/] {escape(w)}")
 
 
+def render_build(console, report) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    t = Table(title=f"{report.precision.upper()} plan {escape(report.output)}", show_header=False,
+              title_justify="left")
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("built from", escape(report.onnx))
+    t.add_row("builder", escape(report.backend))
+    t.add_row("size", _mb(report.bytes))
+    for name, s in report.profiles.items():
+        t.add_row("profile", f"{escape(name)}: min {s['min']} opt {s['opt']} max {s['max']}")
+    f = report.flags
+    extra = [k for k in ("version_compatible",) if f.get(k)]
+    if f.get("hardware_compatibility", "none") != "none":
+        extra.append(f"hardware {f['hardware_compatibility']}")
+    if f.get("compute_capabilities"):
+        extra.append("for " + ", ".join(f["compute_capabilities"]))
+    t.add_row("flags", f"strongly typed, opt level {f['opt_level']}" + ("; " + ", ".join(extra) if extra else ""))
+    counts = ", ".join(f"{n} {p}" for p, n in sorted(report.layers["counts"].items()))
+    t.add_row("compute layers", f"{counts} ({report.layers['source']})"
+              + (f"\n{escape(report.layers['note'])}" if report.layers.get("note") else ""))
+    if report.quantize:
+        c = report.quantize["check"]
+        t.add_row("quantized", f"{escape(report.quantize['output'])}: top-1 agreement {100 * c['top1_agreement']:.1f}% "
+                               f"with the parent on {c['samples']} held-out samples")
+    t.add_row("time", ", ".join(f"{k[:-2]} {v:.1f} s" for k, v in report.timings.items()))
+    t.add_row("manifest", escape(report.manifest))
+    console.print(t)
+    for w in report.warnings:
+        console.print(f"[yellow]warning:[/] {escape(w)}")
+
+
+def render_inspect(console, report: dict) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    t = Table(title=f"{report['kind']} {escape(report['artifact'])}", show_header=False, title_justify="left")
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("model", escape(f"{report['model'].get('name')} ({report['model'].get('source')})"))
+    p = report["precision"] or {}
+    t.add_row("precision", escape(p.get("mode", "fp32") + (f", rest {p['high_precision']}" if p.get("high_precision")
+                                                          else "")))
+    b = report["batch"]
+    t.add_row("batch", f"{b['min']}:{b['opt']}:{b['max']}")
+    for io in ("inputs", "outputs"):
+        for s in report[io]:
+            t.add_row(io[:-1], escape(f"{s['name']} {s['dtype']} {s['shape']}"))
+    if report.get("builder"):
+        bd = report["builder"]
+        gpu = bd.get("gpu") or {}
+        t.add_row("built with", escape(f"{bd.get('flavor')} {bd.get('version')} on {gpu.get('name')} "
+                                       f"(cc {gpu.get('compute_capability')}), CUDA {bd.get('cuda')}, driver "
+                                       f"{bd.get('driver')}"))
+        lp = bd.get("layer_precisions") or {}
+        if lp.get("counts"):
+            t.add_row("compute layers", escape(", ".join(f"{n} {k}" for k, n in sorted(lp["counts"].items()))
+                                               + f" ({lp.get('source')})"))
+    if report.get("operators"):
+        t.add_row("operators", escape(", ".join(f"{k} {v}" for k, v in list(report["operators"].items())[:10])))
+    verdict = "[green]yes[/]" if report["runs_here"] else "[red]no[/]: " + escape("; ".join(report["why_not"]))
+    t.add_row("runs here", verdict)
+    if report.get("rebuild"):
+        t.add_row("rebuild", escape(report["rebuild"]))
+    t.add_row("parent", escape(str((report.get("parent") or {}).get("file"))))
+    console.print(t)
+
+
 def render_doctor(console, report: dict) -> None:
     from rich.markup import escape
     from rich.table import Table

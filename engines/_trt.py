@@ -1,0 +1,90 @@
+"""Finding TensorRT: the full library (10.x / 11.x) or TensorRT-RTX, under either import name.
+
+NVIDIA's own installs give ``tensorrt`` / ``tensorrt_rtx``; the PyPI wheels (``tensorrt-cu13-bindings``,
+``tensorrt-rtx-cu13-bindings``) give ``tensorrt_bindings`` / ``tensorrt_rtx_bindings``. The classes are the same.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+from dataclasses import dataclass
+
+from .errors import MissingDependency, UsageProblem
+
+log = logging.getLogger("trtc")
+FLAVORS = {"tensorrt": ("tensorrt", "tensorrt_bindings"), "tensorrt-rtx": ("tensorrt_rtx", "tensorrt_rtx_bindings")}
+EXTRAS = {"tensorrt": "trt", "tensorrt-rtx": "rtx"}
+BACKENDS = ("auto", *FLAVORS)
+
+
+@dataclass
+class Backend:
+    module: object
+    flavor: str  # "tensorrt" or "tensorrt-rtx"
+    import_name: str
+    version: str
+
+    @property
+    def major(self) -> int:
+        try:
+            return int(self.version.split(".")[0])
+        except ValueError:
+            return 0
+
+    @property
+    def rtx(self) -> bool:
+        return self.flavor == "tensorrt-rtx"
+
+    def describe(self) -> str:
+        return f"{'TensorRT-RTX' if self.rtx else 'TensorRT'} {self.version} ({self.import_name})"
+
+
+def installed(flavor: str) -> str | None:
+    """The import name under which ``flavor`` is installed (found without importing it), or None."""
+    for name in FLAVORS[flavor]:
+        try:
+            if importlib.util.find_spec(name) is not None:
+                return name
+        except (ImportError, ValueError):
+            continue
+    return None
+
+
+def load_backend(name: str = "auto", purpose: str = "Building TensorRT engines") -> Backend:
+    """Import TensorRT (``tensorrt``) or TensorRT-RTX (``tensorrt-rtx``); ``auto`` prefers the full library."""
+    if name not in BACKENDS:
+        raise UsageProblem(f"unknown backend {name!r}", f"use one of {', '.join(BACKENDS)}")
+    order = list(FLAVORS) if name == "auto" else [name]
+    for flavor in order:
+        import_name = installed(flavor)
+        if import_name is None:
+            continue
+        try:
+            module = importlib.import_module(import_name)
+        except Exception as exc:  # a broken install: missing .so, wrong CUDA
+            raise MissingDependency(import_name, EXTRAS[flavor], f"{purpose} ({import_name} failed to import: "
+                                    f"{str(exc).splitlines()[0][:120]})") from exc
+        return Backend(module, flavor, import_name, str(getattr(module, "__version__", "0")))
+    if name == "auto":
+        err = MissingDependency("tensorrt", "trt", purpose)
+        err.reason = f"{purpose} needs TensorRT or TensorRT-RTX, and neither is installed"
+        err.fix = ('pip install "trtc[rtx]" (TensorRT-RTX, from PyPI) or pip install "trtc[trt]" (TensorRT 10/11; '
+                   "its libraries come from NVIDIA's package index)")
+        err.args = (err.reason,)
+        raise err
+    raise MissingDependency(FLAVORS[name][0], EXTRAS[name], purpose)
+
+
+def rtx_targets(module) -> list[str]:
+    """Compute capabilities TensorRT-RTX can build for, e.g. ['SM75', 'SM80', ...] (RTX 1.7 has no SM90)."""
+    enum = getattr(module, "ComputeCapability", None)
+    members = getattr(enum, "__members__", {}) if enum is not None else {}
+    return [m for m in members if m.startswith("SM")]
+
+
+def sm_name(compute_capability: str) -> str:
+    """'8.9' -> 'SM89'."""
+    major, _, minor = str(compute_capability).partition(".")
+    return f"SM{major}{minor or '0'}"

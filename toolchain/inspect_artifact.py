@@ -1,0 +1,79 @@
+"""`trtc inspect`: what an artifact is, from its manifest, and whether this machine can run it (and why not)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from engines._gpu import device as gpu_device
+from engines.errors import TrtcError, UsageProblem
+from engines.manifest import read_manifest
+
+
+def inspect_artifact(path: str | Path, device: int = 0) -> dict:
+    p = Path(path)
+    if not p.is_file():
+        raise UsageProblem(f"no such file: {p}", "give an .onnx or .plan made by trtc")
+    m = read_manifest(p)
+    out = {"artifact": str(p), "kind": m.kind, "bytes": m.artifact.get("bytes"), "sha256": m.artifact.get("sha256"),
+           "model": m.model, "precision": m.precision, "batch": m.batch.to_dict(),
+           "inputs": [t.to_dict() for t in m.inputs], "outputs": [t.to_dict() for t in m.outputs],
+           "preprocess": m.preprocess.to_dict(), "labels": len(m.labels) if m.labels else 0, "parent": m.parent,
+           "created": m.created, "producer": m.producer.get("tool")}
+    gpu = gpu_device(device)
+    if m.kind == "plan":
+        from engines._trt import load_backend
+        from engines.tensorrt_engine import plan_problems, rebuild_command
+
+        b = m.builder or {}
+        out["builder"] = b
+        try:
+            backend = load_backend(b.get("flavor", "tensorrt"), purpose="Running TensorRT plans")
+        except TrtcError:
+            backend = None
+        problems = plan_problems(m, backend, gpu)
+        out["runs_here"] = not problems
+        out["why_not"] = problems
+        if problems:
+            out["rebuild"] = rebuild_command(m, p)
+        else:
+            out["layer_precisions"] = _engine_layers(p, device)
+    else:
+        out["runs_here"], out["why_not"] = _onnx_runs(m, gpu)
+        out["operators"] = _onnx_ops(p)
+    return out
+
+
+def _engine_layers(path: Path, device: int) -> dict | None:
+    from engines.tensorrt_engine import load_plan
+
+    from .build import engine_precisions
+
+    try:
+        backend, runtime, _engine, _m = load_plan(path, device)
+        info = engine_precisions(backend.module, runtime, path.read_bytes())
+    except TrtcError as exc:
+        return {"error": exc.reason}
+    if info is None:
+        return None
+    counts = Counter(r["precision"] for r in info["layers"])
+    return {"source": info["source"], "counts": dict(counts), "layers": info["layers"]}
+
+
+def _onnx_runs(m, gpu) -> tuple[bool, list[str]]:
+    from engines._deps import is_installed
+
+    if not is_installed("onnxruntime"):
+        return False, ['ONNX Runtime is not installed (pip install "trtc[cpu]" or "trtc[gpu]")']
+    return True, []
+
+
+def _onnx_ops(path: Path) -> dict | None:
+    from engines._deps import is_installed
+
+    if not is_installed("onnx"):
+        return None
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    return dict(Counter(n.op_type for n in model.graph.node).most_common())
