@@ -23,7 +23,12 @@ from .manifest import Manifest, read_manifest
 log = logging.getLogger("trtc")
 
 
-def rebuild_command(manifest: Manifest, plan: str | Path) -> str:
+def rebuild_command(manifest: Manifest, plan: str | Path, problems: list[str] | None = None) -> str:
+    """How to get a plan that runs here (or where to run this one)."""
+    if any("cannot run on compute capability" in p for p in problems or []):
+        targets = ", ".join((manifest.builder or {}).get("compute_capabilities", [])) or "a supported GPU"
+        return (f"run it on a GPU it was built for ({targets}), or build for this GPU with TensorRT: "
+                f"trtc build {(manifest.parent or {}).get('file', 'model.onnx')} --backend tensorrt")
     parent = (manifest.parent or {}).get("file", "model.onnx")
     b = manifest.builder or {}
     mode = (manifest.precision or {}).get("mode", "fp32")
@@ -98,7 +103,8 @@ def load_plan(path: str | Path, device: int = 0, backend: Backend | None = None)
             backend = None
     problems = plan_problems(manifest, backend, gpu_device(device))
     if problems:
-        raise ManifestError(f"{path.name} cannot run here: " + "; ".join(problems), rebuild_command(manifest, path))
+        raise ManifestError(f"{path.name} cannot run here: " + "; ".join(problems),
+                            rebuild_command(manifest, path, problems))
     trt = backend.module
     messages: list[str] = []
 

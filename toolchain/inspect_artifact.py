@@ -35,7 +35,7 @@ def inspect_artifact(path: str | Path, device: int = 0) -> dict:
         out["runs_here"] = not problems
         out["why_not"] = problems
         if problems:
-            out["rebuild"] = rebuild_command(m, p)
+            out["rebuild"] = rebuild_command(m, p, problems)
         else:
             out["layer_precisions"] = _engine_layers(p, device)
     else:

@@ -229,6 +229,7 @@ def test_inspect_plan_and_onnx(monkeypatch, mnist, tmp_path):
     assert info["kind"] == "plan" and info["runs_here"] is False
     assert any("cannot run on compute capability 9.0" in w for w in info["why_not"])
     assert any("built for SM89; this GPU" in w for w in info["why_not"])
+    assert "build for this GPU with TensorRT" in info["rebuild"]
     r = run(["inspect", str(tmp_path / "m.plan")])
     assert r.exit_code == 0 and "runs here" in r.output and "no" in r.output
     r = run(["inspect", str(tmp_path / "m.onnx")])
