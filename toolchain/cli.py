@@ -118,6 +118,16 @@ def _emit_json(state: State, data) -> None:
     click.echo(json.dumps(data, indent=2, default=str))
 
 
+def _show(state: State, report, as_json: bool, renderer: str) -> None:
+    """The command's result on stdout: JSON, or the named table renderer of toolchain.render."""
+    if as_json:
+        _emit_json(state, report.to_dict() if hasattr(report, "to_dict") else report)
+        return
+    from . import render
+
+    getattr(render, renderer)(state.out, report)
+
+
 @cli.command(context_settings=CONTEXT)
 @click.argument("source")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="The .onnx file to write.")
@@ -163,12 +173,7 @@ def export(state: State, source, output, weights, num_classes, input_size, batch
                          batch=batch, opset=opset, exporter=exporter, labels=labels, mean=mean, std=std,
                          color=color.upper() if color else None, resize=resize, check_data=check_data,
                          check_samples=check_samples, atol=atol, force=force, name=name, reporter=state.reporter())
-    if as_json:
-        _emit_json(state, report.to_dict())
-        return
-    from .render import render_export
-
-    render_export(state.out, report)
+    _show(state, report, as_json, "render_export")
 
 
 @cli.command(context_settings=CONTEXT)
@@ -233,14 +238,10 @@ def quantize(state: State, model, precision, output, calib, calib_count, calib_m
                            calib_method=calib_method, percentile=percentile, keep_fp32=list(keep_fp32),
                            high_precision=high_precision, target_agreement=target_agreement, check=list(check),
                            check_count=check_count, calib_cache=False if no_calib_cache else calib_cache, seed=seed,
-                           device=device, bias_correction=not no_bias_correction, input_size=input_size, resize=resize, mean=mean, std=std,
-                           color=color.upper() if color else None, force=force, reporter=state.reporter())
-    if as_json:
-        _emit_json(state, report.to_dict())
-        return
-    from .render import render_quantize
-
-    render_quantize(state.out, report)
+                           device=device, bias_correction=not no_bias_correction, input_size=input_size,
+                           resize=resize, mean=mean, std=std, color=color.upper() if color else None, force=force,
+                           reporter=state.reporter())
+    _show(state, report, as_json, "render_quantize")
 
 
 @cli.command(context_settings=CONTEXT)
@@ -300,12 +301,7 @@ def build(state: State, model, output, precision, backend, batch, input_size, wo
                           version_compatible=version_compatible, hardware_compatibility=hardware_compatibility,
                           compute_capability=list(compute_capability), quantize=quantize or None, force=force,
                           reporter=state.reporter())
-    if as_json:
-        _emit_json(state, report.to_dict())
-        return
-    from .render import render_build
-
-    render_build(state.out, report)
+    _show(state, report, as_json, "render_build")
 
 
 @cli.command(context_settings=CONTEXT)
@@ -317,12 +313,7 @@ def inspect(state: State, artifact, as_json):
     from .inspect_artifact import inspect_artifact
 
     report = inspect_artifact(artifact)
-    if as_json:
-        _emit_json(state, report)
-        return
-    from .render import render_inspect
-
-    render_inspect(state.out, report)
+    _show(state, report, as_json, "render_inspect")
 
 
 @cli.command(context_settings=CONTEXT)
@@ -334,12 +325,7 @@ def doctor(state: State, as_json):
     from .doctor import diagnose
 
     report = diagnose()
-    if as_json:
-        _emit_json(state, report)
-        return
-    from .render import render_doctor
-
-    render_doctor(state.out, report)
+    _show(state, report, as_json, "render_doctor")
 
 
 def main() -> None:
