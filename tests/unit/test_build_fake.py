@@ -232,5 +232,9 @@ def test_inspect_plan_and_onnx(monkeypatch, mnist, tmp_path):
     assert "build for this GPU with TensorRT" in info["rebuild"]
     r = run(["inspect", str(tmp_path / "m.plan")])
     assert r.exit_code == 0 and "runs here" in r.output and "no" in r.output
+    r = run(["inspect", str(tmp_path / "m.onnx"), "--json"])  # a bare ONNX from elsewhere: what its graph says
+    info = json.loads(r.stdout)
+    assert r.exit_code == 0 and info["kind"] == "onnx (no manifest)" and info["operators"]["Conv"] == 2
+    assert info["inputs"] == [{"name": "Input3", "dtype": "float32", "shape": [1, 1, 28, 28]}]
     r = run(["inspect", str(tmp_path / "m.onnx")])
-    assert r.exit_code == 1 and "no manifest" in r.output
+    assert r.exit_code == 0 and "runs here" in r.output
