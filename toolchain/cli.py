@@ -10,11 +10,14 @@ from __future__ import annotations
 import json
 import sys
 import traceback
+from pathlib import Path
 
 import click
 
 from engines import __version__
 from engines.errors import TrtcError
+
+from .errors import ParityFailure
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 110}
 
@@ -314,6 +317,66 @@ def inspect(state: State, artifact, as_json):
 
     report = inspect_artifact(artifact)
     _show(state, report, as_json, "render_inspect")
+
+
+@cli.command(context_settings=CONTEXT)
+@click.option("--reference", required=True, help="The model to compare against: a PyTorch source (as for export), "
+              "an .onnx or a .plan.")
+@click.option("--candidate", "candidates", multiple=True, required=True, help="A model to judge (repeatable).")
+@click.option("--data", multiple=True, required=True, metavar="PATH", help="Images (class subfolders give labels), "
+              "videos (frames sampled evenly) or .npy/.npz (with 'labels'); repeatable.")
+@click.option("--count", type=click.IntRange(1), default=512, show_default=True, help="Samples per source at most.")
+@click.option("--device", default="cpu", show_default=True, help="cpu or cuda:N (ONNX Runtime and PyTorch).")
+@click.option("--min-top1-agreement", type=float, help="Override the per-precision default.")
+@click.option("--min-cosine", type=float, help="Override the per-precision default.")
+@click.option("--max-accuracy-drop", type=float, help="Override the per-precision default (a fraction: 0.01 = 1 pp).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the JSON report here ('-' for "
+              "stdout instead of the table).")
+@click.option("--html", "html_path", type=click.Path(dir_okay=False), help="Write an HTML report with plots here.")
+@click.pass_obj
+def validate(state: State, reference, candidates, data, count, device, min_top1_agreement, min_cosine,
+             max_accuracy_drop, json_path, html_path):
+    """Compare candidates with a reference on the same inputs; exit 1 if any candidate fails a threshold.
+
+    Metrics per candidate: top-1 agreement (and on decisive samples), top-5 overlap, flips (listed by file or
+    frame), accuracy and its change when the data has labels, max/mean logit difference, cosine, KL divergence,
+    confidence drift, flips per class. Default thresholds depend on the candidate's precision (README).
+
+    \b
+    Examples:
+      trtc validate --reference lite0.onnx --candidate lite0.int8.onnx --data photos/ --data bikes.mp4
+      trtc validate --reference pretrained:efficientnet-lite0 --candidate lite0.onnx --data val/ --html r.html
+    """
+    from .validate import validate as run_validate
+
+    overrides = {k: v for k, v in (("min_top1_agreement", min_top1_agreement), ("min_cosine", min_cosine),
+                                   ("max_accuracy_drop", max_accuracy_drop)) if v is not None}
+    report = run_validate(reference, list(candidates), list(data), device=device, count=count,
+                          thresholds=overrides, reporter=state.reporter())
+    d = report.to_dict()
+    if json_path and json_path != "-":
+        from engines._io import atomic_write_text
+
+        atomic_write_text(json_path, json.dumps(d, indent=2, default=str) + "\n")
+    if html_path:
+        from engines._io import atomic_write_text
+
+        from .report_html import validate_html
+
+        atomic_write_text(html_path, validate_html(d))
+    if json_path == "-":
+        _emit_json(state, d)
+    else:
+        from .render import render_validate
+
+        render_validate(state.out, d)
+    if not report.passed:
+        failed = [c for c in d["candidates"] if not c["passed"]]
+        raise ParityFailure("; ".join(
+            f"{Path(c['model']).name} fails " + ", ".join(f"{f['metric']} {f['value']:.4g} (threshold "
+                                                          f"{f['threshold']:.4g}, off by {f['by']:.3g})"
+                                                          for f in c["failures"]) for c in failed),
+            "look at the flips in the report; requantize (e.g. --target-agreement) or relax a threshold")
 
 
 @cli.command(context_settings=CONTEXT)

@@ -162,6 +162,36 @@ def render_inspect(console, report: dict) -> None:
     console.print(t)
 
 
+def render_validate(console, report: dict) -> None:
+    from pathlib import Path
+
+    from rich.markup import escape
+    from rich.table import Table
+
+    d = report["data"]
+    t = Table(title=f"vs {escape(report['reference']['model'])} on {d['samples']} samples "
+                    f"({'labelled' if d['labelled'] else 'no labels'}, {d['device']})", title_justify="left")
+    for col in ("candidate", "prec", "top-1 (decisive)", "top-5", "cosine", "max|d|", "acc", "verdict"):
+        t.add_column(col)
+    short = {"top1_agreement": "top-1", "cosine": "cosine", "accuracy_drop": "accuracy"}
+    for c in report["candidates"]:
+        m = c["metrics"]
+        acc = f"{100 * m['accuracy_delta']:+.2f}pp" if "accuracy_delta" in m else "-"
+        verdict = "[green]pass[/]" if c["passed"] else "[red]FAIL[/] " + escape(
+            ", ".join(short[f["metric"]] for f in c["failures"]))
+        t.add_row(escape(Path(c["model"]).name), c["precision"],
+                  f"{100 * m['top1_agreement']:.1f}% ({100 * m['decisive_agreement']:.1f}%)",
+                  f"{100 * m['top5_overlap']:.1f}%", f"{m['cosine']:.4f}", f"{m['max_abs_diff']:.3g}", acc, verdict)
+    console.print(t)
+    for c in report["candidates"]:
+        if c["flips"]:
+            shown = ", ".join(f"{f['sample']} ({f['reference']} -> {f['candidate']})" for f in c["flips"][:5])
+            console.print(f"{escape(Path(c['model']).name)}: {len(c['flips'])} flips: {escape(shown)}"
+                          + (" ..." if len(c["flips"]) > 5 else ""))
+    for w in report.get("warnings", []):
+        console.print(f"[yellow]warning:[/] {escape(w)}")
+
+
 def render_doctor(console, report: dict) -> None:
     from rich.markup import escape
     from rich.table import Table

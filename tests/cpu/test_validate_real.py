@@ -1,0 +1,113 @@
+"""`trtc validate` on real models and data (CPU): FP16 and INT8 Lite0 pass the defaults, a damaged candidate
+fails naming the metric, MNIST reports accuracy deltas on its 5000 labelled digits, JSON and HTML reports."""
+
+from __future__ import annotations
+
+import html.parser
+import json
+import shutil
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from tests.conftest import needs_export, needs_quant
+from toolchain.cli import cli
+
+pytestmark = needs_quant
+
+
+def run(args):
+    return CliRunner().invoke(cli, args)
+
+
+def _damage(src, dst):
+    """The FP16 Lite0 with its stem convolution's weights scaled by 1.6: a plausible broken conversion."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import numpy_helper
+
+    m = onnx.load(str(src))
+    stem = next(n for n in m.graph.node if n.op_type == "Conv")
+    w = next(i for i in m.graph.initializer if i.name == stem.input[1])
+    w.CopyFrom(numpy_helper.from_array((numpy_helper.to_array(w) * 1.6).astype(np.float16), w.name))
+    onnx.save(m, str(dst))
+    meta = json.loads(open(f"{src}.json").read())
+    from engines._io import sha256_file
+
+    meta["artifact"]["sha256"] = sha256_file(dst)  # a manifest that matches the damaged file: only parity can tell
+    meta["artifact"]["file"] = dst.name
+    (dst.parent / f"{dst.name}.json").write_text(json.dumps(meta))
+
+
+@needs_export
+@pytest.mark.slow
+def test_fp16_and_int8_pass_a_damaged_candidate_fails(lite0_onnx, lite0_fp16, lite0_int8, photos, bikes, tmp_path):
+    bad = tmp_path / "lite0.broken.onnx"
+    _damage(lite0_fp16.output, bad)
+    data = [a for p in photos for a in ("--data", str(p))] + ["--data", str(bikes)]
+    r = run(["validate", "--reference", str(lite0_onnx[0]), "--candidate", lite0_fp16.output, "--candidate",
+             lite0_int8.output, *data, "--json", str(tmp_path / "ok.json"), "--html", str(tmp_path / "ok.html")])
+    print("\n" + r.output)
+    assert r.exit_code == 0, r.output
+    report = json.loads((tmp_path / "ok.json").read_text())
+    fp16, int8 = report["candidates"]
+    assert report["schema"] == 1 and report["data"]["samples"] == 253 and report["passed"] is True
+    assert fp16["precision"] == "fp16" and fp16["metrics"]["top1_agreement"] >= 0.98
+    assert int8["precision"] == "int8" and int8["metrics"]["top1_agreement"] >= 0.95
+    assert int8["thresholds"] == {"min_top1_agreement": 0.95, "min_cosine": 0.98, "max_accuracy_drop": 0.01}
+    assert all(f["sample"].startswith(("bikes.mp4#", "/")) for f in fp16["flips"])
+    r = run(["validate", "--reference", str(lite0_onnx[0]), "--candidate", str(bad), *data])
+    assert r.exit_code == 1, r.output
+    assert "lite0.broken.onnx fails top1_agreement" in r.output and "threshold 0.98" in r.output
+    assert "off by" in r.output
+
+
+def test_mnist_accuracy_deltas_on_labelled_digits(mnist, tmp_path):
+    from toolchain.quantize import quantize_onnx
+
+    model, npz, _, _ = mnist
+    shutil.copy(model, tmp_path / "mnist.onnx")
+    for p in ("fp16", "int8"):
+        quantize_onnx(tmp_path / "mnist.onnx", precision=p, calib=[str(npz)], calib_count=500, calib_cache=False)
+    r = run(["validate", "--reference", str(tmp_path / "mnist.onnx"), "--candidate", str(tmp_path / "mnist.fp16.onnx"),
+             "--candidate", str(tmp_path / "mnist.int8.onnx"), "--data", str(npz), "--count", "5000", "--json", "-"])
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.stdout)
+    assert report["data"] == {"sources": [str(npz)], "samples": 5000, "labelled": True, "skipped": [],
+                              "device": "cpu"}
+    for c in report["candidates"]:
+        m = c["metrics"]
+        print(f"\nMNIST {c['precision']}: accuracy {m['accuracy_reference']:.2%} -> {m['accuracy']:.2%} "
+              f"({100 * m['accuracy_delta']:+.2f} pp), top-1 agreement {m['top1_agreement']:.2%}")
+        assert m["accuracy_reference"] > 0.98 and abs(m["accuracy_delta"]) <= 0.003
+    # a threshold override that the INT8 model cannot meet fails, naming it
+    r = run(["validate", "--reference", str(tmp_path / "mnist.onnx"), "--candidate", str(tmp_path / "mnist.int8.onnx"),
+             "--data", str(npz), "--count", "300", "--min-cosine", "0.9999999"])
+    assert r.exit_code == 1 and "fails cosine" in r.output
+
+
+@needs_export
+def test_pytorch_reference_class_folders_and_html(lite0_onnx, photos, tmp_path):
+    d = tmp_path / "val"
+    for label, photo in (("espresso", photos[1]), ("tiger cat", photos[2])):
+        (d / label).mkdir(parents=True)
+        shutil.copy(photo, d / label / photo.name)
+    r = run(["validate", "--reference", "pretrained:efficientnet-lite0", "--candidate", str(lite0_onnx[0]),
+             "--data", str(d), "--json", str(tmp_path / "r.json"), "--html", str(tmp_path / "r.html")])
+    assert r.exit_code == 0, r.output
+    c = json.loads((tmp_path / "r.json").read_text())["candidates"][0]
+    assert c["kind"] == "onnx" and c["metrics"]["top1_agreement"] == 1.0 and c["metrics"]["max_abs_diff"] < 1e-3
+    assert c["metrics"]["accuracy"] == 1.0 and c["metrics"]["accuracy_delta"] == 0.0  # folders named like labels
+    text = (tmp_path / "r.html").read_text()
+    html.parser.HTMLParser().feed(text)
+    assert "trtc validate: PASS" in text and text.count("<svg") == 1 and "<circle" in text  # no flips: no bars
+
+
+def test_bad_validate_input(tmp_path, mnist):
+    model, npz, _, _ = mnist
+    r = run(["validate", "--reference", str(model), "--candidate", str(tmp_path / "nope.onnx"), "--data", str(npz)])
+    assert r.exit_code == 2 and "model not found" in r.output
+    r = run(["validate", "--reference", str(model), "--candidate", str(model), "--data", str(npz)])
+    assert r.exit_code == 2 and "no model has a manifest" in r.output
+    r = run(["validate", "--reference", "resnet", "--candidate", str(model), "--data", str(npz)])
+    assert r.exit_code == 2 and "unknown model source" in r.output

@@ -1,0 +1,245 @@
+"""Classifier-level parity between a reference and candidates: `trtc validate`.
+
+    report = validate("lite0.onnx", ["lite0.fp16.onnx", "lite0.int8.onnx"], data=["photos/", "bikes.mp4"])
+
+Every model sees the same preprocessed inputs, built once from the data (image folders, where class subfolders
+give labels; videos, sampled evenly; .npy/.npz, optionally with labels). Models: a PyTorch source (the same
+specs as `trtc export`), an ONNX file (ONNX Runtime, CPU or CUDA) or a TensorRT plan (checked against this
+machine first). Each candidate is judged against thresholds that depend on its precision (documented in the
+README, each overridable); the report says which threshold failed and by how much.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from engines.errors import ManifestError
+from engines.manifest import Manifest, read_manifest
+
+from . import parity
+from ._ui import Reporter
+from .errors import UsageProblem
+from .precision import calibration as cal
+
+log = logging.getLogger("trtc")
+SCHEMA = 1
+# default thresholds per candidate precision: min top-1 agreement, min cosine, max accuracy drop (points)
+DEFAULT_THRESHOLDS = {
+    "fp32": {"min_top1_agreement": 0.99, "min_cosine": 0.9999, "max_accuracy_drop": 0.001},
+    "fp16": {"min_top1_agreement": 0.98, "min_cosine": 0.999, "max_accuracy_drop": 0.005},
+    "int8": {"min_top1_agreement": 0.95, "min_cosine": 0.98, "max_accuracy_drop": 0.01},
+}
+
+
+@dataclass
+class ModelRef:
+    spec: str  # what the user gave
+    kind: str  # pytorch | onnx | plan
+    precision: str
+    manifest: Manifest | None = None
+
+
+@dataclass
+class CandidateResult:
+    model: str
+    kind: str
+    precision: str
+    metrics: dict  # parity + accuracy + confidence drift
+    per_class_flips: dict
+    flips: list[dict]  # {"sample", "reference", "candidate"}
+    thresholds: dict
+    failures: list[dict]  # {"metric", "value", "threshold", "by"}
+    passed: bool
+    seconds: float
+    confidence: list[list[float]] = field(default_factory=list)  # per sample: [reference, candidate] probability
+    # of the reference's top-1 class (rounded; for the HTML report's scatter plot)
+
+
+@dataclass
+class ValidateReport:
+    schema: int
+    reference: dict
+    data: dict
+    candidates: list[CandidateResult]
+    passed: bool
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _classify(spec: str) -> ModelRef:
+    p = Path(spec)
+    if p.suffix.lower() in (".onnx", ".plan", ".engine") and p.is_file():
+        try:
+            m = read_manifest(p)
+        except ManifestError as exc:
+            if "no manifest" not in exc.reason:
+                raise
+            m = None
+        kind = "onnx" if p.suffix.lower() == ".onnx" else "plan"
+        return ModelRef(spec, kind, (m.precision or {}).get("mode", "fp32") if m else "fp32", m)
+    if p.suffix.lower() in (".onnx", ".plan", ".engine"):
+        raise UsageProblem(f"model not found: {p}", "give an existing .onnx/.plan, or a PyTorch source")
+    from .model_source import parse_source
+
+    parse_source(spec)  # raises a UsageProblem for unknown forms
+    return ModelRef(spec, "pytorch", "fp32")
+
+
+class _Runner:
+    """numpy batch in, logits out, for each kind of model."""
+
+    def __init__(self, ref: ModelRef, device: str):
+        self.ref = ref
+        if ref.kind == "onnx":
+            from engines.onnxruntime_engine import OnnxRuntimeEngine
+
+            self.engine = OnnxRuntimeEngine(ref.spec, device=device)
+            fixed = self.engine.inputs[0].shape[0]
+            self.batch = fixed if isinstance(fixed, int) else 32
+            self.fn = lambda x: self.engine.infer(x)[0]
+        elif ref.kind == "pytorch":
+            from .reference import TorchReference
+
+            self.engine = TorchReference(ref.spec, device=device)
+            self.batch = 32
+            self.fn = self.engine.infer
+        else:
+            from engines.tensorrt_engine import load_plan
+
+            load_plan(ref.spec)  # raises with the reason this machine cannot run it
+            raise UsageProblem("running TensorRT plans comes with the runtime (issue 5); this trtc cannot execute "
+                               "them yet", "validate the ONNX the plan was built from")
+
+    def logits(self, x: np.ndarray, bar) -> np.ndarray:
+        out = []
+        for i in range(0, len(x), self.batch):
+            xb = x[i:i + self.batch]
+            n = len(xb)
+            if n < self.batch and self.ref.kind == "onnx" and isinstance(self.engine.inputs[0].shape[0], int):
+                xb = np.concatenate([xb, np.repeat(xb[-1:], self.batch - n, 0)])
+            out.append(np.asarray(self.fn(xb))[:n])
+            bar.advance(n)
+        return np.concatenate(out)
+
+
+def judge(metrics: dict, thresholds: dict) -> list[dict]:
+    fails = []
+    if metrics["top1_agreement"] < thresholds["min_top1_agreement"]:
+        fails.append({"metric": "top1_agreement", "value": metrics["top1_agreement"],
+                      "threshold": thresholds["min_top1_agreement"],
+                      "by": thresholds["min_top1_agreement"] - metrics["top1_agreement"]})
+    if metrics["cosine"] < thresholds["min_cosine"]:
+        fails.append({"metric": "cosine", "value": metrics["cosine"], "threshold": thresholds["min_cosine"],
+                      "by": thresholds["min_cosine"] - metrics["cosine"]})
+    if metrics.get("accuracy_delta") is not None and -metrics["accuracy_delta"] > thresholds["max_accuracy_drop"]:
+        fails.append({"metric": "accuracy_drop", "value": -metrics["accuracy_delta"],
+                      "threshold": thresholds["max_accuracy_drop"],
+                      "by": -metrics["accuracy_delta"] - thresholds["max_accuracy_drop"]})
+    return fails
+
+
+def validate(reference: str, candidates: list[str], data: list[str], *, device: str = "cpu",
+             count: int = 512, seed: int = 0, thresholds: dict | None = None,
+             reporter: Reporter | None = None) -> ValidateReport:
+    """Run the reference and each candidate on the same inputs and judge each candidate."""
+    reporter = reporter or Reporter()
+    if not candidates:
+        raise UsageProblem("no candidate to validate", "add --candidate MODEL (repeatable)")
+    if not data:
+        raise UsageProblem("no data to validate on", "add --data IMAGES_FOLDER_OR_VIDEO_OR_NPZ")
+    for k in (thresholds or {}):
+        if k not in DEFAULT_THRESHOLDS["fp32"]:
+            raise UsageProblem(f"unknown threshold {k!r}", f"use {', '.join(DEFAULT_THRESHOLDS['fp32'])}")
+    cal.check_sources(data)
+    ref = _classify(reference)
+    cands = [_classify(c) for c in candidates]
+    spec_from = next((m.manifest for m in [*cands, ref] if m.manifest is not None), None)
+    if spec_from is None:
+        raise UsageProblem("no model has a manifest, so the preprocessing is unknown",
+                           "validate models made by trtc export/quantize/build")
+    dims = [1, *[d if isinstance(d, int) else 1 for d in spec_from.inputs[0].shape[1:]]]
+    warnings = []
+    dataset = _load(data, spec_from, dims, count, seed, reporter, warnings)
+    x = dataset.x
+
+    with reporter.phase(f"reference {Path(ref.spec).name} on {len(x)} samples", total=len(x)) as bar:
+        ref_logits = _Runner(ref, device).logits(x, bar)
+    label_names = spec_from.labels
+    results = []
+    for c in cands:
+        t0 = time.perf_counter()
+        with reporter.phase(f"candidate {Path(c.spec).name} ({c.precision})", total=len(x)) as bar:
+            got = _Runner(c, device).logits(x, bar)
+        results.append(_result(c, ref_logits, got, dataset, label_names, thresholds, time.perf_counter() - t0))
+    return ValidateReport(schema=SCHEMA, reference={"model": ref.spec, "kind": ref.kind, "precision": ref.precision},
+                          data={"sources": dataset.sources, "samples": len(x), "labelled": dataset.labels is not None,
+                                "skipped": dataset.skipped, "device": device},
+                          candidates=results, passed=all(r.passed for r in results), warnings=warnings)
+
+
+def _load(data, manifest: Manifest, dims, count, seed, reporter, warnings) -> cal.DataSet:
+    """Calibration's loader, plus labels from class subfolders (named like the manifest's labels, else sorted)."""
+    sets = []
+    for src in data:
+        p = Path(src)
+        subdirs = sorted(d for d in p.iterdir() if d.is_dir()) if p.is_dir() else []
+        if subdirs and not any(f.is_file() and f.suffix.lower() in cal.IMAGE_SUFFIXES for f in p.iterdir()):
+            names = [d.name for d in subdirs]
+            known = manifest.labels and all(n in manifest.labels for n in names)
+            if not known:
+                warnings.append(f"class folders of {p.name} are not the model's label names: label i = the i-th "
+                                "folder in sorted order")
+            for i, d in enumerate(subdirs):
+                part = cal.load_data([d], manifest.preprocess, dims, manifest.inputs[0].name, want=count, seed=seed,
+                                     reporter=reporter, what="validation")
+                idx = manifest.labels.index(d.name) if known else i
+                part.labels = np.full(len(part), idx, np.int64)
+                sets.append(part)
+        else:
+            sets.append(cal.load_data([p], manifest.preprocess, dims, manifest.inputs[0].name, want=count, seed=seed,
+                                      reporter=reporter, what="validation"))
+    labelled = all(s.labels is not None for s in sets)
+    return cal.DataSet(np.concatenate([s.x for s in sets]), [o for s in sets for o in s.origins],
+                       [str(d) for d in data], np.concatenate([s.labels for s in sets]) if labelled else None,
+                       [k for s in sets for k in s.skipped])
+
+
+def _result(c: ModelRef, ref, got, dataset: cal.DataSet, label_names, overrides, seconds) -> CandidateResult:
+    p = parity.compare(ref, got)
+    metrics = {k: v for k, v in p.to_dict().items() if k != "flips"}
+    pr, pc = parity.softmax(ref), parity.softmax(got)
+    r1 = ref.argmax(1)
+    rows = np.arange(len(ref))
+    metrics["confidence_drift"] = float(np.mean(pc[rows, r1] - pr[rows, r1]))  # mean change of the ref's top-1 prob
+    metrics["confidence_abs_drift"] = float(np.mean(np.abs(pc[rows, r1] - pr[rows, r1])))
+    if dataset.labels is not None:
+        metrics["accuracy_reference"] = parity.accuracy(ref, dataset.labels)
+        metrics["accuracy"] = parity.accuracy(got, dataset.labels)
+        metrics["accuracy_delta"] = metrics["accuracy"] - metrics["accuracy_reference"]
+
+    def name(i: int) -> str:
+        return label_names[i] if label_names and i < len(label_names) else str(int(i))
+
+    c1 = got.argmax(1)
+    flips = [{"sample": dataset.origins[i], "reference": name(r1[i]), "candidate": name(c1[i])} for i in p.flips]
+    per_class: dict[str, int] = {}
+    for f in flips:
+        per_class[f["reference"]] = per_class.get(f["reference"], 0) + 1
+    th = dict(DEFAULT_THRESHOLDS.get(c.precision, DEFAULT_THRESHOLDS["int8"]))
+    th.update(overrides or {})
+    fails = judge(metrics, th)
+    return CandidateResult(model=c.spec, kind=c.kind, precision=c.precision, metrics=metrics,
+                           per_class_flips=dict(sorted(per_class.items(), key=lambda kv: -kv[1])), flips=flips,
+                           thresholds=th, failures=fails, passed=not fails, seconds=round(seconds, 2),
+                           confidence=[[round(float(a), 4), round(float(b), 4)]
+                                       for a, b in zip(pr[rows, r1], pc[rows, r1])])
+
+
+__all__ = ["DEFAULT_THRESHOLDS", "SCHEMA", "ValidateReport", "validate"]
