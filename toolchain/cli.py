@@ -379,6 +379,46 @@ def validate(state: State, reference, candidates, data, count, device, min_top1_
             "look at the flips in the report; requantize (e.g. --target-agreement) or relax a threshold")
 
 
+def _int_list(ctx, param, value):
+    if value is None:
+        return None
+    try:
+        out = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise click.BadParameter("give comma-separated integers, e.g. 1,8,32") from None
+    if not out or min(out) < 1:
+        raise click.BadParameter("batch sizes must be at least 1")
+    return out
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("models", nargs=-1, required=True)
+@click.option("--batch", "batches", callback=_int_list, default="1,8,32", show_default=True,
+              help="Batch sizes, comma-separated.")
+@click.option("--device", default="cpu", show_default=True, help="cpu or cuda:N.")
+@click.option("--warmup", type=click.IntRange(0), default=5, show_default=True, help="Untimed runs first.")
+@click.option("--iterations", type=click.IntRange(1), help="Timed runs per batch size (instead of --duration).")
+@click.option("--duration", type=float, default=3.0, show_default=True, help="Seconds of timed runs per batch size.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
+@click.pass_obj
+def bench(state: State, models, batches, device, warmup, iterations, duration, as_json):
+    """Time models side by side across batch sizes: latency p50/p90/p99, throughput, CV, speed-up vs the first.
+
+    MODELS are .onnx files (ONNX Runtime) or PyTorch sources (as for export). Host<->device copies are included
+    on a GPU (the report says so).
+
+    \b
+    Examples:
+      trtc bench lite0.onnx lite0.fp16.onnx lite0.int8.onnx --batch 1,8,32
+      trtc bench pretrained:efficientnet-lite0 lite0.fp16.onnx --device cuda:0 --json
+    """
+    from .bench import bench as run_bench
+
+    report = run_bench(list(models), batches, device=device, warmup=warmup, iterations=iterations,
+                       duration=duration, reporter=state.reporter())
+    _show(state, report, as_json, "render_bench")
+
+
 @cli.command(context_settings=CONTEXT)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 @click.pass_obj

@@ -192,6 +192,25 @@ def render_validate(console, report: dict) -> None:
         console.print(f"[yellow]warning:[/] {escape(w)}")
 
 
+def render_bench(console, report) -> None:
+    from pathlib import Path
+
+    from rich.markup import escape
+    from rich.table import Table
+
+    gpu = report.machine.get("gpu")
+    t = Table(title=f"{report.device}{' (' + gpu + ')' if gpu else ''}: transfers {report.transfers}; CUDA graphs "
+                    f"{report.cuda_graphs}", title_justify="left")
+    for col in ("model", "prec", "batch", "p50 ms", "p90 ms", "p99 ms", "CV", "samples/s", "vs first"):
+        t.add_column(col, justify="right" if col not in ("model", "prec") else "left")
+    for r in report.rows:
+        t.add_row(escape(Path(r.model).name), r.precision, str(r.batch), f"{r.p50_ms:.2f}", f"{r.p90_ms:.2f}",
+                  f"{r.p99_ms:.2f}", f"{r.cv:.0%}", f"{r.throughput:.1f}", f"{r.speedup:.2f}x")
+    console.print(t)
+    for w in report.warnings:
+        console.print(f"[yellow]warning:[/] {escape(w)}")
+
+
 def render_doctor(console, report: dict) -> None:
     from rich.markup import escape
     from rich.table import Table

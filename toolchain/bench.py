@@ -1,0 +1,165 @@
+"""Engine speed side by side: `trtc bench`.
+
+    report = bench(["lite0.onnx", "lite0.fp16.onnx", "pretrained:efficientnet-lite0"], batches=[1, 8, 32])
+
+Each model runs on the same random input of each batch size: warm-up first, then a fixed number of iterations or
+a fixed duration. Reported per (model, batch): latency p50/p90/p99 and mean in ms, throughput in samples/s, and
+the coefficient of variation of the latencies (a high CV means the machine was busy: do not trust the ratios).
+Speed-ups are ratios of throughput against the first model at the same batch, measured in the same run.
+
+What a latency includes is stated in the report: ONNX Runtime and PyTorch here take host (numpy) inputs and return
+host outputs, so host<->device copies are INCLUDED on a GPU. The zero-copy device-buffer path (IOBinding, CUDA
+graphs) comes with the runtime (issue 5); until then CUDA graphs are reported as off.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from engines._deps import dist_version
+from engines._gpu import device as gpu_device
+
+from ._ui import Reporter
+from .errors import UsageProblem
+from .validate import _classify
+
+
+@dataclass
+class BenchRow:
+    model: str
+    kind: str
+    precision: str
+    batch: int
+    iterations: int
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    mean_ms: float
+    cv: float
+    throughput: float  # samples per second
+    speedup: float | None = None  # throughput vs the first model at this batch
+
+
+@dataclass
+class BenchReport:
+    rows: list[BenchRow]
+    device: str
+    machine: dict
+    transfers: str
+    cuda_graphs: str
+    versions: dict
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _runner(spec: str, device: str):
+    """(callable on a numpy batch, fixed batch or None, ModelRef) for a model spec."""
+    ref = _classify(spec)
+    if ref.kind == "onnx":
+        from engines.onnxruntime_engine import OnnxRuntimeEngine
+
+        eng = OnnxRuntimeEngine(spec, device=device)
+        fixed = eng.inputs[0].shape[0]
+        shape = eng.inputs[0].shape[1:]
+        return (lambda x: eng.infer(x)), (fixed if isinstance(fixed, int) else None), ref, shape
+    if ref.kind == "pytorch":
+        from .reference import TorchReference
+
+        eng = TorchReference(spec, device=device)
+        d = eng.loaded.defaults
+        size = d.get("size", 224)
+        size = (size, size) if isinstance(size, int) else tuple(size)
+        sync = None
+        if eng.device.type == "cuda":
+            sync = eng._torch.cuda.synchronize
+
+        def call(x):
+            out = eng.infer(x)  # .cpu() inside waits for the GPU
+            if sync:
+                sync()
+            return out
+
+        return call, None, ref, (3, *size)
+    from engines.tensorrt_engine import load_plan
+
+    load_plan(spec)
+    raise UsageProblem("running TensorRT plans comes with the runtime (issue 5); this trtc cannot time them yet",
+                       "bench the ONNX the plan was built from")
+
+
+def _time(fn, x, warmup: int, iterations: int | None, duration: float | None) -> list[float]:
+    for _ in range(warmup):
+        fn(x)
+    times = []
+    start = time.perf_counter()
+    while True:
+        t0 = time.perf_counter()
+        fn(x)
+        times.append(time.perf_counter() - t0)
+        if iterations is not None and len(times) >= iterations:
+            break
+        if iterations is None and time.perf_counter() - start >= duration:
+            break
+    return times
+
+
+def bench(models: list[str], batches: list[int] | None = None, *, device: str = "cpu", warmup: int = 5,
+          iterations: int | None = None, duration: float | None = 3.0, reporter: Reporter | None = None) -> BenchReport:
+    reporter = reporter or Reporter()
+    if not models:
+        raise UsageProblem("no model to benchmark", "give one or more .onnx files or PyTorch sources")
+    batches = batches or [1, 8, 32]
+    if any(b < 1 for b in batches):
+        raise UsageProblem(f"batch sizes must be at least 1, got {batches}", "e.g. --batch 1,8,32")
+    if iterations is not None and iterations < 1:
+        raise UsageProblem("--iterations must be at least 1")
+    if iterations is None and (duration is None or duration <= 0):
+        raise UsageProblem("give --iterations N or a positive --duration")
+    rows: list[BenchRow] = []
+    warnings: list[str] = []
+    base: dict[int, float] = {}
+    rng = np.random.default_rng(0)
+    for spec in models:
+        fn, fixed, ref, shape = _runner(spec, device)
+        if any(not isinstance(d, int) for d in shape):
+            raise UsageProblem(f"{spec}: input shape {shape} is not fixed", "export with a fixed input size")
+        sizes = batches
+        if fixed is not None:
+            if set(batches) != {fixed}:
+                warnings.append(f"{Path(spec).name} has a fixed batch of {fixed}: timed at that batch only")
+            sizes = [fixed]
+        for b in sizes:
+            x = rng.standard_normal((b, *shape)).astype(np.float32)
+            with reporter.phase(f"timing {Path(spec).name} at batch {b}"):
+                t = np.asarray(_time(fn, x, warmup, iterations, duration)) * 1000.0
+            mean = float(t.mean())
+            row = BenchRow(model=spec, kind=ref.kind, precision=ref.precision, batch=b, iterations=len(t),
+                           p50_ms=float(np.percentile(t, 50)), p90_ms=float(np.percentile(t, 90)),
+                           p99_ms=float(np.percentile(t, 99)), mean_ms=mean,
+                           cv=float(t.std() / mean) if mean > 0 else 0.0, throughput=b / (mean / 1000.0))
+            if b not in base:
+                base[b] = row.throughput
+            row.speedup = row.throughput / base[b]
+            if row.cv > 0.25:
+                warnings.append(f"{Path(spec).name} batch {b}: latency CV {row.cv:.0%}; the machine was busy, "
+                                "ratios are unreliable")
+            rows.append(row)
+    gpu = gpu_device(0) if device.startswith("cuda") else None
+    machine = {"cpu": platform.processor() or platform.machine(), "python": platform.python_version(),
+               "gpu": gpu["name"] if gpu else None}
+    versions = {k: dist_version(*v) for k, v in {"onnxruntime": ("onnxruntime", "onnxruntime-gpu"),
+                                                 "torch": ("torch",)}.items()}
+    return BenchReport(rows=rows, device=device, machine=machine,
+                       transfers="included (host numpy inputs and outputs)" if device.startswith("cuda")
+                       else "none (CPU)", cuda_graphs="off (not available on the host-input path)",
+                       versions=versions, warnings=warnings)
+
+
+__all__ = ["BenchReport", "BenchRow", "bench"]
