@@ -80,6 +80,9 @@ def qdq_fusion_safe(path, device: str) -> bool:
 
 
 def session_options(ort, threads: int | None = None, qdq_fusion: bool = True):
+    # ONNX Runtime's process-wide logger prints provider chatter at warning level (e.g. one line per CUDA
+    # session in 1.31); errors still raise
+    ort.set_default_logger_severity(3)
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     if threads:

@@ -154,8 +154,11 @@ def bench(models: list[str], batches: list[int] | None = None, *, device: str = 
     gpu = gpu_device(0) if device.startswith("cuda") else None
     machine = {"cpu": platform.processor() or platform.machine(), "python": platform.python_version(),
                "gpu": gpu["name"] if gpu else None}
-    versions = {k: dist_version(*v) for k, v in {"onnxruntime": ("onnxruntime", "onnxruntime-gpu"),
-                                                 "torch": ("torch",)}.items()}
+    import sys
+
+    # the imported module's own version: with both ONNX Runtime packages installed, metadata can name the wrong one
+    versions = {k: getattr(sys.modules.get(k), "__version__", None) or dist_version(*v)
+                for k, v in {"onnxruntime": ("onnxruntime", "onnxruntime-gpu"), "torch": ("torch",)}.items()}
     return BenchReport(rows=rows, device=device, machine=machine,
                        transfers="included (host numpy inputs and outputs)" if device.startswith("cuda")
                        else "none (CPU)", cuda_graphs="off (not available on the host-input path)",

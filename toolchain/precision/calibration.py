@@ -332,7 +332,7 @@ def collect_stats(model, tensors: list[str], data: np.ndarray, method: str, perc
         raise UsageProblem(f"unknown calibration method {method!r}", f"use one of {', '.join(METHODS)}")
     onnx = require("onnx", "Calibrating", extra="export")
     require("onnxruntime", "Calibrating", extra="cpu")
-    from engines.onnxruntime_engine import providers_for
+    from engines.onnxruntime_engine import providers_for, session_options
 
     import onnxruntime as ort
 
@@ -347,9 +347,8 @@ def collect_stats(model, tensors: list[str], data: np.ndarray, method: str, perc
     for t in names:
         if t not in existing:
             aug.graph.output.append(onnx.helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT, None))
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    sess = ort.InferenceSession(aug.SerializeToString(), sess_options=opts, providers=providers_for(device))
+    sess = ort.InferenceSession(aug.SerializeToString(), sess_options=session_options(ort),
+                                providers=providers_for(device))
 
     def batches():
         for n, outs in run_batches(sess, feed, data, batch, names):
