@@ -77,6 +77,30 @@ def load_backend(name: str = "auto", purpose: str = "Building TensorRT engines")
     raise MissingDependency(FLAVORS[name][0], EXTRAS[name], purpose)
 
 
+def make_logger(trt, error_level: int = logging.ERROR):
+    """A ``trt.ILogger`` that sends TensorRT's messages to the ``trtc`` logger at the matching level and keeps the
+    errors (``.errors``) to explain a failure; ``error_level`` is the level those errors are logged at."""
+
+    class Logger(trt.ILogger):
+        def __init__(self):
+            trt.ILogger.__init__(self)
+            self.errors: list[str] = []
+
+        def log(self, severity, msg):
+            S = trt.ILogger.Severity
+            if severity <= S.ERROR:
+                self.errors.append(str(msg))
+                log.log(error_level, "tensorrt: %s", msg)
+            elif severity == S.WARNING:
+                log.warning("tensorrt: %s", msg)
+            elif severity == S.INFO:
+                log.info("tensorrt: %s", msg)
+            else:
+                log.debug("tensorrt: %s", msg)
+
+    return Logger()
+
+
 def rtx_targets(module) -> list[str]:
     """Compute capabilities TensorRT-RTX can build for, e.g. ['SM75', 'SM80', ...] (RTX 1.7 has no SM90)."""
     enum = getattr(module, "ComputeCapability", None)

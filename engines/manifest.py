@@ -151,3 +151,11 @@ def read_manifest(artifact: str | os.PathLike, verify_hash: bool = True) -> Mani
                                 f"{str(manifest.artifact.get('sha256'))[:12]}...): the file was changed or replaced",
                                 "re-export or rebuild the artifact so that the two are written together")
     return manifest
+
+
+def read_manifest_if_any(artifact: str | os.PathLike, verify_hash: bool = True) -> Manifest | None:
+    """:func:`read_manifest`, or None when the artifact has no manifest beside it (an ONNX from elsewhere). A
+    manifest that is there but unreadable or does not match still raises."""
+    if not manifest_path(artifact).exists():
+        return None
+    return read_manifest(artifact, verify_hash)

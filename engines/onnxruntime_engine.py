@@ -76,6 +76,11 @@ def qdq_fusion_safe(path, device: str) -> bool:
         precision = json.loads(mp.read_text()).get("precision") or {}
     except (OSError, ValueError):
         return True
+    return qdq_fusion_ok(precision)
+
+
+def qdq_fusion_ok(precision: dict) -> bool:
+    """The rule of :func:`qdq_fusion_safe` for a precision recipe: not for INT8 whose other layers are FP16."""
     return not (precision.get("mode") == "int8" and precision.get("high_precision") == "fp16")
 
 

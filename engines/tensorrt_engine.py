@@ -16,7 +16,7 @@ import logging
 from pathlib import Path
 
 from ._gpu import device as gpu_device
-from ._trt import Backend, load_backend, rtx_targets, sm_name
+from ._trt import Backend, load_backend, make_logger, rtx_targets, sm_name
 from .errors import EngineError, ManifestError
 from .manifest import Manifest, read_manifest
 
@@ -106,20 +106,10 @@ def load_plan(path: str | Path, device: int = 0, backend: Backend | None = None)
         raise ManifestError(f"{path.name} cannot run here: " + "; ".join(problems),
                             rebuild_command(manifest, path, problems))
     trt = backend.module
-    messages: list[str] = []
-
-    class _Log(trt.ILogger):
-        def __init__(self):
-            trt.ILogger.__init__(self)
-
-        def log(self, severity, msg):
-            if severity <= trt.ILogger.Severity.ERROR:
-                messages.append(str(msg))
-            log.debug("tensorrt: %s", msg)
-
-    runtime = trt.Runtime(_Log())
+    logger = make_logger(trt, error_level=logging.DEBUG)  # the reason is in the error raised below
+    runtime = trt.Runtime(logger)
     engine = runtime.deserialize_cuda_engine(path.read_bytes())
     if engine is None:
         raise EngineError(f"{backend.describe()} could not deserialize {path.name}: "
-                          + ("; ".join(messages[-2:]) or "no reason given"), rebuild_command(manifest, path))
+                          + ("; ".join(logger.errors[-2:]) or "no reason given"), rebuild_command(manifest, path))
     return backend, runtime, engine, manifest

@@ -26,7 +26,7 @@ from engines._gpu import device as gpu_device
 
 from ._ui import Reporter
 from .errors import UsageProblem
-from .validate import _classify
+from .validate import Runner, _classify
 
 
 @dataclass
@@ -57,41 +57,6 @@ class BenchReport:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def _runner(spec: str, device: str):
-    """(callable on a numpy batch, fixed batch or None, ModelRef) for a model spec."""
-    ref = _classify(spec)
-    if ref.kind == "onnx":
-        from engines.onnxruntime_engine import OnnxRuntimeEngine
-
-        eng = OnnxRuntimeEngine(spec, device=device)
-        fixed = eng.inputs[0].shape[0]
-        shape = eng.inputs[0].shape[1:]
-        return (lambda x: eng.infer(x)), (fixed if isinstance(fixed, int) else None), ref, shape
-    if ref.kind == "pytorch":
-        from .reference import TorchReference
-
-        eng = TorchReference(spec, device=device)
-        d = eng.loaded.defaults
-        size = d.get("size", 224)
-        size = (size, size) if isinstance(size, int) else tuple(size)
-        sync = None
-        if eng.device.type == "cuda":
-            sync = eng._torch.cuda.synchronize
-
-        def call(x):
-            out = eng.infer(x)  # .cpu() inside waits for the GPU
-            if sync:
-                sync()
-            return out
-
-        return call, None, ref, (3, *size)
-    from engines.tensorrt_engine import load_plan
-
-    load_plan(spec)
-    raise UsageProblem("running TensorRT plans comes with the runtime (issue 5); this trtc cannot time them yet",
-                       "bench the ONNX the plan was built from")
 
 
 def _time(fn, x, warmup: int, iterations: int | None, duration: float | None) -> list[float]:
@@ -127,7 +92,9 @@ def bench(models: list[str], batches: list[int] | None = None, *, device: str = 
     base: dict[int, float] = {}
     rng = np.random.default_rng(0)
     for spec in models:
-        fn, fixed, ref, shape = _runner(spec, device)
+        runner = Runner(_classify(spec), device)
+        fn, ref, shape = runner.fn, runner.ref, runner.shape
+        fixed = runner.batch if runner.fixed else None
         if any(not isinstance(d, int) for d in shape):
             raise UsageProblem(f"{spec}: input shape {shape} is not fixed", "export with a fixed input size")
         sizes = batches

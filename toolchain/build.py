@@ -24,10 +24,9 @@ from pathlib import Path
 from engines import __version__
 from engines._gpu import device as gpu_device
 from engines._io import atomic_path, atomic_write_bytes, sha256_file
-from engines._trt import Backend, load_backend, rtx_targets, sm_name
+from engines._trt import Backend, load_backend, make_logger, rtx_targets, sm_name
 from engines.base import TensorSpec
-from engines.errors import ManifestError
-from engines.manifest import BatchProfile, Manifest, read_manifest, write_manifest
+from engines.manifest import BatchProfile, Manifest, read_manifest_if_any, write_manifest
 
 from ._ui import Reporter
 from .errors import BuildError, UsageProblem
@@ -71,30 +70,6 @@ def parse_size(text: str | int | None) -> int | None:
     return int(float(m.group(1)) * scale)
 
 
-class _Logger:
-    """TensorRT's log into ours; errors are kept to explain a failed build."""
-
-    def __new__(cls, trt):
-        class Logger(trt.ILogger):
-            def __init__(self):
-                trt.ILogger.__init__(self)
-                self.errors: list[str] = []
-
-            def log(self, severity, msg):
-                S = trt.ILogger.Severity
-                if severity <= S.ERROR:
-                    self.errors.append(str(msg))
-                    log.error("tensorrt: %s", msg)
-                elif severity == S.WARNING:
-                    log.warning("tensorrt: %s", msg)
-                elif severity == S.INFO:
-                    log.info("tensorrt: %s", msg)
-                else:
-                    log.debug("tensorrt: %s", msg)
-
-        return Logger()
-
-
 def _progress_monitor(trt, bar):
     """TensorRT's build phases shown on our progress bar (IProgressMonitor, TensorRT 10+/RTX)."""
     base = getattr(trt, "IProgressMonitor", None)
@@ -104,18 +79,16 @@ def _progress_monitor(trt, bar):
     class Monitor(base):
         def __init__(self):
             base.__init__(self)
-            self.phases: dict[str, int] = {}
 
         def phase_start(self, phase_name, parent_phase, num_steps):
-            self.phases[phase_name] = num_steps
-            if parent_phase is None:
+            if parent_phase is None:  # top-level phases name the bar; nested ones would only flicker
                 bar.describe(str(phase_name))
 
         def step_complete(self, phase_name, step):
             return True  # False would cancel the build
 
         def phase_finish(self, phase_name):
-            self.phases.pop(phase_name, None)
+            pass
 
     return Monitor()
 
@@ -243,7 +216,7 @@ def judge(precision: str, precisions: dict, recipe: dict) -> list[str]:
 
 def _onnx_to_build(model: Path, out: Path, precision: str, quantize: dict | None, force: bool, reporter):
     """The ONNX file to build and, if this call made it, the quantize report."""
-    manifest = _try_manifest(model)
+    manifest = read_manifest_if_any(model)
     mode = (manifest.precision or {}).get("mode", "fp32") if manifest else "fp32"
     if precision == "fp32" or mode == precision:
         if quantize:
@@ -264,17 +237,8 @@ def _onnx_to_build(model: Path, out: Path, precision: str, quantize: dict | None
 
 def _reusable(target: Path, parent: Path) -> bool:
     """An existing quantized ONNX made from this very parent may be replaced without --force (it is ours)."""
-    m = _try_manifest(target)
+    m = read_manifest_if_any(target)
     return bool(m and (m.parent or {}).get("sha256") == sha256_file(parent))
-
-
-def _try_manifest(path: Path) -> Manifest | None:
-    try:
-        return read_manifest(path)
-    except ManifestError as exc:
-        if "no manifest" in exc.reason:
-            return None
-        raise
 
 
 def build_engine(model: str | Path, output: str | Path | None = None, *, precision: str = "fp32",
@@ -318,14 +282,14 @@ def build_engine(model: str | Path, output: str | Path | None = None, *, precisi
     targets = _rtx_targets(be, compute_capability, gpu) if be.rtx else None
 
     onnx_path, qreport = _onnx_to_build(src, out, precision, quantize, force, reporter)
-    manifest = _try_manifest(onnx_path)
+    manifest = read_manifest_if_any(onnx_path)
     if manifest is None:
         warnings.append(f"{onnx_path.name} has no manifest: no preprocessing or labels to carry into the plan's")
     profile = profile_arg or (manifest.batch if manifest else None)
     hw = tuple(input_size) if input_size else (tuple(manifest.preprocess.size) if manifest else None)
 
     t0 = time.perf_counter()
-    logger = _Logger(trt)
+    logger = make_logger(trt)
     with reporter.phase(f"parsing {onnx_path.name} with {be.describe()}"):
         builder, network, _parser = _parse(trt, be, onnx_path, logger)
     dynamic_batch = any(len(network.get_input(i).shape) and network.get_input(i).shape[0] < 0
@@ -385,15 +349,13 @@ def build_engine(model: str | Path, output: str | Path | None = None, *, precisi
 
     # ---- what precision did the layers end up in?
     recipe = (manifest.precision if manifest else {"mode": "fp32"}) or {"mode": "fp32"}
-    precisions, inspected_note = None, None
-    runnable = _can_run_here(be, gpu, targets)
-    if runnable:
+    precisions = None
+    inspected_note = runnable_reason(be, gpu, targets)
+    if inspected_note is None:
         try:
             precisions = engine_precisions(trt, trt.Runtime(logger), data)
         except Exception as exc:  # inspector missing or deserialization failing: fall back to the network
             inspected_note = f"engine inspector failed: {exc}"
-    else:
-        inspected_note = runnable_reason(be, gpu, targets)
     if precisions is None:
         precisions = network_precisions(trt, network)
         if inspected_note:
@@ -441,10 +403,6 @@ def _rtx_targets(be: Backend, wanted, gpu) -> list[str]:
                          f"{gpu['compute_capability']}); it supports {', '.join(supported)}",
                          "build ahead of time for the target with --compute-capability, e.g. SM89")
     return ["CURRENT"]
-
-
-def _can_run_here(be: Backend, gpu, targets) -> bool:
-    return runnable_reason(be, gpu, targets) is None
 
 
 def runnable_reason(be: Backend, gpu, targets) -> str | None:

@@ -30,15 +30,6 @@ PACKAGES = [
 CODECS = [("H264", "420", 8), ("HEVC", "420", 8), ("HEVC", "420", 10), ("AV1", "420", 8), ("VP9", "420", 8)]
 
 
-def _module_alias(primary: str, alias: str) -> str | None:
-    """TensorRT's PyPI wheels install `tensorrt_bindings` / `tensorrt_rtx_bindings`; NVIDIA's installs the plain
-    name. Return whichever is importable-looking."""
-    for m in (primary, alias):
-        if is_installed(m):
-            return m
-    return None
-
-
 def packages() -> dict:
     out = {}
     for shown, module, dists in PACKAGES:
@@ -61,8 +52,9 @@ def packages() -> dict:
                     info["import_error"] = f"{type(exc).__name__}: {exc}"
                     info["note"] = f"import failed: {exc}"
         elif module in ("tensorrt", "tensorrt_rtx"):
-            mod = _module_alias(module, module.replace("tensorrt", "tensorrt_bindings", 1) if module == "tensorrt"
-                                else "tensorrt_rtx_bindings")
+            from engines._trt import installed
+
+            mod = installed("tensorrt" if module == "tensorrt" else "tensorrt-rtx")
             if mod:
                 info["import_as"] = mod
                 try:

@@ -6,20 +6,19 @@ from collections import Counter
 from pathlib import Path
 
 from engines._gpu import device as gpu_device
-from engines.errors import ManifestError, TrtcError, UsageProblem
-from engines.manifest import read_manifest
+from engines.errors import TrtcError, UsageProblem
+from engines.manifest import read_manifest, read_manifest_if_any
 
 
 def inspect_artifact(path: str | Path, device: int = 0) -> dict:
     p = Path(path)
     if not p.is_file():
         raise UsageProblem(f"no such file: {p}", "give an .onnx or .plan made by trtc")
-    try:
-        m = read_manifest(p)
-    except ManifestError as exc:
-        if "no manifest" in exc.reason and p.suffix.lower() == ".onnx":
-            return _bare_onnx(p)
-        raise
+    m = read_manifest_if_any(p)
+    if m is None and p.suffix.lower() == ".onnx":
+        return _bare_onnx(p)
+    if m is None:
+        m = read_manifest(p)  # raises: a plan without its manifest cannot be described
     out = {"artifact": str(p), "kind": m.kind, "bytes": m.artifact.get("bytes"), "sha256": m.artifact.get("sha256"),
            "model": m.model, "precision": m.precision, "batch": m.batch.to_dict(),
            "inputs": [t.to_dict() for t in m.inputs], "outputs": [t.to_dict() for t in m.outputs],
@@ -89,13 +88,10 @@ def _bare_onnx(path: Path) -> dict:
     from engines._deps import require
 
     onnx = require("onnx", "Inspecting ONNX files without a manifest", extra="export")
+    from .precision.graph import tensor_spec
+
     model = onnx.load(str(path), load_external_data=False)
     inits = {i.name for i in model.graph.initializer}
-
-    def io(vi):
-        dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in vi.type.tensor_type.shape.dim]
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type).name
-        return {"name": vi.name, "dtype": dtype, "shape": dims}
 
     ops = dict(Counter(n.op_type for n in model.graph.node).most_common())
     half = any(i.data_type == onnx.TensorProto.FLOAT16 for i in model.graph.initializer)
@@ -105,6 +101,6 @@ def _bare_onnx(path: Path) -> dict:
     return {"artifact": str(path), "kind": "onnx (no manifest)", "bytes": path.stat().st_size,
             "model": {"name": path.stem, "source": f"opset {opset}"}, "precision": {"mode": mode},
             "batch": {"min": "?", "opt": "?", "max": "?"},
-            "inputs": [io(v) for v in model.graph.input if v.name not in inits],
-            "outputs": [io(v) for v in model.graph.output], "operators": ops, "runs_here": runs, "why_not": why,
+            "inputs": [tensor_spec(v).to_dict() for v in model.graph.input if v.name not in inits],
+            "outputs": [tensor_spec(v).to_dict() for v in model.graph.output], "operators": ops, "runs_here": runs, "why_not": why,
             "parent": None, "note": "no manifest: preprocessing, labels and batch range unknown"}

@@ -25,8 +25,8 @@ import numpy as np
 from engines import __version__
 from engines._deps import dist_version, require
 from engines._io import atomic_path, sha256_file
-from engines.errors import ManifestError
-from engines.manifest import BatchProfile, Manifest, read_manifest, write_manifest
+from engines.manifest import BatchProfile, Manifest, read_manifest_if_any, write_manifest
+from engines.onnxruntime_engine import qdq_fusion_ok
 from engines.preprocess import PreprocessSpec
 
 from . import parity
@@ -111,10 +111,8 @@ def _session(model, device: str, qdq_fusion: bool = True):
 
 def _logits(session, x: np.ndarray, batch: int) -> np.ndarray:
     name = session.get_inputs()[0].name
-    outs = []
-    for n, (y, *_) in cal.run_batches(session, name, x, batch):
-        outs.append(y[:n])
-    return np.concatenate(outs)
+    chunks = cal.run_batches(lambda xb: session.run(None, {name: xb})[0], x, batch, cal.fixed_batch(session))
+    return np.concatenate([y[:n] for _, n, y in chunks])
 
 
 def _labelled_parity(ref, got, labels, data: cal.DataSet, what: str) -> dict:
@@ -179,12 +177,8 @@ def quantize_onnx(model: str | Path, output: str | Path | None = None, *, precis
     t0 = time.perf_counter()
     parent = G.load(src)
     G.refuse_reduced(parent, src.name)
-    try:
-        manifest = read_manifest(src, verify_hash=True)
-    except ManifestError as exc:
-        if "does not match" in exc.reason or "malformed" in exc.reason or "schema" in exc.reason:
-            raise
-        manifest = None
+    manifest = read_manifest_if_any(src)
+    if manifest is None:
         warnings.append(f"{src.name} has no manifest: preprocessing, labels and batch range come from the options "
                         "and the graph")
     parent_sha = sha256_file(src)
@@ -286,7 +280,7 @@ def quantize_onnx(model: str | Path, output: str | Path | None = None, *, precis
                 r = fp16_pass.convert_fp16(m, keep_ops, keep_names)
             return m, q, r
 
-        fusion = high_precision != "fp16"
+        fusion = qdq_fusion_ok({"mode": "int8", "high_precision": high_precision})
         if target_agreement is not None:
             t1 = time.perf_counter()
             excluded, search = _search(prepared, layers, stats, build, excluded, tune_set, parent_session,
@@ -310,8 +304,8 @@ def quantize_onnx(model: str | Path, output: str | Path | None = None, *, precis
     t0 = time.perf_counter()
     with atomic_path(out) as tmp:
         G.save_model(final, tmp)
-        qdq_fusion = not (precision == "int8" and high_precision == "fp16")
-        session = _session(str(tmp), device, qdq_fusion=qdq_fusion)
+        session = _session(str(tmp), device,
+                           qdq_fusion=qdq_fusion_ok({"mode": precision, "high_precision": high_precision}))
         with reporter.phase(f"checking against the parent on {len(check_set)} samples"):
             got = _logits(session, check_set.x, run_batch)
         check_report = _labelled_parity(ref_check, got, check_set.labels, check_set, check_name)
@@ -422,19 +416,8 @@ def _search(prepared, layers, stats, build, excluded, tune_set, parent_session, 
 
 def _manifest(parent_m: Manifest | None, final, src: Path, parent_sha: str, spec, dims, precision, recipe,
               calibration, check_report, high_precision) -> Manifest:
-    from .precision.graph import graph_inputs
-
-    onnx = G.onnx_module()
-
-    def spec_of(vi):
-        from engines.base import TensorSpec
-
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type).name
-        shape = tuple(G.input_dims(vi))
-        return TensorSpec(vi.name, dtype, shape)
-
-    inputs = [spec_of(v) for v in graph_inputs(final)]
-    outputs = [spec_of(v) for v in final.graph.output]
+    inputs = [G.tensor_spec(v) for v in G.graph_inputs(final)]
+    outputs = [G.tensor_spec(v) for v in final.graph.output]
     if parent_m is not None:
         batch, labels, model_info = parent_m.batch, parent_m.labels, dict(parent_m.model)
     else:

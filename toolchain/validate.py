@@ -18,8 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engines.errors import ManifestError
-from engines.manifest import Manifest, read_manifest
+from engines.manifest import Manifest, read_manifest_if_any
 
 from . import parity
 from ._ui import Reporter
@@ -76,12 +75,7 @@ class ValidateReport:
 def _classify(spec: str) -> ModelRef:
     p = Path(spec)
     if p.suffix.lower() in (".onnx", ".plan", ".engine") and p.is_file():
-        try:
-            m = read_manifest(p)
-        except ManifestError as exc:
-            if "no manifest" not in exc.reason:
-                raise
-            m = None
+        m = read_manifest_if_any(p)
         kind = "onnx" if p.suffix.lower() == ".onnx" else "plan"
         return ModelRef(spec, kind, (m.precision or {}).get("mode", "fp32") if m else "fp32", m)
     if p.suffix.lower() in (".onnx", ".plan", ".engine"):
@@ -92,8 +86,9 @@ def _classify(spec: str) -> ModelRef:
     return ModelRef(spec, "pytorch", "fp32")
 
 
-class _Runner:
-    """numpy batch in, logits out, for each kind of model."""
+class Runner:
+    """numpy batch in, logits out, for each kind of model (validate and bench share it). ``shape`` is the input
+    shape without the batch; ``fixed``: the model takes exactly ``batch`` samples."""
 
     def __init__(self, ref: ModelRef, device: str):
         self.ref = ref
@@ -101,30 +96,30 @@ class _Runner:
             from engines.onnxruntime_engine import OnnxRuntimeEngine
 
             self.engine = OnnxRuntimeEngine(ref.spec, device=device)
-            fixed = self.engine.inputs[0].shape[0]
-            self.batch = fixed if isinstance(fixed, int) else 32
+            first = self.engine.inputs[0].shape
+            self.fixed = isinstance(first[0], int)
+            self.batch = first[0] if self.fixed else 32
+            self.shape = tuple(first[1:])
             self.fn = lambda x: self.engine.infer(x)[0]
         elif ref.kind == "pytorch":
             from .reference import TorchReference
 
             self.engine = TorchReference(ref.spec, device=device)
-            self.batch = 32
-            self.fn = self.engine.infer
+            size = self.engine.loaded.defaults.get("size", 224)
+            self.fixed, self.batch = False, 32
+            self.shape = (3, *((size, size) if isinstance(size, int) else tuple(size)))
+            self.fn = self.engine.infer  # returns host arrays: the GPU work is finished when it returns
         else:
             from engines.tensorrt_engine import load_plan
 
             load_plan(ref.spec)  # raises with the reason this machine cannot run it
             raise UsageProblem("running TensorRT plans comes with the runtime (issue 5); this trtc cannot execute "
-                               "them yet", "validate the ONNX the plan was built from")
+                               "them yet", "use the ONNX the plan was built from")
 
     def logits(self, x: np.ndarray, bar) -> np.ndarray:
         out = []
-        for i in range(0, len(x), self.batch):
-            xb = x[i:i + self.batch]
-            n = len(xb)
-            if n < self.batch and self.ref.kind == "onnx" and isinstance(self.engine.inputs[0].shape[0], int):
-                xb = np.concatenate([xb, np.repeat(xb[-1:], self.batch - n, 0)])
-            out.append(np.asarray(self.fn(xb))[:n])
+        for _, n, y in cal.run_batches(self.fn, x, self.batch, self.fixed):
+            out.append(np.asarray(y)[:n])
             bar.advance(n)
         return np.concatenate(out)
 
@@ -170,13 +165,13 @@ def validate(reference: str, candidates: list[str], data: list[str], *, device: 
     x = dataset.x
 
     with reporter.phase(f"reference {Path(ref.spec).name} on {len(x)} samples", total=len(x)) as bar:
-        ref_logits = _Runner(ref, device).logits(x, bar)
+        ref_logits = Runner(ref, device).logits(x, bar)
     label_names = spec_from.labels
     results = []
     for c in cands:
         t0 = time.perf_counter()
         with reporter.phase(f"candidate {Path(c.spec).name} ({c.precision})", total=len(x)) as bar:
-            got = _Runner(c, device).logits(x, bar)
+            got = Runner(c, device).logits(x, bar)
         results.append(_result(c, ref_logits, got, dataset, label_names, thresholds, time.perf_counter() - t0))
     return ValidateReport(schema=SCHEMA, reference={"model": ref.spec, "kind": ref.kind, "precision": ref.precision},
                           data={"sources": dataset.sources, "samples": len(x), "labelled": dataset.labels is not None,

@@ -261,14 +261,20 @@ def data_digest(x: np.ndarray) -> str:
 
 # ---------------------------------------------------------------- ranges
 
-def run_batches(session, feed_name: str, x: np.ndarray, batch: int, outputs: list[str] | None = None):
-    """Yield (n, outputs) over ``x`` in chunks of ``batch``, padding the last chunk for fixed-batch models."""
+def run_batches(fn, x: np.ndarray, batch: int, fixed: bool = False):
+    """Yield (start, n, fn(chunk)) over ``x`` in chunks of ``batch``. ``fixed``: the model takes exactly ``batch``
+    samples, so the last chunk is filled up by repeating its last sample (only the first n results count)."""
     for i in range(0, len(x), batch):
         xb = x[i:i + batch]
         n = len(xb)
-        if n < batch:
+        if fixed and n < batch:
             xb = np.concatenate([xb, np.repeat(xb[-1:], batch - n, 0)])
-        yield n, session.run(outputs, {feed_name: xb})
+        yield i, n, fn(xb)
+
+
+def fixed_batch(session) -> bool:
+    """Whether an ONNX Runtime session's first input has a fixed batch dimension."""
+    return isinstance(session.get_inputs()[0].shape[0], int)
 
 
 def percentile_amax(hist: np.ndarray, amax: float, percentile: float) -> float:
@@ -351,10 +357,10 @@ def collect_stats(model, tensors: list[str], data: np.ndarray, method: str, perc
                                 providers=providers_for(device))
 
     def batches():
-        for n, outs in run_batches(sess, feed, data, batch, names):
+        for start, n, outs in run_batches(lambda xb: sess.run(names, {feed: xb}), data, batch, fixed_batch(sess)):
             vals = {t: o[:n] for t, o in zip(names, outs)}
-            if feed in tensors:
-                vals[feed] = None  # filled by the caller from the data itself
+            if feed in tensors:  # the graph input is the data itself
+                vals[feed] = data[start:start + n]
             yield n, vals
 
     amax = {t: 0.0 for t in tensors}
@@ -363,26 +369,19 @@ def collect_stats(model, tensors: list[str], data: np.ndarray, method: str, perc
     passes = 1 if method == "minmax" else 2
     with reporter.phase(f"calibrating {len(tensors)} activations on {len(data)} samples ({method})",
                         total=len(data) * passes) as bar:
-        done = 0
         for n, vals in batches():
-            if feed in vals:
-                vals[feed] = data[done:done + n]
             for t, v in vals.items():
                 amax[t] = max(amax[t], float(np.max(np.abs(v))) if v.size else 0.0)
                 cs = _channel_sum(v)
                 if cs is not None:
                     sums[t] = cs if sums[t] is None else sums[t] + cs
-            done += n
             count += n
             bar.advance(n)
         means = {t: (sums[t] / count).tolist() for t in tensors if sums[t] is not None}
         if method == "minmax":
             return Stats(amax, means)
         hists = {t: np.zeros(HIST_BINS, np.int64) for t in tensors}
-        done = 0
         for n, vals in batches():
-            if feed in vals:
-                vals[feed] = data[done:done + n]
             for t, v in vals.items():
                 # exact zeros (ReLU outputs, padding) quantize exactly; left in, their spike would make any clip
                 # look harmless to the entropy search
@@ -390,7 +389,6 @@ def collect_stats(model, tensors: list[str], data: np.ndarray, method: str, perc
                 if amax[t] > 0 and a.size:
                     h, _ = np.histogram(a, bins=HIST_BINS, range=(0.0, amax[t]))
                     hists[t] += h
-            done += n
             bar.advance(n)
     if method == "percentile":
         ranges = {t: percentile_amax(hists[t], amax[t], percentile) for t in tensors}

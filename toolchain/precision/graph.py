@@ -83,6 +83,15 @@ def input_dims(value_info) -> list:
             for d in value_info.type.tensor_type.shape.dim]
 
 
+def tensor_spec(value_info):
+    """An ONNX graph input/output as the runtime's TensorSpec (numpy dtype name, dims with names for dynamic)."""
+    from engines.base import TensorSpec
+
+    onnx = onnx_module()
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(value_info.type.tensor_type.elem_type).name
+    return TensorSpec(value_info.name, dtype, tuple(input_dims(value_info)))
+
+
 def upgrade_opset(model, minimum: int):
     """Return ``model`` at opset >= ``minimum`` (per-channel Q/DQ needs 13, FP16 scales need 19)."""
     onnx = onnx_module()
