@@ -16,16 +16,32 @@ from .preprocess import PreprocessSpec, preprocess_rgb
 __version__ = "0.1.0"
 
 
+PLAN_SUFFIXES = (".plan", ".engine", ".trt")
+
+
 def open_engine(path: str | os.PathLike, device: str = "cpu", **options) -> Engine:
-    """Open ``path`` with the backend its type calls for (``.onnx``: ONNX Runtime)."""
+    """Open ``path`` with the backend its artifact calls for.
+
+    ``.onnx`` -> :class:`OnnxRuntimeEngine` (CPU EP for ``device="cpu"``, CUDA EP with zero-copy device buffers
+    for ``"cuda:N"``); ``.plan``/``.engine`` -> :class:`TensorRTEngine` after its manifest was checked against the
+    installed TensorRT flavour and this GPU (the manifest's ``kind`` wins over the suffix when they disagree).
+    ``options`` go to the backend (ONNX Runtime: ``threads``; TensorRT: ``cuda_graph``)."""
     p = Path(path)
     if not p.exists():
         raise UsageProblem(f"model not found: {p}")
-    if p.suffix.lower() == ".onnx":
+    from .manifest import read_manifest_if_any
+
+    manifest = read_manifest_if_any(p, verify_hash=False)
+    kind = manifest.kind if manifest is not None else None
+    if kind == "plan" or (kind is None and p.suffix.lower() in PLAN_SUFFIXES):
+        from .tensorrt_engine import TensorRTEngine
+
+        return TensorRTEngine(p, device=device, **options)
+    if kind is not None or p.suffix.lower() == ".onnx":
         from .onnxruntime_engine import OnnxRuntimeEngine
 
         return OnnxRuntimeEngine(p, device=device, **options)
-    raise UsageProblem(f"cannot open {p.name}: unknown model type {p.suffix!r}", "give a .onnx file")
+    raise UsageProblem(f"cannot open {p.name}: unknown model type {p.suffix!r}", "give a .onnx or .plan file")
 
 
 __all__ = ["open_engine", "Engine", "TensorSpec", "Manifest", "BatchProfile", "PreprocessSpec", "preprocess_rgb",

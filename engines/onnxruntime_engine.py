@@ -1,8 +1,14 @@
 """ONNX Runtime backend.
 
 CPU execution provider for machines without a GPU; CUDA execution provider where onnxruntime-gpu is installed.
-This first version feeds host (numpy) batches; zero-copy IOBinding on device buffers comes with the video
-runtime.
+
+``infer(batch)`` with a numpy batch returns numpy outputs (ONNX Runtime copies in and out). ``infer(batch,
+outputs=None, stream=None)`` with a device array (CuPy, torch, anything with DLPack or __cuda_array_interface__)
+runs zero-copy: IOBinding binds the input's and the outputs' device pointers, ONNX Runtime computes on the
+session's own CUDA stream (``user_compute_stream``, fixed when the session is made), and the call returns
+without a host synchronisation. Ordering with the caller's ``stream`` goes through CUDA events: the session
+stream waits for the caller's work before reading the input, and the caller's stream waits for the outputs. The
+outputs are CuPy arrays (the ``outputs`` given, or new ones).
 """
 
 from __future__ import annotations
@@ -12,7 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ._deps import dist_version, require
+from ._cuda import as_cupy, external_stream, is_device_array
+from ._deps import dist_version, is_installed, require
 from .base import EngineBase, TensorSpec
 from .errors import EngineError, UsageProblem
 
@@ -99,16 +106,25 @@ def session_options(ort, threads: int | None = None, qdq_fusion: bool = True):
 
 class OnnxRuntimeEngine(EngineBase):
     def __init__(self, path: str | os.PathLike, device: str = "cpu", threads: int | None = None,
-                 qdq_fusion: bool | None = None):
+                 qdq_fusion: bool | None = None, device_buffers: bool | None = None):
+        """``device_buffers``: give the session a CUDA stream of its own so device arrays run zero-copy (needs
+        CuPy; default: on when the device is CUDA and CuPy is installed)."""
         ort = require("onnxruntime", "Running ONNX models")
         self.path = Path(path)
         self.device = device
+        kind, self.device_id = parse_device(device)
         if qdq_fusion is None:
             qdq_fusion = qdq_fusion_safe(self.path, device)
         opts = session_options(ort, threads, qdq_fusion)
+        providers = providers_for(device)
+        self.stream = None
+        if kind == "cuda" and (device_buffers or (device_buffers is None and is_installed("cupy"))):
+            cp = require("cupy", "Running ONNX models on device buffers")
+            with cp.cuda.Device(self.device_id):
+                self.stream = cp.cuda.Stream(non_blocking=True)
+            providers[0][1]["user_compute_stream"] = str(self.stream.ptr)
         try:
-            self.session = ort.InferenceSession(os.fspath(self.path), sess_options=opts,
-                                                providers=providers_for(device))
+            self.session = ort.InferenceSession(os.fspath(self.path), sess_options=opts, providers=providers)
         except EngineError:
             raise
         except Exception as exc:  # ORT raises its own exception types for bad graphs
@@ -118,7 +134,17 @@ class OnnxRuntimeEngine(EngineBase):
         self.outputs = [_spec(a) for a in self.session.get_outputs()]
         self._output_names = [o.name for o in self.outputs]
 
-    def infer(self, batch) -> list[np.ndarray]:
+        self._binding = None
+        self._run_options = None
+
+    def infer(self, batch, outputs=None, stream=None) -> list:
+        """Run one batch. Host arrays in, host arrays out; device arrays in, device (CuPy) arrays out.
+
+        On the device path the call returns once the work is enqueued: the input must stay alive and unchanged
+        until ``stream`` (or the current stream) reaches this point, as with any asynchronous CUDA call."""
+        first = next(iter(batch.values())) if isinstance(batch, dict) else batch
+        if is_device_array(first):
+            return self._infer_device(batch, outputs, stream)
         feeds = batch if isinstance(batch, dict) else {self.inputs[0].name: batch}
         casted = {}
         for spec in self.inputs:
@@ -126,3 +152,59 @@ class OnnxRuntimeEngine(EngineBase):
                 raise UsageProblem(f"no data for model input {spec.name!r}")
             casted[spec.name] = np.ascontiguousarray(feeds[spec.name], dtype=spec.numpy_dtype)
         return self.session.run(self._output_names, casted)
+
+    def _infer_device(self, batch, outputs, stream):
+        if self.stream is None:
+            raise UsageProblem(f"{self.path.name} is open on {self.device} without device buffers",
+                               "open it with device='cuda:N' (CuPy installed) or pass numpy arrays")
+        import cupy as cp
+
+        feeds = batch if isinstance(batch, dict) else {self.inputs[0].name: batch}
+        if self._binding is None:
+            self._binding = self.session.io_binding()
+            ort = require("onnxruntime", "Running ONNX models")
+            self._run_options = ort.RunOptions()
+            # with our own compute stream ORT need not synchronise after the run: we order through events
+            self._run_options.add_run_config_entry("disable_synchronize_execution_providers", "1")
+        io = self._binding
+        caller = external_stream(stream, self.device_id) if stream is not None else cp.cuda.get_current_stream()
+        if caller.ptr != self.stream.ptr:
+            self.stream.wait_event(caller.record())
+        n = None
+        for spec in self.inputs:
+            if spec.name not in feeds:
+                raise UsageProblem(f"no data for model input {spec.name!r}")
+            x = as_cupy(feeds[spec.name])
+            if x.dtype != spec.numpy_dtype or not x.flags.c_contiguous:
+                raise UsageProblem(f"input {spec.name!r} must be a C-contiguous {spec.dtype} device array, got "
+                                   f"{x.dtype} {'contiguous' if x.flags.c_contiguous else 'strided'}",
+                                   f"write the batch as {spec.dtype} (the video pipeline does)")
+            n = x.shape[0] if n is None else n
+            io.bind_input(spec.name, "cuda", self.device_id, x.dtype, tuple(x.shape), x.data.ptr)
+        results = []
+        for i, spec in enumerate(self.outputs):
+            shape = tuple(n if (isinstance(d, str) or d is None or d < 0) and j == 0 else d
+                          for j, d in enumerate(spec.shape))
+            if any(not isinstance(d, int) for d in shape):
+                raise EngineError(f"output {spec.name!r} has dynamic dimensions {spec.shape} besides the batch",
+                                  "export the model with a fixed output shape")
+            out = as_cupy(outputs[i]) if outputs is not None else None
+            if out is None:
+                with self.stream:
+                    out = cp.empty(shape, spec.numpy_dtype)
+            elif tuple(out.shape) != shape or out.dtype != spec.numpy_dtype or not out.flags.c_contiguous:
+                raise UsageProblem(f"output buffer for {spec.name!r} must be contiguous {spec.dtype} {shape}, got "
+                                   f"{out.dtype} {tuple(out.shape)}")
+            io.bind_output(spec.name, "cuda", self.device_id, out.dtype, shape, out.data.ptr)
+            results.append(out)
+        try:
+            self.session.run_with_iobinding(io, self._run_options)
+        except Exception as exc:  # ORT's own exception types
+            raise EngineError(f"ONNX Runtime failed on {self.path.name}: {str(exc).splitlines()[0]}") from exc
+        if caller.ptr != self.stream.ptr:
+            caller.wait_event(self.stream.record())
+        return results
+
+    def close(self) -> None:
+        self._binding = None
+        self.session = None

@@ -11,6 +11,7 @@ all call :func:`preprocess_rgb`, so there is one definition of the maths.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -146,3 +147,291 @@ def list_images(path: str | Path) -> list[Path]:
 
 def batch_from_images(paths, spec: PreprocessSpec) -> np.ndarray:
     return np.stack([preprocess_rgb(load_rgb(p), spec) for p in paths])
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Decoded video frames: YUV planes -> the model input, in one step.
+#
+# Decoders hand out YUV surfaces. Converting a whole 1080p frame to RGB and then resampling wastes work: only the
+# 2x2 source neighbours of each output pixel matter. Both the numpy reference below and the GPU kernel therefore,
+# for every output pixel, take the same four neighbours as :func:`sampling_grid`, convert each to RGB (chroma from
+# the sample covering that pixel: nearest, no chroma interpolation), clamp to [0, 255], blend bilinearly and
+# normalise. Converting the whole frame with :func:`yuv_to_rgb` and then calling :func:`preprocess_rgb` on the
+# unrounded result computes the same numbers; tests hold the two to each other and the kernel to this code.
+#
+# Samples are read on an 8-bit scale: 10/12-bit video arrives most-significant-bit aligned in 16-bit words (P016,
+# YUV444_16Bit), so value / 256 is its 8-bit-scale value and the limited-range offsets (16, 128) and ranges
+# (219, 224) apply unchanged.
+
+# (Kr, Kb) luma coefficients per matrix
+MATRICES = {"bt601": (0.299, 0.114), "bt709": (0.2126, 0.0722), "bt2020": (0.2627, 0.0593)}
+RANGES = ("limited", "full")
+
+
+@dataclass(frozen=True)
+class ColorSpace:
+    matrix: str = "bt709"
+    range: str = "limited"
+
+    def __post_init__(self):
+        if self.matrix not in MATRICES:
+            raise UsageProblem(f"unknown colour matrix {self.matrix!r}", f"use one of {', '.join(MATRICES)}")
+        if self.range not in RANGES:
+            raise UsageProblem(f"unknown colour range {self.range!r}", "use limited or full")
+
+    @classmethod
+    def parse(cls, text: str | None, height: int = 1080) -> "ColorSpace":
+        """``"bt709"``, ``"bt601:full"``, or None/"auto": BT.709 for HD (720 rows or more), BT.601 below,
+        limited range (what encoders write when a stream does not say)."""
+        if not text or text == "auto":
+            return cls("bt709" if height >= 720 else "bt601", "limited")
+        matrix, _, rng = text.lower().replace("-", "").replace(".", "").partition(":")
+        return cls(matrix, rng or "limited")
+
+    def __str__(self) -> str:
+        return f"{self.matrix}:{self.range}"
+
+    def coefficients(self) -> np.ndarray:
+        """[y_offset, y_gain, c_offset, c_gain, r_cr, g_cb, g_cr, b_cb] such that, on an 8-bit scale,
+        y' = (Y - y_offset) * y_gain, cb = (U - c_offset) * c_gain, and
+        R = y' + r_cr*cr, G = y' + g_cb*cb + g_cr*cr, B = y' + b_cb*cb (all in 0..255 units)."""
+        kr, kb = MATRICES[self.matrix]
+        kg = 1.0 - kr - kb
+        if self.range == "limited":
+            y_off, y_gain, c_gain = 16.0, 255.0 / 219.0, 255.0 / 224.0
+        else:
+            y_off, y_gain, c_gain = 0.0, 1.0, 1.0
+        return np.array([y_off, y_gain, 128.0, c_gain, 2 * (1 - kr), -2 * (1 - kb) * kb / kg,
+                         -2 * (1 - kr) * kr / kg, 2 * (1 - kb)], np.float64)
+
+
+@dataclass
+class YuvPlanes:
+    """One decoded frame on the host: Y (H, W) and U, V at full or half resolution, uint8 or uint16 (MSB-aligned)."""
+
+    y: np.ndarray
+    u: np.ndarray
+    v: np.ndarray
+
+    @property
+    def height(self) -> int:
+        return self.y.shape[0]
+
+    @property
+    def width(self) -> int:
+        return self.y.shape[1]
+
+    @property
+    def subsampling(self) -> tuple[int, int]:
+        """(vertical, horizontal) chroma shift: (1, 1) for 4:2:0, (0, 1) for 4:2:2, (0, 0) for 4:4:4."""
+        return (int(self.u.shape[0] < self.height), int(self.u.shape[1] < self.width))
+
+
+def planes_from_surface(surface: np.ndarray, fmt: str, height: int, width: int) -> YuvPlanes:
+    """Split a decoder surface laid out as NVDEC hands it out (NV12/P016: Y rows then interleaved UV rows;
+    YUV444/YUV444_16BIT: three planes; I420 from PyAV's ``to_ndarray()``: Y, then U, then V planes)."""
+    fmt = fmt.upper()
+    if fmt in ("NV12", "P016", "P010"):
+        y = surface[:height, :width]
+        uv = surface[height:height + (height + 1) // 2, :2 * ((width + 1) // 2)]
+        return YuvPlanes(y, uv[:, 0::2], uv[:, 1::2])
+    if fmt in ("YUV444", "YUV444_16BIT", "YUV444P"):
+        return YuvPlanes(surface[:height], surface[height:2 * height], surface[2 * height:3 * height])
+    if fmt in ("I420", "YUV420P"):
+        ch, cw = (height + 1) // 2, (width + 1) // 2
+        flat = surface.reshape(-1)
+        n = height * width
+        return YuvPlanes(flat[:n].reshape(height, width), flat[n:n + ch * cw].reshape(ch, cw),
+                         flat[n + ch * cw:n + 2 * ch * cw].reshape(ch, cw))
+    raise UsageProblem(f"unsupported surface format {fmt!r}", "NV12, P016, YUV444, YUV444_16BIT or I420")
+
+
+def _to_rgb(y, u, v, coeffs: np.ndarray, wide: bool) -> np.ndarray:
+    """Vectorised YUV -> RGB in 0..255, clamped; y/u/v are same-shape arrays of samples."""
+    s = 1.0 / 256.0 if wide else 1.0
+    y_off, y_gain, c_off, c_gain, r_cr, g_cb, g_cr, b_cb = coeffs
+    yy = (y.astype(np.float64) * s - y_off) * y_gain
+    cb = (u.astype(np.float64) * s - c_off) * c_gain
+    cr = (v.astype(np.float64) * s - c_off) * c_gain
+    rgb = np.stack([yy + r_cr * cr, yy + g_cb * cb + g_cr * cr, yy + b_cb * cb], axis=-1)
+    return np.clip(rgb, 0.0, 255.0)
+
+
+def yuv_to_rgb(planes: YuvPlanes, colorspace: ColorSpace) -> np.ndarray:
+    """The whole frame as float64 RGB HxWx3 in 0..255 (unrounded), chroma by nearest sample."""
+    sy, sx = planes.subsampling
+    rows = np.arange(planes.height) >> sy
+    cols = np.arange(planes.width) >> sx
+    u = planes.u[rows][:, cols]
+    v = planes.v[rows][:, cols]
+    return _to_rgb(planes.y, u, v, colorspace.coefficients(), planes.y.dtype != np.uint8)
+
+
+def preprocess_yuv(planes: YuvPlanes, spec: PreprocessSpec, colorspace: ColorSpace, dtype=None) -> np.ndarray:
+    """One decoded frame -> the model input (3, H, W): the numpy reference of the GPU kernel.
+
+    Reads only the four source neighbours of each output pixel, so it is also fast enough for the CPU pipeline.
+    """
+    y0, y1, wy, x0, x1, wx = sampling_grid(planes.height, planes.width, spec)
+    sy, sx = planes.subsampling
+    coeffs = colorspace.coefficients()
+    wide = planes.y.dtype != np.uint8
+
+    def rgb_at(rows, cols):
+        r, c = rows[:, None], cols[None, :]
+        return _to_rgb(planes.y[r, c], planes.u[r >> sy, c >> sx], planes.v[r >> sy, c >> sx], coeffs, wide)
+
+    wx64, wy64 = wx.astype(np.float64)[None, :, None], wy.astype(np.float64)[:, None, None]
+    top = rgb_at(y0, x0) * (1 - wx64) + rgb_at(y0, x1) * wx64
+    bot = rgb_at(y1, x0) * (1 - wx64) + rgb_at(y1, x1) * wx64
+    out = top * (1 - wy64) + bot * wy64
+    if spec.color == "BGR":
+        out = out[:, :, ::-1]
+    mean = np.asarray(spec.mean, np.float64)
+    std = np.asarray(spec.std, np.float64)
+    out = (out / 255.0 - mean) / std
+    return np.ascontiguousarray(out.transpose(2, 0, 1)).astype(dtype or spec.dtype, copy=False)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The same maths on the GPU: one CuPy kernel launch per frame, writing one slot of the engine's input batch.
+
+_KERNEL = r"""
+#include <cuda_fp16.h>
+__device__ __forceinline__ float3 trtc_rgb(const SRC_T* __restrict__ src, int r, int c, int pitch,
+        long long u_off, long long v_off, int c_pitch, int c_step, int sy, int sx, const float* __restrict__ k) {
+    const float s = SCALE;
+    long long ci = (long long)(r >> sy) * c_pitch + (long long)(c >> sx) * c_step;
+    float y = ((float)src[(long long)r * pitch + c] * s - k[0]) * k[1];
+    float cb = ((float)src[u_off + ci] * s - k[2]) * k[3];
+    float cr = ((float)src[v_off + ci] * s - k[2]) * k[3];
+    float3 o;
+    o.x = fminf(fmaxf(y + k[4] * cr, 0.f), 255.f);
+    o.y = fminf(fmaxf(y + k[5] * cb + k[6] * cr, 0.f), 255.f);
+    o.z = fminf(fmaxf(y + k[7] * cb, 0.f), 255.f);
+    return o;
+}
+
+extern "C" __global__ void trtc_preprocess_NAME(
+        const SRC_T* __restrict__ src, const int pitch, const long long u_off, const long long v_off,
+        const int c_pitch, const int c_step, const int sy, const int sx,
+        const int* __restrict__ y0, const int* __restrict__ y1, const float* __restrict__ wy,
+        const int* __restrict__ x0, const int* __restrict__ x1, const float* __restrict__ wx,
+        const float* __restrict__ k, OUT_T* __restrict__ out, const int out_h, const int out_w, const int bgr) {
+    int idx = blockIdx.x * blockDim.x + threadIdx.x;
+    int n = out_h * out_w;
+    if (idx >= n) return;
+    int i = idx / out_w, j = idx - i * out_w;
+    int ya = y0[i], yb = y1[i], xa = x0[j], xb = x1[j];
+    float fy = wy[i], fx = wx[j];
+    float3 a = trtc_rgb(src, ya, xa, pitch, u_off, v_off, c_pitch, c_step, sy, sx, k);
+    float3 b = trtc_rgb(src, ya, xb, pitch, u_off, v_off, c_pitch, c_step, sy, sx, k);
+    float3 c = trtc_rgb(src, yb, xa, pitch, u_off, v_off, c_pitch, c_step, sy, sx, k);
+    float3 d = trtc_rgb(src, yb, xb, pitch, u_off, v_off, c_pitch, c_step, sy, sx, k);
+    float r = (a.x * (1.f - fx) + b.x * fx) * (1.f - fy) + (c.x * (1.f - fx) + d.x * fx) * fy;
+    float g = (a.y * (1.f - fx) + b.y * fx) * (1.f - fy) + (c.y * (1.f - fx) + d.y * fx) * fy;
+    float bl = (a.z * (1.f - fx) + b.z * fx) * (1.f - fy) + (c.z * (1.f - fx) + d.z * fx) * fy;
+    if (bgr) { float t = r; r = bl; bl = t; }
+    out[idx] = STORE(r * k[8] + k[11]);
+    out[n + idx] = STORE(g * k[9] + k[12]);
+    out[2 * n + idx] = STORE(bl * k[10] + k[13]);
+}
+"""
+
+# where U and V live in each surface layout: (u_offset, v_offset, chroma pitch, chroma step, sy, sx) in samples
+_LAYOUTS = {
+    "NV12": lambda h, w: (h * w, h * w + 1, w, 2, 1, 1),
+    "P016": lambda h, w: (h * w, h * w + 1, w, 2, 1, 1),
+    "YUV444": lambda h, w: (h * w, 2 * h * w, w, 1, 0, 0),
+    "YUV444_16BIT": lambda h, w: (h * w, 2 * h * w, w, 1, 0, 0),
+}
+_LAYOUTS["P010"] = _LAYOUTS["P016"]
+
+
+class GpuPreprocessor:
+    """Decoded surfaces (CuPy arrays, e.g. ``cupy.from_dlpack(frame)``) -> model input slots, on the GPU.
+
+    ``pre(surface, fmt, height, width, colorspace, out, stream)`` enqueues one kernel on ``stream`` that writes
+    ``out`` (a C-contiguous (3, H, W) float32/float16 CuPy view, typically ``batch[slot]``). Nothing is
+    synchronised and nothing crosses to the host: the sampling grid and coefficients are uploaded once per source
+    size and colour space and cached.
+    """
+
+    def __init__(self, spec: PreprocessSpec):
+        from ._deps import require
+
+        self.cp = require("cupy", "GPU preprocessing")
+        self.spec = spec
+        self._kernels: dict = {}
+        self._grids: dict = {}
+        self._coeffs: dict = {}
+        self._lock = threading.Lock()
+
+    def _cached(self, cache: dict, key, make):
+        value = cache.get(key)
+        if value is None:
+            with self._lock:  # decoder threads share one preprocessor; build each entry once
+                value = cache.get(key)
+                if value is None:
+                    value = cache[key] = make()
+        return value
+
+    def _kernel(self, src_dtype, out_dtype):
+        wide = np.dtype(src_dtype).itemsize == 2
+        half = np.dtype(out_dtype) == np.float16
+        name = ("u16" if wide else "u8") + ("_f16" if half else "_f32")
+
+        def make():
+            code = (_KERNEL.replace("SRC_T", "unsigned short" if wide else "unsigned char")
+                    .replace("SCALE", "0.00390625f" if wide else "1.0f")
+                    .replace("OUT_T", "__half" if half else "float")
+                    .replace("STORE", "__float2half_rn" if half else "")
+                    .replace("NAME", name))
+            kernel = self.cp.RawKernel(code, f"trtc_preprocess_{name}")
+            kernel.compile()
+            return kernel
+
+        return self._cached(self._kernels, name, make)
+
+    def _grid(self, height: int, width: int):
+        def make():
+            cp = self.cp
+            y0, y1, wy, x0, x1, wx = sampling_grid(height, width, self.spec)
+            return (cp.asarray(y0, cp.int32), cp.asarray(y1, cp.int32), cp.asarray(wy, cp.float32),
+                    cp.asarray(x0, cp.int32), cp.asarray(x1, cp.int32), cp.asarray(wx, cp.float32))
+
+        return self._cached(self._grids, (height, width), make)
+
+    def _coefficients(self, colorspace: ColorSpace):
+        def make():
+            std = np.asarray(self.spec.std, np.float64)
+            mean = np.asarray(self.spec.mean, np.float64)
+            k = np.concatenate([colorspace.coefficients(), 1.0 / (255.0 * std), -mean / std])
+            return self.cp.asarray(k.astype(np.float32))
+
+        return self._cached(self._coeffs, colorspace, make)
+
+    def __call__(self, surface, fmt: str, height: int, width: int, colorspace: ColorSpace, out, stream=None):
+        fmt = fmt.upper()
+        if fmt not in _LAYOUTS:
+            raise UsageProblem(f"the GPU preprocessor does not read {fmt} surfaces", "NV12, P016 or YUV444")
+        if fmt in ("P016", "P010", "YUV444_16BIT") and surface.dtype == np.uint8:
+            surface = surface.view(np.uint16)  # some decoder versions export 16-bit surfaces as bytes
+        if surface.ndim != 2 or not surface.flags.c_contiguous:
+            raise UsageProblem(f"expected a packed 2-D surface, got shape {surface.shape}")
+        pitch = surface.shape[1]  # NVDEC surfaces are tightly packed (pitch = width rounded up to even)
+        u_off, v_off, c_pitch, c_step, sy, sx = _LAYOUTS[fmt](height, pitch)
+        out_h, out_w = self.spec.size
+        if out.shape != (3, out_h, out_w) or not out.flags.c_contiguous:
+            raise UsageProblem(f"output slot must be a contiguous (3, {out_h}, {out_w}) array, got {out.shape}")
+        kernel = self._kernel(surface.dtype, out.dtype)
+        y0, y1, wy, x0, x1, wx = self._grid(height, width)
+        n = out_h * out_w
+        args = (surface, np.int32(pitch), np.int64(u_off), np.int64(v_off), np.int32(c_pitch), np.int32(c_step),
+                np.int32(sy), np.int32(sx), y0, y1, wy, x0, x1, wx, self._coefficients(colorspace), out,
+                np.int32(out_h), np.int32(out_w), np.int32(self.spec.color == "BGR"))
+        if stream is None:
+            kernel(((n + 255) // 256,), (256,), args)
+        else:
+            with stream:  # CuPy launches on the current stream
+                kernel(((n + 255) // 256,), (256,), args)

@@ -6,18 +6,31 @@ TensorRT to deserialize anything else ends in a log line and a None, or worse; s
 manifest first and says which side differs and how to rebuild. TensorRT-RTX builds for a list of compute
 capabilities and version 1.7 has none for 9.0 (H100/H200).
 
-The execution engine (contexts per stream, ``set_tensor_address``, ``execute_async_v3``) is the runtime issue's;
-this module gives it :func:`load_plan`.
+:class:`TensorRTEngine` runs a plan on device arrays: one execution context per CUDA stream (contexts are not
+shared across streams or threads), ``set_input_shape`` + ``set_tensor_address`` with the caller's device pointers,
+``execute_async_v3(stream)``, no host synchronisation. With ``cuda_graph=True`` each (stream, shape, addresses)
+combination is run once normally, then captured into a CUDA graph on that stream and replayed afterwards (full
+TensorRT); TensorRT-RTX captures its own graphs (``IRuntimeConfig.cuda_graph_strategy``).
+
+What has been executed: this module's manifest check and deserialisation path ran against TensorRT-RTX 1.7 on an
+H200 (which RTX refuses to run on: no SM90 kernels), and the execution calls run against a recording fake on CPU.
+No TensorRT plan has been *executed* by this code on a real GPU yet: no machine here has a runnable TensorRT.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
+
+import numpy as np
 
 from ._gpu import device as gpu_device
 from ._trt import Backend, load_backend, make_logger, rtx_targets, sm_name
-from .errors import EngineError, ManifestError
+from ._cuda import as_cupy, external_stream, is_device_array
+from ._deps import require
+from .base import EngineBase, TensorSpec
+from .errors import EngineError, ManifestError, UsageProblem
 from .manifest import Manifest, read_manifest
 
 log = logging.getLogger("trtc")
@@ -113,3 +126,148 @@ def load_plan(path: str | Path, device: int = 0, backend: Backend | None = None)
         raise EngineError(f"{backend.describe()} could not deserialize {path.name}: "
                           + ("; ".join(logger.errors[-2:]) or "no reason given"), rebuild_command(manifest, path))
     return backend, runtime, engine, manifest
+
+
+_TRT_DTYPES = {"FLOAT": "float32", "HALF": "float16", "INT8": "int8", "INT32": "int32", "INT64": "int64",
+               "BOOL": "bool", "UINT8": "uint8"}
+
+
+def _dtype_name(dt) -> str:
+    name = str(getattr(dt, "name", dt)).rsplit(".", 1)[-1].upper()
+    if name not in _TRT_DTYPES:
+        raise EngineError(f"tensor type {name} is not supported by trtc's runtime", "export FP32/FP16 I/O")
+    return _TRT_DTYPES[name]
+
+
+class TensorRTEngine(EngineBase):
+    """A TensorRT or TensorRT-RTX plan behind the Engine interface (device arrays in and out)."""
+
+    def __init__(self, path: str | Path, device: str = "cuda:0", cuda_graph: bool = False):
+        from .onnxruntime_engine import parse_device
+
+        kind, self.device_id = parse_device(device)
+        if kind != "cuda":
+            raise UsageProblem(f"a TensorRT plan runs on a GPU, not on {device}", "use --device cuda:0, or run the "
+                               ".onnx the plan was built from on the CPU")
+        self.path = Path(path)
+        self.device = device
+        self.backend, self._runtime, self.engine, self.manifest = load_plan(self.path, self.device_id)
+        trt = self.backend.module
+        self.cp = require("cupy", "Running TensorRT plans on device buffers")
+        self.cuda_graph = cuda_graph
+        self._runtime_config = None
+        if self.backend.rtx and cuda_graph and hasattr(self.engine, "create_runtime_config"):
+            self._runtime_config = self.engine.create_runtime_config()
+            self._runtime_config.cuda_graph_strategy = trt.CudaGraphStrategy.WHOLE_GRAPH_CAPTURE
+        names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
+        self.inputs, self.outputs = [], []
+        for n in names:
+            spec = TensorSpec(n, _dtype_name(self.engine.get_tensor_dtype(n)),
+                              tuple(d if d >= 0 else ("batch" if i == 0 else "?")
+                                    for i, d in enumerate(self.engine.get_tensor_shape(n))))
+            is_input = self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT
+            (self.inputs if is_input else self.outputs).append(spec)
+        self._contexts: dict[int, object] = {}
+        self._graphs: dict[tuple, object] = {}
+        self._lock = threading.Lock()
+        with self.cp.cuda.Device(self.device_id):
+            self.stream = self.cp.cuda.Stream(non_blocking=True)
+
+    def context(self, stream_ptr: int):
+        """The execution context for this stream (made on first use). TensorRT contexts hold their own activation
+        memory and must not be used by two streams at once."""
+        with self._lock:
+            ctx = self._contexts.get(stream_ptr)
+            if ctx is None:
+                if self._runtime_config is not None:
+                    ctx = self.engine.create_execution_context(self._runtime_config)
+                else:
+                    ctx = self.engine.create_execution_context()
+                if ctx is None:
+                    raise EngineError(f"TensorRT could not create an execution context for {self.path.name}",
+                                      "free GPU memory or use fewer streams")
+                self._contexts[stream_ptr] = ctx
+            return ctx
+
+    def infer(self, batch, outputs=None, stream=None) -> list:
+        """Device arrays in, device (CuPy) arrays out, enqueued on ``stream`` (default: the engine's own stream).
+        Host (numpy) arrays are accepted for convenience: uploaded, run, and copied back (not zero-copy)."""
+        first = next(iter(batch.values())) if isinstance(batch, dict) else batch
+        if not is_device_array(first):
+            cp = self.cp
+            feeds = batch if isinstance(batch, dict) else {self.inputs[0].name: batch}
+            with self.stream:
+                dev = {k: cp.asarray(np.ascontiguousarray(v, dtype=self._spec(k).numpy_dtype))
+                       for k, v in feeds.items()}
+                outs = self._run(dev, None, self.stream)
+                host = [cp.asnumpy(o, stream=self.stream) for o in outs]
+            self.stream.synchronize()
+            return host
+        s = external_stream(stream, self.device_id) if stream is not None else self.stream
+        return self._run(batch if isinstance(batch, dict) else {self.inputs[0].name: batch}, outputs, s)
+
+    def _spec(self, name: str) -> TensorSpec:
+        for spec in self.inputs:
+            if spec.name == name:
+                return spec
+        raise UsageProblem(f"{self.path.name} has no input {name!r}",
+                           f"inputs are {', '.join(i.name for i in self.inputs)}")
+
+    def _run(self, feeds: dict, outputs, stream) -> list:
+        cp = self.cp
+        ctx = self.context(stream.ptr)
+        addresses = []
+        for spec in self.inputs:
+            if spec.name not in feeds:
+                raise UsageProblem(f"no data for model input {spec.name!r}")
+            x = as_cupy(feeds[spec.name])
+            if x.dtype != spec.numpy_dtype or not x.flags.c_contiguous:
+                raise UsageProblem(f"input {spec.name!r} must be a C-contiguous {spec.dtype} device array, got "
+                                   f"{x.dtype}", f"write the batch as {spec.dtype}")
+            if not ctx.set_input_shape(spec.name, tuple(x.shape)):
+                raise EngineError(f"shape {tuple(x.shape)} is outside {self.path.name}'s profile for {spec.name!r}",
+                                  "use a batch inside the plan's --batch range (see `trtc inspect`)")
+            ctx.set_tensor_address(spec.name, x.data.ptr)
+            addresses.append((spec.name, tuple(x.shape), x.data.ptr))
+        results = []
+        for i, spec in enumerate(self.outputs):
+            shape = tuple(ctx.get_tensor_shape(spec.name))
+            out = as_cupy(outputs[i]) if outputs is not None else None
+            if out is None:
+                with stream:
+                    out = cp.empty(shape, spec.numpy_dtype)
+            elif tuple(out.shape) != shape or out.dtype != spec.numpy_dtype or not out.flags.c_contiguous:
+                raise UsageProblem(f"output buffer for {spec.name!r} must be contiguous {spec.dtype} {shape}")
+            ctx.set_tensor_address(spec.name, out.data.ptr)
+            addresses.append((spec.name, shape, out.data.ptr))
+            results.append(out)
+        if self.cuda_graph and self._runtime_config is None:
+            self._launch_graph(ctx, stream, tuple(addresses))
+        elif not ctx.execute_async_v3(stream.ptr):
+            raise EngineError(f"TensorRT failed to enqueue {self.path.name}", "run with -vv to see TensorRT's log")
+        return results
+
+    def _launch_graph(self, ctx, stream, key: tuple) -> None:
+        """Full TensorRT: a graph freezes shapes and addresses, so one graph per (stream, shapes, addresses)."""
+        key = (stream.ptr, key)
+        graph = self._graphs.get(key)
+        if graph is None:
+            # the first run after a shape change flushes TensorRT's deferred updates; it must not be captured
+            if not ctx.execute_async_v3(stream.ptr):
+                raise EngineError(f"TensorRT failed to enqueue {self.path.name}")
+            stream.synchronize()
+            stream.begin_capture()
+            try:
+                ok = ctx.execute_async_v3(stream.ptr)
+            finally:
+                graph = stream.end_capture()
+            if not ok:
+                raise EngineError(f"TensorRT failed to enqueue {self.path.name} while capturing a CUDA graph",
+                                  "open the plan without cuda_graph")
+            self._graphs[key] = graph
+        graph.launch(stream)
+
+    def close(self) -> None:
+        self._graphs.clear()
+        self._contexts.clear()
+        self.engine = None
