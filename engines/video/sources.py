@@ -1,0 +1,349 @@
+"""Video sources: NVDEC through PyNvVideoCodec (frames stay in GPU memory) and PyAV on the CPU.
+
+A source is a file path or a URL the demuxer understands (rtsp://, http://, ...). Each decoder yields frames in
+display order with their index (counting every decoded frame, before any stride), presentation timestamp and
+time in seconds. Problems are raised as :class:`SourceError` naming the source; the pipeline turns them into a
+per-source report and keeps the other sources going.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .._deps import is_installed, require
+from ..errors import TrtcError
+import numpy as np
+
+from ..preprocess import ColorSpace, YuvPlanes
+
+log = logging.getLogger("trtc")
+
+# AVColorSpace / AVColorRange values (libavutil/pixfmt.h) as PyAV reports them
+_AV_MATRIX = {1: "bt709", 5: "bt601", 6: "bt601", 9: "bt2020", 10: "bt2020"}
+_AV_FULL_RANGE = 2
+
+
+class SourceError(TrtcError):
+    """One source cannot be opened or stopped early; ``source`` names it."""
+
+    def __init__(self, source: str, reason: str, fix: str | None = None):
+        super().__init__(f"{source}: {reason}", fix)
+        self.source = source
+
+
+@dataclass
+class SourceInfo:
+    name: str
+    codec: str
+    width: int
+    height: int
+    fps: float | None
+    frames: int | None  # from the container, when it says
+    colorspace: ColorSpace
+
+
+def is_url(name: str) -> bool:
+    return "://" in name
+
+
+def check_exists(name: str) -> None:
+    if not is_url(name) and not Path(name).is_file():
+        raise SourceError(name, "no such file", "check the path")
+
+
+def _colorspace_from_av(frame_or_stream, height: int, override: str | None) -> ColorSpace:
+    if override and override != "auto":
+        return ColorSpace.parse(override, height)
+    cs = getattr(frame_or_stream, "colorspace", None)
+    rng = getattr(frame_or_stream, "color_range", None)
+    base = ColorSpace.parse(None, height)
+    matrix = _AV_MATRIX.get(int(cs) if cs is not None else 2, base.matrix)
+    full = rng is not None and int(rng) == _AV_FULL_RANGE
+    return ColorSpace(matrix, "full" if full else "limited")
+
+
+def probe_colorspace(name: str, height: int, override: str | None) -> ColorSpace:
+    """The stream's colour matrix and range: from the container via PyAV when it is installed and the source is a
+    file, else BT.709 for HD / BT.601 for SD, limited range. ``override`` ("bt601:full", ...) wins."""
+    if (override and override != "auto") or is_url(name) or not is_installed("av"):
+        return ColorSpace.parse(override, height)
+    try:
+        av = require("av", "Reading colour metadata")
+        with av.open(name) as c:
+            s = c.streams.video[0]
+            f = next(c.decode(s))
+            return _colorspace_from_av(f, height, None)
+    except Exception:  # noqa: BLE001 - metadata is a nicety; the decoder reports real problems
+        return ColorSpace.parse(None, height)
+
+
+# ---------------------------------------------------------------------------------------------------------- PyAV
+class PyAVSource:
+    """CPU decoding with PyAV. ``frames()`` yields (index, pts, seconds, YuvPlanes) with host planes."""
+
+    backend = "pyav"
+
+    def __init__(self, name: str, colorspace: str | None = None, loop: int = 1, realtime: bool = False):
+        self.name = str(name)
+        self.override = colorspace
+        self.loop = max(1, int(loop))
+        self.realtime = realtime
+        self.info: SourceInfo | None = None
+        self.decoded = 0
+
+    def _open(self):
+        av = require("av", "Decoding video on the CPU")
+        check_exists(self.name)
+        try:
+            container = av.open(self.name, timeout=10.0) if is_url(self.name) else av.open(self.name)
+        except Exception as exc:  # noqa: BLE001 - av.error.* and OSError
+            raise SourceError(self.name, f"cannot open: {_first_line(exc)}") from exc
+        if not container.streams.video:
+            kinds = sorted({s.type for s in container.streams}) or ["no streams"]
+            container.close()
+            raise SourceError(self.name, f"has no video stream (only {', '.join(kinds)})", "give a video file")
+        stream = container.streams.video[0]
+        stream.thread_type = "AUTO"
+        cc = stream.codec_context
+        fps = float(stream.average_rate) if stream.average_rate else None
+        self.info = SourceInfo(self.name, cc.name, cc.width, cc.height, fps, stream.frames or None,
+                               ColorSpace.parse(self.override, cc.height))
+        return container, stream
+
+    def frames(self):
+        index = 0
+        for _ in range(self.loop):
+            container, stream = self._open()
+            start = time.perf_counter()
+            first = True
+            skipped: list = []
+            try:
+                for frame in _decode(container, stream, self.name, skipped):
+                    if first:
+                        self.info.colorspace = _colorspace_from_av(frame, frame.height, self.override)
+                        first = False
+                    t = float(frame.time) if frame.time is not None else None
+                    if self.realtime and t is not None:
+                        _sleep_until(start + t)
+                    self.decoded += 1
+                    yield index, frame.pts, t, host_planes(frame)
+                    index += 1
+            finally:
+                container.close()
+            if skipped:
+                raise SourceError(self.name, f"{len(skipped)} corrupt packet(s) skipped ({skipped[0]}); "
+                                  f"{self.decoded} frames decoded", "check or re-encode the file")
+
+
+def _decode(container, stream, name, skipped: list):
+    """Frames of one stream; a packet the decoder rejects is skipped and counted (``skipped``), as NVDEC does
+    with corrupt pictures; the demuxer failing (file cut off, connection lost) ends the source with an error."""
+    packets = container.demux(stream)
+    while True:
+        try:
+            packet = next(packets)
+        except StopIteration:
+            return
+        except Exception as exc:  # noqa: BLE001 - av.error.*, OSError (network)
+            raise SourceError(name, f"stopped while reading: {_first_line(exc)}") from exc
+        try:
+            frames = packet.decode()
+        except Exception as exc:  # noqa: BLE001 - av.error.InvalidDataError and friends
+            skipped.append(_first_line(exc))
+            continue
+        yield from frames
+
+
+_PLANAR = ("yuv420p", "yuvj420p", "yuv422p", "yuvj422p", "yuv444p", "yuvj444p")
+
+
+def host_planes(frame) -> YuvPlanes:
+    """A PyAV VideoFrame as YUV planes (no conversion for planar 8-10-12-bit 4:2:0/4:2:2/4:4:4; 10/12-bit
+    samples shifted to the MSB of 16 bits like NVDEC's P016); anything else is converted to yuv420p first."""
+    name = frame.format.name
+    bits = 8
+    base = name
+    for suffix, b in (("p10le", 10), ("p12le", 12), ("p16le", 16)):
+        if name.endswith(suffix) and name[:-len(suffix)] + "p" in _PLANAR:
+            base, bits = name[:-len(suffix)] + "p", b
+    if base not in _PLANAR:
+        frame = frame.reformat(format="yuv420p")
+        bits = 8
+    dtype = np.uint8 if bits == 8 else np.dtype("<u2")
+    planes = []
+    for plane in frame.planes[:3]:
+        itemsize = np.dtype(dtype).itemsize
+        a = np.frombuffer(plane, dtype).reshape(plane.height, plane.line_size // itemsize)[:, :plane.width]
+        planes.append(a if bits in (8, 16) else (a.astype(np.uint16) << (16 - bits)))
+    return YuvPlanes(*planes)
+
+
+# --------------------------------------------------------------------------------------------------------- NVDEC
+_NVDEC_FORMATS = {"NV12": "NV12", "P016": "P016", "P010": "P016", "YUV444": "YUV444",
+                  "YUV444_16BIT": "YUV444_16BIT", "YUV444P": "YUV444", "YUV444_16BIT_P": "YUV444_16BIT"}
+_CHROMA = {0: "4:0:0", 1: "4:2:0", 2: "4:2:2", 3: "4:4:4"}
+
+
+def surface_format(frame) -> str:
+    name = str(frame.format).rsplit(".", 1)[-1].upper()
+    if name not in _NVDEC_FORMATS:
+        raise TrtcError(f"NVDEC returned {name} frames, which the GPU preprocessor does not read")
+    return _NVDEC_FORMATS[name]
+
+
+class NvdecSource:
+    """NVDEC decoding with PyNvVideoCodec's demuxer and core decoder, on ``stream`` (a CuPy stream).
+
+    ``frames()`` yields (index, pts, seconds, DecodedFrame, fed_at). A DecodedFrame's surface is reused by the
+    next ``Decode`` call, and that call's copies run on the decoder's stream: the consumer must enqueue its reads
+    on the same stream before asking for the next frame (the pipeline does). ``fed_at`` is when the packet that
+    carried the frame went into the decoder (``time.perf_counter()``), for latency figures.
+    """
+
+    backend = "nvdec"
+
+    def __init__(self, name: str, gpu: int = 0, colorspace: str | None = None, loop: int = 1,
+                 realtime: bool = False, latency: str = "native"):
+        self.name = str(name)
+        self.gpu = gpu
+        self.override = colorspace
+        self.loop = max(1, int(loop))
+        self.realtime = realtime
+        self.latency = latency
+        self.info: SourceInfo | None = None
+        self.decoded = 0
+        self.caps: dict = {}
+
+    def _open(self, nvc, stream_ptr: int):
+        check_exists(self.name)
+        try:
+            dmx = nvc.CreateDemuxer(filename=self.name)
+        except Exception as exc:  # noqa: BLE001 - PyNvVideoCodec raises plain exceptions, often without a text
+            raise SourceError(self.name, describe_unreadable(self.name, _first_line(exc))) from exc
+        try:
+            codec, width, height = dmx.GetNvCodecId(), int(dmx.Width()), int(dmx.Height())
+            chroma, depth = dmx.ChromaFormat(), int(dmx.BitDepth())
+        except Exception as exc:  # noqa: BLE001
+            raise SourceError(self.name, f"has no video stream NVDEC can read ({_first_line(exc)})") from exc
+        if width <= 0 or height <= 0:
+            raise SourceError(self.name, "has no video stream", "give a video file")
+        codec_name = str(codec).rsplit(".", 1)[-1]
+        if not codec_name.isalnum():  # a codec PyNvVideoCodec has no name for
+            codec_name = _codec_name_from_av(self.name) or "an unknown codec"
+        chroma_name = _CHROMA.get(int(chroma), str(chroma).rsplit(".", 1)[-1])
+        what = f"{codec_name} {chroma_name} {depth}-bit {width}x{height}"
+        try:
+            caps = nvc.GetDecoderCaps(gpuid=self.gpu, codec=codec, chromaformat=chroma, bitdepth=depth)
+        except Exception as exc:  # noqa: BLE001 - e.g. a codec id NVDEC does not know
+            raise SourceError(self.name, f"NVDEC cannot decode {what}: {_first_line(exc)}",
+                              "use --device cpu for this source") from exc
+        self.caps = dict(caps)
+        if not caps.get("supported", False):
+            raise SourceError(self.name, f"NVDEC on GPU {self.gpu} does not support {what}",
+                              "transcode to H.264/HEVC 4:2:0, or use --device cpu")
+        wmax, hmax = caps.get("width_max", 0), caps.get("height_max", 0)
+        wmin, hmin = caps.get("width_min", 0), caps.get("height_min", 0)
+        if (wmax and width > wmax) or (hmax and height > hmax) or width < wmin or height < hmin:
+            raise SourceError(self.name, f"{what} is outside NVDEC's range for this codec on GPU {self.gpu} "
+                              f"({wmin}x{hmin} to {wmax}x{hmax})", "scale the video, or use --device cpu")
+        latency = {"native": nvc.DisplayDecodeLatencyType.NATIVE, "low": nvc.DisplayDecodeLatencyType.LOW,
+                   "zero": nvc.DisplayDecodeLatencyType.ZERO}[self.latency]
+        try:
+            dec = nvc.CreateDecoder(gpuid=self.gpu, codec=codec, cudacontext=0, cudastream=stream_ptr,
+                                    usedevicememory=True, latency=latency)
+        except Exception as exc:  # noqa: BLE001
+            raise SourceError(self.name, f"NVDEC decoder for {what} failed: {_first_line(exc)}") from exc
+        fps = float(dmx.FrameRate()) if dmx.FrameRate() else None
+        if self.info is None:
+            cs = probe_colorspace(self.name, height, self.override)
+            self.info = SourceInfo(self.name, codec_name, width, height, fps, None, cs)
+        return dmx, dec
+
+    def frames(self, stream_ptr: int):
+        nvc = require("PyNvVideoCodec", "Decoding video on the GPU")
+        index = 0
+        low = self.latency in ("low", "zero")
+        for _ in range(self.loop):
+            dmx, dec = self._open(nvc, stream_ptr)
+            fps = self.info.fps or 30.0
+            fed: dict = {}
+            start = time.perf_counter()
+            n_packets = 0
+            try:
+                for packet in dmx:
+                    if self.realtime and packet.bsl:
+                        _sleep_until(start + n_packets / fps)
+                    n_packets += 1
+                    if low:
+                        packet.decode_flag = nvc.VideoPacketFlag.ENDOFPICTURE
+                    now = time.perf_counter()
+                    if packet.bsl:
+                        fed[packet.pts] = now
+                    for frame in dec.Decode(packet):
+                        pts = frame.getPTS()
+                        self.decoded += 1
+                        yield index, pts, (index / fps if fps else None), frame, fed.pop(pts, now)
+                        index += 1
+                    if len(fed) > 64:  # packets whose frames never came out (corrupt data): forget them
+                        for k in sorted(fed)[:-64]:
+                            fed.pop(k, None)
+            except SourceError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - PyNvVCException and demuxer errors
+                raise SourceError(self.name, f"stopped while decoding: {_first_line(exc)}") from exc
+            finally:
+                del dec, dmx
+
+
+def _codec_name_from_av(name: str) -> str | None:
+    if is_url(name) or not is_installed("av"):
+        return None
+    try:
+        av = require("av", "Reading the codec name")
+        with av.open(name) as c:
+            return c.streams.video[0].codec_context.name if c.streams.video else None
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def describe_unreadable(name: str, decoder_says: str) -> str:
+    """Why a demuxer refused a file, in words: PyAV (when installed) tells a file without a video stream or
+    an unreadable container apart; otherwise the demuxer's own message."""
+    if not is_url(name) and is_installed("av"):
+        try:
+            av = require("av", "Reading the container")
+            with av.open(name) as c:
+                if not c.streams.video:
+                    kinds = sorted({s.type for s in c.streams}) or ["no streams"]
+                    return f"has no video stream (only {', '.join(kinds)})"
+        except Exception as exc:  # noqa: BLE001
+            return f"cannot open: {_first_line(exc)}"
+    detail = decoder_says.strip(" :")
+    return f"cannot open{': ' + detail if detail and detail != 'PyNvDemuxer' else ''}"
+
+
+def _sleep_until(t: float) -> None:
+    d = t - time.perf_counter()
+    if d > 0:
+        time.sleep(d)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0][:300]
+
+
+def make_sources(names, backend: str, gpu: int = 0, colorspace: str | None = None, loop: int = 1,
+                 realtime: bool = False, latency: str = "native"):
+    out = []
+    for n in names:
+        n = os.fspath(n)
+        if backend == "nvdec":
+            out.append(NvdecSource(n, gpu, colorspace, loop, realtime, latency))
+        else:
+            out.append(PyAVSource(n, colorspace, loop, realtime))
+    return out

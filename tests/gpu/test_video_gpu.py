@@ -1,0 +1,199 @@
+"""The GPU video runtime on a real GPU: kernel vs the numpy reference, GPU vs CPU pipeline, zero copy, several
+sources at once, bad input, memory over a long run. Skipped without an NVIDIA GPU, CuPy and PyNvVideoCodec."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+
+import numpy as np
+import pytest
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not all(importlib.util.find_spec(m) for m in ("cupy", "PyNvVideoCodec", "av")),
+                                 reason="needs the gpu extra (cupy, PyNvVideoCodec) and PyAV")]
+
+
+@pytest.fixture(scope="module")
+def cuda_lite0(lite0_onnx):
+    import engines
+
+    with engines.open_engine(lite0_onnx[0], device="cuda:0") as eng:
+        yield eng
+
+
+@pytest.fixture(scope="module")
+def cpu_lite0(lite0_onnx):
+    import engines
+
+    with engines.open_engine(lite0_onnx[0], device="cpu") as eng:
+        yield eng
+
+
+def _nvdec_frames(path, n):
+    """(format, host copy of the surface, height, width) for the first n frames, decoded by NVDEC (the copy is
+    the test's, to feed the numpy oracle)."""
+    import cupy as cp
+
+    from engines.video.sources import NvdecSource, surface_format
+
+    src = NvdecSource(str(path))
+    stream = cp.cuda.Stream(non_blocking=True)
+    out = []
+    with stream:
+        for _i, _pts, _t, frame, _fed in src.frames(stream.ptr):
+            # a device copy: the decoder reuses (and at the end frees) its surfaces
+            surf = cp.from_dlpack(frame).copy()
+            out.append((surface_format(frame), surf, cp.asnumpy(surf), src.info))
+            stream.synchronize()
+            if len(out) == n:
+                break
+    return out
+
+
+@pytest.mark.parametrize("name", ["bikes", "hevc10_mp4", "hevc444_mp4"])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_kernel_matches_numpy_reference(test_videos, name, dtype):
+    import cupy as cp
+
+    from engines.preprocess import GpuPreprocessor, PreprocessSpec, planes_from_surface, preprocess_yuv
+
+    spec = PreprocessSpec(size=(224, 224), resize=256)
+    pre = GpuPreprocessor(spec)
+    frames = _nvdec_frames(test_videos[name], 3)
+    assert frames, f"NVDEC gave no frames for {name}"
+    worst = 0.0
+    for fmt, surf, host, info in frames:
+        planes = planes_from_surface(host.view(np.uint16) if fmt in ("P016", "YUV444_16BIT") and host.dtype == np.uint8
+                                     else host, fmt, info.height, info.width)
+        ref = preprocess_yuv(planes, spec, info.colorspace, np.float32)
+        out = cp.empty((3, 224, 224), dtype)
+        pre(surf, fmt, info.height, info.width, info.colorspace, out)
+        got = cp.asnumpy(out).astype(np.float32)
+        worst = max(worst, float(np.abs(got - ref).max()))
+    print(f"{name} {frames[0][0]} {dtype}: max |kernel - numpy| = {worst:.2e}")
+    assert worst < (2e-3 if dtype == "float32" else 2e-2)
+
+
+def test_gpu_pipeline_agrees_with_cpu_pipeline(bikes, cuda_lite0, cpu_lite0):
+    """Same frames, same maths: NVDEC + kernel + ORT CUDA vs PyAV + numpy + ORT CPU."""
+    from engines.video import classify
+
+    gpu = {p.frame: p for p in classify([bikes], cuda_lite0, batch=32)}
+    cpu = {p.frame: p for p in classify([bikes], cpu_lite0, batch=32)}
+    assert sorted(gpu) == sorted(cpu) == list(range(250))
+    agree = np.mean([gpu[i].indices[0] == cpu[i].indices[0] for i in gpu])
+    score = max(abs(gpu[i].scores[0] - cpu[i].scores[0]) for i in gpu)
+    print(f"GPU vs CPU pipeline on bikes.mp4: top-1 agreement {agree:.2%}, max top-1 score diff {score:.4f}")
+    assert agree >= 0.97
+    assert score < 0.02
+
+
+def test_zero_copy(bikes, cuda_lite0, monkeypatch):
+    """Only compressed packets go in and (batch, k) results come out: every host<->device transfer through CuPy's
+    and ONNX Runtime's Python entry points is recorded and none is frame-sized."""
+    import cupy as cp
+    import onnxruntime as ort
+
+    from engines.video import classify
+
+    moved = []
+
+    def watch(mod, name, to_host):
+        real = getattr(mod, name)
+
+        def wrapper(*a, **k):
+            r = real(*a, **k)
+            if to_host:  # device -> host: what came back
+                moved.append((name, int(getattr(r, "nbytes", 0) or 0)))
+            elif a and isinstance(a[0], np.ndarray):  # host -> device (cupy calls asarray on device arrays too)
+                moved.append((name, int(a[0].nbytes)))
+            return r
+        monkeypatch.setattr(mod, name, wrapper)
+
+    watch(cp, "asnumpy", True)
+    watch(cp, "asarray", False)
+    watch(cp, "array", False)
+    watch(ort.OrtValue, "ortvalue_from_numpy", False)
+    watch(ort.IOBinding, "copy_outputs_to_cpu", True)
+
+    def no_host_run(*a, **k):
+        raise AssertionError("InferenceSession.run (host copies) was called")
+    monkeypatch.setattr(cuda_lite0.session, "run", no_host_run)
+    preds = list(classify([bikes], cuda_lite0, batch=16, top_k=5))
+    assert len(preds) == 250
+    frame_bytes = 640 * 272
+    biggest = max((b for _, b in moved), default=0)
+    total = sum(b for _, b in moved)
+    print(f"zero copy: {len(moved)} recorded transfers, largest {biggest} B, total {total} B for 250 frames "
+          f"(one NV12 frame is {frame_bytes * 3 // 2} B)")
+    assert biggest < frame_bytes // 4
+    assert total < 250 * 5 * 8 * 4  # results plus the one-off sampling grid, far below one frame per frame
+
+
+def test_many_sources_at_once(bikes, test_videos, cuda_lite0):
+    from engines.video import classify
+
+    sources = [str(bikes), str(test_videos["bikes_ts"]), str(test_videos["hevc10_mp4"]), str(bikes)]
+    run = classify(sources, cuda_lite0, batch=32, stride=2)
+    preds = list(run)
+    assert run.ok, run.problems
+    by_source = {}
+    for p in preds:
+        by_source.setdefault(p.source, []).append(p.frame)
+    assert sorted(by_source[str(bikes)]) == sorted(list(range(0, 250, 2)) * 2)
+    assert sorted(by_source[str(test_videos["hevc10_mp4"])]) == list(range(0, 30, 2))
+    assert sorted(by_source[str(test_videos["bikes_ts"])]) == list(range(0, 250, 2))
+    single = {p.frame: p.indices[0] for p in classify([bikes], cuda_lite0, batch=32, stride=2)}
+    mixed = [p for p in preds if p.source == str(bikes)]
+    agree = np.mean([single[p.frame] == p.indices[0] for p in mixed])
+    print(f"4 sources: {len(preds)} predictions in {run.stats.seconds:.2f} s, mean batch "
+          f"{np.mean(run.stats.batch_sizes):.1f}; bikes top-1 vs alone {agree:.2%}")
+    assert agree >= 0.99
+
+
+def test_bad_sources_are_reported_and_others_go_on(bikes, test_videos, cuda_lite0, tmp_path):
+    from engines.video import classify
+
+    bad = {k: str(test_videos[k]) for k in ("truncated_mp4", "audio_m4a", "ffv1_mkv", "wide_mp4")}
+    bad["missing"] = str(tmp_path / "missing.mp4")
+    cut, corrupt = str(test_videos["truncated_ts"]), str(test_videos["corrupt_mp4"])
+    run = classify([str(bikes), *bad.values(), cut, corrupt], cuda_lite0, batch=16)
+    preds = list(run)
+    problems = {p.source: p.reason for p in run.problems}
+    for p in run.problems:
+        print(f"problem: {p}")
+    assert sum(p.source == str(bikes) for p in preds) == 250
+    for name in bad:
+        assert bad[name] in problems, f"{name} not reported"
+    assert "no video stream" in problems[bad["audio_m4a"]]
+    assert "NVDEC" in problems[bad["ffv1_mkv"]] and "ffv1" in problems[bad["ffv1_mkv"]]
+    assert "4224" in problems[bad["wide_mp4"]]
+    n_cut = sum(p.source == cut for p in preds)
+    n_corrupt = sum(p.source == corrupt for p in preds)
+    # a stream cut at a packet boundary looks like a short stream: its frames come out, nothing to report
+    print(f"cut-in-half TS: {n_cut} frames; corrupt.mp4: {n_corrupt} frames, problem: {problems.get(corrupt)}")
+    assert 100 <= n_cut < 250
+    assert n_corrupt > 100
+
+
+def _gpu_mb():
+    out = subprocess.run(["nvidia-smi", "--id=0", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True).stdout
+    return float(out.split()[0])
+
+
+def test_memory_flat_over_ten_passes(bikes, cuda_lite0):
+    import cupy as cp
+
+    from engines.video import classify
+
+    samples = []
+    pool = cp.get_default_memory_pool()
+    for i, _p in enumerate(classify([bikes], cuda_lite0, batch=32, loop=10), 1):
+        if i % 250 == 0:
+            samples.append((_gpu_mb(), pool.used_bytes() / 2**20))
+    print("GPU memory per pass (nvidia-smi MB, CuPy pool MB):", samples)
+    assert len(samples) == 10
+    assert samples[-1][0] - samples[0][0] < 64
+    assert samples[-1][1] - samples[0][1] < 16
