@@ -17,7 +17,7 @@ import click
 from engines import __version__
 from engines.errors import TrtcError
 
-from .errors import ParityFailure
+from .errors import ParityFailure, UsageProblem
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 110}
 
@@ -387,36 +387,120 @@ def _int_list(ctx, param, value):
     except ValueError:
         raise click.BadParameter("give comma-separated integers, e.g. 1,8,32") from None
     if not out or min(out) < 1:
-        raise click.BadParameter("batch sizes must be at least 1")
+        raise click.BadParameter("values must be at least 1")
     return out
 
 
 @cli.command(context_settings=CONTEXT)
 @click.argument("models", nargs=-1, required=True)
-@click.option("--batch", "batches", callback=_int_list, default="1,8,32", show_default=True,
-              help="Batch sizes, comma-separated.")
-@click.option("--device", default="cpu", show_default=True, help="cpu or cuda:N.")
+@click.option("--batch", "batches", callback=_int_list, default=None,
+              help="Batch sizes to time, comma-separated [default: 1,8,32; a video: 64].")
+@click.option("--device", default=None, help="cpu or cuda:N [default: cpu; a video: cuda:0].")
 @click.option("--warmup", type=click.IntRange(0), default=5, show_default=True, help="Untimed runs first.")
 @click.option("--iterations", type=click.IntRange(1), help="Timed runs per batch size (instead of --duration).")
 @click.option("--duration", type=float, default=3.0, show_default=True, help="Seconds of timed runs per batch size.")
+@click.option("--model", "video_model", type=click.Path(dir_okay=False),
+              help="A video benchmark: the model to run on the VIDEO given as the argument.")
+@click.option("--streams", callback=_int_list, default="1,8", show_default=True,
+              help="A video benchmark: how many copies of the video to run at once, comma-separated.")
+@click.option("--latency-frames", type=click.IntRange(0), default=300, show_default=True,
+              help="A video benchmark: frames of the paced (real-time) latency run; 0 skips it.")
+@click.option("--memory-loops", type=click.IntRange(0), default=0, show_default=True,
+              help="A video benchmark: also run the clip N times and report GPU memory growth.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 @click.pass_obj
-def bench(state: State, models, batches, device, warmup, iterations, duration, as_json):
+def bench(state: State, models, batches, device, warmup, iterations, duration, video_model, streams, latency_frames,
+          memory_loops, as_json):
     """Time models side by side across batch sizes: latency p50/p90/p99, throughput, CV, speed-up vs the first.
+    Or, with a video and --model, time the video pipelines side by side.
 
     MODELS are .onnx files (ONNX Runtime) or PyTorch sources (as for export). Host<->device copies are included
     on a GPU (the report says so).
+
+    With VIDEO --model M: NVDEC decode only, the usual OpenCV-CPU-decode + torch pipeline, and trtc's zero-copy
+    pipeline, on 1 and 8 copies of the video at once, plus per-frame latency at the video's frame rate.
 
     \b
     Examples:
       trtc bench lite0.onnx lite0.fp16.onnx lite0.int8.onnx --batch 1,8,32
       trtc bench pretrained:efficientnet-lite0 lite0.fp16.onnx --device cuda:0 --json
+      trtc bench clip1080.mp4 --model resnet50.fp16.onnx --streams 1,8 --json
     """
+    if video_model:
+        from .bench_video import bench_video
+
+        if len(models) != 1:
+            raise UsageProblem("a video benchmark takes one VIDEO argument", "trtc bench clip.mp4 --model m.onnx")
+        report = bench_video(models[0], video_model, streams=streams, device=device or "cuda:0",
+                             batch=(batches or [64])[0], latency_frames=latency_frames, memory_loops=memory_loops,
+                             reporter=state.reporter())
+        _show(state, report, as_json, "render_bench_video")
+        return
     from .bench import bench as run_bench
 
-    report = run_bench(list(models), batches, device=device, warmup=warmup, iterations=iterations,
-                       duration=duration, reporter=state.reporter())
+    report = run_bench(list(models), batches or [1, 8, 32], device=device or "cpu", warmup=warmup,
+                       iterations=iterations, duration=duration, reporter=state.reporter())
     _show(state, report, as_json, "render_bench")
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("sources", nargs=-1, required=True)
+@click.option("--model", "-m", required=True, type=click.Path(dir_okay=False),
+              help="The model: a .onnx (ONNX Runtime) or a .plan (TensorRT), with its manifest beside it.")
+@click.option("--device", default="auto", show_default=True,
+              help="cuda:N (NVDEC + GPU preprocessing + GPU engine, zero-copy) or cpu (PyAV + numpy + ONNX Runtime "
+                   "CPU); auto picks cuda:0 when the GPU video stack is installed.")
+@click.option("--batch", type=click.IntRange(1), help="Frames per inference [default: the model's optimum, <= 64].")
+@click.option("--top-k", type=click.IntRange(1), default=5, show_default=True, help="Classes per frame.")
+@click.option("--stride", type=click.IntRange(1), default=1, show_default=True,
+              help="Classify every N-th frame (all frames are decoded).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False),
+              help="Write the JSON lines here (atomically) instead of stdout; the summary then goes to stdout.")
+@click.option("--decoder", type=click.Choice(["auto", "nvdec", "pyav"]), default="auto", show_default=True,
+              help="nvdec needs a GPU engine; pyav decodes on the CPU.")
+@click.option("--colorspace", default="auto", show_default=True, metavar="MATRIX[:RANGE]",
+              help="YUV->RGB matrix and range: bt601, bt709, bt2020, each :limited or :full. auto: the container's "
+                   "metadata, else BT.709 for HD and BT.601 below, limited.")
+@click.option("--scores", type=click.Choice(["auto", "softmax", "raw"]), default="auto", show_default=True,
+              help="softmax probabilities, the model's raw outputs, or auto (raw when they already sum to 1).")
+@click.option("--max-wait-ms", type=click.FloatRange(0), default=100.0, show_default=True,
+              help="How long a partly filled batch waits for frames before it runs.")
+@click.option("--loop", type=click.IntRange(1), default=1, show_default=True, help="Read each source N times.")
+@click.option("--realtime", is_flag=True, help="Feed packets at the stream's frame rate (as a live camera would).")
+@click.option("--latency", "with_latency", is_flag=True,
+              help="Add latency_ms (packet in -> result out, GPU path) to each line and p50/p99 to the summary.")
+@click.option("--summary", "summary_path", type=click.Path(dir_okay=False),
+              help="Also write the summary as JSON to this file.")
+@click.option("--force", is_flag=True, help="Overwrite an existing --output.")
+@click.pass_obj
+def run(state: State, sources, model, device, batch, top_k, stride, output, decoder, colorspace, scores, max_wait_ms,
+        loop, realtime, with_latency, summary_path, force):
+    """Classify the frames of video SOURCES (files, or URLs such as rtsp://) and print one JSON line per frame:
+    source, frame index, pts, time in seconds, and the top-k labels with scores.
+
+    A source that cannot be read (missing, corrupt, cut off, not supported by NVDEC) is reported with its name;
+    the others go on, every result is kept, and the exit code is 1 at the end.
+
+    \b
+    Examples:
+      trtc run clip.mp4 --model lite0.onnx --device cpu --top-k 3
+      trtc run cam1.mp4 cam2.mp4 --model resnet50.fp16.onnx --device cuda:0 --batch 32 -o preds.jsonl
+    """
+    from .run import run_video
+
+    summary = run_video(list(sources), model, device=device, batch=batch, top_k=top_k, stride=stride,
+                        output=output, decoder=decoder, colorspace=None if colorspace == "auto" else colorspace,
+                        scores=scores, max_wait_ms=max_wait_ms, loop=loop, realtime=realtime,
+                        with_latency=with_latency, force=force, reporter=state.reporter())
+    if summary_path:
+        from engines._io import atomic_write_text
+
+        atomic_write_text(summary_path, json.dumps(summary.to_dict(), indent=2) + "\n")
+    from . import render
+
+    render.render_run(state.out if output else state.err, summary)
+    if not summary.ok:
+        sys.exit(1)
 
 
 @cli.command(context_settings=CONTEXT)

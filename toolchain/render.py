@@ -250,3 +250,53 @@ def render_doctor(console, report: dict) -> None:
         ft.add_row(f["feature"], "[green]yes[/]" if f["ok"] else f"[red]no[/] [dim]{escape(f['reason'])}[/]",
                    escape(f.get("fix") or ""))
     console.print(ft)
+
+
+def render_run(console, summary) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    t = Table(title=f"{summary.frames} frames in {summary.seconds:.2f} s = {summary.fps:.1f} fps on {summary.device} "
+                    f"({summary.decoder}; mean batch {summary.mean_batch:.1f})", title_justify="left")
+    t.add_column("source")
+    t.add_column("frames", justify="right")
+    t.add_column("status")
+    problems = {p["source"]: p for p in summary.problems}
+    for src in summary.sources:
+        p = problems.get(src)
+        t.add_row(escape(src), str(summary.per_source.get(src, 0)),
+                  "[green]ok[/]" if p is None else f"[red]{escape(p['reason'])}[/]")
+    console.print(t)
+    if summary.latency_ms:
+        lat = summary.latency_ms
+        console.print(f"latency packet->result: p50 {lat['p50']:.1f} ms, p99 {lat['p99']:.1f} ms, max {lat['max']:.1f} ms")
+    if summary.output:
+        console.print(f"predictions: {escape(summary.output)}")
+
+
+def render_bench_video(console, report) -> None:
+    from pathlib import Path
+
+    from rich.markup import escape
+    from rich.table import Table
+
+    gpu = report.machine.get("gpu") or report.device
+    t = Table(title=f"{escape(Path(report.video).name)} with {escape(Path(report.model).name)} on {gpu} "
+                    f"({report.date})", title_justify="left")
+    for col in ("pipeline", "streams", "frames", "seconds", "fps", "vs decode-only", "vs usual"):
+        t.add_column(col, justify="left" if col == "pipeline" else "right")
+    for r in report.rows:
+        t.add_row(escape(r.pipeline), str(r.streams), str(r.frames), f"{r.seconds:.2f}", f"{r.fps:.1f}",
+                  "" if r.vs_decode is None else f"{r.vs_decode:.2f}x",
+                  "" if r.vs_usual is None else f"{r.vs_usual:.2f}x")
+    console.print(t)
+    if report.latency:
+        lat = report.latency
+        console.print(f"latency (packet in -> top-k on host, {lat['frames']} frames, {lat['input']}): "
+                      f"p50 {lat['p50_ms']:.1f} ms, p99 {lat['p99_ms']:.1f} ms, max {lat['max_ms']:.1f} ms")
+    if report.memory:
+        m = report.memory
+        console.print(f"GPU memory over {m['loops']} passes: {m['used_mb_after_first']:.0f} MB after the first, "
+                      f"{m['used_mb_at_end']:.0f} MB at the end (growth {m['growth_mb']:+.0f} MB)")
+    for w in report.warnings:
+        console.print(f"[yellow]warning:[/] {escape(w)}")

@@ -1,0 +1,252 @@
+"""Video pipeline speed side by side: `trtc bench VIDEO --model M --streams 1,8`.
+
+Three pipelines run on the same file, in the same process, one after the other, each N copies of the file at
+once (one thread per stream), after a warm-up pass of each:
+
+- ``decode-only``: PyNvVideoCodec demuxer + NVDEC decoder per stream into device memory, frames counted and
+  dropped. The ceiling for anything that decodes on NVDEC.
+- ``usual``: what people write by hand: OpenCV ``cv2.VideoCapture`` decodes on the CPU (one thread per stream),
+  frames are stacked on the host, copied to the GPU with torch, resized (bilinear, short side), centre-cropped and
+  normalised with torch ops, and run by the same engine as ours (ONNX Runtime CUDA EP, device pointers), batch 32.
+- ``trtc``: :func:`engines.video.classify`: NVDEC -> CuPy kernel into the engine's input buffer -> engine ->
+  top-k, zero-copy.
+
+Reported per (pipeline, streams): frames, seconds, aggregate fps and the ratios ours/decode-only and
+ours/usual. Then latency: one stream fed at the file's frame rate (``realtime``), packet in -> top-k on the host,
+p50/p99/max over ``latency_frames`` frames. Numbers are only comparable within one run on one GPU: the report
+names the GPU and the versions.
+"""
+
+from __future__ import annotations
+
+import platform
+import queue
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from engines._deps import dist_version, require
+from engines._gpu import device as gpu_device
+
+from ._ui import Reporter
+from .errors import UsageProblem
+
+VIDEO_SUFFIXES = (".mp4", ".mkv", ".mov", ".avi", ".ts", ".webm", ".m4v", ".h264", ".hevc", ".265", ".264")
+
+
+@dataclass
+class VideoBenchRow:
+    pipeline: str
+    streams: int
+    frames: int
+    seconds: float
+    fps: float
+    vs_decode: float | None = None
+    vs_usual: float | None = None
+
+
+@dataclass
+class VideoBenchReport:
+    video: str
+    model: str
+    device: str
+    batch: int
+    rows: list[VideoBenchRow]
+    latency: dict
+    memory: dict
+    machine: dict
+    versions: dict
+    date: str
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _decode_only(video: str, streams: int, gpu: int) -> tuple[int, float]:
+    nvc = require("PyNvVideoCodec", "Decoding video on the GPU")
+    cp = require("cupy", "The GPU video pipeline")
+    counts = [0] * streams
+    barrier = threading.Barrier(streams + 1)
+
+    def work(i):
+        with cp.cuda.Device(gpu):
+            stream = cp.cuda.Stream(non_blocking=True)
+            dmx = nvc.CreateDemuxer(filename=video)
+            dec = nvc.CreateDecoder(gpuid=gpu, codec=dmx.GetNvCodecId(), cudacontext=0, cudastream=stream.ptr,
+                                    usedevicememory=True)
+            barrier.wait()
+            n = 0
+            for packet in dmx:
+                n += len(dec.Decode(packet))
+            stream.synchronize()
+            counts[i] = n
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(streams)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    return sum(counts), time.perf_counter() - t0
+
+
+def _usual(video: str, streams: int, engine, spec, batch: int = 32) -> tuple[int, float]:
+    """OpenCV CPU decode -> torch preprocessing on the GPU -> the same engine (device pointers)."""
+    import cv2
+    import torch
+    import torch.nn.functional as F
+
+    q: queue.Queue = queue.Queue(maxsize=4 * batch)
+    done = object()
+
+    def read(_i):
+        cap = cv2.VideoCapture(video)
+        while True:
+            ok, frame = cap.read()
+            if not ok:
+                break
+            q.put(frame)
+        cap.release()
+        q.put(done)
+
+    dev = torch.device(f"cuda:{engine.device_id}")
+    mean = torch.tensor(spec.mean, device=dev).view(1, 3, 1, 1)
+    std = torch.tensor(spec.std, device=dev).view(1, 3, 1, 1)
+    half = engine.inputs[0].dtype == "float16"
+    h, w = spec.size
+
+    def run(frames):
+        x = torch.from_numpy(np.stack(frames)).to(dev)  # N, H, W, 3 uint8 BGR
+        x = x[..., [2, 1, 0]].permute(0, 3, 1, 2).float() / 255.0
+        sh, sw = x.shape[2:]
+        s = (spec.resize or min(h, w)) / min(sh, sw)
+        x = F.interpolate(x, size=(round(sh * s), round(sw * s)), mode="bilinear", align_corners=False)
+        top, left = (x.shape[2] - h) // 2, (x.shape[3] - w) // 2
+        x = ((x[:, :, top:top + h, left:left + w] - mean) / std).contiguous()
+        x = x.half() if half else x
+        out = engine.infer(x, stream=torch.cuda.current_stream().cuda_stream)[0]
+        top1 = out.argmax(axis=1)
+        return int(top1.shape[0])
+
+    threads = [threading.Thread(target=read, args=(i,), daemon=True) for i in range(streams)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    live, n, pending = streams, 0, []
+    while live:
+        item = q.get()
+        if item is done:
+            live -= 1
+        else:
+            pending.append(item)
+        if len(pending) >= batch or (not live and pending):
+            n += run(pending)
+            pending = []
+    torch.cuda.synchronize()
+    return n, time.perf_counter() - t0
+
+
+def _ours(video: str, streams: int, engine, batch: int, limit: int | None = None, **kw) -> tuple[int, float, list]:
+    from engines.video import classify
+
+    run = classify([video] * streams, engine, batch=batch, top_k=5, **kw)
+    t0 = time.perf_counter()
+    n = 0
+    lat = []
+    for pred in run:
+        n += 1
+        if pred.latency_ms is not None:
+            lat.append(pred.latency_ms)
+        if limit and n >= limit:
+            break
+    seconds = time.perf_counter() - t0
+    if run.problems:
+        raise UsageProblem(f"the benchmark video failed: {run.problems[0]}")
+    return n, seconds, lat
+
+
+def _gpu_memory_mb(index: int) -> float | None:
+    import subprocess
+
+    try:
+        out = subprocess.run(["nvidia-smi", f"--id={index}", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10).stdout.strip()
+        return float(out.splitlines()[0])
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def bench_video(video: str, model: str, *, streams=(1, 8), device: str = "cuda:0", batch: int = 64,
+                usual_batch: int = 32, latency_frames: int = 300, memory_loops: int = 0,
+                reporter: Reporter | None = None) -> VideoBenchReport:
+    import engines
+
+    reporter = reporter or Reporter()
+    if not device.startswith("cuda"):
+        raise UsageProblem("the video benchmark compares GPU pipelines", "use --device cuda:0")
+    engine = engines.open_engine(model, device=device)
+    spec = engines.read_manifest(model).preprocess
+    gpu = engine.device_id
+    rows: list[VideoBenchRow] = []
+    warnings: list[str] = []
+    with reporter.phase("warm-up (each pipeline once, 1 stream)"):
+        clip_frames, _ = _decode_only(video, 1, gpu)
+        _ours(video, 1, engine, batch, limit=2 * batch)
+        _usual_ok = True
+        try:
+            _usual(video, 1, engine, spec, usual_batch)
+        except ImportError as exc:
+            _usual_ok = False
+            warnings.append(f"usual pipeline skipped: {exc}")
+    for n in streams:
+        with reporter.phase(f"{n} stream(s): decode-only"):
+            f, s = _decode_only(video, n, gpu)
+            dec = VideoBenchRow("decode-only (NVDEC)", n, f, round(s, 3), round(f / s, 1))
+        usual = None
+        if _usual_ok:
+            with reporter.phase(f"{n} stream(s): usual (OpenCV CPU decode + torch)"):
+                f, s = _usual(video, n, engine, spec, usual_batch)
+                usual = VideoBenchRow(f"usual (cv2 + torch, bs {usual_batch})", n, f, round(s, 3), round(f / s, 1))
+        with reporter.phase(f"{n} stream(s): trtc"):
+            f, s, _ = _ours(video, n, engine, batch)
+            ours = VideoBenchRow(f"trtc (NVDEC + kernel + engine, bs {batch})", n, f, round(s, 3), round(f / s, 1))
+        ours.vs_decode = round(ours.fps / dec.fps, 3)
+        if usual is not None:
+            ours.vs_usual = round(ours.fps / usual.fps, 2)
+        rows += [dec] + ([usual] if usual else []) + [ours]
+    latency = {}
+    if latency_frames:
+        with reporter.phase(f"latency: 1 stream at the file's frame rate, {latency_frames} frames"):
+            _, _, lat = _ours(video, 1, engine, batch, limit=latency_frames, realtime=True, max_wait_ms=0.0)
+        a = np.asarray(lat)
+        latency = {"frames": int(a.size), "p50_ms": round(float(np.percentile(a, 50)), 2),
+                   "p99_ms": round(float(np.percentile(a, 99)), 2), "max_ms": round(float(a.max()), 2),
+                   "input": "paced at the file's frame rate, NVDEC native latency, batches flushed at once"}
+    memory = {}
+    if memory_loops:
+        with reporter.phase(f"memory: 1 stream, the clip {memory_loops} times"):
+            from engines.video import classify
+
+            samples = []
+            run = classify([video], engine, batch=batch, loop=memory_loops)
+            for i, _pred in enumerate(run, 1):
+                if i % clip_frames == 0:  # after each pass over the clip
+                    samples.append(_gpu_memory_mb(gpu))
+            samples = [x for x in samples if x is not None]
+            if samples:
+                memory = {"loops": memory_loops, "used_mb_after_first": samples[0], "used_mb_at_end": samples[-1],
+                          "growth_mb": round(samples[-1] - samples[0], 1), "samples": samples}
+    g = gpu_device(gpu) or {}
+    import datetime
+
+    versions = {k: dist_version(k) for k in ("onnxruntime-gpu", "pynvvideocodec", "cupy-cuda13x", "torch",
+                                              "opencv-python", "opencv-python-headless", "numpy")}
+    return VideoBenchReport(video=video, model=str(model), device=device, batch=batch, rows=rows, latency=latency,
+                            memory=memory, machine={"gpu": g.get("name"), "driver": g.get("driver"),
+                                                    "python": platform.python_version()},
+                            versions={k: v for k, v in versions.items() if v},
+                            date=datetime.date.today().isoformat(), warnings=warnings)
