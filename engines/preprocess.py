@@ -365,6 +365,7 @@ class GpuPreprocessor:
         self._kernels: dict = {}
         self._grids: dict = {}
         self._coeffs: dict = {}
+        self._plans: dict = {}
         self._lock = threading.Lock()
 
     def _cached(self, cache: dict, key, make):
@@ -411,27 +412,39 @@ class GpuPreprocessor:
 
         return self._cached(self._coeffs, colorspace, make)
 
-    def __call__(self, surface, fmt: str, height: int, width: int, colorspace: ColorSpace, out, stream=None):
-        fmt = fmt.upper()
+    def _plan(self, fmt: str, shape: tuple, src_dtype, height: int, width: int, colorspace: ColorSpace, out_dtype):
+        """Everything but the two pointers, for one kind of surface: computed once, then a dict lookup."""
         if fmt not in _LAYOUTS:
             raise UsageProblem(f"the GPU preprocessor does not read {fmt} surfaces", "NV12, P016 or YUV444")
-        if fmt in ("P016", "P010", "YUV444_16BIT") and surface.dtype == np.uint8:
-            surface = surface.view(np.uint16)  # some decoder versions export 16-bit surfaces as bytes
-        if surface.ndim != 2 or not surface.flags.c_contiguous:
-            raise UsageProblem(f"expected a packed 2-D surface, got shape {surface.shape}")
-        pitch = surface.shape[1]  # NVDEC surfaces are tightly packed (pitch = width rounded up to even)
+        pitch = shape[1]  # NVDEC surfaces are tightly packed (pitch = width rounded up to even)
         u_off, v_off, c_pitch, c_step, sy, sx = _LAYOUTS[fmt](height, pitch)
         out_h, out_w = self.spec.size
-        if out.shape != (3, out_h, out_w) or not out.flags.c_contiguous:
-            raise UsageProblem(f"output slot must be a contiguous (3, {out_h}, {out_w}) array, got {out.shape}")
-        kernel = self._kernel(surface.dtype, out.dtype)
-        y0, y1, wy, x0, x1, wx = self._grid(height, width)
         n = out_h * out_w
-        args = (surface, np.int32(pitch), np.int64(u_off), np.int64(v_off), np.int32(c_pitch), np.int32(c_step),
-                np.int32(sy), np.int32(sx), y0, y1, wy, x0, x1, wx, self._coefficients(colorspace), out,
-                np.int32(out_h), np.int32(out_w), np.int32(self.spec.color == "BGR"))
+        kernel = self._kernel(src_dtype, out_dtype)
+        y0, y1, wy, x0, x1, wx = self._grid(height, width)
+        mid = (np.int32(pitch), np.int64(u_off), np.int64(v_off), np.int32(c_pitch), np.int32(c_step),
+               np.int32(sy), np.int32(sx), y0, y1, wy, x0, x1, wx, self._coefficients(colorspace))
+        tail = (np.int32(out_h), np.int32(out_w), np.int32(self.spec.color == "BGR"))
+        return kernel, ((n + 255) // 256,), mid, tail
+
+    def __call__(self, surface, fmt: str, height: int, width: int, colorspace: ColorSpace, out, stream=None):
+        """Enqueue one frame -> one (3, H, W) slot on ``stream`` (default: the current stream)."""
+        fmt = fmt.upper()
+        if fmt in ("P016", "P010", "YUV444_16BIT") and surface.dtype == np.uint8:
+            surface = surface.view(np.uint16)  # some decoder versions export 16-bit surfaces as bytes
+        key = (fmt, surface.shape, surface.dtype.char, height, width, colorspace, out.dtype.char)
+        plan = self._plans.get(key)
+        if plan is None:
+            if surface.ndim != 2 or not surface.flags.c_contiguous:
+                raise UsageProblem(f"expected a packed 2-D surface, got shape {surface.shape}")
+            plan = self._plans[key] = self._plan(fmt, surface.shape, surface.dtype, height, width, colorspace,
+                                                 out.dtype)
+        if out.shape != (3, *self.spec.size) or not out.flags.c_contiguous:
+            raise UsageProblem(f"output slot must be a contiguous (3, {self.spec.size[0]}, {self.spec.size[1]}) "
+                               f"array, got {out.shape}")
+        kernel, grid, mid, tail = plan
         if stream is None:
-            kernel(((n + 255) // 256,), (256,), args)
+            kernel(grid, (256,), (surface, *mid, out, *tail))
         else:
             with stream:  # CuPy launches on the current stream
-                kernel(((n + 255) // 256,), (256,), args)
+                kernel(grid, (256,), (surface, *mid, out, *tail))

@@ -405,12 +405,17 @@ def _int_list(ctx, param, value):
               help="A video benchmark: how many copies of the video to run at once, comma-separated.")
 @click.option("--latency-frames", type=click.IntRange(0), default=300, show_default=True,
               help="A video benchmark: frames of the paced (real-time) latency run; 0 skips it.")
+@click.option("--latency-video", type=click.Path(dir_okay=False),
+              help="A video benchmark: the clip for the latency run [default: VIDEO]; a live camera's stream has no "
+                   "B-frames, so give such a clip with --decode-latency low.")
+@click.option("--decode-latency", type=click.Choice(["native", "low"]), default="native", show_default=True,
+              help="A video benchmark: NVDEC output latency for the latency run (low: streams without B-frames).")
 @click.option("--memory-loops", type=click.IntRange(0), default=0, show_default=True,
               help="A video benchmark: also run the clip N times and report GPU memory growth.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 @click.pass_obj
 def bench(state: State, models, batches, device, warmup, iterations, duration, video_model, streams, latency_frames,
-          memory_loops, as_json):
+          latency_video, decode_latency, memory_loops, as_json):
     """Time models side by side across batch sizes: latency p50/p90/p99, throughput, CV, speed-up vs the first.
     Or, with a video and --model, time the video pipelines side by side.
 
@@ -432,8 +437,9 @@ def bench(state: State, models, batches, device, warmup, iterations, duration, v
         if len(models) != 1:
             raise UsageProblem("a video benchmark takes one VIDEO argument", "trtc bench clip.mp4 --model m.onnx")
         report = bench_video(models[0], video_model, streams=streams, device=device or "cuda:0",
-                             batch=(batches or [64])[0], latency_frames=latency_frames, memory_loops=memory_loops,
-                             reporter=state.reporter())
+                             batch=(batches or [64])[0], latency_frames=latency_frames,
+                             latency_video=latency_video, decode_latency=decode_latency,
+                             memory_loops=memory_loops, reporter=state.reporter())
         _show(state, report, as_json, "render_bench_video")
         return
     from .bench import bench as run_bench
@@ -468,13 +474,17 @@ def bench(state: State, models, batches, device, warmup, iterations, duration, v
 @click.option("--loop", type=click.IntRange(1), default=1, show_default=True, help="Read each source N times.")
 @click.option("--realtime", is_flag=True, help="Feed packets at the stream's frame rate (as a live camera would).")
 @click.option("--latency", "with_latency", is_flag=True,
-              help="Add latency_ms (packet in -> result out, GPU path) to each line and p50/p99 to the summary.")
+              help="Add latency_ms (packet in -> result out, GPU path) and decode_ms (its NVDEC part) to each line "
+                   "and p50/p99 to the summary.")
+@click.option("--decode-latency", type=click.Choice(["native", "low"]), default="native", show_default=True,
+              help="NVDEC output latency: native (display order, holds a few frames) or low (no hold; only for "
+                   "streams without B-frames, as live cameras send).")
 @click.option("--summary", "summary_path", type=click.Path(dir_okay=False),
               help="Also write the summary as JSON to this file.")
 @click.option("--force", is_flag=True, help="Overwrite an existing --output.")
 @click.pass_obj
 def run(state: State, sources, model, device, batch, top_k, stride, output, decoder, colorspace, scores, max_wait_ms,
-        loop, realtime, with_latency, summary_path, force):
+        loop, realtime, with_latency, decode_latency, summary_path, force):
     """Classify the frames of video SOURCES (files, or URLs such as rtsp://) and print one JSON line per frame:
     source, frame index, pts, time in seconds, and the top-k labels with scores.
 
@@ -491,7 +501,7 @@ def run(state: State, sources, model, device, batch, top_k, stride, output, deco
     summary = run_video(list(sources), model, device=device, batch=batch, top_k=top_k, stride=stride,
                         output=output, decoder=decoder, colorspace=None if colorspace == "auto" else colorspace,
                         scores=scores, max_wait_ms=max_wait_ms, loop=loop, realtime=realtime,
-                        with_latency=with_latency, force=force, reporter=state.reporter())
+                        latency=decode_latency, with_latency=with_latency, force=force, reporter=state.reporter())
     if summary_path:
         from engines._io import atomic_write_text
 

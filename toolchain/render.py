@@ -293,7 +293,9 @@ def render_bench_video(console, report) -> None:
     if report.latency:
         lat = report.latency
         console.print(f"latency (packet in -> top-k on host, {lat['frames']} frames, {lat['input']}): "
-                      f"p50 {lat['p50_ms']:.1f} ms, p99 {lat['p99_ms']:.1f} ms, max {lat['max_ms']:.1f} ms")
+                      f"p50 {lat['p50_ms']:.1f} ms, p99 {lat['p99_ms']:.1f} ms, max {lat['max_ms']:.1f} ms; of which "
+                      f"the decoder p50 {lat['decoder_p50_ms']:.1f} / p99 {lat['decoder_p99_ms']:.1f} ms, after it "
+                      f"p50 {lat['after_decoder_p50_ms']:.1f} / p99 {lat['after_decoder_p99_ms']:.1f} ms")
     if report.memory:
         m = report.memory
         console.print(f"GPU memory over {m['loops']} passes: {m['used_mb_after_first']:.0f} MB after the first, "

@@ -55,6 +55,7 @@ class Prediction:
     scores: list[float]
     labels: list[str] | None = None
     latency_ms: float | None = None  # packet into the decoder -> result on the host (GPU path)
+    decode_ms: float | None = None  # the decoder's share of it: packet in -> frame out of NVDEC
 
     def to_dict(self, latency: bool = False) -> dict:
         d = {"source": self.source, "frame": self.frame, "pts": self.pts,
@@ -63,6 +64,7 @@ class Prediction:
                        for n, (i, s) in enumerate(zip(self.indices, self.scores, strict=True))]}
         if latency and self.latency_ms is not None:
             d["latency_ms"] = round(self.latency_ms, 3)
+            d["decode_ms"] = round(self.decode_ms, 3)
         return d
 
 
@@ -84,6 +86,7 @@ class RunStats:
     per_source: dict = field(default_factory=dict)
     path: str = ""
     batch_sizes: list = field(default_factory=list)
+    decoded: dict = field(default_factory=dict)  # frames each source's decoder produced (before the stride)
 
     @property
     def fps(self) -> float:
@@ -93,7 +96,7 @@ class RunStats:
         mean_batch = float(np.mean(self.batch_sizes)) if self.batch_sizes else 0.0
         return {"frames": self.frames, "batches": self.batches, "seconds": round(self.seconds, 3),
                 "fps": round(self.fps, 1), "mean_batch": round(mean_batch, 2), "path": self.path,
-                "per_source": self.per_source}
+                "per_source": self.per_source, "decoded": self.decoded}
 
 
 class VideoRun:
@@ -295,6 +298,8 @@ def _cpu_pipeline(srcs, engine, spec, batch, stride, topk, labels, max_wait_ms, 
                 break
         stats.seconds = time.perf_counter() - start
         stats.per_source = dict(counts)
+        for src in srcs:
+            stats.decoded[src.name] = stats.decoded.get(src.name, 0) + src.decoded
 
 
 def _names(labels, idx):
@@ -310,14 +315,14 @@ class _Buffer:
         self.events = [cp.cuda.Event(block=False, disable_timing=True) for _ in range(batch)]
         self.free = cp.cuda.Event(block=False, disable_timing=True)
         self.free_pending = False  # free has been recorded and may not have fired yet
-        self.filled = 0
-        self.meta: list = []
-        self.last_event: dict = {}  # source stream ptr -> the last slot event recorded from it
+        self.reset()
 
     def reset(self):
-        self.filled = 0
-        self.meta = []
-        self.last_event = {}
+        self.filled = 0  # slots handed out
+        self.writing = 0  # slots handed out whose kernel launch has not been enqueued yet
+        self.closed = False  # no more slots: full, or taken partial
+        self.meta: list = []
+        self.last_event: dict = {}  # source stream ptr -> the last slot event recorded from it
 
 
 class _Stopped(Exception):
@@ -325,7 +330,11 @@ class _Stopped(Exception):
 
 
 class _Assembler:
-    """Hands out batch slots in order and passes full (or timed-out) buffers to inference."""
+    """Hands out batch slots in order and passes full (or timed-out) buffers to inference.
+
+    A slot is reserved under the lock; the kernel launch that fills it happens outside, so eight decoder threads
+    do not queue behind one another's launches. A closed buffer becomes ready when its last launch is enqueued.
+    """
 
     def __init__(self, buffers: list, batch: int):
         self.batch = batch
@@ -338,49 +347,67 @@ class _Assembler:
         self.stopped = False
 
     def put(self, launch, meta, stream):
-        """Under the lock: take the next slot, enqueue ``launch(slot_view)`` on ``stream``, record its event."""
+        """Reserve the next slot, enqueue ``launch(slot_view)`` on ``stream`` and record the slot's event."""
         with self.cond:
-            if self.current is None:
-                while not self.free:
-                    if self.stopped:
-                        raise _Stopped
+            # loop: another source may have opened a buffer while this one waited for a free one
+            while self.current is None:
+                if self.stopped:
+                    raise _Stopped
+                if not self.free:
                     self.cond.wait(0.1)
+                    continue
                 buf = self.free.popleft()
                 if buf.free_pending:
-                    buf.free.synchronize()  # inference of this buffer's previous batch has been read; rarely waits
+                    buf.free.synchronize()  # inference has read this buffer's previous batch; rarely waits
                     buf.free_pending = False
                 buf.reset()
                 self.current = buf
                 self.first_put_at = time.perf_counter()
             buf = self.current
             slot = buf.filled
+            buf.filled += 1
+            buf.writing += 1
+            buf.meta.append(meta)
+            if buf.filled == self.batch:
+                buf.closed = True
+                self.current = None
+            if buf.filled == 1:
+                self.cond.notify_all()  # starts the partial-batch clock in take()
+        ev = None
+        try:
             launch(buf.data[slot])
             ev = buf.events[slot]
             ev.record(stream)
-            buf.last_event[stream.ptr] = ev
-            buf.meta.append(meta)
-            buf.filled += 1
-            if buf.filled == self.batch:
-                self.ready.append(buf)
-                self.current = None
-                self.cond.notify_all()
+        finally:
+            with self.cond:
+                if ev is not None:
+                    buf.last_event[stream.ptr] = ev
+                buf.writing -= 1
+                if buf.closed and buf.writing == 0:
+                    self.ready.append(buf)
+                    self.cond.notify_all()
 
     def take(self, max_wait: float):
-        """The next buffer to run, a partial one after ``max_wait`` s, or None when every source is done."""
+        """The next buffer to run, a partial one ``max_wait`` s after its first frame, or None when every source
+        is done. Waits on the condition (put() notifies on a buffer's first frame and when one is ready)."""
         with self.cond:
             while not self.stopped:
                 if self.ready:
                     return self.ready.popleft()
                 cur = self.current
-                if cur is not None and cur.filled and (
-                        self.sources_live == 0 or time.perf_counter() - self.first_put_at >= max_wait):
-                    self.current = None
-                    return cur
-                if self.sources_live == 0 and cur is None:
+                if cur is not None and cur.filled:
+                    remaining = max_wait - (time.perf_counter() - self.first_put_at)
+                    if self.sources_live == 0 or remaining <= 0:
+                        self.current = None
+                        cur.closed = True
+                        if cur.writing == 0:
+                            return cur
+                        continue  # its last launches are being enqueued; put() moves it to ready
+                    self.cond.wait(remaining)
+                elif self.sources_live == 0:
                     return None
-                timeout = max_wait if cur is None or not cur.filled else max(
-                    0.0005, max_wait - (time.perf_counter() - self.first_put_at))
-                self.cond.wait(timeout)
+                else:
+                    self.cond.wait(0.5)
             return None
 
     def halt(self):
@@ -422,6 +449,26 @@ class _GpuPipeline:
         with cp.cuda.Device(self.device_id):
             yield from self._run(cp)
 
+    def _warm_up(self, data, stream) -> None:
+        """Run the batch once before the clock starts (once per engine and batch size): the first run of a shape
+        includes ONNX Runtime's cuDNN algorithm search, seconds that must not land mid-stream."""
+        warmed = getattr(self.engine, "_trtc_warm_batches", None)
+        if warmed is None:
+            warmed = set()
+            try:
+                self.engine._trtc_warm_batches = warmed
+            except AttributeError:
+                pass
+        if self.batch in warmed:
+            return
+        t0 = time.perf_counter()
+        with stream:
+            data.fill(0)
+        self.engine.infer(data, stream=stream)
+        stream.synchronize()
+        warmed.add(self.batch)
+        log.info("warmed up batch %d in %.2f s", self.batch, time.perf_counter() - t0)
+
     def _run(self, cp):
         h, w = _input_shape(self.engine, self.spec)
         dtype = self.engine.inputs[0].numpy_dtype
@@ -433,27 +480,34 @@ class _GpuPipeline:
         asm.sources_live = len(self.srcs)
         results: queue.Queue = queue.Queue(maxsize=self.n_buffers)
         infer_stream = getattr(self.engine, "stream", None) or cp.cuda.Stream(non_blocking=True)
-        dynamic = _fixed_batch(self.engine) is None
         errors: list = []
+        self._warm_up(bufs[0].data, infer_stream)
         start = time.perf_counter()
 
         def decode(src):
             stream = cp.cuda.Stream(non_blocking=True)
+            info = None
+
+            def on_frame(index, pts, t, frame, fed_at):
+                nonlocal info
+                out_at = time.perf_counter()
+                if self.stop.is_set():
+                    return False
+                if index % self.stride:
+                    return True
+                fmt = surface_format(frame)
+                surface = cp.from_dlpack(frame)  # no copy; on this stream, which the decoder also uses
+                info = info or src.info
+
+                def launch(slot):
+                    pre(surface, fmt, info.height, info.width, info.colorspace, slot)
+
+                asm.put(launch, (src.name, index, pts, t, fed_at, out_at), stream)
+                return True  # surface and frame references die here, before the next Decode
+
             try:
                 with stream:
-                    for index, pts, t, frame, fed_at in src.frames(stream.ptr):
-                        if self.stop.is_set():
-                            return
-                        if index % self.stride:
-                            continue
-                        fmt = surface_format(frame)
-                        surface = cp.from_dlpack(frame)  # no copy; ordered after the decoder on this stream
-                        info = src.info
-
-                        def launch(slot, surface=surface, fmt=fmt):
-                            pre(surface, fmt, info.height, info.width, info.colorspace, slot, stream)
-
-                        asm.put(launch, (src.name, index, pts, t, fed_at), stream)
+                    src.run(stream.ptr, on_frame)
             except _Stopped:
                 return
             except SourceError as exc:
@@ -474,7 +528,11 @@ class _GpuPipeline:
                     n = buf.filled
                     for ev in buf.last_event.values():
                         infer_stream.wait_event(ev)
-                    x = buf.data[:n] if dynamic else buf.data
+                    # always the full batch, also for a partial one (rows past n hold stale frames whose
+                    # outputs are dropped): ONNX Runtime's CUDA EP re-selects cuDNN algorithms whenever the
+                    # input shape changes, measured at ~120 ms per call for ResNet-50 on an H200 when batch
+                    # sizes alternate; one fixed shape also keeps CUDA graphs possible
+                    x = buf.data
                     out = self.engine.infer(x, stream=infer_stream)[0]
                     idx, sc = self.topk.device(out[:n], stream=infer_stream)
                     buf.free.record(infer_stream)
@@ -504,11 +562,11 @@ class _GpuPipeline:
                 idx_h, sc_h = cp.asnumpy(idx), cp.asnumpy(sc)  # (n, k): the only device->host copies
                 self.stats.batches += 1
                 self.stats.batch_sizes.append(len(meta))
-                for (name, index, pts, t, fed_at), i, s in zip(meta, idx_h, sc_h, strict=True):
+                for (name, index, pts, t, fed_at, out_at), i, s in zip(meta, idx_h, sc_h, strict=True):
                     self.counts[name] += 1
                     self.stats.frames += 1
                     yield Prediction(name, index, pts, t, i.tolist(), s.tolist(), _names(self.labels, i),
-                                     (now - fed_at) * 1000.0)
+                                     (now - fed_at) * 1000.0, (out_at - fed_at) * 1000.0)
                 self.stats.seconds = time.perf_counter() - start
             if errors:
                 raise errors[0]
@@ -524,3 +582,5 @@ class _GpuPipeline:
                 t.join(timeout=10)
             self.stats.seconds = time.perf_counter() - start
             self.stats.per_source = dict(self.counts)
+            for src in self.srcs:
+                self.stats.decoded[src.name] = self.stats.decoded.get(src.name, 0) + src.decoded

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,16 +68,15 @@ def _colorspace_from_av(frame_or_stream, height: int, override: str | None) -> C
 
 
 def probe_colorspace(name: str, height: int, override: str | None) -> ColorSpace:
-    """The stream's colour matrix and range: from the container via PyAV when it is installed and the source is a
-    file, else BT.709 for HD / BT.601 for SD, limited range. ``override`` ("bt601:full", ...) wins."""
+    """The stream's colour matrix and range: from the container's codec parameters via PyAV (no decoding) when
+    PyAV is installed and the source is a file, else BT.709 for HD / BT.601 for SD, limited range. ``override``
+    ("bt601:full", ...) wins."""
     if (override and override != "auto") or is_url(name) or not is_installed("av"):
         return ColorSpace.parse(override, height)
     try:
         av = require("av", "Reading colour metadata")
         with av.open(name) as c:
-            s = c.streams.video[0]
-            f = next(c.decode(s))
-            return _colorspace_from_av(f, height, None)
+            return _colorspace_from_av(c.streams.video[0].codec_context, height, None)
     except Exception:  # noqa: BLE001 - metadata is a nicety; the decoder reports real problems
         return ColorSpace.parse(None, height)
 
@@ -188,20 +188,40 @@ _NVDEC_FORMATS = {"NV12": "NV12", "P016": "P016", "P010": "P016", "YUV444": "YUV
 _CHROMA = {0: "4:0:0", 1: "4:2:0", 2: "4:2:2", 3: "4:4:4"}
 
 
+_FORMAT_CACHE: dict = {}
+
+
 def surface_format(frame) -> str:
-    name = str(frame.format).rsplit(".", 1)[-1].upper()
-    if name not in _NVDEC_FORMATS:
-        raise TrtcError(f"NVDEC returned {name} frames, which the GPU preprocessor does not read")
-    return _NVDEC_FORMATS[name]
+    """The layout name of a DecodedFrame's surface (cached per PyNvVideoCodec format value: once per stream)."""
+    key = frame.format
+    fmt = _FORMAT_CACHE.get(key)
+    if fmt is None:
+        name = str(key).rsplit(".", 1)[-1].upper()
+        if name not in _NVDEC_FORMATS:
+            raise TrtcError(f"NVDEC returned {name} frames, which the GPU preprocessor does not read")
+        fmt = _FORMAT_CACHE[key] = _NVDEC_FORMATS[name]
+    return fmt
+
+
+_CAPS: dict = {}
+_CAPS_LOCK = threading.Lock()
+
+
+def decoder_caps(nvc, gpu: int, codec, chroma, depth: int) -> dict:
+    """NVDEC's capabilities for one (GPU, codec, chroma, bit depth), queried once per process: the query costs
+    about as much as opening a decoder, and eight sources of one kind would otherwise pay it eight times."""
+    key = (gpu, int(codec), int(chroma), depth)
+    with _CAPS_LOCK:
+        if key not in _CAPS:
+            _CAPS[key] = dict(nvc.GetDecoderCaps(gpuid=gpu, codec=codec, chromaformat=chroma, bitdepth=depth))
+        return _CAPS[key]
 
 
 class NvdecSource:
-    """NVDEC decoding with PyNvVideoCodec's demuxer and core decoder, on ``stream`` (a CuPy stream).
+    """NVDEC decoding with PyNvVideoCodec's demuxer and core decoder on a CUDA stream the caller gives.
 
-    ``frames()`` yields (index, pts, seconds, DecodedFrame, fed_at). A DecodedFrame's surface is reused by the
-    next ``Decode`` call, and that call's copies run on the decoder's stream: the consumer must enqueue its reads
-    on the same stream before asking for the next frame (the pipeline does). ``fed_at`` is when the packet that
-    carried the frame went into the decoder (``time.perf_counter()``), for latency figures.
+    :meth:`run` calls back with (index, pts, seconds, DecodedFrame, fed_at) per frame; ``fed_at`` is when the
+    packet that carried the frame went into the decoder (``time.perf_counter()``), for latency figures.
     """
 
     backend = "nvdec"
@@ -237,11 +257,11 @@ class NvdecSource:
         chroma_name = _CHROMA.get(int(chroma), str(chroma).rsplit(".", 1)[-1])
         what = f"{codec_name} {chroma_name} {depth}-bit {width}x{height}"
         try:
-            caps = nvc.GetDecoderCaps(gpuid=self.gpu, codec=codec, chromaformat=chroma, bitdepth=depth)
+            caps = decoder_caps(nvc, self.gpu, codec, chroma, depth)
         except Exception as exc:  # noqa: BLE001 - e.g. a codec id NVDEC does not know
             raise SourceError(self.name, f"NVDEC cannot decode {what}: {_first_line(exc)}",
                               "use --device cpu for this source") from exc
-        self.caps = dict(caps)
+        self.caps = caps
         if not caps.get("supported", False):
             raise SourceError(self.name, f"NVDEC on GPU {self.gpu} does not support {what}",
                               "transcode to H.264/HEVC 4:2:0, or use --device cpu")
@@ -263,7 +283,15 @@ class NvdecSource:
             self.info = SourceInfo(self.name, codec_name, width, height, fps, None, cs)
         return dmx, dec
 
-    def frames(self, stream_ptr: int):
+    def run(self, stream_ptr: int, on_frame) -> None:
+        """Decode every frame and call ``on_frame(index, pts, seconds, frame, fed_at)`` for each, in display
+        order; ``on_frame`` returning False stops the source.
+
+        A callback rather than a generator on purpose: a DecodedFrame's surface belongs to the decoder's pool and
+        is overwritten by the next ``Decode`` (with copies on ``stream_ptr``'s stream). ``on_frame`` must enqueue
+        its reads on that stream and keep no reference to the frame; this loop drops its own references before
+        decoding again. (A frame still referenced during ``Decode`` also makes PyNvVideoCodec grow its pool with
+        new allocations, which synchronise the device.)"""
         nvc = require("PyNvVideoCodec", "Decoding video on the GPU")
         index = 0
         low = self.latency in ("low", "zero")
@@ -273,30 +301,40 @@ class NvdecSource:
             fed: dict = {}
             start = time.perf_counter()
             n_packets = 0
+            packets = iter(dmx)
             try:
-                for packet in dmx:
-                    if self.realtime and packet.bsl:
-                        _sleep_until(start + n_packets / fps)
-                    n_packets += 1
-                    if low:
-                        packet.decode_flag = nvc.VideoPacketFlag.ENDOFPICTURE
-                    now = time.perf_counter()
-                    if packet.bsl:
-                        fed[packet.pts] = now
-                    for frame in dec.Decode(packet):
+                while True:
+                    try:  # only the demuxer's and decoder's failures become a SourceError
+                        packet = next(packets, None)
+                        if packet is None:
+                            break
+                        if self.realtime and packet.bsl:
+                            _sleep_until(start + n_packets / fps)
+                        n_packets += 1
+                        if low:
+                            packet.decode_flag = nvc.VideoPacketFlag.ENDOFPICTURE
+                        now = time.perf_counter()
+                        if packet.bsl:
+                            fed[packet.pts] = now
+                        frames = dec.Decode(packet)
+                        del packet
+                    except Exception as exc:  # noqa: BLE001 - PyNvVCException, demuxer errors
+                        raise SourceError(self.name, f"stopped while decoding: {_first_line(exc)}") from exc
+                    for i in range(len(frames)):
+                        frame = frames[i]
                         pts = frame.getPTS()
                         self.decoded += 1
-                        yield index, pts, (index / fps if fps else None), frame, fed.pop(pts, now)
+                        go = on_frame(index, pts, index / fps, frame, fed.pop(pts, now))
+                        del frame
                         index += 1
+                        if go is False:
+                            return
+                    del frames
                     if len(fed) > 64:  # packets whose frames never came out (corrupt data): forget them
                         for k in sorted(fed)[:-64]:
                             fed.pop(k, None)
-            except SourceError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - PyNvVCException and demuxer errors
-                raise SourceError(self.name, f"stopped while decoding: {_first_line(exc)}") from exc
             finally:
-                del dec, dmx
+                del packets, dec, dmx
 
 
 def _codec_name_from_av(name: str) -> str | None:

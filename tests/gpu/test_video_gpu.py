@@ -40,14 +40,16 @@ def _nvdec_frames(path, n):
     src = NvdecSource(str(path))
     stream = cp.cuda.Stream(non_blocking=True)
     out = []
+
+    def keep(_i, _pts, _t, frame, _fed):
+        # a device copy: the decoder reuses (and at the end frees) its surfaces
+        surf = cp.from_dlpack(frame).copy()
+        out.append((surface_format(frame), surf, cp.asnumpy(surf), src.info))
+        return len(out) < n
+
     with stream:
-        for _i, _pts, _t, frame, _fed in src.frames(stream.ptr):
-            # a device copy: the decoder reuses (and at the end frees) its surfaces
-            surf = cp.from_dlpack(frame).copy()
-            out.append((surface_format(frame), surf, cp.asnumpy(surf), src.info))
-            stream.synchronize()
-            if len(out) == n:
-                break
+        src.run(stream.ptr, keep)
+    stream.synchronize()
     return out
 
 
