@@ -154,6 +154,13 @@ def classify(sources, engine, *, batch: int | None = None, top_k: int = 5, strid
     if decoder == "nvdec" and not on_gpu:
         raise UsageProblem("NVDEC decoding feeds a GPU engine, but this engine runs on the CPU",
                            "open the model with device='cuda:0', or use decoder='pyav'")
+    from .._deps import require
+
+    if decoder == "nvdec":
+        require("cupy", "The GPU video pipeline")
+        require("PyNvVideoCodec", "Decoding video on the GPU")
+    else:
+        require("av", "Decoding video on the CPU")
     gpu_index = getattr(engine, "device_id", 0)
     srcs = make_sources(sources, decoder, gpu_index, colorspace, loop, realtime, latency)
     topk = TopK(top_k, scores)
@@ -485,6 +492,8 @@ class _GpuPipeline:
         start = time.perf_counter()
 
         def decode(src):
+            # normal priority: giving decoder streams the highest priority was measured slower on the H200
+            # (8 streams: 2209 fps vs 2437-2734 fps)
             stream = cp.cuda.Stream(non_blocking=True)
             info = None
 
@@ -558,8 +567,8 @@ class _GpuPipeline:
                     break
                 meta, idx, sc, done = item
                 done.synchronize()
-                now = time.perf_counter()
                 idx_h, sc_h = cp.asnumpy(idx), cp.asnumpy(sc)  # (n, k): the only device->host copies
+                now = time.perf_counter()  # the results are on the host
                 self.stats.batches += 1
                 self.stats.batch_sizes.append(len(meta))
                 for (name, index, pts, t, fed_at, out_at), i, s in zip(meta, idx_h, sc_h, strict=True):

@@ -116,3 +116,17 @@ def test_cli_run_writes_jsonl_and_exits_1_on_a_bad_source(lite0_onnx, bikes, tes
     r = CliRunner().invoke(cli, ["run", str(bikes), "--model", str(lite0_onnx[0]), "--device", "cpu",
                                  "--decoder", "nvdec"])
     assert r.exit_code == 2 and "NVDEC decoding feeds a GPU engine" in r.output
+
+
+def test_edge_app_example_alerts_and_reports_a_bad_source(lite0_onnx, bikes, test_videos, capsys):
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("edge_app", Path(__file__).parents[2] / "examples" / "edge_app.py")
+    app = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(app)
+    rc = app.main([str(lite0_onnx[0]), str(bikes), str(test_videos["audio_m4a"]), "--device", "cpu", "--stride", "2"])
+    out, err = capsys.readouterr()
+    assert rc == 1  # one source failed
+    assert "ALERT" in out and "125 frames from 2 source(s)" in out
+    assert "no video stream" in err
