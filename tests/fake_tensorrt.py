@@ -65,11 +65,19 @@ class _Layer:
         return self._out[i]
 
 
+class _IOMode(enum.Enum):
+    INPUT = 0
+    OUTPUT = 1
+
+
 def make(version: str = "10.13.0", rtx: bool = False, *, unsupported: tuple[str, ...] = (),
-         build_fails_with: str | None = None, force_dtype: str | None = None, plan: bytes = b"FAKE-PLAN\x00\x01"):
+         build_fails_with: str | None = None, force_dtype: str | None = None, plan: bytes = b"FAKE-PLAN\x00\x01",
+         engine_io: list | None = None):
     """A fresh fake module. ``unsupported``: ONNX op types the parser rejects; ``build_fails_with``: the error the
     builder logs before returning None; ``force_dtype``: pretend every layer input is this type (to exercise the
-    precision check); ``plan``: the bytes build_serialized_network returns."""
+    precision check); ``plan``: the bytes build_serialized_network returns; ``engine_io``: [(name, "INPUT" or
+    "OUTPUT", dtype name, shape with -1 for the batch)] makes deserialize_cuda_engine return an engine with these
+    I/O tensors whose execution contexts record their calls (and compute nothing)."""
     m = types.ModuleType("tensorrt_rtx" if rtx else "tensorrt")
     m.__spec__ = importlib.machinery.ModuleSpec(m.__name__, None)
     m.__version__ = version
@@ -269,9 +277,58 @@ def make(version: str = "10.13.0", rtx: bool = False, *, unsupported: tuple[str,
 
         def deserialize_cuda_engine(self, data):
             calls.append(("Runtime.deserialize_cuda_engine", len(data)))
-            self.logger.log(ILogger.Severity.ERROR, "fake: no engine can be deserialized")
-            return None
+            if engine_io is None:
+                self.logger.log(ILogger.Severity.ERROR, "fake: no engine can be deserialized")
+                return None
+            return Engine()
 
+    class Context:
+        def __init__(self, n):
+            self.n, self.shapes = n, {}
+
+        def set_input_shape(self, name, shape):
+            calls.append(("ctx.set_input_shape", self.n, name, tuple(shape)))
+            self.shapes[name] = tuple(shape)
+            return True
+
+        def get_tensor_shape(self, name):
+            batch = next(iter(self.shapes.values()))[0]
+            return tuple(batch if d == -1 else d for d in io[name][2])
+
+        def set_tensor_address(self, name, ptr):
+            calls.append(("ctx.set_tensor_address", self.n, name, int(ptr)))
+            return True
+
+        def execute_async_v3(self, stream_handle):
+            calls.append(("ctx.execute_async_v3", self.n, int(stream_handle)))
+            return True
+
+    io = {name: (mode, dtype, tuple(shape)) for name, mode, dtype, shape in (engine_io or [])}
+
+    class Engine:
+        num_io_tensors = len(io)
+
+        def __init__(self):
+            self.contexts = 0
+
+        def get_tensor_name(self, i):
+            return list(io)[i]
+
+        def get_tensor_mode(self, name):
+            return _IOMode[io[name][0]]
+
+        def get_tensor_dtype(self, name):
+            return {"float32": _DType.FLOAT, "float16": _DType.HALF}[io[name][1]]
+
+        def get_tensor_shape(self, name):
+            return io[name][2]
+
+        def create_execution_context(self, *config):
+            calls.append(("engine.create_execution_context", self.contexts))
+            self.contexts += 1
+            return Context(self.contexts - 1)
+
+    m.TensorIOMode = _IOMode
     m.Builder, m.OnnxParser, m.Runtime = Builder, OnnxParser, Runtime
     return m
 

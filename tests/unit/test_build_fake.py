@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -238,3 +239,49 @@ def test_inspect_plan_and_onnx(monkeypatch, mnist, tmp_path):
     assert info["inputs"] == [{"name": "Input3", "dtype": "float32", "shape": [1, 1, 28, 28]}]
     r = run(["inspect", str(tmp_path / "m.onnx")])
     assert r.exit_code == 0 and "runs here" in r.output
+
+
+def test_tensorrt_engine_calls_per_stream_contexts_addresses_and_graphs(monkeypatch, mnist, tmp_path):
+    """TensorRTEngine against the recording fake (and a host-memory stand-in for CuPy): the plan's manifest is
+    checked, one execution context per CUDA stream, set_input_shape + set_tensor_address with our buffers'
+    pointers, execute_async_v3 on the caller's stream; with cuda_graph, one normal run, then capture and replay."""
+    from engines import open_engine
+    from tests import fake_cupy
+    from toolchain.build import build_engine
+
+    model, _, _, _ = mnist
+    shutil.copy(model, tmp_path / "m.onnx")
+    fake_tensorrt.install(monkeypatch, fake_tensorrt.make("10.13.0"), fake_tensorrt.H100)
+    build_engine(tmp_path / "m.onnx")
+    io = [("input", "INPUT", "float32", (-1, 3, 8, 8)), ("logits", "OUTPUT", "float32", (-1, 10))]
+    fake = fake_tensorrt.install(monkeypatch, fake_tensorrt.make("10.13.0", engine_io=io), fake_tensorrt.H100)
+    cp = fake_cupy.install(monkeypatch)
+    eng = open_engine(tmp_path / "m.plan", device="cuda:0")
+    assert type(eng).__name__ == "TensorRTEngine"
+    assert [(s.name, s.dtype, s.shape) for s in eng.inputs] == [("input", "float32", ("batch", 3, 8, 8))]
+    x = cp.empty((4, 3, 8, 8))
+    s1, s2 = cp.cuda.Stream(), cp.cuda.Stream()
+    out = eng.infer(x, stream=s1)[0]
+    assert out.shape == (4, 10)
+    eng.infer(x, stream=s2)
+    eng.infer(x, stream=s1)
+    runs = calls_named(fake, "ctx.execute_async_v3")
+    assert [(c[1], c[2]) for c in runs] == [(0, s1.ptr), (1, s2.ptr), (0, s1.ptr)]  # a context per stream
+    assert len(calls_named(fake, "engine.create_execution_context")) == 2
+    addr = {c[2]: c[3] for c in calls_named(fake, "ctx.set_tensor_address")[:2]}
+    assert addr == {"input": x.data.ptr, "logits": out.data.ptr}
+    assert calls_named(fake, "ctx.set_input_shape")[0][2:] == ("input", (4, 3, 8, 8))
+    # wrong dtype and a host batch
+    with pytest.raises(UsageProblem, match="float32"):
+        eng.infer(cp.empty((4, 3, 8, 8), "float16"))
+    host = eng.infer(np.zeros((2, 3, 8, 8), np.float32))[0]
+    assert isinstance(host, np.ndarray) and host.shape == (2, 10)
+    # CUDA graph: first a normal run (flushes shape changes), then capture once, replay afterwards
+    g = open_engine(tmp_path / "m.plan", device="cuda:0", cuda_graph=True)
+    before = len(calls_named(fake, "ctx.execute_async_v3"))
+    g.infer(x, stream=s1)
+    g.infer(x, stream=s1)
+    assert len(calls_named(fake, "ctx.execute_async_v3")) - before == 2  # normal + the captured one, not a third
+    assert fake_cupy.Graph.launches == [s1.ptr, s1.ptr]
+    with pytest.raises(UsageProblem, match="runs on a GPU"):
+        open_engine(tmp_path / "m.plan", device="cpu")
