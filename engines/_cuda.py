@@ -51,3 +51,29 @@ def external_stream(stream, device_id: int = 0):
     if stream is None or isinstance(stream, cp.cuda.Stream):
         return stream
     return cp.cuda.ExternalStream(stream_ptr(stream), device_id)
+
+
+def device_input(feeds: dict, spec):
+    """The CuPy view of ``feeds[spec.name]``, which must be a C-contiguous device array of the input's type."""
+    if spec.name not in feeds:
+        raise UsageProblem(f"no data for model input {spec.name!r}")
+    x = as_cupy(feeds[spec.name])
+    if x.dtype != spec.numpy_dtype or not x.flags.c_contiguous:
+        raise UsageProblem(f"input {spec.name!r} must be a C-contiguous {spec.dtype} device array, got {x.dtype} "
+                           f"{'contiguous' if x.flags.c_contiguous else 'strided'}",
+                           f"write the batch as {spec.dtype} (the video pipeline does)")
+    return x
+
+
+def device_output(outputs, i: int, spec, shape: tuple, stream):
+    """``outputs[i]`` checked against (shape, the output's type), or a new array allocated on ``stream``."""
+    import cupy as cp
+
+    out = as_cupy(outputs[i]) if outputs is not None else None
+    if out is None:
+        with stream:
+            return cp.empty(shape, spec.numpy_dtype)
+    if tuple(out.shape) != tuple(shape) or out.dtype != spec.numpy_dtype or not out.flags.c_contiguous:
+        raise UsageProblem(f"output buffer for {spec.name!r} must be contiguous {spec.dtype} {tuple(shape)}, got "
+                           f"{out.dtype} {tuple(out.shape)}")
+    return out

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._cuda import as_cupy, external_stream, is_device_array
+from ._cuda import device_input, device_output, external_stream, is_device_array
 from ._deps import dist_version, is_installed, require
 from .base import EngineBase, TensorSpec
 from .errors import EngineError, UsageProblem
@@ -172,13 +172,7 @@ class OnnxRuntimeEngine(EngineBase):
             self.stream.wait_event(caller.record())
         n = None
         for spec in self.inputs:
-            if spec.name not in feeds:
-                raise UsageProblem(f"no data for model input {spec.name!r}")
-            x = as_cupy(feeds[spec.name])
-            if x.dtype != spec.numpy_dtype or not x.flags.c_contiguous:
-                raise UsageProblem(f"input {spec.name!r} must be a C-contiguous {spec.dtype} device array, got "
-                                   f"{x.dtype} {'contiguous' if x.flags.c_contiguous else 'strided'}",
-                                   f"write the batch as {spec.dtype} (the video pipeline does)")
+            x = device_input(feeds, spec)
             n = x.shape[0] if n is None else n
             io.bind_input(spec.name, "cuda", self.device_id, x.dtype, tuple(x.shape), x.data.ptr)
         results = []
@@ -188,13 +182,7 @@ class OnnxRuntimeEngine(EngineBase):
             if any(not isinstance(d, int) for d in shape):
                 raise EngineError(f"output {spec.name!r} has dynamic dimensions {spec.shape} besides the batch",
                                   "export the model with a fixed output shape")
-            out = as_cupy(outputs[i]) if outputs is not None else None
-            if out is None:
-                with self.stream:
-                    out = cp.empty(shape, spec.numpy_dtype)
-            elif tuple(out.shape) != shape or out.dtype != spec.numpy_dtype or not out.flags.c_contiguous:
-                raise UsageProblem(f"output buffer for {spec.name!r} must be contiguous {spec.dtype} {shape}, got "
-                                   f"{out.dtype} {tuple(out.shape)}")
+            out = device_output(outputs, i, spec, shape, self.stream)
             io.bind_output(spec.name, "cuda", self.device_id, out.dtype, shape, out.data.ptr)
             results.append(out)
         try:

@@ -27,7 +27,7 @@ import numpy as np
 
 from ._gpu import device as gpu_device
 from ._trt import Backend, load_backend, make_logger, rtx_targets, sm_name
-from ._cuda import as_cupy, external_stream, is_device_array
+from ._cuda import device_input, device_output, external_stream, is_device_array
 from ._deps import require
 from .base import EngineBase, TensorSpec
 from .errors import EngineError, ManifestError, UsageProblem
@@ -214,16 +214,10 @@ class TensorRTEngine(EngineBase):
                            f"inputs are {', '.join(i.name for i in self.inputs)}")
 
     def _run(self, feeds: dict, outputs, stream) -> list:
-        cp = self.cp
         ctx = self.context(stream.ptr)
         addresses = []
         for spec in self.inputs:
-            if spec.name not in feeds:
-                raise UsageProblem(f"no data for model input {spec.name!r}")
-            x = as_cupy(feeds[spec.name])
-            if x.dtype != spec.numpy_dtype or not x.flags.c_contiguous:
-                raise UsageProblem(f"input {spec.name!r} must be a C-contiguous {spec.dtype} device array, got "
-                                   f"{x.dtype}", f"write the batch as {spec.dtype}")
+            x = device_input(feeds, spec)
             if not ctx.set_input_shape(spec.name, tuple(x.shape)):
                 raise EngineError(f"shape {tuple(x.shape)} is outside {self.path.name}'s profile for {spec.name!r}",
                                   "use a batch inside the plan's --batch range (see `trtc inspect`)")
@@ -232,12 +226,7 @@ class TensorRTEngine(EngineBase):
         results = []
         for i, spec in enumerate(self.outputs):
             shape = tuple(ctx.get_tensor_shape(spec.name))
-            out = as_cupy(outputs[i]) if outputs is not None else None
-            if out is None:
-                with stream:
-                    out = cp.empty(shape, spec.numpy_dtype)
-            elif tuple(out.shape) != shape or out.dtype != spec.numpy_dtype or not out.flags.c_contiguous:
-                raise UsageProblem(f"output buffer for {spec.name!r} must be contiguous {spec.dtype} {shape}")
+            out = device_output(outputs, i, spec, shape, stream)
             ctx.set_tensor_address(spec.name, out.data.ptr)
             addresses.append((spec.name, shape, out.data.ptr))
             results.append(out)
