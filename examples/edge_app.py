@@ -20,7 +20,7 @@ import sys
 import time
 
 import engines
-from engines.video import classify
+from engines.video import classify, default_device
 
 
 def main(argv=None) -> int:
@@ -34,12 +34,7 @@ def main(argv=None) -> int:
     ap.add_argument("--stride", type=int, default=2, help="classify every N-th frame")
     args = ap.parse_args(argv)
 
-    device = args.device
-    if device is None:
-        from engines._deps import is_installed
-        from engines._gpu import gpus
-
-        device = "cuda:0" if gpus() and is_installed("cupy") and is_installed("PyNvVideoCodec") else "cpu"
+    device = args.device or default_device()
     watch = {w.strip() for w in args.watch.split(",") if w.strip()}
     try:
         engine = engines.open_engine(args.model, device=device)

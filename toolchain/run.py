@@ -16,8 +16,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from engines._deps import is_installed
-from engines._gpu import gpus
+from engines.video import default_device
 
 from ._ui import Reporter
 from .errors import UsageProblem
@@ -53,9 +52,7 @@ def pick_device(device: str) -> str:
     """"auto": cuda:0 when there is an NVIDIA GPU and the GPU video stack (CuPy, PyNvVideoCodec) is installed."""
     if device != "auto":
         return device
-    if gpus() and is_installed("cupy") and is_installed("PyNvVideoCodec"):
-        return "cuda:0"
-    return "cpu"
+    return default_device()
 
 
 def run_video(sources, model, *, device: str = "auto", batch: int | None = None, top_k: int = 5, stride: int = 1,

@@ -4,8 +4,8 @@ See :mod:`engines.video.pipeline` for how frames flow (NVDEC -> CuPy kernel -> e
 PyAV -> numpy -> ONNX Runtime on the CPU) and :mod:`engines.video.sources` for the decoders.
 """
 
-from .pipeline import Prediction, RunStats, SourceProblem, VideoRun, classify
+from .pipeline import Prediction, RunStats, SourceProblem, VideoRun, classify, default_device
 from .sources import NvdecSource, PyAVSource, SourceError, SourceInfo
 
-__all__ = ["classify", "Prediction", "VideoRun", "RunStats", "SourceProblem", "SourceError", "SourceInfo",
+__all__ = ["classify", "default_device", "Prediction", "VideoRun", "RunStats", "SourceProblem", "SourceError", "SourceInfo",
            "NvdecSource", "PyAVSource"]

@@ -119,6 +119,15 @@ class VideoRun:
         return not self.problems
 
 
+def default_device(index: int = 0) -> str:
+    """"cuda:N" when GPU ``index`` exists and the GPU video stack (CuPy, PyNvVideoCodec) is installed, else "cpu"."""
+    from .._deps import is_installed
+
+    if gpu_device(index) is not None and is_installed("cupy") and is_installed("PyNvVideoCodec"):
+        return f"cuda:{index}"
+    return "cpu"
+
+
 def classify(sources, engine, *, batch: int | None = None, top_k: int = 5, stride: int = 1, scores: str = "auto",
              preprocess: PreprocessSpec | None = None, labels: list[str] | None = None, decoder: str = "auto",
              colorspace: str | None = None, buffers: int = 4, max_wait_ms: float = 100.0, loop: int = 1,
@@ -172,8 +181,7 @@ def classify(sources, engine, *, batch: int | None = None, top_k: int = 5, strid
                                 problems).run()
     else:
         def factory():
-            return _cpu_pipeline(srcs, engine, spec, batch, stride, topk, labels, max_wait_ms, stats, problems,
-                                 on_gpu)
+            return _cpu_pipeline(srcs, engine, spec, batch, stride, topk, labels, max_wait_ms, stats, problems)
     return VideoRun(factory, stats, problems)
 
 
@@ -233,7 +241,7 @@ def _problem(problems, lock, source, reason, frames):
 
 
 # ------------------------------------------------------------------------------------------------------- CPU path
-def _cpu_pipeline(srcs, engine, spec, batch, stride, topk, labels, max_wait_ms, stats, problems, on_gpu):
+def _cpu_pipeline(srcs, engine, spec, batch, stride, topk, labels, max_wait_ms, stats, problems):
     """Decode threads (PyAV, numpy preprocessing) -> host batches -> engine.infer -> top-k on the host."""
     dtype = engine.inputs[0].numpy_dtype
     _input_shape(engine, spec)
@@ -284,10 +292,6 @@ def _cpu_pipeline(srcs, engine, spec, batch, stride, topk, labels, max_wait_ms, 
                 chunk, pending = pending[:batch], pending[batch:]
                 x = np.stack([c[4] for c in chunk])
                 out = engine.infer(x)[0]
-                if on_gpu and not isinstance(out, np.ndarray):
-                    import cupy as cp
-
-                    out = cp.asnumpy(out)
                 idx, sc = topk.host(out)
                 stats.batches += 1
                 stats.batch_sizes.append(len(chunk))
