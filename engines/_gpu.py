@@ -34,6 +34,16 @@ def gpus() -> dict:
     return {"devices": devices, "driver": driver, "cuda": cuda}
 
 
+def memory_used_mib(index: int = 0) -> float | None:
+    """GPU memory in use on GPU ``index`` (all processes), from nvidia-smi; None when it cannot say."""
+    smi = shutil.which("nvidia-smi")
+    text = _run([smi, f"--id={index}", "--query-gpu=memory.used", "--format=csv,noheader,nounits"]) if smi else None
+    try:
+        return float(text.strip().splitlines()[0]) if text else None
+    except ValueError:
+        return None
+
+
 def device(index: int = 0) -> dict | None:
     """The GPU at ``index`` with the driver and CUDA version, or None without one."""
     info = gpus()

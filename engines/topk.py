@@ -34,12 +34,17 @@ def softmax(x: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=-1, keepdims=True)
 
 
+def topk_indices(logits: np.ndarray, k: int) -> np.ndarray:
+    """(N, k) class indices, best first (ties broken by the lower index)."""
+    k = min(k, logits.shape[1])
+    return np.argsort(-np.asarray(logits, np.float64), axis=1, kind="stable")[:, :k]
+
+
 def topk_host(outputs: np.ndarray, k: int, apply_softmax: bool) -> tuple[np.ndarray, np.ndarray]:
     """(indices int64 (B, k), scores float32 (B, k)), best first."""
     x = np.asarray(outputs).reshape(len(outputs), -1)
     p = softmax(x) if apply_softmax else x.astype(np.float64)
-    k = min(k, p.shape[1])
-    idx = np.argsort(-p, axis=1, kind="stable")[:, :k]
+    idx = topk_indices(p, k)
     return idx.astype(np.int64), np.take_along_axis(p, idx, axis=1).astype(np.float32)
 
 

@@ -32,6 +32,7 @@ import numpy as np
 
 from engines._deps import dist_version, require
 from engines._gpu import device as gpu_device
+from engines._gpu import memory_used_mib
 
 from ._ui import Reporter
 from .errors import UsageProblem
@@ -169,17 +170,6 @@ def _ours(video: str, streams: int, engine, batch: int, limit: int | None = None
     return n, seconds, lat
 
 
-def _gpu_memory_mb(index: int) -> float | None:
-    import subprocess
-
-    try:
-        out = subprocess.run(["nvidia-smi", f"--id={index}", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=10).stdout.strip()
-        return float(out.splitlines()[0])
-    except Exception:  # noqa: BLE001
-        return None
-
-
 def bench_video(video: str, model: str, *, streams=(1, 8), device: str = "cuda:0", batch: int = 64,
                 usual_batch: int = 32, latency_frames: int = 300, latency_video: str | None = None,
                 latency_batch: int = 8, decode_latency: str = "native", memory_loops: int = 0,
@@ -248,7 +238,7 @@ def bench_video(video: str, model: str, *, streams=(1, 8), device: str = "cuda:0
             run = classify([video], engine, batch=batch, loop=memory_loops)
             for i, _pred in enumerate(run, 1):
                 if i % clip_frames == 0:  # after each pass over the clip
-                    samples.append(_gpu_memory_mb(gpu))
+                    samples.append(memory_used_mib(gpu))
             samples = [x for x in samples if x is not None]
             if samples:
                 memory = {"loops": memory_loops, "used_mb_after_first": samples[0], "used_mb_at_end": samples[-1],

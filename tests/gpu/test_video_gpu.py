@@ -4,7 +4,6 @@ sources at once, bad input, memory over a long run. Skipped without an NVIDIA GP
 from __future__ import annotations
 
 import importlib.util
-import subprocess
 
 import numpy as np
 import pytest
@@ -179,22 +178,17 @@ def test_bad_sources_are_reported_and_others_go_on(bikes, test_videos, cuda_lite
     assert n_corrupt > 100
 
 
-def _gpu_mb():
-    out = subprocess.run(["nvidia-smi", "--id=0", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                         capture_output=True, text=True).stdout
-    return float(out.split()[0])
-
-
 def test_memory_flat_over_ten_passes(bikes, cuda_lite0):
     import cupy as cp
 
+    from engines._gpu import memory_used_mib
     from engines.video import classify
 
     samples = []
     pool = cp.get_default_memory_pool()
     for i, _p in enumerate(classify([bikes], cuda_lite0, batch=32, loop=10), 1):
         if i % 250 == 0:
-            samples.append((_gpu_mb(), pool.used_bytes() / 2**20))
+            samples.append((memory_used_mib(0), pool.used_bytes() / 2**20))
     print("GPU memory per pass (nvidia-smi MB, CuPy pool MB):", samples)
     assert len(samples) == 10
     assert samples[-1][0] - samples[0][0] < 64
