@@ -294,7 +294,11 @@ def preprocess_yuv(planes: YuvPlanes, spec: PreprocessSpec, colorspace: ColorSpa
 
 
 # --------------------------------------------------------------------------------------------------------------
-# The same maths on the GPU: one CuPy kernel launch per frame, writing one slot of the engine's input batch.
+# The same maths on the GPU: one CuPy kernel launch writes up to MAX_FRAMES_PER_LAUNCH frames of one source into
+# consecutive slots of the engine's input batch (blockIdx.y = frame). The frames' surfaces are passed as raw
+# device pointers in kernel parameters: nothing is uploaded per launch.
+
+MAX_FRAMES_PER_LAUNCH = 16
 
 _KERNEL = r"""
 #include <cuda_fp16.h>
@@ -312,15 +316,19 @@ __device__ __forceinline__ float3 trtc_rgb(const SRC_T* __restrict__ src, int r,
     return o;
 }
 
-extern "C" __global__ void trtc_preprocess_NAME(
-        const SRC_T* __restrict__ src, const int pitch, const long long u_off, const long long v_off,
+extern "C" __global__ void trtc_preprocess_NAME(SRC_PARAMS,
+        const int pitch, const long long u_off, const long long v_off,
         const int c_pitch, const int c_step, const int sy, const int sx,
         const int* __restrict__ y0, const int* __restrict__ y1, const float* __restrict__ wy,
         const int* __restrict__ x0, const int* __restrict__ x1, const float* __restrict__ wx,
-        const float* __restrict__ k, OUT_T* __restrict__ out, const int out_h, const int out_w, const int bgr) {
+        const float* __restrict__ k, OUT_T* __restrict__ out_base, const int out_h, const int out_w, const int bgr) {
+    unsigned long long sp = 0;
+    switch (blockIdx.y) { SRC_CASES }
+    const SRC_T* __restrict__ src = (const SRC_T*)sp;
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     int n = out_h * out_w;
     if (idx >= n) return;
+    OUT_T* __restrict__ out = out_base + (long long)blockIdx.y * 3 * n;
     int i = idx / out_w, j = idx - i * out_w;
     int ya = y0[i], yb = y1[i], xa = x0[j], xb = x1[j];
     float fy = wy[i], fx = wx[j];
@@ -338,6 +346,19 @@ extern "C" __global__ void trtc_preprocess_NAME(
 }
 """
 
+
+def kernel_source(name: str, wide: bool, half: bool) -> str:
+    """The CUDA source of one kernel variant (8- or 16-bit samples in, float32 or float16 out)."""
+    params = ", ".join(f"const unsigned long long s{i}" for i in range(MAX_FRAMES_PER_LAUNCH))
+    cases = " ".join(f"case {i}: sp = s{i}; break;" for i in range(MAX_FRAMES_PER_LAUNCH))
+    return (_KERNEL.replace("SRC_PARAMS", params).replace("SRC_CASES", cases)
+            .replace("SRC_T", "unsigned short" if wide else "unsigned char")
+            .replace("SCALE", "0.00390625f" if wide else "1.0f")
+            .replace("OUT_T", "__half" if half else "float")
+            .replace("STORE", "__float2half_rn" if half else "")
+            .replace("NAME", name))
+
+
 # where U and V live in each surface layout: (u_offset, v_offset, chroma pitch, chroma step, sy, sx) in samples
 _LAYOUTS = {
     "NV12": lambda h, w: (h * w, h * w + 1, w, 2, 1, 1),
@@ -346,15 +367,31 @@ _LAYOUTS = {
     "YUV444_16BIT": lambda h, w: (h * w, 2 * h * w, w, 1, 0, 0),
 }
 _LAYOUTS["P010"] = _LAYOUTS["P016"]
+_WIDE = ("P016", "P010", "YUV444_16BIT")
+_KERNELS: dict = {}  # variant name -> compiled RawKernel
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Everything a launch needs but the surface and output pointers, for one kind of surface."""
+
+    kernel: object
+    grid_x: int
+    mid: tuple
+    tail: tuple
+    slot_bytes: int  # bytes of one (3, H, W) output slot
 
 
 class GpuPreprocessor:
-    """Decoded surfaces (CuPy arrays, e.g. ``cupy.from_dlpack(frame)``) -> model input slots, on the GPU.
+    """Decoded surfaces -> model input slots, on the GPU.
 
-    ``pre(surface, fmt, height, width, colorspace, out, stream)`` enqueues one kernel on ``stream`` that writes
-    ``out`` (a C-contiguous (3, H, W) float32/float16 CuPy view, typically ``batch[slot]``). Nothing is
-    synchronised and nothing crosses to the host: the sampling grid and coefficients are uploaded once per source
-    size and colour space and cached.
+    ``plan(fmt, shape, dtype, height, width, colorspace, out_dtype)`` prepares a kind of surface once;
+    ``launch(plan, surface_ptrs, out_ptr, stream)`` enqueues ONE kernel on ``stream`` that writes
+    ``len(surface_ptrs)`` (at most :data:`MAX_FRAMES_PER_LAUNCH`) consecutive (3, H, W) slots starting at device
+    address ``out_ptr``. ``pre(surface, fmt, height, width, colorspace, out, stream)`` does the same for one CuPy
+    surface and one CuPy (3, H, W) slot. Nothing is synchronised per launch and nothing crosses to the host: the
+    sampling grid and coefficients are uploaded once per source size and colour space, and that upload is
+    finished (its stream synchronised) before any decoder thread's stream can read it.
     """
 
     def __init__(self, spec: PreprocessSpec):
@@ -362,11 +399,11 @@ class GpuPreprocessor:
 
         self.cp = require("cupy", "GPU preprocessing")
         self.spec = spec
-        self._kernels: dict = {}
         self._grids: dict = {}
         self._coeffs: dict = {}
         self._plans: dict = {}
         self._lock = threading.Lock()
+        self._zeros = (np.uint64(0),) * MAX_FRAMES_PER_LAUNCH
 
     def _cached(self, cache: dict, key, make):
         value = cache.get(key)
@@ -377,29 +414,33 @@ class GpuPreprocessor:
                     value = cache[key] = make()
         return value
 
+    def _upload(self, *arrays):
+        """Host arrays -> device arrays, complete before returning: the first decoder thread's stream uploads,
+        every other stream reads them later without an event, so the copy must be finished here."""
+        cp = self.cp
+        stream = cp.cuda.Stream(non_blocking=True)
+        with stream:
+            out = tuple(cp.asarray(a) for a in arrays)
+        stream.synchronize()
+        return out
+
     def _kernel(self, src_dtype, out_dtype):
         wide = np.dtype(src_dtype).itemsize == 2
         half = np.dtype(out_dtype) == np.float16
         name = ("u16" if wide else "u8") + ("_f16" if half else "_f32")
 
         def make():
-            code = (_KERNEL.replace("SRC_T", "unsigned short" if wide else "unsigned char")
-                    .replace("SCALE", "0.00390625f" if wide else "1.0f")
-                    .replace("OUT_T", "__half" if half else "float")
-                    .replace("STORE", "__float2half_rn" if half else "")
-                    .replace("NAME", name))
-            kernel = self.cp.RawKernel(code, f"trtc_preprocess_{name}")
+            kernel = self.cp.RawKernel(kernel_source(name, wide, half), f"trtc_preprocess_{name}")
             kernel.compile()
             return kernel
 
-        return self._cached(self._kernels, name, make)
+        return self._cached(_KERNELS, name, make)  # compiled once per process, shared by every preprocessor
 
     def _grid(self, height: int, width: int):
         def make():
-            cp = self.cp
             y0, y1, wy, x0, x1, wx = sampling_grid(height, width, self.spec)
-            return (cp.asarray(y0, cp.int32), cp.asarray(y1, cp.int32), cp.asarray(wy, cp.float32),
-                    cp.asarray(x0, cp.int32), cp.asarray(x1, cp.int32), cp.asarray(wx, cp.float32))
+            return self._upload(y0.astype(np.int32), y1.astype(np.int32), wy.astype(np.float32),
+                                x0.astype(np.int32), x1.astype(np.int32), wx.astype(np.float32))
 
         return self._cached(self._grids, (height, width), make)
 
@@ -408,14 +449,29 @@ class GpuPreprocessor:
             std = np.asarray(self.spec.std, np.float64)
             mean = np.asarray(self.spec.mean, np.float64)
             k = np.concatenate([colorspace.coefficients(), 1.0 / (255.0 * std), -mean / std])
-            return self.cp.asarray(k.astype(np.float32))
+            return self._upload(k.astype(np.float32))[0]
 
         return self._cached(self._coeffs, colorspace, make)
 
-    def _plan(self, fmt: str, shape: tuple, src_dtype, height: int, width: int, colorspace: ColorSpace, out_dtype):
-        """Everything but the two pointers, for one kind of surface: computed once, then a dict lookup."""
+    def plan(self, fmt: str, shape: tuple, src_dtype, height: int, width: int, colorspace: ColorSpace,
+             out_dtype) -> LaunchPlan:
+        """The launch plan for one kind of surface (computed once, then a dict lookup)."""
+        fmt = fmt.upper()
+        if fmt in _WIDE and np.dtype(src_dtype).itemsize == 1 and len(shape) == 2:
+            # some decoder versions export 16-bit surfaces as bytes: the same memory read as 16-bit samples
+            shape, src_dtype = (shape[0], shape[1] // 2), np.uint16
+        key = (fmt, tuple(shape), np.dtype(src_dtype).char, height, width, colorspace, np.dtype(out_dtype).char)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = self._make_plan(fmt, tuple(shape), src_dtype, height, width, colorspace,
+                                                      out_dtype)
+        return plan
+
+    def _make_plan(self, fmt, shape, src_dtype, height, width, colorspace, out_dtype) -> LaunchPlan:
         if fmt not in _LAYOUTS:
             raise UsageProblem(f"the GPU preprocessor does not read {fmt} surfaces", "NV12, P016 or YUV444")
+        if len(shape) != 2:
+            raise UsageProblem(f"expected a packed 2-D surface, got shape {shape}")
         pitch = shape[1]  # NVDEC surfaces are tightly packed (pitch = width rounded up to even)
         u_off, v_off, c_pitch, c_step, sy, sx = _LAYOUTS[fmt](height, pitch)
         out_h, out_w = self.spec.size
@@ -425,26 +481,26 @@ class GpuPreprocessor:
         mid = (np.int32(pitch), np.int64(u_off), np.int64(v_off), np.int32(c_pitch), np.int32(c_step),
                np.int32(sy), np.int32(sx), y0, y1, wy, x0, x1, wx, self._coefficients(colorspace))
         tail = (np.int32(out_h), np.int32(out_w), np.int32(self.spec.color == "BGR"))
-        return kernel, ((n + 255) // 256,), mid, tail
+        return LaunchPlan(kernel, (n + 255) // 256, mid, tail, 3 * n * np.dtype(out_dtype).itemsize)
+
+    def launch(self, plan: LaunchPlan, surface_ptrs, out_ptr: int, stream) -> None:
+        """Enqueue one kernel on ``stream`` writing ``len(surface_ptrs)`` consecutive slots from ``out_ptr``."""
+        m = len(surface_ptrs)
+        if not 0 < m <= MAX_FRAMES_PER_LAUNCH:
+            raise UsageProblem(f"one launch writes 1 to {MAX_FRAMES_PER_LAUNCH} frames, not {m}")
+        srcs = tuple(np.uint64(p) for p in surface_ptrs) + self._zeros[m:]
+        plan.kernel((plan.grid_x, m), (256,), (*srcs, *plan.mid, np.uint64(out_ptr), *plan.tail), stream=stream)
 
     def __call__(self, surface, fmt: str, height: int, width: int, colorspace: ColorSpace, out, stream=None):
         """Enqueue one frame -> one (3, H, W) slot on ``stream`` (default: the current stream)."""
         fmt = fmt.upper()
-        if fmt in ("P016", "P010", "YUV444_16BIT") and surface.dtype == np.uint8:
-            surface = surface.view(np.uint16)  # some decoder versions export 16-bit surfaces as bytes
-        key = (fmt, surface.shape, surface.dtype.char, height, width, colorspace, out.dtype.char)
-        plan = self._plans.get(key)
-        if plan is None:
-            if surface.ndim != 2 or not surface.flags.c_contiguous:
-                raise UsageProblem(f"expected a packed 2-D surface, got shape {surface.shape}")
-            plan = self._plans[key] = self._plan(fmt, surface.shape, surface.dtype, height, width, colorspace,
-                                                 out.dtype)
+        if fmt in _WIDE and surface.dtype == np.uint8:
+            surface = surface.view(np.uint16)
+        if surface.ndim != 2 or not surface.flags.c_contiguous:
+            raise UsageProblem(f"expected a packed 2-D surface, got shape {surface.shape}")
         if out.shape != (3, *self.spec.size) or not out.flags.c_contiguous:
             raise UsageProblem(f"output slot must be a contiguous (3, {self.spec.size[0]}, {self.spec.size[1]}) "
                                f"array, got {out.shape}")
-        kernel, grid, mid, tail = plan
-        if stream is None:
-            kernel(grid, (256,), (surface, *mid, out, *tail))
-        else:
-            with stream:  # CuPy launches on the current stream
-                kernel(grid, (256,), (surface, *mid, out, *tail))
+        plan = self.plan(fmt, surface.shape, surface.dtype, height, width, colorspace, out.dtype)
+        self.launch(plan, [surface.data.ptr], out.data.ptr,
+                    stream if stream is not None else self.cp.cuda.get_current_stream())

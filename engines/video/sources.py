@@ -238,7 +238,9 @@ class NvdecSource:
         self.decoded = 0
         self.caps: dict = {}
 
-    def _open(self, nvc, stream_ptr: int):
+    def _open(self, nvc, stream_ptr: int, decoder: bool = True):
+        """Open the demuxer, check NVDEC's capabilities for the stream, and (``decoder``) create the core decoder
+        on ``stream_ptr``. Returns (demuxer, decoder or None)."""
         check_exists(self.name)
         try:
             dmx = nvc.CreateDemuxer(filename=self.name)
@@ -270,6 +272,13 @@ class NvdecSource:
         if (wmax and width > wmax) or (hmax and height > hmax) or width < wmin or height < hmin:
             raise SourceError(self.name, f"{what} is outside NVDEC's range for this codec on GPU {self.gpu} "
                               f"({wmin}x{hmin} to {wmax}x{hmax})", "scale the video, or use --device cpu")
+        fps = float(dmx.FrameRate()) if dmx.FrameRate() else None
+        if self.info is None:
+            cs = probe_colorspace(self.name, height, self.override)
+            self.info = SourceInfo(self.name, codec_name, width, height, fps, None, cs)
+        self._what = what
+        if not decoder:
+            return dmx, None
         latency = {"native": nvc.DisplayDecodeLatencyType.NATIVE, "low": nvc.DisplayDecodeLatencyType.LOW,
                    "zero": nvc.DisplayDecodeLatencyType.ZERO}[self.latency]
         try:
@@ -277,10 +286,6 @@ class NvdecSource:
                                     usedevicememory=True, latency=latency)
         except Exception as exc:  # noqa: BLE001
             raise SourceError(self.name, f"NVDEC decoder for {what} failed: {_first_line(exc)}") from exc
-        fps = float(dmx.FrameRate()) if dmx.FrameRate() else None
-        if self.info is None:
-            cs = probe_colorspace(self.name, height, self.override)
-            self.info = SourceInfo(self.name, codec_name, width, height, fps, None, cs)
         return dmx, dec
 
     def run(self, stream_ptr: int, on_frame) -> None:
@@ -294,47 +299,150 @@ class NvdecSource:
         new allocations, which synchronise the device.)"""
         nvc = require("PyNvVideoCodec", "Decoding video on the GPU")
         index = 0
-        low = self.latency in ("low", "zero")
         for _ in range(self.loop):
-            dmx, dec = self._open(nvc, stream_ptr)
-            fps = self.info.fps or 30.0
-            fed: dict = {}
-            start = time.perf_counter()
-            n_packets = 0
-            packets = iter(dmx)
+            index = self._packet_pass(nvc, stream_ptr, on_frame, index)
+            if index is None:
+                return
+
+    def _packet_pass(self, nvc, stream_ptr: int, on_frame, index: int, skip: int = 0):
+        """One pass over the file with the packet loop, frames numbered from ``index``; the first ``skip``
+        frames are decoded but not passed on (a ThreadedDecoder pass that ended early resumes here). Returns the
+        next index, or None when ``on_frame`` asked to stop."""
+        low = self.latency in ("low", "zero")
+        dmx, dec = self._open(nvc, stream_ptr)
+        fps = self.info.fps or 30.0
+        fed: dict = {}
+        start = time.perf_counter()
+        n_packets = 0
+        packets = iter(dmx)
+        try:
+            while True:
+                try:  # only the demuxer's and decoder's failures become a SourceError
+                    packet = next(packets, None)
+                    if packet is None:
+                        break
+                    if self.realtime and packet.bsl:
+                        _sleep_until(start + n_packets / fps)
+                    n_packets += 1
+                    if low:
+                        packet.decode_flag = nvc.VideoPacketFlag.ENDOFPICTURE
+                    now = time.perf_counter()
+                    if packet.bsl:
+                        fed[packet.pts] = now
+                    frames = dec.Decode(packet)
+                    del packet
+                except Exception as exc:  # noqa: BLE001 - PyNvVCException, demuxer errors
+                    raise SourceError(self.name, f"stopped while decoding: {_first_line(exc)}") from exc
+                for i in range(len(frames)):
+                    frame = frames[i]
+                    pts = frame.getPTS()
+                    if skip:
+                        skip -= 1
+                        fed.pop(pts, None)
+                        del frame
+                        continue
+                    self.decoded += 1
+                    go = on_frame(index, pts, index / fps, frame, fed.pop(pts, now))
+                    del frame
+                    index += 1
+                    if go is False:
+                        return None
+                del frames
+                if len(fed) > 64:  # packets whose frames never came out (corrupt data): forget them
+                    for k in sorted(fed)[:-64]:
+                        fed.pop(k, None)
+        finally:
+            # our kernels read the decoder's surfaces on this stream: finish them before the decoder (and its
+            # surface pool) is freed
+            _synchronize(stream_ptr)
+            del packets, dec, dmx
+        return index
+
+    @property
+    def batched(self) -> bool:
+        """Whether :meth:`run_batches` serves this source: an MP4/MOV file read as fast as possible in display
+        order. Live pacing (``realtime``), low-latency output, URLs and other containers use the packet loop of
+        :meth:`run` (on the H200, PyNvVideoCodec 2.2.4's ThreadedDecoder returned 220 of the 250 frames of an
+        MPEG-TS remux of bikes.mp4, and stopped at the first corrupt picture of an MP4)."""
+        return (not is_url(self.name) and not self.realtime and self.latency == "native"
+                and Path(self.name).suffix.lower() in BATCHED_SUFFIXES)
+
+    def run_batches(self, stream_ptr: int, max_frames: int, on_frames) -> None:
+        """Decode every frame with PyNvVideoCodec's ThreadedDecoder and call ``on_frames(first_index, frames)``
+        with up to ``max_frames`` DecodedFrames at a time, in display order; returning False stops the source.
+
+        The demuxing and decoding run in the decoder's native thread, outside Python's interpreter lock; Python
+        runs once per batch instead of once per packet. The decoder enqueues its surface copies on
+        ``stream_ptr``'s stream, and a batch's surfaces are unlocked only by the next ``get_batch_frames``:
+        ``on_frames`` must enqueue its reads on that stream before returning and keep no reference to a frame.
+
+        A pass that ends before the frame count its container declares (a corrupt picture stops the
+        ThreadedDecoder) goes on with the packet loop from the next frame, so no frame the packet loop would give
+        is lost; a file that still ends early is reported as a SourceError, after all its frames."""
+        nvc = require("PyNvVideoCodec", "Decoding video on the GPU")
+
+        def one(index, pts, t, frame, fed_at):
+            return on_frames(index, [frame])
+
+        index = 0
+        for _ in range(self.loop):
+            dmx, _ = self._open(nvc, stream_ptr, decoder=False)  # the same checks and messages as run()
+            del dmx
+            try:
+                dec = nvc.ThreadedDecoder(self.name, buffer_size=2 * max_frames, gpu_id=self.gpu, cuda_context=0,
+                                          cuda_stream=stream_ptr, use_device_memory=True)
+                declared = int(getattr(dec.get_stream_metadata(), "num_frames", 0) or 0)
+            except Exception as exc:  # noqa: BLE001 - PyNvVideoCodec raises plain exceptions
+                if index == 0:  # e.g. a container that declares no frame count: the packet loop can read it
+                    raise BatchUnavailable(f"{self.name}: ThreadedDecoder refused it ({_first_line(exc)})") from exc
+                raise SourceError(self.name, f"NVDEC decoder for {self._what} failed: {_first_line(exc)}") from exc
+            start, got = index, 0
             try:
                 while True:
-                    try:  # only the demuxer's and decoder's failures become a SourceError
-                        packet = next(packets, None)
-                        if packet is None:
-                            break
-                        if self.realtime and packet.bsl:
-                            _sleep_until(start + n_packets / fps)
-                        n_packets += 1
-                        if low:
-                            packet.decode_flag = nvc.VideoPacketFlag.ENDOFPICTURE
-                        now = time.perf_counter()
-                        if packet.bsl:
-                            fed[packet.pts] = now
-                        frames = dec.Decode(packet)
-                        del packet
-                    except Exception as exc:  # noqa: BLE001 - PyNvVCException, demuxer errors
-                        raise SourceError(self.name, f"stopped while decoding: {_first_line(exc)}") from exc
-                    for i in range(len(frames)):
-                        frame = frames[i]
-                        pts = frame.getPTS()
-                        self.decoded += 1
-                        go = on_frame(index, pts, index / fps, frame, fed.pop(pts, now))
-                        del frame
-                        index += 1
-                        if go is False:
-                            return
+                    try:
+                        frames = dec.get_batch_frames(max_frames)
+                    except Exception as exc:  # noqa: BLE001 - go on with the packet loop below
+                        log.info("%s: ThreadedDecoder stopped (%s)", self.name, _first_line(exc))
+                        break
+                    if not frames:
+                        break
+                    n = len(frames)
+                    self.decoded += n
+                    got += n
+                    go = on_frames(index, frames)
                     del frames
-                    if len(fed) > 64:  # packets whose frames never came out (corrupt data): forget them
-                        for k in sorted(fed)[:-64]:
-                            fed.pop(k, None)
+                    index += n
+                    if go is False:
+                        return
             finally:
-                del packets, dec, dmx
+                _synchronize(stream_ptr)  # our reads of the last batch finish before the decoder goes
+                try:
+                    dec.end()
+                except Exception:  # noqa: BLE001 - already stopped
+                    pass
+                del dec
+            if declared and got < declared:
+                log.info("%s: ThreadedDecoder ended after %d of %d frames; the packet loop goes on", self.name, got,
+                         declared)
+                index = self._packet_pass(nvc, stream_ptr, one, index, skip=got)
+                if index is None:
+                    return
+                if index - start < declared:
+                    raise SourceError(self.name, f"ended after {index - start} of the {declared} frames its "
+                                      "container declares", "the file is probably cut off or damaged: check or "
+                                      "re-encode it")
+
+
+BATCHED_SUFFIXES = (".mp4", ".mov", ".m4v")
+
+
+class BatchUnavailable(Exception):
+    """:meth:`NvdecSource.run_batches` cannot read this source before its first frame; use :meth:`run`."""
+
+
+def _synchronize(stream_ptr: int) -> None:
+    cp = require("cupy", "The GPU video pipeline")
+    cp.cuda.runtime.streamSynchronize(stream_ptr)
 
 
 def _codec_name_from_av(name: str) -> str | None:

@@ -1,6 +1,7 @@
-"""The GPU pipeline's slot assembler, driven by threads on the CPU: every frame put comes out exactly once, in
-full batches (partial only on time-out or at the end), and no buffer is lost. CUDA events are stand-ins here;
-the real ones are exercised by tests/gpu."""
+"""The GPU pipeline's slot assembler, driven by threads on the CPU: every frame reserved comes out exactly once,
+in full batches (partial only on time-out or at the end), runs of several frames stay contiguous, no buffer is
+lost, and a failed launch marks its frames lost instead of leaving its slots reserved. CUDA events are stand-ins
+here; the real ones are exercised by tests/gpu."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import types
 import numpy as np
 import pytest
 
-from engines.video.pipeline import _Assembler, _Buffer, _Stopped
+from engines.video.assembler import InputBuffer, SlotAssembler, Stopped
 
 
 class _Event:
@@ -27,26 +28,39 @@ _fake_cp = types.SimpleNamespace(empty=lambda shape, dtype: np.zeros(shape, dtyp
                                  cuda=types.SimpleNamespace(Event=lambda **k: _Event()))
 
 
-class _Stream:
-    def __init__(self, ptr):
-        self.ptr = ptr
+def _buffers(n, batch):
+    return [InputBuffer(_fake_cp, (1,), np.float32, batch) for _ in range(n)]
 
 
-@pytest.mark.parametrize("n_buffers,batch,sources,frames", [(2, 4, 8, 60), (4, 16, 3, 200), (2, 1, 4, 30)])
-def test_every_frame_comes_out_once_and_no_buffer_is_lost(n_buffers, batch, sources, frames):
-    bufs = [_Buffer(_fake_cp, (1,), np.float32, batch) for _ in range(n_buffers)]
-    asm = _Assembler(bufs, batch)
+def _write(asm, metas, values, stream_ptr, fail=False):
+    """What decode_stage does: reserve runs until every frame has a slot, fill them, commit each run."""
+    pos = 0
+    while pos < len(metas):
+        buf, start, m = asm.reserve(metas[pos:pos + 16])
+        ev = None
+        try:
+            if fail:
+                raise RuntimeError("launch failed")
+            buf.data[start:start + m, 0] = values[pos:pos + m]
+            ev = buf.event_for(stream_ptr)
+        except RuntimeError:
+            ev = None
+        finally:
+            asm.commit(buf, start, m, stream_ptr, ev)
+        pos += m
+
+
+@pytest.mark.parametrize("n_buffers,batch,sources,frames,group", [(2, 4, 8, 60, 1), (4, 16, 3, 200, 5),
+                                                                   (2, 1, 4, 30, 3), (3, 64, 16, 120, 16)])
+def test_every_frame_comes_out_once_and_no_buffer_is_lost(n_buffers, batch, sources, frames, group):
+    asm = SlotAssembler(_buffers(n_buffers, batch), batch)
     asm.sources_live = sources
-    written = []
 
     def producer(i):
         rng = random.Random(i)
-        stream = _Stream(i + 1)
-        for f in range(frames):
-            def launch(slot, value=i * 10000 + f):
-                slot[0] = value
-                written.append(value)
-            asm.put(launch, (i, f), stream)
+        for f0 in range(0, frames, group):
+            fs = list(range(f0, min(frames, f0 + group)))
+            _write(asm, [(i, f) for f in fs], [i * 10000 + f for f in fs], i + 1)
             if rng.random() < 0.1:
                 time.sleep(0.001)
         asm.source_done()
@@ -72,22 +86,52 @@ def test_every_frame_comes_out_once_and_no_buffer_is_lost(n_buffers, batch, sour
     for t in threads:
         t.join(timeout=30)
     assert sorted(got) == sorted((i, f) for i in range(sources) for f in range(frames))
+    per_source = {}
+    for i, f in got:
+        per_source.setdefault(i, []).append(f)
+    assert all(v == sorted(v) for v in per_source.values())  # in order per source
     assert len(asm.free) == n_buffers and asm.current is None and not asm.ready
     assert max(sizes) == batch and sum(sizes) == sources * frames
 
 
-def test_halt_unblocks_a_producer_waiting_for_a_buffer():
-    bufs = [_Buffer(_fake_cp, (1,), np.float32, 1) for _ in range(2)]
-    asm = _Assembler(bufs, 1)
+def test_a_run_never_crosses_a_buffer_end():
+    asm = SlotAssembler(_buffers(2, 4), 4)
     asm.sources_live = 1
-    asm.put(lambda s: None, 0, _Stream(1))
-    asm.put(lambda s: None, 1, _Stream(1))  # both buffers now wait for inference
+    buf, start, m = asm.reserve([0, 1, 2])
+    assert (start, m) == (0, 3)
+    asm.commit(buf, start, m, 1, buf.event_for(1))
+    buf2, start, m = asm.reserve([3, 4, 5])  # only one slot left in the first buffer
+    assert buf2 is buf and (start, m) == (3, 1)
+    asm.commit(buf2, start, m, 1, buf2.event_for(1))
+    assert asm.take(0.0) is buf and buf.meta == [0, 1, 2, 3]
+    buf3, start, m = asm.reserve([4, 5])
+    assert buf3 is not buf and (start, m) == (0, 2)
+
+
+def test_a_failed_launch_marks_its_frames_lost_and_frees_the_slots():
+    """Before: a failed launch left its slot reserved (the buffer never became ready) or its stale row was
+    returned as a real frame. Now the run's metadata is None, the buffer completes, the others are intact."""
+    asm = SlotAssembler(_buffers(2, 4), 4)
+    asm.sources_live = 1
+    _write(asm, [("a", 0), ("a", 1)], [1, 2], 1)
+    _write(asm, [("a", 2)], [3], 1, fail=True)
+    _write(asm, [("a", 3)], [4], 1)
+    buf = asm.take(0.0)
+    assert buf is not None and buf.meta == [("a", 0), ("a", 1), None, ("a", 3)] and buf.lost == 1
+    assert buf.writing == 0
+
+
+def test_halt_unblocks_a_producer_waiting_for_a_buffer():
+    asm = SlotAssembler(_buffers(2, 1), 1)
+    asm.sources_live = 1
+    _write(asm, [0], [0], 1)
+    _write(asm, [1], [1], 1)  # both buffers now wait for inference
     err = []
 
     def blocked():
         try:
-            asm.put(lambda s: None, 2, _Stream(1))
-        except _Stopped:
+            asm.reserve([2])
+        except Stopped:
             err.append("stopped")
 
     t = threading.Thread(target=blocked)
@@ -96,4 +140,3 @@ def test_halt_unblocks_a_producer_waiting_for_a_buffer():
     asm.halt()
     t.join(timeout=2)
     assert err == ["stopped"] and asm.take(0.01) is None
-

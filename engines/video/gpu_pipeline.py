@@ -1,0 +1,276 @@
+"""The GPU path of :func:`engines.video.classify`, one function per stage:
+
+    decode_stage (a thread per source)
+        NVDEC -> up to 16 frames of one source at a time -> ONE preprocessing kernel on the source's stream writes
+        them into a reserved run of slots of an input buffer -> an event recorded after it
+    infer_stage (one thread)
+        a full (or timed-out partial) buffer -> the inference stream waits on the writers' events
+        -> engine.infer(buffer) -> top-k on the GPU -> the buffer's "free" event -> the buffer goes back
+    collect_stage (the caller's thread)
+        waits for a batch's top-k, copies (batch, k) indices and scores to the host, yields Predictions
+
+Files are decoded by PyNvVideoCodec's ThreadedDecoder (demux and decode in a native thread, Python once per batch
+of frames); live-paced sources, low-latency decoding and URLs use the packet loop (Python once per packet). The
+per-frame Python work of the first design (a DLPack import, a kernel launch, an event and two lock round trips
+per frame, competing with 16 decoder threads for the interpreter lock) is what held 16 streams at 0.54x of the
+NVDEC ceiling; see docs/BENCHMARKS.md.
+
+Zero copy: only compressed packets go in and (batch, k) results come out; no frame crosses between host and
+device. A buffer is reused only after its next writers' streams wait, on the GPU, for inference's free event.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+
+import numpy as np
+
+from .._gpu import device as gpu_device
+from ..errors import UsageProblem
+from ..preprocess import MAX_FRAMES_PER_LAUNCH, GpuPreprocessor
+from .assembler import InputBuffer, SlotAssembler, Stopped
+from .sources import BatchUnavailable, SourceError, surface_format
+
+log = logging.getLogger("trtc")
+
+
+class GpuPipeline:
+    def __init__(self, srcs, engine, spec, batch, stride, topk, labels, buffers, max_wait_ms, stats, problems,
+                 input_shape, report_problem, make_prediction):
+        from .._deps import require
+
+        self.cp = require("cupy", "The GPU video pipeline")
+        require("PyNvVideoCodec", "Decoding video on the GPU")
+        self.srcs, self.engine, self.spec, self.batch = srcs, engine, spec, batch
+        self.stride, self.topk, self.labels = stride, topk, labels
+        self.n_buffers, self.max_wait = buffers, max_wait_ms / 1000.0
+        self.stats, self.problems = stats, problems
+        self.input_shape, self.report_problem, self.make_prediction = input_shape, report_problem, make_prediction
+        self.lock = threading.Lock()
+        self.counts = {s.name: 0 for s in srcs}
+        self.stop = threading.Event()
+        self.device_id = getattr(engine, "device_id", 0)
+        if gpu_device(self.device_id) is None:
+            raise UsageProblem(f"no NVIDIA GPU {self.device_id} found", "use --device cpu")
+
+    def run(self):
+        with self.cp.cuda.Device(self.device_id):
+            yield from self._run()
+
+    # ----------------------------------------------------------------------------------------------- stages
+    def decode_stage(self, src, pre: GpuPreprocessor, asm: SlotAssembler, out_dtype) -> None:
+        """One source: decode, preprocess into reserved slots, record events. Runs in its own thread."""
+        cp = self.cp
+        stream = None
+        plan_for: dict = {}
+
+        def write(ptrs, metas, plan):
+            """Enqueue the preprocessing of these surfaces into the next free slots, as few runs as possible."""
+            pos = 0
+            while pos < len(ptrs):
+                buf, start, m = asm.reserve(metas[pos:pos + MAX_FRAMES_PER_LAUNCH])
+                ev = None
+                try:
+                    stream.wait_event(buf.free)  # inference has read this buffer's previous batch (GPU-side wait)
+                    pre.launch(plan, ptrs[pos:pos + m], buf.data.data.ptr + start * buf.slot_bytes, stream)
+                    ev = buf.event_for(stream.ptr)
+                    ev.record(stream)
+                except Exception as exc:  # noqa: BLE001 - the run's frames are lost, the source goes on
+                    self.report_problem(src.name, f"{src.name}: {m} frame(s) lost: preprocessing failed: "
+                                                  f"{type(exc).__name__}: {exc}", self.counts[src.name])
+                    ev = None
+                finally:
+                    asm.commit(buf, start, m, stream.ptr, ev)
+                pos += m
+
+        def plan_of(frame):
+            fmt = surface_format(frame)
+            surface = cp.from_dlpack(frame)  # no copy; the decoder writes on this stream, so no wait is added
+            key = (fmt, surface.shape, surface.dtype.char)
+            plan = plan_for.get(key)
+            if plan is None:
+                info = src.info
+                plan = plan_for[key] = pre.plan(fmt, surface.shape, surface.dtype, info.height, info.width,
+                                                info.colorspace, out_dtype)
+            return plan, surface
+
+        def on_frames(first, frames):  # ThreadedDecoder: one batch of one source
+            if self.stop.is_set():
+                return False
+            plan, _ = plan_of(frames[0])
+            ptrs, metas = [], []
+            for i, frame in enumerate(frames):
+                index = first + i
+                if index % self.stride:
+                    continue
+                ptrs.append(frame.GetPtrToPlane(0))
+                metas.append((src.name, index, frame.getPTS(), self._seconds(src, index), None, None))
+            if ptrs:
+                write(ptrs, metas, plan)
+            return True  # frame references die with this call, before the next get_batch_frames
+
+        def on_frame(index, pts, t, frame, fed_at):  # packet loop: one frame
+            out_at = time.perf_counter()
+            if self.stop.is_set():
+                return False
+            if index % self.stride:
+                return True
+            plan, surface = plan_of(frame)
+            write([surface.data.ptr], [(src.name, index, pts, t, fed_at, out_at)], plan)
+            return True  # surface and frame references die here, before the next Decode
+
+        try:
+            # normal priority and one stream for the decoder's copies and our kernel: a higher priority, a separate
+            # decoder stream and a larger decoder ring were measured on the H200 and changed nothing (BENCHMARKS.md)
+            stream = cp.cuda.Stream(non_blocking=True)
+            with stream:
+                if src.batched:
+                    try:
+                        src.run_batches(stream.ptr, MAX_FRAMES_PER_LAUNCH, on_frames)
+                        return
+                    except BatchUnavailable as exc:
+                        log.info("%s; decoding it packet by packet", exc)
+                src.run(stream.ptr, on_frame)
+        except Stopped:
+            return
+        except SourceError as exc:
+            self.report_problem(src.name, exc.reason, self.counts[src.name])
+        except Exception as exc:  # noqa: BLE001 - report, keep the other sources going
+            self.report_problem(src.name, f"{src.name}: {type(exc).__name__}: {exc}", self.counts[src.name])
+        finally:
+            if stream is not None:
+                stream.synchronize()
+            asm.source_done()  # whatever happened: the run must not wait for this source forever
+
+    def infer_stage(self, asm: SlotAssembler, infer_stream, results: queue.Queue, errors: list) -> None:
+        """Full (or timed-out) buffers -> engine -> top-k on the GPU. Runs in one thread."""
+        # where the inference thread's time goes (host seconds), reported in RunStats.infer_stage
+        prof = self.stats.infer_stage
+        prof.update(waiting_for_batches_s=0.0, engine_call_s=0.0, topk_call_s=0.0)
+        try:
+            while not self.stop.is_set():
+                t0 = time.perf_counter()
+                buf = asm.take(self.max_wait)
+                t1 = time.perf_counter()
+                prof["waiting_for_batches_s"] += t1 - t0
+                if buf is None:
+                    break
+                n = buf.filled
+                for ev in buf.last_event.values():
+                    infer_stream.wait_event(ev)
+                # always the full batch, also for a partial one (rows past n hold stale frames whose outputs are
+                # dropped): ONNX Runtime's CUDA EP re-selects cuDNN algorithms whenever the input shape changes,
+                # measured at ~120 ms per call for ResNet-50 on an H200 when batch sizes alternate; one fixed
+                # shape also keeps CUDA graphs possible
+                t2 = time.perf_counter()
+                out = self.engine.infer(buf.data, stream=infer_stream)[0]
+                t3 = time.perf_counter()
+                idx, sc = self.topk.device(out[:n], stream=infer_stream)
+                buf.free.record(infer_stream)
+                done = infer_stream.record()
+                meta = buf.meta
+                asm.release(buf)
+                t4 = time.perf_counter()
+                results.put((meta, idx, sc, done))
+                prof["engine_call_s"] += t3 - t2
+                prof["topk_call_s"] += t4 - t3
+        except BaseException as exc:  # noqa: BLE001 - surfaced in the caller's thread
+            errors.append(exc)
+            self.stop.set()
+        finally:
+            results.put(None)
+
+    def collect_stage(self, results: queue.Queue, errors: list, start: float):
+        """Batches' top-k -> host -> Predictions, in the caller's thread."""
+        cp = self.cp
+        while True:
+            item = results.get()
+            if item is None:
+                break
+            meta, idx, sc, done = item
+            done.synchronize()
+            idx_h = cp.asnumpy(idx)  # (n, k): the only device->host copies
+            sc_h = cp.asnumpy(sc)
+            now = time.perf_counter()  # the results are on the host
+            self.stats.batches += 1
+            self.stats.batch_sizes.append(len(meta))
+            for m, i_row, s_row in zip(meta, idx_h.tolist(), sc_h.tolist(), strict=True):
+                if m is None:  # lost in preprocessing (reported by decode_stage)
+                    continue
+                name, index, pts, t, fed_at, out_at = m
+                self.counts[name] += 1
+                self.stats.frames += 1
+                latency = decode = None
+                if fed_at is not None:
+                    latency, decode = (now - fed_at) * 1000.0, (out_at - fed_at) * 1000.0
+                yield self.make_prediction(name, index, pts, t, i_row, s_row, latency, decode)
+            self.stats.seconds = time.perf_counter() - start
+        if errors:
+            raise errors[0]
+
+    # ------------------------------------------------------------------------------------------------- wiring
+    @staticmethod
+    def _seconds(src, index: int):
+        fps = src.info.fps if src.info is not None else None
+        return index / fps if fps else None
+
+    def _warm_up(self, data, stream) -> None:
+        """Run the batch once before the clock starts (once per engine and batch size): the first run of a shape
+        includes ONNX Runtime's cuDNN algorithm search, seconds that must not land mid-stream."""
+        warmed = getattr(self.engine, "_trtc_warm_batches", None)
+        if warmed is None:
+            warmed = set()
+            try:
+                self.engine._trtc_warm_batches = warmed
+            except AttributeError:
+                pass
+        if self.batch in warmed:
+            return
+        t0 = time.perf_counter()
+        with stream:
+            data.fill(0)
+        self.engine.infer(data, stream=stream)
+        stream.synchronize()
+        warmed.add(self.batch)
+        log.info("warmed up batch %d in %.2f s", self.batch, time.perf_counter() - t0)
+
+    def _run(self):
+        cp = self.cp
+        h, w = self.input_shape
+        dtype = self.engine.inputs[0].numpy_dtype
+        if dtype not in (np.float32, np.float16):
+            raise UsageProblem(f"the model input is {dtype}; the GPU preprocessor writes float32 or float16")
+        pre = GpuPreprocessor(self.spec)
+        bufs = [InputBuffer(cp, (3, h, w), dtype, self.batch) for _ in range(self.n_buffers)]
+        asm = SlotAssembler(bufs, self.batch)
+        asm.sources_live = len(self.srcs)
+        results: queue.Queue = queue.Queue(maxsize=self.n_buffers)
+        infer_stream = getattr(self.engine, "stream", None) or cp.cuda.Stream(non_blocking=True)
+        errors: list = []
+        self._warm_up(bufs[0].data, infer_stream)
+        start = time.perf_counter()
+        threads = [threading.Thread(target=self.decode_stage, args=(s, pre, asm, dtype), daemon=True,
+                                    name=f"trtc-nvdec-{i}") for i, s in enumerate(self.srcs)]
+        threads.append(threading.Thread(target=self.infer_stage, args=(asm, infer_stream, results, errors),
+                                        daemon=True, name="trtc-infer"))
+        for t in threads:
+            t.start()
+        try:
+            yield from self.collect_stage(results, errors, start)
+        finally:
+            self.stop.set()
+            asm.halt()
+            while True:  # let a blocked inference thread finish
+                try:
+                    results.get_nowait()
+                except queue.Empty:
+                    break
+            for t in threads:
+                t.join(timeout=10)
+            self.stats.seconds = time.perf_counter() - start
+            self.stats.per_source = dict(self.counts)
+            for src in self.srcs:
+                self.stats.decoded[src.name] = self.stats.decoded.get(src.name, 0) + src.decoded

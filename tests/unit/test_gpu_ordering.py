@@ -1,0 +1,191 @@
+"""Ordering rules of the GPU video path that can be checked on the CPU with recording stand-ins for CuPy and
+PyNvVideoCodec (nothing here runs on a GPU; tests/gpu checks the pixels):
+
+- the sampling grid and coefficients are uploaded and their stream synchronised before any decoder thread's
+  stream can read them (an upload on the first decoder's stream, read by others without an event, was a race);
+- the packet loop and the ThreadedDecoder loop synchronise the source's stream before the decoder (and the
+  surfaces our kernels read) is freed;
+- a batched launch passes one pointer per frame and zero for the unused ones.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import numpy as np
+
+from engines.preprocess import MAX_FRAMES_PER_LAUNCH, ColorSpace, GpuPreprocessor, PreprocessSpec
+
+
+class _Log(list):
+    pass
+
+
+def _fake_cupy(monkeypatch, log):
+    class Stream:
+        def __init__(self, non_blocking=False):
+            self.ptr = 7
+
+        def __enter__(self):
+            log.append("enter")
+            return self
+
+        def __exit__(self, *exc):
+            log.append("exit")
+
+        def synchronize(self):
+            log.append("sync")
+
+    class Kernel:
+        def __init__(self, code, name):
+            self.code = code
+
+        def compile(self):
+            pass
+
+        def __call__(self, grid, block, args, stream=None):
+            log.append(("launch", grid, args[:MAX_FRAMES_PER_LAUNCH]))
+
+    def asarray(a, dtype=None):
+        log.append("upload")
+        return np.asarray(a, dtype)
+
+    m = types.ModuleType("cupy")
+    m.asarray = asarray
+    m.RawKernel = Kernel
+    m.cuda = types.SimpleNamespace(Stream=Stream, get_current_stream=lambda: Stream(),
+                                   runtime=types.SimpleNamespace(streamSynchronize=lambda p: log.append(("sync", p))))
+    monkeypatch.setitem(sys.modules, "cupy", m)
+    return m
+
+
+def test_grid_and_coefficients_are_uploaded_and_synchronised_before_use(monkeypatch):
+    log = _Log()
+    _fake_cupy(monkeypatch, log)
+    pre = GpuPreprocessor(PreprocessSpec(size=(8, 8), resize=10))
+    plan = pre.plan("NV12", (30, 20), np.uint8, 20, 20, ColorSpace("bt601", "limited"), np.float32)
+    uploads = [i for i, e in enumerate(log) if e == "upload"]
+    syncs = [i for i, e in enumerate(log) if e == "sync"]
+    assert len(uploads) == 7  # six grid arrays, one coefficient vector
+    # every upload is followed by a synchronisation of its stream before plan() returns
+    assert all(any(s > u for s in syncs) for u in uploads) and syncs[-1] > uploads[-1]
+    log.clear()
+    pre.launch(plan, [0x1000, 0x2000, 0x3000], 0x9000, object())
+    (_, grid, srcs), = log
+    assert grid == (plan.grid_x, 3)
+    assert [int(p) for p in srcs] == [0x1000, 0x2000, 0x3000] + [0] * (MAX_FRAMES_PER_LAUNCH - 3)
+    assert plan.slot_bytes == 3 * 8 * 8 * 4
+    # the same plan is reused without another upload
+    assert pre.plan("NV12", (30, 20), np.uint8, 20, 20, ColorSpace("bt601", "limited"), np.float32) is plan
+    assert "upload" not in log
+
+
+def _fake_nvc(monkeypatch, log, frames_per_packet=1, packets=3, threaded_frames=None, declared=None):
+    class Decoder:
+        def Decode(self, packet):  # noqa: N802 - PyNvVideoCodec's name
+            return [types.SimpleNamespace(getPTS=lambda: 0) for _ in range(frames_per_packet)]
+
+        def __del__(self):
+            log.append("decoder freed")
+
+    class Threaded:
+        def __init__(self, *a, **k):
+            self.left = packets if threaded_frames is None else threaded_frames
+
+        def get_stream_metadata(self):
+            return types.SimpleNamespace(num_frames=packets if declared is None else declared)
+
+        def get_batch_frames(self, n):
+            if not self.left:
+                return []
+            self.left -= 1
+            return [types.SimpleNamespace(getPTS=lambda: 0)]
+
+        def end(self):
+            log.append("decoder ended")
+
+        def __del__(self):
+            log.append("decoder freed")
+
+    class Demuxer:
+        def __iter__(self):
+            return iter([types.SimpleNamespace(bsl=1, pts=i) for i in range(packets)])
+
+        def GetNvCodecId(self):  # noqa: N802
+            return "cudaVideoCodec.H264"
+
+        def Width(self):  # noqa: N802
+            return 64
+
+        def Height(self):  # noqa: N802
+            return 48
+
+        def ChromaFormat(self):  # noqa: N802
+            return 1
+
+        def BitDepth(self):  # noqa: N802
+            return 8
+
+        def FrameRate(self):  # noqa: N802
+            return 25.0
+
+    m = types.ModuleType("PyNvVideoCodec")
+    m.CreateDemuxer = lambda filename: Demuxer()
+    m.CreateDecoder = lambda **k: Decoder()
+    m.ThreadedDecoder = Threaded
+    m.GetDecoderCaps = lambda **k: {"supported": True}
+    m.DisplayDecodeLatencyType = types.SimpleNamespace(NATIVE=0, LOW=1, ZERO=2)
+    monkeypatch.setitem(sys.modules, "PyNvVideoCodec", m)
+    monkeypatch.setattr("engines.video.sources.decoder_caps", lambda *a: {"supported": True})
+
+
+def test_decoders_are_freed_only_after_their_stream_is_synchronised(monkeypatch, tmp_path):
+    from engines.video.sources import NvdecSource
+
+    log = _Log()
+    _fake_cupy(monkeypatch, log)
+    _fake_nvc(monkeypatch, log)
+    clip = tmp_path / "clip.mp4"
+    clip.write_bytes(b"x")
+    monkeypatch.setattr("engines.video.sources.probe_colorspace", lambda *a: ColorSpace("bt601", "limited"))
+
+    seen = []
+    src = NvdecSource(str(clip))
+    src.run(42, lambda *a: seen.append("frame"))
+    assert seen == ["frame"] * 3
+    assert log.index(("sync", 42)) < log.index("decoder freed")
+
+    log.clear()
+    src = NvdecSource(str(clip))
+    assert src.batched
+    src.run_batches(43, 16, lambda first, frames: seen.append(first))
+    assert log.index(("sync", 43)) < log.index("decoder ended") < log.index("decoder freed")
+
+
+def test_a_threaded_pass_that_ends_early_goes_on_with_the_packet_loop(monkeypatch, tmp_path):
+    """The ThreadedDecoder stops at a corrupt picture: the packet loop decodes the rest, every index once."""
+    from engines.video.sources import NvdecSource, SourceError
+
+    log = _Log()
+    _fake_cupy(monkeypatch, log)
+    _fake_nvc(monkeypatch, log, packets=5, threaded_frames=3)
+    clip = tmp_path / "clip.mp4"
+    clip.write_bytes(b"x")
+    monkeypatch.setattr("engines.video.sources.probe_colorspace", lambda *a: ColorSpace("bt601", "limited"))
+    got = []
+    src = NvdecSource(str(clip))
+    src.run_batches(1, 16, lambda first, frames: got.extend(range(first, first + len(frames))))
+    assert got == [0, 1, 2, 3, 4] and src.decoded == 5
+
+    # and a file that is really cut off (its container declares 7 frames, 5 exist) is reported, after its frames
+    _fake_nvc(monkeypatch, log, packets=5, threaded_frames=3, declared=7)
+    got.clear()
+    src = NvdecSource(str(clip))
+    try:
+        src.run_batches(1, 16, lambda first, frames: got.extend(range(first, first + len(frames))))
+    except SourceError as exc:
+        assert "ended after 5 of the 7 frames" in str(exc)
+    else:
+        raise AssertionError("a cut-off file was not reported")
+    assert got == [0, 1, 2, 3, 4]
