@@ -67,11 +67,15 @@ class GpuPipeline:
         stream = None
         plan_for: dict = {}
 
+        clock = {"out": time.perf_counter(), "decoder": 0.0, "slots": 0.0, "launch": 0.0}
+
         def write(ptrs, metas, plan):
             """Enqueue the preprocessing of these surfaces into the next free slots, as few runs as possible."""
             pos = 0
             while pos < len(ptrs):
+                t0 = time.perf_counter()
                 buf, start, m = asm.reserve(metas[pos:pos + MAX_FRAMES_PER_LAUNCH])
+                clock["slots"] += time.perf_counter() - t0
                 ev = None
                 try:
                     stream.wait_event(buf.free)  # inference has read this buffer's previous batch (GPU-side wait)
@@ -97,10 +101,18 @@ class GpuPipeline:
                                                 info.colorspace, out_dtype)
             return plan, surface
 
+        batch_plan: list = []
+
         def on_frames(first, frames):  # ThreadedDecoder: one batch of one source
+            t_in = time.perf_counter()
+            clock["decoder"] += t_in - clock["out"]
             if self.stop.is_set():
                 return False
-            plan, _ = plan_of(frames[0])
+            # one DLPack import per source, not per batch: a file's surfaces keep the geometry its demuxer
+            # reported, and every extra call into PyNvVideoCodec costs interpreter-lock traffic
+            if not batch_plan:
+                batch_plan.append(plan_of(frames[0])[0])
+            plan = batch_plan[0]
             ptrs, metas = [], []
             for i, frame in enumerate(frames):
                 index = first + i
@@ -110,6 +122,8 @@ class GpuPipeline:
                 metas.append((src.name, index, frame.getPTS(), self._seconds(src, index), None, None))
             if ptrs:
                 write(ptrs, metas, plan)
+            clock["out"] = time.perf_counter()
+            clock["launch"] += clock["out"] - t_in
             return True  # frame references die with this call, before the next get_batch_frames
 
         def on_frame(index, pts, t, frame, fed_at):  # packet loop: one frame
@@ -144,6 +158,11 @@ class GpuPipeline:
             if stream is not None:
                 stream.synchronize()
             asm.source_done()  # whatever happened: the run must not wait for this source forever
+            with self.lock:  # where the decoder threads' time went (summed over sources)
+                st = self.stats.decode_stage
+                for k, name in (("decoder", "waiting_for_decoder_s"), ("slots", "waiting_for_slots_s"),
+                                ("launch", "preprocess_call_s")):
+                    st[name] = st.get(name, 0.0) + clock[k]
 
     def infer_stage(self, asm: SlotAssembler, infer_stream, results: queue.Queue, errors: list) -> None:
         """Full (or timed-out) buffers -> engine -> top-k on the GPU. Runs in one thread."""
