@@ -131,7 +131,7 @@ def default_device(index: int = 0) -> str:
 def classify(sources, engine, *, batch: int | None = None, top_k: int = 5, stride: int = 1, scores: str = "auto",
              preprocess: PreprocessSpec | None = None, labels: list[str] | None = None, decoder: str = "auto",
              colorspace: str | None = None, buffers: int = 4, max_wait_ms: float = 100.0, loop: int = 1,
-             realtime: bool = False, latency: str = "native") -> VideoRun:
+             realtime: bool = False, latency: str = "native", done: dict | None = None) -> VideoRun:
     """Classify every ``stride``-th frame of each source with ``engine`` (from :func:`engines.open_engine`).
 
     ``decoder``: "nvdec" (GPU; needs a CUDA engine), "pyav" (CPU), or "auto" (NVDEC when the engine is on a GPU).
@@ -139,7 +139,8 @@ def classify(sources, engine, *, batch: int | None = None, top_k: int = 5, strid
     partly filled batch waits for more frames before it runs anyway. ``loop``: read each source this many times.
     ``realtime``: feed packets at the stream's frame rate (to measure latency as a live camera would see it).
     ``latency``: NVDEC output latency, "native" (display order, a few frames of lag) or "low" (no lag; only for
-    streams without B-frames). Preprocessing and labels default to the model's manifest.
+    streams without B-frames). Preprocessing and labels default to the model's manifest. ``done``: {source: last
+    frame index already classified} (a resumed run): those frames are decoded again but not classified.
     """
     if isinstance(sources, (str, bytes)) or not hasattr(sources, "__iter__"):
         sources = [sources]
@@ -175,13 +176,15 @@ def classify(sources, engine, *, batch: int | None = None, top_k: int = 5, strid
     topk = TopK(top_k, scores)
     stats = RunStats(path=f"{decoder} -> {type(engine).__name__} ({getattr(engine, 'device', 'cpu')})")
     problems: list[SourceProblem] = []
+    done = {str(k): int(v) for k, v in (done or {}).items()}
     if decoder == "nvdec":
         def factory():
             return _GpuPipeline(srcs, engine, spec, batch, stride, topk, labels, buffers, max_wait_ms, stats,
-                                problems).run()
+                                problems, done).run()
     else:
         def factory():
-            return _cpu_pipeline(srcs, engine, spec, batch, stride, topk, labels, max_wait_ms, stats, problems)
+            return _cpu_pipeline(srcs, engine, spec, batch, stride, topk, labels, max_wait_ms, stats, problems,
+                                 done)
     return VideoRun(factory, stats, problems)
 
 
@@ -241,7 +244,7 @@ def _problem(problems, lock, source, reason, frames):
 
 
 # ------------------------------------------------------------------------------------------------------- CPU path
-def _cpu_pipeline(srcs, engine, spec, batch, stride, topk, labels, max_wait_ms, stats, problems):
+def _cpu_pipeline(srcs, engine, spec, batch, stride, topk, labels, max_wait_ms, stats, problems, done=None):
     """Decode threads (PyAV, numpy preprocessing) -> host batches -> engine.infer -> top-k on the host."""
     dtype = engine.inputs[0].numpy_dtype
     _input_shape(engine, spec)
@@ -251,12 +254,15 @@ def _cpu_pipeline(srcs, engine, spec, batch, stride, topk, labels, max_wait_ms, 
     done_marker = object()
     counts = {s.name: 0 for s in srcs}
 
+    done = done or {}
+
     def worker(src):
+        skip_to = done.get(src.name, -1)
         try:
             for index, pts, t, planes in src.frames():
                 if stop.is_set():
                     return
-                if index % stride:
+                if index % stride or index <= skip_to:
                     continue
                 cs = src.info.colorspace
                 x = preprocess_yuv(planes, spec, cs, dtype)
@@ -439,7 +445,9 @@ class _Assembler:
 
 
 class _GpuPipeline:
-    def __init__(self, srcs, engine, spec, batch, stride, topk, labels, buffers, max_wait_ms, stats, problems):
+    def __init__(self, srcs, engine, spec, batch, stride, topk, labels, buffers, max_wait_ms, stats, problems,
+                 done=None):
+        self.done = done or {}
         from .._deps import require
 
         self.cp = require("cupy", "The GPU video pipeline")
@@ -506,7 +514,7 @@ class _GpuPipeline:
                 out_at = time.perf_counter()
                 if self.stop.is_set():
                     return False
-                if index % self.stride:
+                if index % self.stride or index <= self.done.get(src.name, -1):
                     return True
                 fmt = surface_format(frame)
                 surface = cp.from_dlpack(frame)  # no copy; on this stream, which the decoder also uses

@@ -199,5 +199,5 @@ def test_ctrl_c_during_export_leaves_nothing(tmp_path, monkeypatch):
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     r = run(["export", f"{src}:build", "--input-size", "32", "-o", str(out_dir / "m.onnx")])
-    assert r.exit_code == 130 and "nothing was written" in r.output
+    assert r.exit_code == 130 and "nothing partial was left" in r.output
     assert_nothing_written(out_dir)
