@@ -221,6 +221,8 @@ def export(state: State, source, output, weights, num_classes, input_size, batch
 @click.option("--check", multiple=True, metavar="PATH", help="Data to compare the result with its parent on "
               "(default: held-out calibration data).")
 @click.option("--check-count", type=click.IntRange(1), default=256, show_default=True, help="Check samples at most.")
+@click.option("--allow-random-check", is_flag=True, help="int8: accept checking the result on random inputs when "
+              "--calib-count uses all the data and no --check is given (refused otherwise).")
 @click.option("--calib-cache", type=click.Path(dir_okay=False), help="Calibration cache file (default: one per "
               "model, data and recipe under ~/.cache/trtc/calibration).")
 @click.option("--no-calib-cache", is_flag=True, help="Always recalibrate; write no cache.")
@@ -237,8 +239,8 @@ def export(state: State, source, output, weights, num_classes, input_size, batch
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 @click.pass_obj
 def quantize(state: State, model, precision, output, calib, calib_count, calib_method, percentile, keep_fp32,
-             high_precision, target_agreement, no_bias_correction, check, check_count, calib_cache, no_calib_cache, seed, device,
-             input_size, resize, mean, std, color, force, as_json):
+             high_precision, target_agreement, no_bias_correction, check, check_count, allow_random_check, calib_cache,
+             no_calib_cache, seed, device, input_size, resize, mean, std, color, force, as_json):
     """Make an FP16 or INT8 (Q/DQ) ONNX from an FP32 one, with OUTPUT.json beside it.
 
     FP16 keeps FP32 inputs and outputs. INT8 is symmetric Q/DQ (per-channel weights, per-tensor activations) on
@@ -260,7 +262,7 @@ def quantize(state: State, model, precision, output, calib, calib_count, calib_m
                            check_count=check_count, calib_cache=False if no_calib_cache else calib_cache, seed=seed,
                            device=device, bias_correction=not no_bias_correction, input_size=input_size,
                            resize=resize, mean=mean, std=std, color=color.upper() if color else None, force=force,
-                           reporter=state.reporter())
+                           allow_random_check=allow_random_check, reporter=state.reporter())
     _show(state, report, as_json, "render_quantize")
 
 
@@ -288,12 +290,13 @@ def quantize(state: State, model, precision, output, calib, calib_count, calib_m
 @click.option("--calib-count", type=click.IntRange(1), help="int8: see trtc quantize.")
 @click.option("--target-agreement", type=float, help="int8: see trtc quantize.")
 @click.option("--keep-fp32", multiple=True, metavar="OP_OR_NODE", help="fp16/int8: see trtc quantize.")
+@click.option("--allow-random-check", is_flag=True, help="int8: see trtc quantize.")
 @click.option("--force", is_flag=True, help="Overwrite existing outputs.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 @click.pass_obj
 def build(state: State, model, output, precision, backend, batch, input_size, workspace, opt_level, timing_cache,
           version_compatible, hardware_compatibility, compute_capability, calib, calib_count, target_agreement,
-          keep_fp32, force, as_json):
+          keep_fp32, allow_random_check, force, as_json):
     """Build a TensorRT plan from an ONNX model, with OUTPUT.json (the manifest) beside it.
 
     Strongly typed for TensorRT 10, 11 and TensorRT-RTX: the precision is the ONNX graph's. After the build the
@@ -316,6 +319,8 @@ def build(state: State, model, output, precision, backend, batch, input_size, wo
         quantize["target_agreement"] = target_agreement
     if keep_fp32:
         quantize["keep_fp32"] = list(keep_fp32)
+    if allow_random_check:
+        quantize["allow_random_check"] = True
     report = build_engine(model, output, precision=precision, backend=backend, batch=batch, input_size=input_size,
                           workspace=workspace, opt_level=opt_level, timing_cache=timing_cache,
                           version_compatible=version_compatible, hardware_compatibility=hardware_compatibility,
