@@ -187,7 +187,8 @@ def render_inspect(console, report: dict) -> None:
     t.add_row("runs here", verdict)
     if report.get("rebuild"):
         t.add_row("rebuild", escape(report["rebuild"]))
-    t.add_row("parent", escape(str((report.get("parent") or {}).get("file"))))
+    parent = report.get("parent") or {}
+    t.add_row("parent", escape(parent["file"]) if parent.get("file") else "none recorded")
     _print(console, t)
 
 
@@ -276,7 +277,7 @@ def render_doctor(console, report: dict) -> None:
     ft.add_column("status")
     ft.add_column("fix")
     for f in report["features"]:
-        ft.add_row(f["feature"], "[green]yes[/]" if f["ok"] else f"[red]no[/] [dim]{escape(f['reason'])}[/]",
+        ft.add_row(f["feature"], "[green]yes[/]" if f["ok"] else f"[red]no[/][dim]: {escape(f['reason'])}[/]",
                    escape(f.get("fix") or ""))
     _print(console, ft)
 
