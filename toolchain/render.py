@@ -4,12 +4,14 @@ from __future__ import annotations
 
 
 def _print(console, table) -> None:
-    """Print a table without cutting any word: rich shrinks columns to the console's width (80 when piped) and
-    ends cut words with an ellipsis (model names became 'lite0.int...'). Columns still wrap between words; only
-    when the console is narrower than the table's longest words together does the table get wider than the
-    console (the terminal then wraps its lines, and nothing is lost)."""
+    """Print a table without cutting what identifies a row: rich shrinks columns to the console's width (80 when
+    piped) and ends cut words with an ellipsis (model names became 'lite0.int...'). The first column never wraps
+    or shrinks; the others wrap between words; only when the console is narrower than that does the table get
+    wider than the console (the terminal then wraps its lines, and nothing is lost)."""
     from rich.measure import Measurement
 
+    if table.columns:  # the first column names the row (model, source, feature): it never wraps or shrinks
+        table.columns[0].no_wrap = True
     need = Measurement.get(console, console.options.update_width(10_000), table).minimum
     if need <= console.width:
         console.print(table)
@@ -23,13 +25,16 @@ def _print(console, table) -> None:
 
 
 def short_path(path: str, width: int = 48) -> str:
-    """``path`` shortened from the left to ``width`` characters, always keeping the file name whole."""
+    """``path`` shortened from the left to at most ``width`` characters at a folder boundary, always keeping the
+    file name whole: ``…/datasets/data/bikes.mp4``."""
     if len(path) <= width:
         return path
     name = path.replace("\\", "/").rsplit("/", 1)[-1]
-    keep = max(0, width - len(name) - 2)
     head = path[: len(path) - len(name)]
-    return "…" + (head[-keep:] if keep else "/") + name
+    room = width - len(name) - 1
+    tail = head[-room:] if room > 0 else ""
+    tail = tail[tail.index("/"):] if "/" in tail else "/"
+    return "…" + tail + name
 
 
 def _mb(n: int) -> str:
