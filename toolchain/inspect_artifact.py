@@ -17,6 +17,8 @@ def inspect_artifact(path: str | Path, device: int = 0) -> dict:
     m = read_manifest_if_any(p)
     if m is None and p.suffix.lower() == ".onnx":
         return _bare_onnx(p)
+    if m is None and p.suffix.lower() != ".plan":
+        raise TrtcError(f"{p} is neither an .onnx model nor a .plan", "give an .onnx or .plan made by trtc")
     if m is None:
         m = read_manifest(p)  # raises: a plan without its manifest cannot be described
     out = {"artifact": str(p), "kind": m.kind, "bytes": m.artifact.get("bytes"), "sha256": m.artifact.get("sha256"),

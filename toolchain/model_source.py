@@ -209,7 +209,7 @@ def _torchscript(ref: SourceRef, num_classes, torch) -> LoadedModel:
     try:
         module = torch.jit.load(ref.value, map_location="cpu")
     except Exception as exc:
-        raise UsageProblem(f"{ref.value} is not a TorchScript file ({str(exc).splitlines()[0][:120]})",
+        raise UsageProblem(f"{ref.value} is not a TorchScript file ({_one_sentence(exc)})",
                            "for a state_dict or checkpoint use torchvision:ARCH --weights FILE (or timm:NAME, "
                            "file.py:factory)") from exc
     return LoadedModel(module, Path(ref.value).stem, ref.text, "script",
@@ -222,7 +222,7 @@ def _exported(ref: SourceRef, num_classes, torch) -> LoadedModel:
     try:
         ep = torch.export.load(ref.value)
     except Exception as exc:
-        raise UsageProblem(f"{ref.value} is not a torch.export program ({str(exc).splitlines()[0][:120]})",
+        raise UsageProblem(f"{ref.value} is not a torch.export program ({_one_sentence(exc)})",
                            "save it with torch.export.save(torch.export.export(model, args), 'model.pt2')") from exc
     return LoadedModel(ep, Path(ref.value).stem, ref.text, "exported",
                        dict(size=224, resize=256, mean=IMAGENET_MEAN, std=IMAGENET_STD))

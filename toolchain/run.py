@@ -127,9 +127,13 @@ def run_video(sources, model, *, device: str = "auto", batch: int | None = None,
         if out_path is not None:
             tmp = out_path.with_name(f".{out_path.name}.{os.getpid()}.tmp")
             sink = tmp.open("wb")
-            if kept_bytes:
+            if kept_bytes:  # the earlier run's complete lines, in chunks (the file may be large)
                 with out_path.open("rb") as old:
-                    sink.write(old.read(kept_bytes))
+                    left = kept_bytes
+                    while left:
+                        chunk = old.read(min(left, 1 << 22))
+                        sink.write(chunk)
+                        left -= len(chunk)
         else:
             sink = stream or sys.stdout
         latencies = []
@@ -148,7 +152,7 @@ def run_video(sources, model, *, device: str = "auto", batch: int | None = None,
                         latencies.append(pred.latency_ms)
                     bar.advance()
                     now = time.perf_counter()
-                    if tmp is not None and now - synced > 1.0:  # what a crash would keep: complete lines on disk
+                    if tmp is not None and now - synced > 1.0:  # complete lines on disk in the temporary file
                         sink.flush()
                         os.fsync(sink.fileno())
                         synced = now
