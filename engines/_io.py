@@ -30,7 +30,10 @@ def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
     the extension still work.
     """
     target = Path(target)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=f".tmp{target.suffix}", dir=target.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=f".tmp{target.suffix}", dir=target.parent)
+    except OSError as exc:  # a user's folder that is missing, read-only or full: say so, no traceback
+        raise _cannot_write(target, exc) from exc
     os.close(fd)
     tmp_path = Path(tmp)
     umask = os.umask(0)
@@ -38,11 +41,25 @@ def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
     os.chmod(tmp_path, 0o666 & ~umask)  # mkstemp makes 0600; artifacts get the usual permissions
     try:
         yield tmp_path
-        os.replace(tmp_path, target)
+        try:
+            os.replace(tmp_path, target)
+        except OSError as exc:
+            raise _cannot_write(target, exc) from exc
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
         raise
+
+
+def _cannot_write(target: Path, exc: OSError):
+    from .errors import OutputNotWritable, UsageProblem
+
+    folder = target.parent
+    if not folder.is_dir():
+        return UsageProblem(f"cannot write {target}: its folder {folder} does not exist",
+                            f"create it first (mkdir -p {folder}) or choose another output")
+    return OutputNotWritable(f"cannot write {target}: {exc.strerror or type(exc).__name__}",
+                             f"choose an output in a folder you can write to, or fix its permissions (ls -ld {folder})")
 
 
 def atomic_write_bytes(target: str | os.PathLike, data: bytes) -> None:

@@ -48,3 +48,7 @@ class ManifestError(TrtcError):
 
 class EngineError(TrtcError):
     """An engine could not be opened or run."""
+
+
+class OutputNotWritable(TrtcError):
+    """An output's folder exists but cannot take a new file (permissions, read-only file system, full disk)."""

@@ -114,9 +114,11 @@ def main() -> int:
         preds = list(run)
     for p in preds[::5]:
         print(f"   t={p.time:5.2f}s frame {p.frame:3d}: {p.labels[0]:<22} {p.scores[0]:.2f}")
-    print(f"   {run.stats.frames} frames classified in {run.stats.seconds:.2f} s; the same from the CLI: "
-          f"trtc run bikes.mp4 --model {onnx_path} --stride 10")
+    print(f"   {run.stats.frames} frames classified in {run.stats.seconds:.2f} s; the same from the CLI:\n"
+          f"   trtc run {bikes} --model {onnx_path} --device cpu --stride 10")
     print("\nDone. Artifacts in", work.resolve())
+    print("Next: `. .venv/bin/activate && trtc data` copies bikes.mp4 and the photos into ./trtc-data; from there the "
+          "README's examples run as written.")
     return 0
 
 

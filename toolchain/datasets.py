@@ -27,6 +27,34 @@ def sample_photos() -> list[Path]:
     return paths
 
 
+def copy_sample_data(folder: str | Path, force: bool = False) -> dict[str, Path]:
+    """Copy bikes.mp4 and the sample photos into ``folder`` (``folder/bikes.mp4``, ``folder/photos/*.png``), the
+    paths the README's examples use. ``folder`` may exist; it is created if its parent exists. Files already there
+    with the same size are left alone; different ones are refused without ``force``."""
+    import shutil
+
+    from .outputs import check_output_path, probe_writable
+    from .errors import UsageProblem
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        check_output_path(folder, force=False, suffix=None, option="FOLDER")
+        folder.mkdir()
+    probe_writable(folder)
+    plan = [(bikes_video(), folder / "bikes.mp4")] + [(p, folder / "photos" / p.name) for p in sample_photos()]
+    clash = [dst for src, dst in plan if dst.exists() and dst.stat().st_size != src.stat().st_size]
+    if clash and not force:
+        raise UsageProblem(f"{clash[0]} exists and differs from the sample", "add --force to overwrite it, or "
+                           "give another folder")
+    (folder / "photos").mkdir(exist_ok=True)
+    for src, dst in plan:
+        if not dst.exists() or dst.stat().st_size != src.stat().st_size:
+            tmp = dst.with_name(f".{dst.name}.tmp")
+            shutil.copyfile(src, tmp)
+            tmp.replace(dst)
+    return {"video": plan[0][1], "photos": folder / "photos", "files": [dst for _src, dst in plan]}
+
+
 def _package_file(module: str, package: str, rel: str, what: str, extra: str = "demo") -> Path:
     root = package_dir(module)
     path = Path(root) / rel if root else None

@@ -119,15 +119,15 @@ def features(pk: dict, gpu: dict) -> list[dict]:
     fix = ("pip uninstall -y onnxruntime onnxruntime-gpu && pip install onnxruntime-gpu" if both_ort else
            'pip uninstall -y onnxruntime && pip install "trtc[gpu]"' if have_gpu else "needs an NVIDIA GPU")
     row("ONNX Runtime on GPU (CUDA EP)", cuda_ep and have_gpu,
-        "no GPU" if not have_gpu else "onnxruntime has no CUDAExecutionProvider", fix)
-    row("GPU preprocessing (CuPy)", has["cupy"] and have_gpu, "no GPU" if not have_gpu else "cupy not installed",
+        "NVIDIA GPU missing" if not have_gpu else "onnxruntime has no CUDAExecutionProvider", fix)
+    row("GPU preprocessing (CuPy)", has["cupy"] and have_gpu, "NVIDIA GPU missing" if not have_gpu else "cupy not installed",
         'pip install "trtc[gpu]"' if have_gpu else "needs an NVIDIA GPU")
     row("NVDEC video decode (PyNvVideoCodec)", has["PyNvVideoCodec"] and have_gpu,
-        "no GPU" if not have_gpu else "PyNvVideoCodec not installed",
+        "NVIDIA GPU missing" if not have_gpu else "PyNvVideoCodec not installed",
         'pip install "trtc[gpu]"' if have_gpu else "needs an NVIDIA GPU")
     row("CPU video decode (PyAV)", has["av (PyAV)"], "av not installed", 'pip install "trtc[video-cpu]"')
     row("TensorRT 10/11 engines (build + run)", has["tensorrt"] and have_gpu,
-        "no GPU" if not have_gpu else "tensorrt not installed",
+        "NVIDIA GPU missing" if not have_gpu else "tensorrt not installed",
         'pip install "trtc[trt]" (NVIDIA\'s wheels fetch the libraries from NVIDIA\'s index)' if have_gpu
         else "needs an NVIDIA GPU")
     rtx_runs = any(c and (c.startswith(("7.5", "8.", "12.")) or c >= "12") for c in ccs)

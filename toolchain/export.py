@@ -33,6 +33,7 @@ from engines.preprocess import PreprocessSpec, batch_from_images, list_images
 from ._ui import Reporter
 from .errors import ExportError, UsageProblem
 from .model_source import LoadedModel, load_model, parse_source
+from .outputs import check_output_path  # noqa: F401 - quantize and build import it from here
 
 log = logging.getLogger("trtc")
 INPUT_NAME, OUTPUT_NAME = "input", "logits"
@@ -72,20 +73,6 @@ class ExportReport:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def check_output_path(output: str | Path, force: bool, suffix: str = ".onnx") -> Path:
-    out = Path(output)
-    if out.suffix.lower() != suffix:
-        raise UsageProblem(f"output {out} must end in {suffix}", f"e.g. -o model{suffix}")
-    if not out.parent.exists():
-        raise UsageProblem(f"output folder {out.parent} does not exist",
-                           f"create it first (mkdir -p {out.parent}) or choose another -o")
-    if out.is_dir():
-        raise UsageProblem(f"output {out} is a folder", f"give a file name, e.g. -o {out / ('model' + suffix)}")
-    if out.exists() and not force:
-        raise UsageProblem(f"{out} already exists", "add --force to overwrite it")
-    return out
 
 
 def read_labels(path: str | Path) -> list[str]:

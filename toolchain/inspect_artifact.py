@@ -17,6 +17,8 @@ def inspect_artifact(path: str | Path, device: int = 0) -> dict:
     m = read_manifest_if_any(p)
     if m is None and p.suffix.lower() == ".onnx":
         return _bare_onnx(p)
+    if m is None and p.suffix.lower() != ".plan":
+        raise TrtcError(f"{p} is neither an .onnx model nor a .plan", "give an .onnx or .plan made by trtc")
     if m is None:
         m = read_manifest(p)  # raises: a plan without its manifest cannot be described
     out = {"artifact": str(p), "kind": m.kind, "bytes": m.artifact.get("bytes"), "sha256": m.artifact.get("sha256"),
@@ -77,10 +79,22 @@ def _onnx_ops(path: Path) -> dict | None:
 
     if not is_installed("onnx"):
         return None
-    import onnx
-
-    model = onnx.load(str(path), load_external_data=False)
+    model = _load_onnx(path)
     return dict(Counter(n.op_type for n in model.graph.node).most_common())
+
+
+def _load_onnx(path: Path):
+    """The ONNX model in ``path``; a file that is not one (corrupt, cut short, another format) is a TrtcError."""
+    from engines._deps import require
+
+    onnx = require("onnx", "Inspecting ONNX files", extra="export")
+    try:
+        return onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError and friends: the file is not an ONNX model
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise TrtcError(f"{path} is not a readable ONNX model ({first})",
+                        "give an .onnx file made by trtc export/quantize (or re-export it: the file may be cut "
+                        "short or corrupt)") from exc
 
 
 def _bare_onnx(path: Path) -> dict:
@@ -90,7 +104,7 @@ def _bare_onnx(path: Path) -> dict:
     onnx = require("onnx", "Inspecting ONNX files without a manifest", extra="export")
     from .precision.graph import tensor_spec
 
-    model = onnx.load(str(path), load_external_data=False)
+    model = _load_onnx(path)
     inits = {i.name for i in model.graph.initializer}
 
     ops = dict(Counter(n.op_type for n in model.graph.node).most_common())

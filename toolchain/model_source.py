@@ -65,18 +65,19 @@ def parse_source(text: str) -> SourceRef:
     if ".py:" in t:
         path, factory = t.rsplit(":", 1)
         if not Path(path).is_file():
-            raise UsageProblem(f"source file not found: {path}", "check the path before ':factory'")
+            raise UsageProblem(f"source file not found: {path}", "check the path before ':factory' (relative paths "
+                               "start in the current folder)")
         if not factory.isidentifier():
             raise UsageProblem(f"{factory!r} is not a Python function name", "use path/to/file.py:function_name")
         return SourceRef("pyfile", path, factory, text=t)
     p = Path(t)
     if p.suffix == ".pt2":
         if not p.is_file():
-            raise UsageProblem(f"source file not found: {p}")
+            raise UsageProblem(f"source file not found: {p}", _SOURCE_FIX)
         return SourceRef("exported", t, text=t)
     if p.suffix in TORCHSCRIPT_SUFFIXES or p.exists():
         if not p.is_file():
-            raise UsageProblem(f"source file not found: {p}")
+            raise UsageProblem(f"source file not found: {p}", _SOURCE_FIX)
         return SourceRef("torchscript", t, text=t)
     raise UsageProblem(f"unknown model source {text!r}",
                        "use torchvision:ARCH, timm:NAME, pretrained:efficientnet-lite0, file.py:factory, a TorchScript "
@@ -90,11 +91,15 @@ def imagenet_labels() -> list[str]:
     return list(_IMAGENET_CATEGORIES)
 
 
+_SOURCE_FIX = ("check the path (relative paths start in the current folder), or give torchvision:ARCH, timm:NAME, "
+               "pretrained:efficientnet-lite0 or file.py:factory")
+
+
 def load_model(source: str | SourceRef, weights: str | None = None, num_classes: int | None = None) -> LoadedModel:
     ref = parse_source(source) if isinstance(source, str) else source
     torch = require("torch", "Exporting PyTorch models")
     if weights is not None and not Path(weights).is_file():
-        raise UsageProblem(f"weights file not found: {weights}")
+        raise UsageProblem(f"weights file not found: {weights}", "check the --weights path")
     if weights is not None and ref.kind in ("pretrained", "torchscript", "exported"):
         raise UsageProblem(f"--weights does not apply to {ref.kind} sources (they carry their own weights)",
                            "drop --weights, or use torchvision:ARCH / timm:NAME / file.py:factory")
@@ -204,7 +209,7 @@ def _torchscript(ref: SourceRef, num_classes, torch) -> LoadedModel:
     try:
         module = torch.jit.load(ref.value, map_location="cpu")
     except Exception as exc:
-        raise UsageProblem(f"{ref.value} is not a TorchScript file ({str(exc).splitlines()[0][:120]})",
+        raise UsageProblem(f"{ref.value} is not a TorchScript file ({_one_sentence(exc)})",
                            "for a state_dict or checkpoint use torchvision:ARCH --weights FILE (or timm:NAME, "
                            "file.py:factory)") from exc
     return LoadedModel(module, Path(ref.value).stem, ref.text, "script",
@@ -217,7 +222,7 @@ def _exported(ref: SourceRef, num_classes, torch) -> LoadedModel:
     try:
         ep = torch.export.load(ref.value)
     except Exception as exc:
-        raise UsageProblem(f"{ref.value} is not a torch.export program ({str(exc).splitlines()[0][:120]})",
+        raise UsageProblem(f"{ref.value} is not a torch.export program ({_one_sentence(exc)})",
                            "save it with torch.export.save(torch.export.export(model, args), 'model.pt2')") from exc
     return LoadedModel(ep, Path(ref.value).stem, ref.text, "exported",
                        dict(size=224, resize=256, mean=IMAGENET_MEAN, std=IMAGENET_STD))
@@ -250,14 +255,29 @@ def extract_state_dict(obj, path: str) -> dict:
     return out
 
 
+def _one_sentence(exc: Exception) -> str:
+    """The first sentence of an exception's message, whole (never cut mid-word), with its type when that is all."""
+    text = " ".join(str(exc).split())
+    first = text.split(". ")[0].rstrip(".")
+    if len(first) > 300:
+        first = first[:300].rsplit(" ", 1)[0] + " ..."
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
 def load_weights(module, path: str, source: str) -> None:
     import torch
 
+    fix = "save the weights with torch.save(model.state_dict(), path)"
+    with open(path, "rb") as f:
+        head = f.read(8)
+    # torch.save writes a zip archive (PK..) or, before PyTorch 1.6, a pickle (0x80 ..)
+    if not head.startswith((b"PK\x03\x04", b"\x80")):
+        kind = "a text file" if head and all(32 <= c < 127 or c in (9, 10, 13) for c in head) else "another format"
+        raise ExportError(f"{path} is not a PyTorch weights file (it looks like {kind})", fix)
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
-        raise ExportError(f"cannot read weights {path}: {str(exc).splitlines()[0][:200]}",
-                          "save the weights with torch.save(model.state_dict(), path)") from exc
+        raise ExportError(f"cannot read weights {path}: {_one_sentence(exc)}", fix) from exc
     sd = extract_state_dict(obj, path)
     own = module.state_dict()
     missing = [k for k in own if k not in sd]

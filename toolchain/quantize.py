@@ -134,7 +134,7 @@ def quantize_onnx(model: str | Path, output: str | Path | None = None, *, precis
                   target_agreement: float | None = None, check: list | tuple | str | None = None,
                   check_count: int = DEFAULT_CHECK_COUNT, calib_cache: str | Path | bool | None = None,
                   seed: int = 0, device: str = "cpu", bias_correction: bool = True, input_size=None, resize: int | None = None, mean=None,
-                  std=None, color: str | None = None, force: bool = False,
+                  std=None, color: str | None = None, force: bool = False, allow_random_check: bool = False,
                   reporter: Reporter | None = None) -> QuantizeReport:
     """Make an FP16 or INT8 model from an FP32 ONNX file; see the module docstring."""
     reporter = reporter or Reporter()
@@ -205,6 +205,14 @@ def quantize_onnx(model: str | Path, output: str | Path | None = None, *, precis
             pool = cal.load_data(calib, spec, dims, input_name, want=calib_count + extra, seed=seed,
                                  reporter=reporter)
             calib_set, held = cal.split(pool, calib_count, seed)
+            if held is None and not check and not allow_random_check:
+                # the check would fall back to random inputs, and its "100% agreement" would mean nothing
+                raise QuantizeError(
+                    f"the calibration data gave {len(pool)} sample(s) and --calib-count {calib_count} uses all of "
+                    f"them, so none is left to check the INT8 model on (it would be checked on random inputs)",
+                    f"give more data (at least {calib_count + 1} samples; {calib_count + check_count} for the full "
+                    f"check), a lower --calib-count, --check DATA, or --allow-random-check to accept a check on "
+                    f"random inputs")
             if pool.skipped:
                 warnings.append(f"skipped {len(pool.skipped)} unreadable calibration file(s): "
                                 + ", ".join(Path(s['file']).name for s in pool.skipped[:5]))

@@ -3,6 +3,40 @@
 from __future__ import annotations
 
 
+def _print(console, table) -> None:
+    """Print a table without cutting what identifies a row: rich shrinks columns to the console's width (80 when
+    piped) and ends cut words with an ellipsis (model names became 'lite0.int...'). The first column never wraps
+    or shrinks; the others wrap between words; only when the console is narrower than that does the table get
+    wider than the console (the terminal then wraps its lines, and nothing is lost)."""
+    from rich.measure import Measurement
+
+    if table.columns:  # the first column names the row (model, source, feature): it never wraps or shrinks
+        table.columns[0].no_wrap = True
+    need = Measurement.get(console, console.options.update_width(10_000), table).minimum
+    if need <= console.width:
+        console.print(table)
+        return
+    old = console.width
+    console.width = need
+    try:
+        console.print(table)
+    finally:
+        console.width = old
+
+
+def short_path(path: str, width: int = 48) -> str:
+    """``path`` shortened from the left to at most ``width`` characters at a folder boundary, always keeping the
+    file name whole: ``…/datasets/data/bikes.mp4``."""
+    if len(path) <= width:
+        return path
+    name = path.replace("\\", "/").rsplit("/", 1)[-1]
+    head = path[: len(path) - len(name)]
+    room = width - len(name) - 1
+    tail = head[-room:] if room > 0 else ""
+    tail = tail[tail.index("/"):] if "/" in tail else "/"
+    return "…" + tail + name
+
+
 def _mb(n: int) -> str:
     return f"{n / 1e6:.1f} MB"
 
@@ -31,14 +65,14 @@ def render_export(console, report) -> None:
     t.add_row("time", f"load {tm.get('load_s', 0):.1f} s, export {tm.get('export_s', 0):.1f} s, "
                       f"check {tm.get('check_s', 0):.1f} s")
     t.add_row("manifest", report.manifest)
-    console.print(t)
+    _print(console, t)
     if report.predictions:
         pt = Table(title="top-5 (ONNX Runtime)", title_justify="left")
         pt.add_column("image")
         pt.add_column("top-5")
         for p in report.predictions:
             pt.add_row(escape(p["file"].rsplit("/", 1)[-1]), escape(", ".join(f"{lab} {prob:.2f}" for lab, prob in p["top5"])))
-        console.print(pt)
+        _print(console, pt)
 
 
 def render_quantize(console, report) -> None:
@@ -87,7 +121,7 @@ def render_quantize(console, report) -> None:
     tm = report.timings
     t.add_row("time", ", ".join(f"{k[:-2]} {v:.1f} s" for k, v in tm.items()))
     t.add_row("manifest", escape(report.manifest))
-    console.print(t)
+    _print(console, t)
     for w in report.warnings:
         console.print(f"[yellow]warning:[/] {escape(w)}")
 
@@ -121,7 +155,7 @@ def render_build(console, report) -> None:
                                f"with the parent on {c['samples']} held-out samples")
     t.add_row("time", ", ".join(f"{k[:-2]} {v:.1f} s" for k, v in report.timings.items()))
     t.add_row("manifest", escape(report.manifest))
-    console.print(t)
+    _print(console, t)
     for w in report.warnings:
         console.print(f"[yellow]warning:[/] {escape(w)}")
 
@@ -158,8 +192,9 @@ def render_inspect(console, report: dict) -> None:
     t.add_row("runs here", verdict)
     if report.get("rebuild"):
         t.add_row("rebuild", escape(report["rebuild"]))
-    t.add_row("parent", escape(str((report.get("parent") or {}).get("file"))))
-    console.print(t)
+    parent = report.get("parent") or {}
+    t.add_row("parent", escape(parent["file"]) if parent.get("file") else "none recorded")
+    _print(console, t)
 
 
 def render_validate(console, report: dict) -> None:
@@ -182,7 +217,7 @@ def render_validate(console, report: dict) -> None:
         t.add_row(escape(Path(c["model"]).name), c["precision"],
                   f"{100 * m['top1_agreement']:.1f}% ({100 * m['decisive_agreement']:.1f}%)",
                   f"{100 * m['top5_overlap']:.1f}%", f"{m['cosine']:.4f}", f"{m['max_abs_diff']:.3g}", acc, verdict)
-    console.print(t)
+    _print(console, t)
     for c in report["candidates"]:
         if c["flips"]:
             shown = ", ".join(f"{f['sample']} ({f['reference']} -> {f['candidate']})" for f in c["flips"][:5])
@@ -206,7 +241,7 @@ def render_bench(console, report) -> None:
     for r in report.rows:
         t.add_row(escape(Path(r.model).name), r.precision, str(r.batch), f"{r.p50_ms:.2f}", f"{r.p90_ms:.2f}",
                   f"{r.p99_ms:.2f}", f"{r.cv:.0%}", f"{r.throughput:.1f}", f"{r.speedup:.2f}x")
-    console.print(t)
+    _print(console, t)
     for w in report.warnings:
         console.print(f"[yellow]warning:[/] {escape(w)}")
 
@@ -220,14 +255,14 @@ def render_doctor(console, report: dict) -> None:
     t.add_column()
     for k, v in report["system"].items():
         t.add_row(k, str(v))
-    console.print(t)
+    _print(console, t)
     pk = Table(title="packages", title_justify="left")
     pk.add_column("package")
     pk.add_column("version")
     pk.add_column("notes")
     for name, info in report["packages"].items():
         pk.add_row(name, info.get("version") or "[dim]not installed[/]", escape(info.get("note", "")))
-    console.print(pk)
+    _print(console, pk)
     gpu = report["gpu"]
     g = Table(title="GPU", show_header=False, title_justify="left")
     g.add_column(style="bold")
@@ -241,37 +276,49 @@ def render_doctor(console, report: dict) -> None:
         g.add_row("GPU", f"none found ({gpu.get('reason', '')})")
     for codec, caps in (gpu.get("nvdec") or {}).items():
         g.add_row(f"NVDEC {codec}", caps)
-    console.print(g)
+    _print(console, g)
     ft = Table(title="what trtc can do here", title_justify="left")
     ft.add_column("feature")
     ft.add_column("status")
     ft.add_column("fix")
     for f in report["features"]:
-        ft.add_row(f["feature"], "[green]yes[/]" if f["ok"] else f"[red]no[/] [dim]{escape(f['reason'])}[/]",
+        ft.add_row(f["feature"], "[green]yes[/]" if f["ok"] else f"[red]no[/][dim]: {escape(f['reason'])}[/]",
                    escape(f.get("fix") or ""))
-    console.print(ft)
+    _print(console, ft)
 
 
 def render_run(console, summary) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    t = Table(title=f"{summary.frames} frames in {summary.seconds:.2f} s = {summary.fps:.1f} fps on {summary.device} "
-                    f"({summary.decoder}; mean batch {summary.mean_batch:.1f})", title_justify="left")
+    # one sentence, never broken by rich ("108.7 \nfps"): the terminal may wrap it, the text has no newline
+    state = "interrupted after" if summary.interrupted else ""
+    console.print(f"{state} {summary.frames} frames in {summary.seconds:.2f} s = {summary.fps:.1f} fps on "
+                  f"{summary.device} ({summary.decoder}; mean batch {summary.mean_batch:.1f})".strip(),
+                  soft_wrap=True, highlight=False)
+    t = Table(title_justify="left")
     t.add_column("source")
     t.add_column("frames", justify="right")
+    t.add_column("last frame", justify="right")
     t.add_column("status")
     problems = {p["source"]: p for p in summary.problems}
+    last = getattr(summary, "last_frame", {}) or {}
     for src in summary.sources:
         p = problems.get(src)
-        t.add_row(escape(src), str(summary.per_source.get(src, 0)),
-                  "[green]ok[/]" if p is None else f"[red]{escape(p['reason'])}[/]")
-    console.print(t)
+        status = ("[green]ok[/]" if not summary.interrupted else "[yellow]interrupted[/]") if p is None \
+            else f"[red]{escape(p['reason'])}[/]"
+        f = last.get(src)
+        t.add_row(escape(short_path(src)), str(summary.per_source.get(src, 0)), "-" if f is None else str(f), status)
+    _print(console, t)
     if summary.latency_ms:
         lat = summary.latency_ms
-        console.print(f"latency packet->result: p50 {lat['p50']:.1f} ms, p99 {lat['p99']:.1f} ms, max {lat['max']:.1f} ms")
+        console.print(f"latency packet->result: p50 {lat['p50']:.1f} ms, p99 {lat['p99']:.1f} ms, max {lat['max']:.1f} ms",
+                      soft_wrap=True)
     if summary.output:
-        console.print(f"predictions: {escape(summary.output)}")
+        kept = getattr(summary, "resumed_lines", 0)
+        console.print(f"predictions: {escape(summary.output)}" + (f" ({kept} kept from the earlier run, "
+                                                                   f"{summary.frames} added)" if kept else ""),
+                      soft_wrap=True)
 
 
 def render_bench_video(console, report) -> None:
@@ -292,7 +339,7 @@ def render_bench_video(console, report) -> None:
                   "" if cores is None else f"{cores:.2f}",
                   "" if r.vs_decode is None else f"{r.vs_decode:.2f}x",
                   "" if r.vs_usual is None else f"{r.vs_usual:.2f}x")
-    console.print(t)
+    _print(console, t)
     if report.latency:
         lat = report.latency
         console.print(f"latency (packet in -> top-k on host, {lat['frames']} frames, {lat['input']}): "

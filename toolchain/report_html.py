@@ -7,32 +7,54 @@ import html
 
 
 def _svg_bars(items: list[tuple[str, int]], width: int = 640, bar_h: int = 18) -> str:
+    """Horizontal bars, one per class: its name right-aligned left of x=250, the bar, and the count after the bar.
+    The longest bar leaves room for its count (up to six digits) inside the picture."""
     if not items:
         return "<p>No flips: every sample kept its top-1 class.</p>"
     top = max(v for _, v in items)
+    label_x, bar_x, count_room = 250, 255, 8 * 7 + 10
     h = bar_h * len(items) + 10
     rows = []
     for i, (label, v) in enumerate(items):
-        w = int((width - 260) * v / top)
+        w = int((width - bar_x - count_room) * v / top)
         y = 5 + i * bar_h
-        rows.append(f'<text x="250" y="{y + 13}" text-anchor="end" font-size="12">{html.escape(label[:38])}</text>'
-                    f'<rect x="255" y="{y + 2}" width="{w}" height="{bar_h - 5}" fill="#d62728"/>'
-                    f'<text x="{260 + w}" y="{y + 13}" font-size="12">{v}</text>')
-    return f'<svg width="{width}" height="{h}" role="img" aria-label="flips per class">{"".join(rows)}</svg>'
+        shown = label if len(label) <= 38 else label[:37] + "…"
+        rows.append(f'<text x="{label_x}" y="{y + 13}" text-anchor="end" font-size="12"><title>'
+                    f'{html.escape(label)}</title>{html.escape(shown)}</text>'
+                    f'<rect x="{bar_x}" y="{y + 2}" width="{w}" height="{bar_h - 5}" fill="#d62728"/>'
+                    f'<text x="{bar_x + w + 5}" y="{y + 13}" font-size="12">{v}</text>')
+    return (f'<svg width="{width}" height="{h}" viewBox="0 0 {width} {h}" role="img" aria-label="flips per class">'
+            f'{"".join(rows)}</svg>')
 
 
-def _svg_scatter(points: list[list[float]], size: int = 320) -> str:
-    pad = 30
-    inner = size - 2 * pad
-    dots = "".join(f'<circle cx="{pad + a * inner:.1f}" cy="{size - pad - b * inner:.1f}" r="2" fill="#1f77b4" '
-                   f'fill-opacity="0.5"/>' for a, b in points[:5000])
-    axes = (f'<line x1="{pad}" y1="{size - pad}" x2="{size - pad}" y2="{size - pad}" stroke="black"/>'
-            f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{size - pad}" stroke="black"/>'
-            f'<line x1="{pad}" y1="{size - pad}" x2="{size - pad}" y2="{pad}" stroke="#999" stroke-dasharray="4"/>'
-            f'<text x="{size / 2}" y="{size - 5}" text-anchor="middle" font-size="11">reference confidence</text>'
-            f'<text x="10" y="{size / 2}" font-size="11" transform="rotate(-90 10 {size / 2})" '
-            f'text-anchor="middle">candidate confidence</text>')
-    return f'<svg width="{size}" height="{size}" role="img" aria-label="confidence scatter">{axes}{dots}</svg>'
+def _svg_scatter(points: list[list[float]], size: int = 340) -> str:
+    """Candidate vs reference confidence, both in [0, 1], with ticks every 0.25 on both axes, axis titles and
+    the diagonal (no change)."""
+    left, bottom, top_pad, right_pad = 52, 44, 10, 14
+    inner = size - left - right_pad
+    inner_h = size - bottom - top_pad
+
+    def x(a: float) -> float:
+        return left + a * inner
+
+    def y(b: float) -> float:
+        return size - bottom - b * inner_h
+
+    dots = "".join(f'<circle cx="{x(a):.1f}" cy="{y(b):.1f}" r="2" fill="#1f77b4" fill-opacity="0.5"/>'
+                   for a, b in points[:5000])
+    parts = [f'<line x1="{x(0)}" y1="{y(0)}" x2="{x(1)}" y2="{y(0)}" stroke="black"/>',
+             f'<line x1="{x(0)}" y1="{y(0)}" x2="{x(0)}" y2="{y(1)}" stroke="black"/>',
+             f'<line x1="{x(0)}" y1="{y(0)}" x2="{x(1)}" y2="{y(1)}" stroke="#999" stroke-dasharray="4"/>']
+    for t in (0.0, 0.25, 0.5, 0.75, 1.0):
+        parts.append(f'<line x1="{x(t):.1f}" y1="{y(0)}" x2="{x(t):.1f}" y2="{y(0) + 5}" stroke="black"/>'
+                     f'<text x="{x(t):.1f}" y="{y(0) + 17}" text-anchor="middle" font-size="10">{t:g}</text>'
+                     f'<line x1="{x(0) - 5}" y1="{y(t):.1f}" x2="{x(0)}" y2="{y(t):.1f}" stroke="black"/>'
+                     f'<text x="{x(0) - 8}" y="{y(t) + 3:.1f}" text-anchor="end" font-size="10">{t:g}</text>')
+    parts.append(f'<text x="{x(0.5):.1f}" y="{size - 6}" text-anchor="middle" font-size="11">reference confidence'
+                 f'</text><text x="14" y="{y(0.5):.1f}" font-size="11" transform="rotate(-90 14 {y(0.5):.1f})" '
+                 f'text-anchor="middle">candidate confidence</text>')
+    return (f'<svg width="{size}" height="{size}" viewBox="0 0 {size} {size}" role="img" '
+            f'aria-label="confidence scatter">{"".join(parts)}{dots}</svg>')
 
 
 def validate_html(report: dict) -> str:

@@ -3,8 +3,9 @@
     summary = run_video(["cam1.mp4", "cam2.mp4"], "model.onnx", device="cuda:0", output="preds.jsonl")
 
 A thin layer over :func:`engines.video.classify`: picks the device, opens the engine, streams predictions to the
-output (stdout or a file written atomically: a temporary file renamed at the end, also when a source failed, so
-every result computed is kept), and returns a summary with per-source counts and problems.
+output (stdout, or a file: a temporary file beside it, fsync'd and renamed at the end, also when a source failed
+or the user pressed Ctrl-C, so every complete line computed is kept; ``resume`` continues such a file), and
+returns a summary with per-source counts, the last frame each source got to, and problems.
 """
 
 from __future__ import annotations
@@ -37,10 +38,13 @@ class RunSummary:
     problems: list[dict]
     output: str | None
     latency_ms: dict = field(default_factory=dict)
+    interrupted: bool = False  # stopped by Ctrl-C: the output holds every frame classified before
+    last_frame: dict = field(default_factory=dict)  # source -> last frame index in the output (None: none yet)
+    resumed_lines: int = 0  # lines kept from the earlier run (--resume)
 
     @property
     def ok(self) -> bool:
-        return not self.problems
+        return not self.problems and not self.interrupted
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -55,55 +59,115 @@ def pick_device(device: str) -> str:
     return default_device()
 
 
+def read_progress(path: Path) -> tuple[dict, int, int]:
+    """What a kept (e.g. interrupted) output already holds: ({source: last frame index}, complete lines, bytes of
+    complete lines). A last line cut short is not counted (it is dropped when the run resumes)."""
+    last: dict = {}
+    lines = 0
+    good = 0
+    with path.open("rb") as f:
+        for raw in f:
+            if not raw.endswith(b"\n"):
+                break
+            try:
+                d = json.loads(raw)
+                src, frame = str(d["source"]), int(d["frame"])
+            except (ValueError, KeyError, TypeError) as exc:
+                raise UsageProblem(f"{path} line {lines + 1} is not a trtc run prediction ({exc})",
+                                   "--resume continues a file written by trtc run -o; give another -o") from None
+            last[src] = max(frame, last.get(src, -1))
+            lines += 1
+            good += len(raw)
+    return last, lines, good
+
+
 def run_video(sources, model, *, device: str = "auto", batch: int | None = None, top_k: int = 5, stride: int = 1,
               output: str | None = None, decoder: str = "auto", colorspace: str | None = None, scores: str = "auto",
               max_wait_ms: float = 100.0, loop: int = 1, realtime: bool = False, latency: str = "native",
-              with_latency: bool = False, force: bool = False, reporter: Reporter | None = None,
+              with_latency: bool = False, force: bool = False, resume: bool = False, reporter: Reporter | None = None,
               stream=None) -> RunSummary:
-    """Classify ``sources`` with ``model``; predictions go to ``output`` (a .jsonl path) or ``stream``."""
+    """Classify ``sources`` with ``model``; predictions go to ``output`` (a .jsonl path) or ``stream``.
+
+    With ``output``, every complete line is kept whatever happens (a source fails, Ctrl-C): the lines go to a
+    temporary file beside it, which is flushed, fsync'd and renamed onto ``output`` at the end. Ctrl-C returns a
+    summary with ``interrupted`` set. ``resume``: ``output`` already holds lines of an earlier run of the same
+    sources; they are kept and each source continues after the last frame it has there.
+    """
     import numpy as np
 
     import engines
     from engines.video import classify
+
+    from .outputs import check_output_path
 
     reporter = reporter or Reporter()
     sources = [os.fspath(s) for s in sources]
     if not sources:
         raise UsageProblem("no video sources given", "trtc run clip.mp4 --model model.onnx")
     out_path = Path(output) if output and output != "-" else None
-    if out_path is not None and out_path.exists() and not force:
-        raise UsageProblem(f"{out_path} exists", "add --force to overwrite it, or give another -o")
+    if resume and out_path is None:
+        raise UsageProblem("--resume continues an output file", "give the file of the earlier run with -o")
+    done: dict = {}
+    kept_lines = kept_bytes = 0
+    if out_path is not None:
+        check_output_path(out_path, force or (resume and out_path.exists()), suffix=None)
+        if resume and out_path.exists():
+            done, kept_lines, kept_bytes = read_progress(out_path)
+            foreign = sorted(set(done) - set(sources))
+            if foreign:
+                raise UsageProblem(f"{out_path} holds predictions of other sources ({', '.join(foreign[:3])})",
+                                   "resume with the same sources as the earlier run, or give another -o")
     device = pick_device(device)
     engine = engines.open_engine(model, device=device)
     try:
         run = classify(sources, engine, batch=batch, top_k=top_k, stride=stride, decoder=decoder,
                        colorspace=colorspace, scores=scores, max_wait_ms=max_wait_ms, loop=loop,
-                       realtime=realtime, latency=latency)
+                       realtime=realtime, latency=latency, done=done)
         tmp = None
         if out_path is not None:
-            out_path.parent.mkdir(parents=True, exist_ok=True)
             tmp = out_path.with_name(f".{out_path.name}.{os.getpid()}.tmp")
-            sink = tmp.open("w")
+            sink = tmp.open("wb")
+            if kept_bytes:  # the earlier run's complete lines, in chunks (the file may be large)
+                with out_path.open("rb") as old:
+                    left = kept_bytes
+                    while left:
+                        chunk = old.read(min(left, 1 << 22))
+                        sink.write(chunk)
+                        left -= len(chunk)
         else:
             sink = stream or sys.stdout
         latencies = []
+        last = dict(done)
+        interrupted = False
         t0 = time.perf_counter()
+        preds = iter(run)
         try:
             with reporter.phase(f"classifying {len(sources)} source(s) on {device}") as bar:
-                last = 0.0
-                for i, pred in enumerate(run, 1):
-                    sink.write(json.dumps(pred.to_dict(latency=with_latency)) + "\n")
+                shown = synced = 0.0
+                for i, pred in enumerate(preds, 1):
+                    line = json.dumps(pred.to_dict(latency=with_latency)) + "\n"
+                    sink.write(line.encode() if tmp is not None else line)  # one whole line per call
+                    last[pred.source] = pred.frame
                     if pred.latency_ms is not None:
                         latencies.append(pred.latency_ms)
                     bar.advance()
                     now = time.perf_counter()
-                    if now - last > 0.5:
+                    if tmp is not None and now - synced > 1.0:  # complete lines on disk in the temporary file
+                        sink.flush()
+                        os.fsync(sink.fileno())
+                        synced = now
+                    if now - shown > 0.5:
                         bar.describe(f"{i} frames, {i / max(now - t0, 1e-9):.0f} fps")
-                        last = now
+                        shown = now
+        except KeyboardInterrupt:
+            interrupted = True
         finally:
-            if tmp is not None:
+            preds.close()  # stops the decoder threads and fills in the run's statistics
+            if tmp is not None:  # keep every complete line, also after a failure or Ctrl-C
+                sink.flush()
+                os.fsync(sink.fileno())
                 sink.close()
-                os.replace(tmp, out_path)  # keep every result written, also after a failure
+                os.replace(tmp, out_path)
             else:
                 sink.flush()
         stats = run.stats.to_dict()
@@ -112,11 +176,13 @@ def run_video(sources, model, *, device: str = "auto", batch: int | None = None,
             a = np.asarray(latencies)
             lat = {"p50": round(float(np.percentile(a, 50)), 2), "p99": round(float(np.percentile(a, 99)), 2),
                    "max": round(float(a.max()), 2)}
+        per_source = {s: stats["per_source"].get(s, 0) for s in sources}
         return RunSummary(model=str(model), device=device, decoder=stats["path"].split(" ")[0], sources=sources,
                           frames=stats["frames"], batches=stats["batches"], seconds=stats["seconds"],
-                          fps=stats["fps"], mean_batch=stats["mean_batch"], per_source=stats["per_source"],
+                          fps=stats["fps"], mean_batch=stats["mean_batch"], per_source=per_source,
                           problems=[{"source": p.source, "reason": p.reason, "frames": p.frames}
                                     for p in run.problems],
-                          output=str(out_path) if out_path else None, latency_ms=lat)
+                          output=str(out_path) if out_path else None, latency_ms=lat, interrupted=interrupted,
+                          last_frame={s: last.get(s) for s in sources}, resumed_lines=kept_lines)
     finally:
         engine.close()

@@ -16,13 +16,15 @@ from .sources import SourceError
 _DONE = object()
 
 
-def decode_stage(src, spec, stride, dtype, q: queue.Queue, stop: threading.Event, report_problem, counts) -> None:
-    """One source: decode with PyAV, preprocess on the host, queue (name, index, pts, t, x). Its own thread."""
+def decode_stage(src, spec, stride, dtype, q: queue.Queue, stop: threading.Event, report_problem, counts,
+                 skip_to: int = -1) -> None:
+    """One source: decode with PyAV, preprocess on the host, queue (name, index, pts, t, x). Its own thread.
+    Frames up to ``skip_to`` (a resumed run's last classified frame) are decoded but not classified."""
     try:
         for index, pts, t, planes in src.frames():
             if stop.is_set():
                 return
-            if index % stride:
+            if index % stride or index <= skip_to:
                 continue
             q.put((src.name, index, pts, t, preprocess_yuv(planes, spec, src.info.colorspace, dtype)))
     except SourceError as exc:
@@ -33,14 +35,17 @@ def decode_stage(src, spec, stride, dtype, q: queue.Queue, stop: threading.Event
         q.put(_DONE)
 
 
-def cpu_pipeline(srcs, engine, spec, batch, stride, topk, max_wait_ms, stats, report_problem, make_prediction):
+def cpu_pipeline(srcs, engine, spec, batch, stride, topk, max_wait_ms, stats, report_problem, make_prediction,
+                 done: dict | None = None):
     """Decode threads -> host batches -> ``engine.infer`` -> top-k on the host -> Predictions."""
+    done = done or {}
     dtype = engine.inputs[0].numpy_dtype
     q: queue.Queue = queue.Queue(maxsize=4 * batch)
     stop = threading.Event()
     counts = {s.name: 0 for s in srcs}
-    threads = [threading.Thread(target=decode_stage, args=(s, spec, stride, dtype, q, stop, report_problem, counts),
-                                daemon=True, name=f"trtc-decode-{i}") for i, s in enumerate(srcs)]
+    threads = [threading.Thread(target=decode_stage, daemon=True, name=f"trtc-decode-{i}",
+                                args=(s, spec, stride, dtype, q, stop, report_problem, counts, done.get(s.name, -1)))
+               for i, s in enumerate(srcs)]
     start = time.perf_counter()
     for t in threads:
         t.start()

@@ -39,7 +39,7 @@ log = logging.getLogger("trtc")
 
 class GpuPipeline:
     def __init__(self, srcs, engine, spec, batch, stride, topk, labels, buffers, max_wait_ms, stats, problems,
-                 input_shape, report_problem, make_prediction):
+                 input_shape, report_problem, make_prediction, done: dict | None = None):
         from .._deps import require
 
         self.cp = require("cupy", "The GPU video pipeline")
@@ -49,6 +49,7 @@ class GpuPipeline:
         self.n_buffers, self.max_wait = buffers, max_wait_ms / 1000.0
         self.stats, self.problems = stats, problems
         self.input_shape, self.report_problem, self.make_prediction = input_shape, report_problem, make_prediction
+        self.done = done or {}  # {source: last frame already classified} (a resumed run): decoded, not classified
         self.lock = threading.Lock()
         self.counts = {s.name: 0 for s in srcs}
         self.stop = threading.Event()
@@ -102,6 +103,7 @@ class GpuPipeline:
             return plan, surface
 
         batch_plan: list = []
+        skip_to = self.done.get(src.name, -1)
 
         def on_frames(first, frames):  # ThreadedDecoder: one batch of one source
             t_in = time.perf_counter()
@@ -116,7 +118,7 @@ class GpuPipeline:
             ptrs, metas = [], []
             for i, frame in enumerate(frames):
                 index = first + i
-                if index % self.stride:
+                if index % self.stride or index <= skip_to:
                     continue
                 ptrs.append(frame.GetPtrToPlane(0))
                 metas.append((src.name, index, frame.getPTS(), self._seconds(src, index), None, None))
@@ -130,7 +132,7 @@ class GpuPipeline:
             out_at = time.perf_counter()
             if self.stop.is_set():
                 return False
-            if index % self.stride:
+            if index % self.stride or index <= skip_to:
                 return True
             plan, surface = plan_of(frame)
             write([surface.data.ptr], [(src.name, index, pts, t, fed_at, out_at)], plan)

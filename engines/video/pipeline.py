@@ -123,7 +123,7 @@ def default_device(index: int = 0) -> str:
 def classify(sources, engine, *, batch: int | None = None, top_k: int = 5, stride: int = 1, scores: str = "auto",
              preprocess: PreprocessSpec | None = None, labels: list[str] | None = None, decoder: str = "auto",
              colorspace: str | None = None, buffers: int | None = None, max_wait_ms: float = 100.0, loop: int = 1,
-             realtime: bool = False, latency: str = "native") -> VideoRun:
+             realtime: bool = False, latency: str = "native", done: dict | None = None) -> VideoRun:
     """Classify every ``stride``-th frame of each source with ``engine`` (from :func:`engines.open_engine`).
 
     ``decoder``: "nvdec" (GPU; needs a CUDA engine), "pyav" (CPU), or "auto" (NVDEC when the engine is on a GPU).
@@ -131,7 +131,8 @@ def classify(sources, engine, *, batch: int | None = None, top_k: int = 5, strid
     partly filled batch waits for more frames before it runs anyway. ``loop``: read each source this many times.
     ``realtime``: feed packets at the stream's frame rate (to measure latency as a live camera would see it).
     ``latency``: NVDEC output latency, "native" (display order, a few frames of lag) or "low" (no lag; only for
-    streams without B-frames). Preprocessing and labels default to the model's manifest.
+    streams without B-frames). Preprocessing and labels default to the model's manifest. ``done``: {source: last
+    frame index already classified} (a resumed run): those frames are decoded again but not classified.
     """
     if isinstance(sources, (str, bytes)) or not hasattr(sources, "__iter__"):
         sources = [sources]
@@ -173,6 +174,7 @@ def classify(sources, engine, *, batch: int | None = None, top_k: int = 5, strid
     problems: list[SourceProblem] = []
     lock = threading.Lock()
     size = _input_shape(engine, spec)
+    done = {str(k): int(v) for k, v in (done or {}).items()}
 
     def report_problem(source, reason, frames):
         _problem(problems, lock, source, reason, frames)
@@ -185,13 +187,13 @@ def classify(sources, engine, *, batch: int | None = None, top_k: int = 5, strid
 
         def factory():
             return GpuPipeline(srcs, engine, spec, batch, stride, topk, labels, buffers, max_wait_ms, stats,
-                               problems, size, report_problem, make_prediction).run()
+                               problems, size, report_problem, make_prediction, done).run()
     else:
         from .cpu_pipeline import cpu_pipeline
 
         def factory():
             return cpu_pipeline(srcs, engine, spec, batch, stride, topk, max_wait_ms, stats, report_problem,
-                                make_prediction)
+                                make_prediction, done)
     return VideoRun(factory, stats, problems)
 
 

@@ -121,6 +121,7 @@ class PyAVSource:
             start = time.perf_counter()
             first = True
             skipped: list = []
+            corrupt: list = []  # frames the decoder flagged as damaged (it concealed errors in them)
             try:
                 for frame in _decode(container, stream, self.name, skipped):
                     if first:
@@ -130,13 +131,35 @@ class PyAVSource:
                     if self.realtime and t is not None:
                         _sleep_until(start + t)
                     self.decoded += 1
-                    yield index, frame.pts, t, host_planes(frame)
+                    if frame.is_corrupt:  # not classified: its picture is partly made up by the decoder
+                        corrupt.append(index)
+                    else:
+                        yield index, frame.pts, t, host_planes(frame)
                     index += 1
             finally:
                 container.close()
+            damage = []
             if skipped:
-                raise SourceError(self.name, f"{len(skipped)} corrupt packet(s) skipped ({skipped[0]}); "
-                                  f"{self.decoded} frames decoded", "check or re-encode the file")
+                damage.append(f"{len(skipped)} corrupt packet(s) skipped ({skipped[0]})")
+            if corrupt:
+                damage.append(f"{len(corrupt)} damaged frame(s) not classified (first: frame {corrupt[0]})")
+            if _cut_transport_stream(self.name, container):
+                damage.append("the file ends inside a transport packet: it was cut short, frames are missing")
+            if damage:
+                raise SourceError(self.name, "; ".join(damage) + f"; {self.decoded} frames decoded",
+                                  "check or re-encode the file")
+
+
+def _cut_transport_stream(name: str, container) -> bool:
+    """An MPEG-TS file is a sequence of 188-byte packets (192 in M2TS, 204 with FEC): a file whose size fits none
+    was cut mid-packet, and the demuxer drops the partial frame at its end without a word."""
+    if is_url(name) or "mpegts" not in (getattr(container.format, "name", "") or ""):
+        return False
+    try:
+        size = os.path.getsize(name)
+    except OSError:
+        return False
+    return all(size % n for n in (188, 192, 204))
 
 
 def _decode(container, stream, name, skipped: list):
@@ -149,6 +172,10 @@ def _decode(container, stream, name, skipped: list):
         except StopIteration:
             return
         except Exception as exc:  # noqa: BLE001 - av.error.*, OSError (network)
+            try:  # the frames the decoder still holds (reordering, threads) were read whole: give them out
+                yield from stream.codec_context.decode(None)
+            except Exception:  # noqa: BLE001 - a decoder that cannot even flush has nothing more to give
+                pass
             raise SourceError(name, f"stopped while reading: {_first_line(exc)}") from exc
         try:
             frames = packet.decode()

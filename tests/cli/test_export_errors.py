@@ -100,7 +100,11 @@ def test_unreadable_weights(tmp_path):
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     r = run(["export", "torchvision:resnet18", "--weights", str(bad), "-o", str(out_dir / "m.onnx")])
-    assert r.exit_code == 1 and "cannot read weights" in r.output
+    assert r.exit_code == 1 and "is not a PyTorch weights file" in r.output
+    assert_nothing_written(out_dir)
+    bad.write_bytes(b"PK\x03\x04 a zip cut short")  # looks like torch.save's format, but torch cannot read it
+    r = run(["export", "torchvision:resnet18", "--weights", str(bad), "-o", str(out_dir / "m.onnx")])
+    assert r.exit_code == 1 and "cannot read weights" in r.output and "fix: save the weights" in r.output
     assert_nothing_written(out_dir)
 
 
@@ -199,5 +203,5 @@ def test_ctrl_c_during_export_leaves_nothing(tmp_path, monkeypatch):
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     r = run(["export", f"{src}:build", "--input-size", "32", "-o", str(out_dir / "m.onnx")])
-    assert r.exit_code == 130 and "nothing was written" in r.output
+    assert r.exit_code == 130 and "nothing partial was left" in r.output
     assert_nothing_written(out_dir)

@@ -99,7 +99,8 @@ def test_corrupt_image_in_a_folder_is_skipped_and_reported(orient_copy, tmp_path
     shutil.copy(photos[0], d / "a.png")
     (d / "sub" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
     shutil.copy(photos[1], d / "sub" / "c.png")
-    r = run(["quantize", str(orient_copy), "--precision", "int8", "--calib", str(d), "--no-calib-cache", "--json"])
+    r = run(["quantize", str(orient_copy), "--precision", "int8", "--calib", str(d), "--no-calib-cache", "--json",
+             "--allow-random-check"])  # two images leave none to check on: accepted here, this is about the skip
     assert r.exit_code == 0, r.output
     report = json.loads(r.stdout)
     assert report["calibration"]["samples"] == 2
@@ -173,3 +174,25 @@ def test_target_with_explicit_check_tunes_on_held_out_calibration_data(mnist_cop
     report = json.loads(r.stdout)
     assert report["search"]["tune_samples"] == 300 and report["search"]["reached"] >= 0.99
     assert report["check"]["samples"] == 300 and report["calibration"]["samples"] == 200
+
+
+def test_int8_refuses_a_check_on_random_inputs_when_no_data_is_left(mnist_copy, mnist, tmp_path):
+    """--calib-count at or above the data leaves nothing held out: the check would run on random inputs and its
+    agreement would mean nothing, so it is refused unless --check or --allow-random-check is given."""
+    m, _ = mnist_copy
+    _, _, x, labels = mnist
+    small = tmp_path / "few.npz"
+    np.savez(small, x=x[:40], labels=labels[:40])
+    base = ["quantize", str(m), "--precision", "int8", "--calib", str(small), "--calib-count", "1000",
+            "--no-calib-cache"]
+    r = run(base)
+    assert r.exit_code == 1, r.output
+    assert "gave 40 sample(s) and --calib-count 1000 uses all of them" in r.output
+    assert "at least 1001 samples" in r.output and "--allow-random-check" in r.output
+    assert left(tmp_path) == ["few.npz", "mnist.onnx"]
+    r = run([*base, "--allow-random-check", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["check"]["data"] == "random inputs"
+    r = run([*base, "--check", str(small), "--force", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["check"]["samples"] == 40

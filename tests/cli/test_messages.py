@@ -1,0 +1,49 @@
+"""Small message fixes: every line true, whole and with its fix."""
+
+from __future__ import annotations
+
+from click.testing import CliRunner
+
+from tests.conftest import needs_export
+from toolchain.cli import cli
+
+
+def run(args):
+    return CliRunner().invoke(cli, args)
+
+
+def test_help_introduces_every_command():
+    r = run(["--help"])
+    assert r.exit_code == 0
+    intro = r.output.split("Options:")[0]
+    for name in ("data", "export", "quantize", "build", "inspect", "validate", "bench", "run", "doctor"):
+        assert f"\n  {name} " in intro, f"{name} missing from the introduction:\n{intro}"
+
+
+def test_doctor_never_says_no_no():
+    r = run(["doctor"])
+    assert r.exit_code == 0, r.output
+    assert "no no" not in r.output.replace("\n", " ")
+
+
+def test_inspect_of_an_onnx_without_manifest_has_no_none(mnist):
+    r = run(["inspect", str(mnist[0])])
+    assert r.exit_code == 0, r.output
+    assert "None" not in r.output and "parent" in r.output and "none recorded" in r.output
+
+
+def test_missing_source_file_has_a_fix(tmp_path):
+    r = run(["export", str(tmp_path / "nope.pt"), "-o", str(tmp_path / "m.onnx")])
+    assert r.exit_code == 2 and "source file not found" in r.output
+    assert "  fix: check the path" in r.output
+
+
+@needs_export
+def test_text_file_as_weights_is_named_whole(tmp_path):
+    w = tmp_path / "w.pth"
+    w.write_text("these are not weights\n")
+    r = run(["export", "torchvision:resnet18", "--weights", str(w), "-o", str(tmp_path / "m.onnx")])
+    assert r.exit_code == 1, r.output
+    err = [ln for ln in r.output.splitlines() if ln.startswith("error:")]
+    assert err == [f"error: {w} is not a PyTorch weights file (it looks like a text file)"], r.output
+    assert "torch.save(model.state_dict(), path)" in r.output

@@ -1,0 +1,168 @@
+"""One output rule for every command that writes a file, and no "bug in trtc" for a user's mistake.
+
+Each command is walked with an output in a missing folder (exit 2, the mkdir fix), under a regular file (exit 2),
+in a folder that refuses new files (exit 1) and onto an existing file without --force (exit 2). The checks run
+before any work, so these cases cost no export or inference.
+
+Tests run as root here (and in CI), and root ignores permission bits: a chmod 555 folder would not refuse
+anything. So the unwritable folder is a real one that refuses file creation even to root - sysfs does (EACCES,
+or EROFS where /sys is mounted read-only) - and, for other users, a chmod 555 temporary folder. The fixture
+proves that the folder refuses a new file before any test relies on it.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from toolchain.cli import cli
+
+
+def _refuses_new_files(folder: Path) -> bool:
+    try:
+        fd, tmp = tempfile.mkstemp(dir=folder)
+    except OSError:
+        return True
+    os.close(fd)
+    os.unlink(tmp)
+    return False
+
+
+@pytest.fixture
+def unwritable(tmp_path):
+    if os.geteuid() != 0:
+        d = tmp_path / "readonly"
+        d.mkdir()
+        d.chmod(0o555)
+        yield d
+        d.chmod(0o755)
+        return
+    for cand in (Path("/sys/kernel"), Path("/sys")):
+        if cand.is_dir() and _refuses_new_files(cand):
+            yield cand
+            return
+    pytest.skip("running as root and no folder here refuses new files to root (no sysfs)")
+
+
+@pytest.fixture(scope="module")
+def inputs(mnist, bikes):
+    model, npz, _x, _labels = mnist
+    return {"MODEL": str(model), "NPZ": str(npz), "VIDEO": str(bikes)}
+
+
+# every command and option that writes a file; OUT is replaced by the output path (its suffix is kept)
+COMMANDS = {
+    "export": ["export", "pretrained:efficientnet-lite0", "-o", "OUT.onnx"],
+    "quantize": ["quantize", "MODEL", "--precision", "fp16", "-o", "OUT.onnx"],
+    "build": ["build", "MODEL", "-o", "OUT.plan"],
+    "run -o": ["run", "VIDEO", "--model", "MODEL", "--device", "cpu", "-o", "OUT.jsonl"],
+    "run --summary": ["run", "VIDEO", "--model", "MODEL", "--device", "cpu", "--summary", "OUT.json"],
+    "validate --json": ["validate", "--reference", "MODEL", "--candidate", "MODEL", "--data", "NPZ", "--json",
+                        "OUT.json"],
+    "validate --html": ["validate", "--reference", "MODEL", "--candidate", "MODEL", "--data", "NPZ", "--html",
+                        "OUT.html"],
+    "data": ["data", "OUT"],
+}
+
+
+def _argv(name: str, inputs: dict, out: Path) -> list[str]:
+    argv = []
+    for a in COMMANDS[name]:
+        if a.startswith("OUT"):
+            a = str(out) + a[3:]
+        argv.append(inputs.get(a, a))
+    return argv
+
+
+def _invoke(argv):
+    r = CliRunner().invoke(cli, argv)
+    text = r.output
+    assert "bug in trtc" not in text and "internal error" not in text, text
+    assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)
+    return r.exit_code, text
+
+
+def _error_lines(text):
+    lines = [ln for ln in text.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1, text
+    assert "  fix: " in text, text
+    return lines[0]
+
+
+@pytest.mark.parametrize("name", list(COMMANDS))
+def test_output_in_missing_folder(name, inputs, tmp_path):
+    out = tmp_path / "not" / "there" / "out"
+    code, text = _invoke(_argv(name, inputs, out))
+    line = _error_lines(text)
+    assert code == 2, text
+    assert "does not exist" in line and str(out.parent) in line and "mkdir -p" in text
+    assert not (tmp_path / "not").exists()  # nothing is created behind the user's back
+
+
+@pytest.mark.parametrize("name", list(COMMANDS))
+def test_output_under_a_regular_file(name, inputs, tmp_path):
+    (tmp_path / "afile").write_text("x")
+    code, text = _invoke(_argv(name, inputs, tmp_path / "afile" / "out"))
+    assert code == 2, text
+    assert "is not a folder" in _error_lines(text)
+
+
+@pytest.mark.parametrize("name", list(COMMANDS))
+def test_output_in_unwritable_folder(name, inputs, unwritable):
+    before = sorted(p.name for p in unwritable.iterdir())
+    code, text = _invoke(_argv(name, inputs, unwritable / "trtc-out"))
+    assert code == 1, text
+    line = _error_lines(text)
+    assert "cannot write in" in line and str(unwritable) in line
+    assert sorted(p.name for p in unwritable.iterdir()) == before
+
+
+@pytest.mark.parametrize("name", [n for n in COMMANDS if n != "data"])
+def test_existing_output_needs_force(name, inputs, tmp_path):
+    out = tmp_path / "out"
+    argv = _argv(name, inputs, out)
+    target = Path(next(a for a in argv if a.startswith(str(out))))
+    target.write_text("precious")
+    code, text = _invoke(argv)
+    assert code == 2, text
+    assert "already exists" in _error_lines(text) and "--force" in text
+    assert target.read_text() == "precious"
+
+
+def test_atomic_write_into_unwritable_folder_is_a_trtc_error(unwritable):
+    """The library's last line of defence: writing an artifact where no file can be created is a TrtcError."""
+    from engines._io import atomic_write_text
+    from engines.errors import OutputNotWritable
+
+    with pytest.raises(OutputNotWritable, match="cannot write"):
+        atomic_write_text(unwritable / "x.json", "{}")
+
+
+def test_inspect_corrupt_and_foreign_files(tmp_path):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x00garbage that is not protobuf\xff" * 10)
+    code, text = _invoke(["inspect", str(bad)])
+    assert code == 1 and "is not a readable ONNX model" in _error_lines(text), text
+    txt = tmp_path / "notes.txt"
+    txt.write_text("hello")
+    code, text = _invoke(["inspect", str(txt)])
+    assert code == 1 and "notes.txt" in _error_lines(text), text
+
+
+def test_data_copies_the_samples_and_prints_their_paths(tmp_path, bikes, photos):
+    code, text = _invoke(["data", str(tmp_path / "d")])
+    assert code == 0, text
+    video, folder = tmp_path / "d" / "bikes.mp4", tmp_path / "d" / "photos"
+    assert f"video:  {video}" in text and f"photos: {folder}" in text
+    assert video.read_bytes() == Path(bikes).read_bytes()
+    assert sorted(p.name for p in folder.iterdir()) == sorted(p.name for p in photos)
+    code, text = _invoke(["data", str(tmp_path / "d")])  # again: nothing to do, same answer
+    assert code == 0, text
+    (folder / "coffee.png").write_bytes(b"mine")
+    code, text = _invoke(["data", str(tmp_path / "d")])
+    assert code == 2 and "differs from the sample" in _error_lines(text)
+    assert (folder / "coffee.png").read_bytes() == b"mine"

@@ -1,0 +1,97 @@
+"""Every `trtc` command in README.md's fenced bash blocks, run as written and in order, in a folder prepared the
+way the README says (`trtc data`, `cd trtc-data`). Lines marked `# [GPU]`, `# [TensorRT]`, `# [TensorRT-RTX]` are
+skipped where that is missing; `# [your files: ...]` lines need a model or data of the reader's own and are
+skipped, and listed. Each command must exit 0 and never print "bug in trtc"."""
+
+from __future__ import annotations
+
+import importlib.util
+import shlex
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from tests.conftest import _has_gpu, needs_export
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+pytestmark = needs_export
+
+
+def readme_commands(text: str) -> list[tuple[str, str]]:
+    """(command line, trailing comment) for each logical line of the README's bash blocks, except the demo and
+    test commands (the set-up blocks under their HTML markers)."""
+    out = []
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        if lines[i].strip() == "```bash" and not (i and lines[i - 1].strip().startswith("<!-- ")):
+            i += 1
+            logical = ""
+            while lines[i].strip() != "```":
+                logical += lines[i]
+                if logical.rstrip().endswith("\\"):
+                    logical = logical.rstrip()[:-1] + " "
+                else:
+                    out.append(logical)
+                    logical = ""
+                i += 1
+        i += 1
+    result = []
+    for line in out:
+        code, _, comment = line.partition(" #")
+        if line.lstrip().startswith("#"):
+            code, comment = "", line
+        if code.strip():
+            result.append((" ".join(code.split()), comment.strip()))
+    return result
+
+
+def _why_skip(comment: str) -> str | None:
+    if "[your files" in comment:
+        return "needs the reader's own files"
+    if "[GPU]" in comment and not _has_gpu():
+        return "needs an NVIDIA GPU"
+    if "[TensorRT]" in comment and importlib.util.find_spec("tensorrt") is None:
+        return "needs TensorRT"
+    if "[TensorRT-RTX]" in comment and importlib.util.find_spec("tensorrt_rtx") is None:
+        return "needs TensorRT-RTX"
+    return None
+
+
+def test_parser_reads_continuations_and_markers():
+    cmds = readme_commands(README.read_text())
+    assert cmds[0] == (". .venv/bin/activate", "the environment the demo made")
+    assert cmds[1][0] == "trtc data" and cmds[2] == ("cd trtc-data", "")
+    val = [c for c, _ in cmds if c.startswith("trtc validate --reference lite0.onnx")]
+    assert val and val[0].endswith("--json report.json --html report.html")
+    assert all(c.startswith(("trtc ", "cd ", ". ")) for c, _ in cmds), [c for c, _ in cmds
+                                                                      if not c.startswith(("trtc ", "cd ", ". "))]
+
+
+@pytest.mark.slow  # 3-4 minutes on two cores: an export, three quantizations (one accuracy-aware), a validation
+def test_every_readme_command_runs_as_written(tmp_path, monkeypatch):
+    from toolchain.cli import cli
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # calibration cache: not the user's ~/.cache
+    ran, skipped = [], []
+    for line, comment in readme_commands(README.read_text()):
+        if line.startswith(". "):
+            continue  # activating the environment: this test already runs in it
+        if line.startswith("cd "):
+            monkeypatch.chdir(Path(line[3:]).expanduser())
+            continue
+        why = _why_skip(comment)
+        if why:
+            skipped.append(f"{line}  ({why})")
+            continue
+        r = CliRunner().invoke(cli, shlex.split(line)[1:])
+        assert "bug in trtc" not in r.output, f"{line}\n{r.output}"
+        assert r.exit_code == 0, f"{line}\nexit {r.exit_code}\n{r.output}"
+        ran.append(line)
+    print(f"README: ran {len(ran)} commands, skipped {len(skipped)}:\n  " + "\n  ".join(skipped))
+    assert len(ran) >= 12  # data, export, 3 x quantize, inspect, validate, bench, 2 x run, 2 x doctor
+    names = {p.name for p in Path.cwd().iterdir()}
+    assert {"lite0.onnx", "lite0.fp16.onnx", "lite0.int8.onnx", "lite0.int8.t97.onnx", "report.json", "report.html",
+            "preds.jsonl"} <= names

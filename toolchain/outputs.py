@@ -1,0 +1,62 @@
+"""One rule for every file a command writes, checked before any work starts.
+
+- the folder must exist: otherwise exit 2 with the ``mkdir -p`` fix (nothing is created behind the user's back);
+- the folder must take a new file: a read-only or otherwise unwritable folder is exit 1, said in one line;
+- an existing file is refused without ``--force`` (exit 2).
+
+The writability check really creates (and removes) a temporary file: permission bits alone do not tell, e.g. for
+root, on a read-only mount or in a pseudo file system.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+
+from engines.errors import OutputNotWritable, UsageProblem
+
+
+def check_output_path(output: str | os.PathLike, force: bool, suffix: str | None = ".onnx",
+                      option: str = "-o") -> Path:
+    """Check an output path before the work: see the module docstring. Returns it as a Path."""
+    out = Path(output)
+    if suffix is not None and out.suffix.lower() != suffix:
+        raise UsageProblem(f"output {out} must end in {suffix}", f"e.g. {option} model{suffix}")
+    parent = out.parent
+    if not parent.exists():
+        raise UsageProblem(f"output folder {parent} does not exist",
+                           f"create it first (mkdir -p {parent}) or give another {option}")
+    if not parent.is_dir():
+        raise UsageProblem(f"output folder {parent} is not a folder (it is a file)",
+                           f"give {option} a path inside a folder")
+    if out.is_dir():
+        raise UsageProblem(f"output {out} is a folder",
+                           f"give a file name, e.g. {option} {out / ('out' + (suffix or '.txt'))}")
+    if out.exists() and not force:
+        raise UsageProblem(f"{out} already exists", f"add --force to overwrite it, or give another {option}")
+    probe_writable(parent)
+    return out
+
+
+def probe_writable(folder: str | os.PathLike) -> None:
+    """Create and remove a temporary file in ``folder``; raise :class:`OutputNotWritable` if that fails."""
+    folder = Path(folder)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".trtc-write-check.", dir=folder)
+    except OSError as exc:
+        raise not_writable(folder, exc) from exc
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(tmp)
+
+
+def not_writable(folder: Path, exc: OSError) -> OutputNotWritable:
+    why = exc.strerror or type(exc).__name__
+    return OutputNotWritable(f"cannot write in {folder}: {why}",
+                             "choose an output in a folder you can write to, or fix its permissions "
+                             f"(ls -ld {folder})")
+
+
+__all__ = ["check_output_path", "probe_writable", "OutputNotWritable", "not_writable"]
