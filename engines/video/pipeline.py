@@ -44,12 +44,15 @@ class Prediction:
     labels: list[str] | None = None
     latency_ms: float | None = None  # packet into the decoder -> result on the host (GPU path)
     decode_ms: float | None = None  # the decoder's share of it: packet in -> frame out of NVDEC
+    device: str | None = None  # the device that classified it, when a WorkerPool spread sources over several
 
     def to_dict(self, latency: bool = False) -> dict:
         d = {"source": self.source, "frame": self.frame, "pts": self.pts,
              "time": None if self.time is None else round(self.time, 6),
              "top_k": [{"index": int(i), "label": (self.labels[n] if self.labels else None), "score": round(float(s), 6)}
                        for n, (i, s) in enumerate(zip(self.indices, self.scores, strict=True))]}
+        if self.device is not None:
+            d["device"] = self.device
         if latency and self.latency_ms is not None:
             d["latency_ms"] = round(self.latency_ms, 3)
             d["decode_ms"] = round(self.decode_ms, 3)

@@ -1,0 +1,215 @@
+"""Worker processes for the video runtime: each holds its own engine on one device and runs the ordinary pipeline
+(:func:`engines.video.classify`) on the sources it is given; the parent shares sources out and merges the results.
+
+Why processes: in one process every decoder thread, the inference thread and the caller share one Python
+interpreter lock, and at 16-32 streams the threads spend most of their time waiting for it (docs/BENCHMARKS.md).
+Each worker has its own interpreter. The same mechanism spreads sources over several GPUs of one host (one or
+more workers per device). Only compressed video is read by the workers and only (k indices, k scores) per frame
+comes back through a pipe: no pixels cross between processes.
+
+    with WorkerPool("resnet50.fp16.onnx", devices=["cuda:0", "cuda:1"]) as pool:
+        run = pool.classify(["cam1.mp4", ...], batch=64)
+        for pred in run: ...            # pred.device says which worker's device classified it
+
+Results arrive in order per source (a source lives in one worker); between sources they interleave. A worker
+that fails (its process dies, its engine cannot open) is reported as a problem of each of its sources; the other
+workers go on. Workers start with the "spawn" method (CUDA cannot be used in a forked child) and are reused by
+every ``classify`` call until :meth:`WorkerPool.close`.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import threading
+import time
+from multiprocessing.connection import wait as wait_for
+
+from ..errors import EngineError, UsageProblem
+from .pipeline import Prediction, RunStats, SourceProblem, VideoRun, _names
+
+log = logging.getLogger("trtc")
+
+_SEND_EVERY_S = 0.02  # a worker sends what it has at least this often (latency), or every 256 results
+
+
+def _worker_main(conn, model: str, device: str, engine_options: dict) -> None:
+    """A worker process: open the engine, then run jobs until told to stop."""
+    try:
+        import engines
+        from engines.video import classify
+        from engines.video.pipeline import _manifest_of
+
+        engine = engines.open_engine(model, device=device, **engine_options)
+        manifest = _manifest_of(engine)
+        labels = manifest.labels if manifest is not None else None
+        conn.send(("ready", device, labels))
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which names the device
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        return
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, KeyboardInterrupt):
+            return
+        if msg[0] == "stop":
+            return
+        _, sources, options = msg
+        out, last = [], time.perf_counter()
+        run = None
+        try:
+            run = classify(sources, engine, **options)
+            for p in run:
+                out.append((p.source, p.frame, p.pts, p.time, p.indices, p.scores, p.latency_ms, p.decode_ms))
+                now = time.perf_counter()
+                if len(out) >= 256 or now - last > _SEND_EVERY_S:
+                    conn.send(("preds", out))
+                    out, last = [], now
+            failure = None
+        except BaseException as exc:  # noqa: BLE001 - the job failed; the parent reports it per source
+            failure = f"{type(exc).__name__}: {exc}"
+        if out:
+            conn.send(("preds", out))
+        problems = [(q.source, q.reason, q.frames) for q in run.problems] if run is not None else []
+        stats = run.stats.to_dict() if run is not None else {}
+        conn.send(("end", problems, stats, failure))
+
+
+class _Worker:
+    def __init__(self, ctx, model: str, device: str, engine_options: dict):
+        self.device = device
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=_worker_main, args=(child, model, device, engine_options), daemon=True,
+                                   name=f"trtc-worker-{device}")
+        self.process.start()
+        child.close()
+        self.labels = None
+        self.alive = True
+
+
+class WorkerPool:
+    """``per_device`` worker processes on each of ``devices``, each with its own engine of ``model``."""
+
+    def __init__(self, model, devices=("cuda:0",), per_device: int = 1, engine_options: dict | None = None,
+                 start_timeout: float = 300.0):
+        devices = [devices] if isinstance(devices, str) else list(devices)
+        if not devices or per_device < 1:
+            raise UsageProblem("a worker pool needs at least one device and one worker per device")
+        ctx = mp.get_context("spawn")
+        self.model = str(model)
+        self.workers = [_Worker(ctx, self.model, d, engine_options or {}) for d in devices for _ in range(per_device)]
+        self._lock = threading.Lock()  # one classify() at a time: a worker runs one job at a time
+        deadline = time.monotonic() + start_timeout
+        errors = []
+        for w in self.workers:
+            if not w.conn.poll(max(0.0, deadline - time.monotonic())):
+                errors.append(f"{w.device}: the worker did not start within {start_timeout:.0f} s")
+                continue
+            try:
+                msg = w.conn.recv()
+            except EOFError:
+                msg = ("error", f"the worker process exited (code {w.process.exitcode})")
+            if msg[0] == "ready":
+                w.labels = msg[2]
+            else:
+                errors.append(f"{w.device}: {msg[1]}")
+        if errors:
+            self.close()
+            raise EngineError(f"{len(errors)} of {len(self.workers)} worker(s) could not open {self.model}: "
+                              f"{errors[0]}", "check the device list and the model with `trtc doctor`")
+
+    # -------------------------------------------------------------------------------------------------- jobs
+    def share(self, sources: list[str]) -> list[list[str]]:
+        """Sources per worker: balanced by count, in the order given (round robin)."""
+        shares: list[list[str]] = [[] for _ in self.workers]
+        for i, s in enumerate(sources):
+            shares[i % len(self.workers)].append(s)
+        return shares
+
+    def classify(self, sources, **options) -> VideoRun:
+        """Like :func:`engines.video.classify` (same options, minus the engine), spread over the workers."""
+        if isinstance(sources, (str, bytes)) or not hasattr(sources, "__iter__"):
+            sources = [sources]
+        sources = [str(s) for s in sources]
+        if not sources:
+            raise UsageProblem("no video sources given")
+        stats = RunStats(path=f"{len(self.workers)} worker process(es) on {', '.join(sorted({w.device for w in self.workers}))}")
+        problems: list[SourceProblem] = []
+        return VideoRun(lambda: self._run(sources, options, stats, problems), stats, problems)
+
+    def _run(self, sources, options, stats: RunStats, problems: list):
+        if not self._lock.acquire(blocking=False):
+            raise UsageProblem("this worker pool is already running a classify() call", "iterate it to the end first")
+        start = time.perf_counter()
+        busy = {}
+        try:
+            for w, share in zip(self.workers, self.share(sources), strict=True):
+                if not share:
+                    continue
+                if not w.alive:
+                    for s in share:
+                        problems.append(SourceProblem(s, f"{s}: its worker on {w.device} is gone", 0))
+                    continue
+                w.conn.send(("run", share, options))
+                busy[w.conn] = (w, share)
+            counts: dict = {}
+            while busy:
+                for conn in wait_for(list(busy)):
+                    w, share = busy[conn]
+                    try:
+                        msg = conn.recv()
+                    except (EOFError, OSError):
+                        w.alive = False
+                        del busy[conn]
+                        for s in share:
+                            problems.append(SourceProblem(s, f"{s}: the worker on {w.device} died (exit code "
+                                                             f"{w.process.exitcode})", counts.get(s, 0)))
+                        continue
+                    if msg[0] == "preds":
+                        for source, frame, pts, t, idx, sc, lat, dec in msg[1]:
+                            counts[source] = counts.get(source, 0) + 1
+                            stats.frames += 1
+                            yield Prediction(source, frame, pts, t, idx, sc, _names(w.labels, idx), lat, dec,
+                                             device=w.device)
+                        stats.seconds = time.perf_counter() - start
+                    elif msg[0] == "end":
+                        _, probs, wstats, failure = msg
+                        del busy[conn]
+                        problems.extend(SourceProblem(*p) for p in probs)
+                        if failure:
+                            for s in share:
+                                problems.append(SourceProblem(s, f"{s}: the worker on {w.device} failed: {failure}",
+                                                              counts.get(s, 0)))
+                        stats.batches += int(wstats.get("batches", 0))
+                        for k, v in (wstats.get("decoded") or {}).items():
+                            stats.decoded[k] = stats.decoded.get(k, 0) + v
+        finally:
+            stats.seconds = time.perf_counter() - start
+            stats.per_source = {s: 0 for s in sources}
+            stats.per_source.update(counts if "counts" in locals() else {})
+            if busy:  # the caller left early: these workers are mid-job; they cannot be reused safely
+                for w, _share in busy.values():
+                    w.alive = False
+                    w.process.terminate()
+            self._lock.release()
+
+    # ------------------------------------------------------------------------------------------------- life
+    def close(self) -> None:
+        for w in getattr(self, "workers", []):
+            if w.process.is_alive():
+                try:
+                    w.conn.send(("stop",))
+                except (OSError, BrokenPipeError):
+                    pass
+        for w in getattr(self, "workers", []):
+            w.process.join(timeout=10)
+            if w.process.is_alive():
+                w.process.terminate()
+            w.conn.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False

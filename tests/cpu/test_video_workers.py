@@ -1,0 +1,76 @@
+"""WorkerPool on the CPU: two worker processes, each with its own EfficientNet-Lite0 engine, share the sources;
+the merged results equal the single-process run frame for frame, in order per source; a bad source is reported
+by name while the others complete; a worker killed mid-run has its sources reported, the other worker's finish."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+pytestmark = pytest.mark.slow  # two worker processes start ONNX Runtime sessions (about 10 s on two cores)
+
+
+@pytest.fixture(scope="module")
+def clips(bikes, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("cams")
+    out = []
+    for i in range(3):
+        p = folder / f"cam{i}.mp4"
+        shutil.copyfile(bikes, p)
+        out.append(str(p))
+    return out
+
+
+@pytest.fixture(scope="module")
+def pool(lite0_onnx):
+    from engines.video import WorkerPool
+
+    with WorkerPool(lite0_onnx[0], devices=["cpu", "cpu"]) as p:
+        yield p
+
+
+def test_pool_results_equal_the_single_process_run(pool, lite0_onnx, clips):
+    import engines
+    from engines.video import classify
+
+    with engines.open_engine(lite0_onnx[0], device="cpu") as eng:
+        single = [(p.frame, p.indices, p.labels) for p in classify([clips[0]], eng, batch=16, stride=5)]
+    run = pool.classify(clips, batch=16, stride=5)
+    by_source = {c: [] for c in clips}
+    devices = set()
+    for p in run:
+        by_source[p.source].append((p.frame, p.indices, p.labels))
+        devices.add(p.device)
+        assert p.to_dict()["device"] == "cpu"
+    assert run.ok, run.problems
+    for c in clips:
+        assert [f for f, _, _ in by_source[c]] == list(range(0, 250, 5)), f"{c}: not every frame once, in order"
+        assert [i[0] for _, i, _ in by_source[c]] == [i[0] for _, i, _ in single]
+        assert by_source[c][0][2] is not None  # labels from the manifest came through
+    assert devices == {"cpu"} and run.stats.frames == 150
+
+
+def test_a_bad_source_is_reported_and_the_others_complete(pool, clips, tmp_path):
+    missing = str(tmp_path / "missing.mp4")
+    run = pool.classify([clips[0], missing, clips[1]], batch=16, stride=10)
+    preds = list(run)
+    assert [p.source for p in run.problems] == [missing]
+    assert "no such file" in run.problems[0].reason
+    assert sum(p.source == clips[0] for p in preds) == 25 and sum(p.source == clips[1] for p in preds) == 25
+
+
+def test_a_killed_worker_has_its_sources_reported(lite0_onnx, clips):
+    from engines.video import WorkerPool
+
+    with WorkerPool(lite0_onnx[0], devices=["cpu", "cpu"]) as pool:
+        run = pool.classify(clips[:2], batch=8, realtime=True)  # paced: the kill lands mid-run
+        preds = []
+        for p in run:
+            preds.append(p)
+            if len(preds) == 5:
+                pool.workers[1].process.kill()
+        doomed = pool.share(clips[:2])[1][0]
+        assert [p.source for p in run.problems] == [doomed]
+        assert "died" in run.problems[0].reason
+        assert sum(p.source == clips[0] for p in preds) == 250
