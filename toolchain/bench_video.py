@@ -52,6 +52,7 @@ class VideoBenchRow:
     fps: float
     vs_decode: float | None = None
     vs_usual: float | None = None
+    vs_one_gpu: float | None = None  # several GPUs: this row's fps / trtc's on one GPU with the same streams per GPU
     cores_per_stream: float | None = None  # host CPU cores busy (process CPU time / wall time) / streams
 
 
@@ -127,6 +128,16 @@ def _decode_only_threaded(video: str, streams: int, gpu: int, batch: int = 16) -
     for t in threads:
         t.join()
     return sum(counts), time.perf_counter() - t0
+
+
+def _ours_pool(pool, video: str, streams: int, batch: int) -> tuple[int, float]:
+    run = pool.classify([video] * streams, batch=batch)
+    t0 = time.perf_counter()
+    n = sum(1 for _ in run)
+    seconds = time.perf_counter() - t0
+    if run.problems:
+        raise UsageProblem(f"the benchmark video failed: {run.problems[0]}")
+    return n, seconds
 
 
 def _timed_row(name: str, streams: int, fn) -> VideoBenchRow:
@@ -220,7 +231,7 @@ def _ours(video: str, streams: int, engine, batch: int, limit: int | None = None
 def bench_video(video: str, model: str, *, streams=(1, 8, 16, 32), device: str = "cuda:0", batch: int = 64,
                 usual_batch: int = 32, latency_frames: int = 300, latency_video: str | None = None,
                 latency_batch: int = 8, decode_latency: str = "native", memory_loops: int = 0,
-                reporter: Reporter | None = None) -> VideoBenchReport:
+                devices: list[str] | None = None, reporter: Reporter | None = None) -> VideoBenchReport:
     """See the module docstring. The latency run uses ``latency_video`` (default: ``video``) at batch
     ``latency_batch`` with NVDEC's ``decode_latency`` mode ("low" only for streams without B-frames)."""
     import engines
@@ -236,6 +247,12 @@ def bench_video(video: str, model: str, *, streams=(1, 8, 16, 32), device: str =
     with reporter.phase("warm-up (each pipeline once, 1 stream)"):
         clip_frames, _ = _decode_only(video, 1, gpu)
         _decode_only_threaded(video, 1, gpu)
+        pool = None
+        if devices and len(devices) > 1:  # one worker process per GPU, started and warmed before any clock
+            from engines.video import WorkerPool
+
+            pool = WorkerPool(model, devices=devices)
+            list(pool.classify([video] * len(devices), batch=batch))
         _ours(video, 1, engine, batch, limit=2 * batch)
         _usual_ok = True
         try:
@@ -261,6 +278,13 @@ def bench_video(video: str, model: str, *, streams=(1, 8, 16, 32), device: str =
         if usual is not None:
             ours.vs_usual = round(ours.fps / usual.fps, 2)
         rows += [dec, dec_t] + ([usual] if usual else []) + [ours]
+        if pool is not None:
+            k = len(devices)
+            with reporter.phase(f"{n} stream(s) on each of {k} GPUs: trtc"):
+                multi = _timed_row(f"trtc on {k} GPUs ({n} streams each, a worker per GPU)", n * k,
+                                   lambda: _ours_pool(pool, video, n * k, batch))
+            multi.vs_one_gpu = round(multi.fps / ours.fps, 3)
+            rows.append(multi)
     latency = {}
     if latency_frames:
         lat_video = latency_video or video
@@ -295,6 +319,8 @@ def bench_video(video: str, model: str, *, streams=(1, 8, 16, 32), device: str =
             if samples:
                 memory = {"loops": memory_loops, "used_mb_after_first": samples[0], "used_mb_at_end": samples[-1],
                           "growth_mb": round(samples[-1] - samples[0], 1), "samples": samples}
+    if pool is not None:
+        pool.close()
     g = gpu_device(gpu) or {}
     import datetime
 

@@ -440,10 +440,12 @@ def _int_list(ctx, param, value):
               help="A video benchmark: NVDEC output latency for the latency run (low: streams without B-frames).")
 @click.option("--memory-loops", type=click.IntRange(0), default=0, show_default=True,
               help="A video benchmark: also run the clip N times and report GPU memory growth.")
+@click.option("--devices", help="A video benchmark: also run trtc on several GPUs (cuda:0,cuda:1 or cuda:all), the "
+                                "same streams per GPU, against one GPU in the same run.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 @click.pass_obj
 def bench(state: State, models, batches, device, warmup, iterations, duration, video_model, streams, latency_frames,
-          latency_video, decode_latency, memory_loops, as_json):
+          latency_video, decode_latency, memory_loops, devices, as_json):
     """Time models side by side across batch sizes: latency p50/p90/p99, throughput, CV, speed-up vs the first.
     Or, with a video and --model, time the video pipelines side by side.
 
@@ -461,6 +463,8 @@ def bench(state: State, models, batches, device, warmup, iterations, duration, v
       trtc bench clip1080.mp4 --model resnet50.fp16.onnx --streams 1,8,16,32 --json
     """
     if video_model:
+        from engines.video.workers import parse_devices
+
         from .bench_video import bench_video
 
         if len(models) != 1:
@@ -468,7 +472,8 @@ def bench(state: State, models, batches, device, warmup, iterations, duration, v
         report = bench_video(models[0], video_model, streams=streams, device=device or "cuda:0",
                              batch=(batches or [64])[0], latency_frames=latency_frames,
                              latency_video=latency_video, decode_latency=decode_latency,
-                             memory_loops=memory_loops, reporter=state.reporter())
+                             memory_loops=memory_loops, reporter=state.reporter(),
+                             devices=parse_devices(devices) if devices else None)
         _show(state, report, as_json, "render_bench_video")
         return
     from .bench import bench as run_bench
@@ -484,7 +489,8 @@ def bench(state: State, models, batches, device, warmup, iterations, duration, v
               help="The model: a .onnx (ONNX Runtime) or a .plan (TensorRT), with its manifest beside it.")
 @click.option("--device", default="auto", show_default=True,
               help="cuda:N (NVDEC + GPU preprocessing + GPU engine, zero-copy) or cpu (PyAV + numpy + ONNX Runtime "
-                   "CPU); auto picks cuda:0 when the GPU video stack is installed.")
+                   "CPU); auto picks cuda:0 when the GPU video stack is installed. Several GPUs: cuda:0,cuda:1 or "
+                   "cuda:all (one worker process per GPU, sources shared out, a 'device' field per line).")
 @click.option("--batch", type=click.IntRange(1), help="Frames per inference [default: the model's optimum, <= 64].")
 @click.option("--top-k", type=click.IntRange(1), default=5, show_default=True, help="Classes per frame.")
 @click.option("--stride", type=click.IntRange(1), default=1, show_default=True,

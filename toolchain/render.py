@@ -330,15 +330,17 @@ def render_bench_video(console, report) -> None:
     gpu = report.machine.get("gpu") or report.device
     t = Table(title=f"{escape(Path(report.video).name)} with {escape(Path(report.model).name)} on {gpu} "
                     f"({report.date})", title_justify="left")
+    multi = any(getattr(r, "vs_one_gpu", None) is not None for r in report.rows)
     for col in ("pipeline", "streams", "frames", "seconds", "fps", "CPU cores/stream", "vs decode-only",
-                "vs usual"):
+                "vs usual") + (("vs 1 GPU",) if multi else ()):
         t.add_column(col, justify="left" if col == "pipeline" else "right")
     for r in report.rows:
         cores = getattr(r, "cores_per_stream", None)
         t.add_row(escape(r.pipeline), str(r.streams), str(r.frames), f"{r.seconds:.2f}", f"{r.fps:.1f}",
                   "" if cores is None else f"{cores:.2f}",
                   "" if r.vs_decode is None else f"{r.vs_decode:.2f}x",
-                  "" if r.vs_usual is None else f"{r.vs_usual:.2f}x")
+                  "" if r.vs_usual is None else f"{r.vs_usual:.2f}x",
+                  *((("" if r.vs_one_gpu is None else f"{r.vs_one_gpu:.2f}x"),) if multi else ()))
     _print(console, t)
     if report.latency:
         lat = report.latency

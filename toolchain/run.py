@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from engines.video import default_device
+from engines.video.workers import WorkerPool, parse_devices
 
 from ._ui import Reporter
 from .errors import UsageProblem
@@ -117,12 +118,21 @@ def run_video(sources, model, *, device: str = "auto", batch: int | None = None,
             if foreign:
                 raise UsageProblem(f"{out_path} holds predictions of other sources ({', '.join(foreign[:3])})",
                                    "resume with the same sources as the earlier run, or give another -o")
-    device = pick_device(device)
-    engine = engines.open_engine(model, device=device)
+    options = dict(batch=batch, top_k=top_k, stride=stride, decoder=decoder, colorspace=colorspace, scores=scores,
+                   max_wait_ms=max_wait_ms, loop=loop, realtime=realtime, latency=latency, done=done)
+    devices = parse_devices(device) if ("," in device or device.endswith(":all")) else [pick_device(device)]
+    if len(devices) > 1:  # one worker process (engine + pipeline) per device, sources shared out between them
+        check_devices_can_run(model, devices)
+        with reporter.phase(f"starting {len(devices)} workers ({', '.join(devices)})"):
+            pool = WorkerPool(model, devices=devices)
+        closer = pool.close
+        run = pool.classify(sources, **options)
+    else:
+        engine = engines.open_engine(model, device=devices[0])
+        closer = engine.close
+        run = classify(sources, engine, **options)
+    device = ",".join(devices)
     try:
-        run = classify(sources, engine, batch=batch, top_k=top_k, stride=stride, decoder=decoder,
-                       colorspace=colorspace, scores=scores, max_wait_ms=max_wait_ms, loop=loop,
-                       realtime=realtime, latency=latency, done=done)
         tmp = None
         if out_path is not None:
             tmp = out_path.with_name(f".{out_path.name}.{os.getpid()}.tmp")
@@ -185,4 +195,37 @@ def run_video(sources, model, *, device: str = "auto", batch: int | None = None,
                           output=str(out_path) if out_path else None, latency_ms=lat, interrupted=interrupted,
                           last_frame={s: last.get(s) for s in sources}, resumed_lines=kept_lines)
     finally:
-        engine.close()
+        closer()
+
+
+def check_devices_can_run(model, devices: list[str]) -> None:
+    """A plan is tied to its GPU: refuse the devices whose GPU the manifest rules out, naming those that can run it
+    (ONNX models run anywhere)."""
+    from engines._gpu import gpus
+    from engines.manifest import read_manifest_if_any
+
+    manifest = read_manifest_if_any(model, verify_hash=False)
+    if manifest is None or manifest.kind != "plan":
+        return
+    from engines.tensorrt_engine import plan_problems
+
+    found = gpus()["devices"]
+    built_on = dict((manifest.builder or {}).get("gpu") or {})
+    # what the manifest says about the runtime is the same for every device: keep only what differs by GPU
+    common = set(plan_problems(manifest, None, built_on or None))
+
+    def gpu_problems(gpu):
+        return sorted(set(plan_problems(manifest, None, gpu)) - common)
+
+    bad = []
+    for d in devices:
+        index = int(d[5:]) if d.startswith("cuda:") else None
+        gpu = found[index] if index is not None and index < len(found) else None
+        why = ["a TensorRT plan runs on a GPU"] if index is None else gpu_problems(gpu)
+        if why:
+            bad.append(f"{d}: {why[0]}")
+    if bad:
+        able = [f"cuda:{i}" for i, g in enumerate(found) if not gpu_problems(g)]
+        raise UsageProblem(f"{Path(model).name} cannot run on {bad[0]}",
+                           f"use the devices that can run it: {','.join(able)}" if able else
+                           "rebuild the plan on this machine's GPUs with trtc build")

@@ -75,6 +75,37 @@ def _worker_main(conn, model: str, device: str, engine_options: dict) -> None:
         conn.send(("end", problems, stats, failure))
 
 
+def parse_devices(text: str) -> list[str]:
+    """"cuda:0,cuda:1" -> ["cuda:0", "cuda:1"]; "cuda:all" -> every GPU nvidia-smi lists; "cpu,cpu" is allowed
+    (two CPU workers). A GPU index that does not exist is refused naming the GPUs there are."""
+    from .._gpu import gpus
+
+    parts = [p.strip() for p in str(text).split(",") if p.strip()]
+    if not parts:
+        raise UsageProblem("no device given", "use e.g. --device cuda:0,cuda:1 or --device cuda:all")
+    found = None
+    out: list[str] = []
+    for p in parts:
+        if p == "cpu":
+            out.append(p)
+            continue
+        if not p.startswith("cuda:"):
+            raise UsageProblem(f"unknown device {p!r}", "use cpu, cuda:N, a comma-separated list, or cuda:all")
+        if found is None:
+            found = gpus()["devices"]
+        if p == "cuda:all":
+            if not found:
+                raise UsageProblem("cuda:all: no NVIDIA GPU found here", "use --device cpu")
+            out += [f"cuda:{i}" for i in range(len(found))]
+            continue
+        index = p[5:]
+        if not index.isdigit() or int(index) >= len(found):
+            have = ", ".join(f"cuda:{i} ({d['name']})" for i, d in enumerate(found)) or "none"
+            raise UsageProblem(f"no GPU {p} here (GPUs: {have})", "give one of the GPUs listed, or cuda:all")
+        out.append(p)
+    return out
+
+
 class _Worker:
     def __init__(self, ctx, model: str, device: str, engine_options: dict):
         self.device = device

@@ -74,3 +74,19 @@ def test_a_killed_worker_has_its_sources_reported(lite0_onnx, clips):
         assert [p.source for p in run.problems] == [doomed]
         assert "died" in run.problems[0].reason
         assert sum(p.source == clips[0] for p in preds) == 250
+
+
+def test_trtc_run_on_two_devices_writes_a_device_per_line(lite0_onnx, clips, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "preds.jsonl"
+    r = subprocess.run([sys.executable, "-m", "toolchain", "-q", "run", *clips[:2], "--model", str(lite0_onnx[0]),
+                        "--device", "cpu,cpu", "--stride", "25", "-o", str(out)], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert sorted((d["source"], d["frame"]) for d in lines) == sorted((c, f) for c in clips[:2]
+                                                                      for f in range(0, 250, 25))
+    assert {d["device"] for d in lines} == {"cpu"}
