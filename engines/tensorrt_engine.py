@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from ._gpu import device as gpu_device
-from ._trt import Backend, load_backend, make_logger, rtx_targets, sm_name
+from ._trt import Backend, load_runtime_backend, make_logger, rtx_targets, sm_name
 from ._cuda import device_input, device_output, external_stream, is_device_array
 from ._deps import require
 from .base import EngineBase, TensorSpec
@@ -43,6 +43,9 @@ def rebuild_command(manifest: Manifest, plan: str | Path, problems: list[str] | 
         return (f"run it on a GPU it was built for ({targets}), or build for this GPU with TensorRT: "
                 f"trtc build {(manifest.parent or {}).get('file', 'model.onnx')} --backend tensorrt")
     parent = (manifest.parent or {}).get("file", "model.onnx")
+    if any("only runs version-compatible plans" in p for p in problems or []):
+        return (f"on a machine with TensorRT (and the target's GPU): trtc build {parent} -o {Path(plan).name} --force "
+                "--version-compatible, then copy the plan and its .json here")
     b = manifest.builder or {}
     mode = (manifest.precision or {}).get("mode", "fp32")
     cmd = f"trtc build {parent} -o {Path(plan).name} --force --backend {b.get('flavor', 'auto')}"
@@ -64,13 +67,25 @@ def plan_problems(manifest: Manifest, backend: Backend | None, gpu: dict | None)
     problems = []
     flavor = b.get("flavor")
     built = str(b.get("version", "?"))
+    flags = b.get("flags", {})
+    compatible = bool(flags.get("version_compatible"))
     if backend is None:
         problems.append(f"{'TensorRT-RTX' if flavor == 'tensorrt-rtx' else 'TensorRT'} is not installed here "
-                        f"(the plan needs {flavor} {built})")
+                        f"(the plan needs {flavor} {built}"
+                        + (", or TensorRT's lean runtime of that version or newer)" if compatible else ")"))
+    elif backend.runtime_only and flavor == "tensorrt":
+        if not compatible:
+            problems.append(f"the plan was built with {flavor} {built} without --version-compatible; "
+                            f"{backend.describe()} only runs version-compatible plans")
+        elif backend.flavor == "tensorrt-dispatch" and flags.get("exclude_lean_runtime"):
+            problems.append(f"the plan was built with --exclude-lean-runtime; {backend.describe()} needs the lean "
+                            "runtime inside the plan (install the lean runtime: pip install \"trtc[edge]\")")
+        elif _version_tuple(backend.version) < _version_tuple(built):
+            problems.append(f"the plan was built with {flavor} {built}; {backend.describe()} is older, and only the "
+                            "same or a newer runtime loads a version-compatible plan")
     elif backend.flavor != flavor:
         problems.append(f"the plan was built with {flavor} {built}; this machine has {backend.describe()}")
     elif backend.version != built:
-        compatible = b.get("flags", {}).get("version_compatible")
         newer = _version_tuple(backend.version) > _version_tuple(built)
         if not (compatible and newer and not backend.rtx):
             problems.append(f"the plan was built with {flavor} {built}; this machine has {flavor} {backend.version}"
@@ -97,6 +112,10 @@ def plan_problems(manifest: Manifest, backend: Backend | None, gpu: dict | None)
                                 f"({b.get('gpu', {}).get('name', '?')}); this one is {cc} ({gpu.get('name')})")
             if level == "ampere+" and _version_tuple(cc) < (8, 0):
                 problems.append(f"an Ampere-or-newer plan cannot run on compute capability {cc}")
+            if level == "same-cc" and _version_tuple(built_cc) != _version_tuple(cc):
+                problems.append(f"a same-compute-capability plan built on {built_cc} "
+                                f"({b.get('gpu', {}).get('name', '?')}) cannot run on compute capability {cc} "
+                                f"({gpu.get('name')})")
     return problems
 
 
@@ -110,7 +129,7 @@ def load_plan(path: str | Path, device: int = 0, backend: Backend | None = None)
     flavor = (manifest.builder or {}).get("flavor", "tensorrt")
     if backend is None:
         try:
-            backend = load_backend(flavor, purpose="Running TensorRT plans")
+            backend = load_runtime_backend(flavor, purpose="Running TensorRT plans")
         except Exception as exc:  # MissingDependency: reported with the other problems below
             log.debug("no %s: %s", flavor, exc)
             backend = None
@@ -121,6 +140,10 @@ def load_plan(path: str | Path, device: int = 0, backend: Backend | None = None)
     trt = backend.module
     logger = make_logger(trt, error_level=logging.DEBUG)  # the reason is in the error raised below
     runtime = trt.Runtime(logger)
+    if (manifest.builder or {}).get("flags", {}).get("version_compatible") and not backend.rtx:
+        # a version-compatible plan carries host code (its lean runtime); TensorRT refuses it unless allowed.
+        # trtc only loads plans whose manifest hash it verified (read_manifest), i.e. plans it was given to trust.
+        runtime.engine_host_code_allowed = True
     engine = runtime.deserialize_cuda_engine(path.read_bytes())
     if engine is None:
         raise EngineError(f"{backend.describe()} could not deserialize {path.name}: "

@@ -149,6 +149,9 @@ def make(version: str = "10.13.0", rtx: bool = False, *, unsupported: tuple[str,
         def get_layer(self, index):
             return self._layers[index]
 
+        def get_flag(self, flag):
+            return bool(self._flags & (1 << int(flag.value)))
+
     class ParserError:
         def __init__(self, node, name, op, desc):
             self._node, self._name, self._op, self._desc = node, name, op, desc
@@ -419,14 +422,26 @@ def make(version: str = "10.13.0", rtx: bool = False, *, unsupported: tuple[str,
     return m
 
 
+def runtime_only(fake, flavor: str = "lean"):
+    """Turn a TensorRT 10/11 fake into its lean (``tensorrt_lean``) or dispatch runtime: no builder, no parser."""
+    fake.__name__ = f"tensorrt_{flavor}"
+    fake.__spec__ = importlib.machinery.ModuleSpec(fake.__name__, None)
+    for name in ("Builder", "OnnxParser", "IBuilderConfig", "INetworkDefinition", "IOptimizationProfile",
+                 "ITimingCache", "ParserError", "ITensor", "ILayer", "NetworkDefinitionCreationFlag", "LayerType",
+                 "IProgressMonitor"):
+        if hasattr(fake, name):
+            delattr(fake, name)
+    return fake
+
+
 def install(monkeypatch, fake, gpu: dict | None = None):
     """Make ``fake`` importable under both of its names and pretend this machine has ``gpu``."""
     import sys
 
-    names = ("tensorrt_rtx", "tensorrt_rtx_bindings") if fake.__name__ == "tensorrt_rtx" else \
-        ("tensorrt", "tensorrt_bindings")
+    names = (fake.__name__, fake.__name__ + "_bindings")
     monkeypatch.setitem(sys.modules, names[0], fake)
-    for other in ("tensorrt", "tensorrt_bindings", "tensorrt_rtx", "tensorrt_rtx_bindings"):
+    for other in ("tensorrt", "tensorrt_bindings", "tensorrt_rtx", "tensorrt_rtx_bindings", "tensorrt_lean",
+                  "tensorrt_lean_bindings", "tensorrt_dispatch", "tensorrt_dispatch_bindings"):
         if other != names[0]:
             monkeypatch.setitem(sys.modules, other, None)  # import fails: only the fake is "installed"
     import engines._gpu
