@@ -262,3 +262,18 @@ def test_the_check_catches_a_wrong_name_and_a_wrong_signature():
     assert any("execute_async_v4: no such member" in p for p in problems)
     assert any("set_tensor_address: the fake takes 1..1" in p for p in problems)
     assert resolve(d, ("TensorIOMode", "INPUTS")) == "TensorIOMode.INPUTS" and resolve(d, ("Runtime",)) is None
+
+
+def test_doctor_reports_the_real_lean_and_dispatch_runtimes_with_their_versions():
+    from toolchain.doctor import packages
+
+    pk = packages()
+    for shown in ("tensorrt_lean", "tensorrt_dispatch"):
+        import_name = f"{shown}_bindings"
+        if not _available(import_name, None):
+            pytest.skip(f"{import_name} is not installed here")
+        d = describe(import_name, None)
+        if "error" in d:
+            assert d["error"].split(":")[0] in pk[shown].get("import_error", "")
+            continue
+        assert pk[shown]["version"] == d["version"] and pk[shown]["import_as"] == import_name, pk[shown]
