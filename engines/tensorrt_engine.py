@@ -8,9 +8,13 @@ capabilities and version 1.7 has none for 9.0 (H100/H200).
 
 :class:`TensorRTEngine` runs a plan on device arrays: one execution context per CUDA stream (contexts are not
 shared across streams or threads), ``set_input_shape`` + ``set_tensor_address`` with the caller's device pointers,
-``execute_async_v3(stream)``, no host synchronisation. With ``cuda_graph=True`` each (stream, shape, addresses)
-combination is run once normally, then captured into a CUDA graph on that stream and replayed afterwards (full
-TensorRT); TensorRT-RTX captures its own graphs (``IRuntimeConfig.cuda_graph_strategy``).
+``execute_async_v3(stream)``, no host synchronisation. A context is used by one thread at a time (a lock per
+context is held from ``set_input_shape`` to the enqueue), so threads sharing a stream take turns. With
+``cuda_graph=True`` each (stream, shapes, addresses) combination is run once normally, then captured into a CUDA
+graph on that stream and replayed afterwards (full TensorRT); at most ``MAX_GRAPHS`` graphs are kept (least
+recently used dropped), and a context's graphs are dropped when its input shapes change, so returning to an
+earlier shape runs and captures again instead of replaying a graph of a context state that no longer holds.
+TensorRT-RTX captures its own graphs (``IRuntimeConfig.cuda_graph_strategy``).
 
 What has been executed: this module's manifest check and deserialisation path ran against TensorRT-RTX 1.7 on an
 H200 (which RTX refuses to run on: no SM90 kernels), and the execution calls run against a recording fake on CPU.
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
@@ -165,6 +170,8 @@ def _dtype_name(dt) -> str:
 class TensorRTEngine(EngineBase):
     """A TensorRT or TensorRT-RTX plan behind the Engine interface (device arrays in and out)."""
 
+    MAX_GRAPHS = 16  # CUDA graphs kept (each holds the context's frozen launch sequence and some device memory)
+
     def __init__(self, path: str | Path, device: str = "cuda:0", cuda_graph: bool = False):
         from .onnxruntime_engine import parse_device
 
@@ -191,7 +198,9 @@ class TensorRTEngine(EngineBase):
             is_input = self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT
             (self.inputs if is_input else self.outputs).append(spec)
         self._contexts: dict[int, object] = {}
-        self._graphs: dict[tuple, object] = {}
+        self._context_locks: dict[int, threading.Lock] = {}
+        self._last_shapes: dict[int, tuple] = {}  # per stream: the input shapes the context was last run with
+        self._graphs: OrderedDict[tuple, object] = OrderedDict()
         self._lock = threading.Lock()
         with self.cp.cuda.Device(self.device_id):
             self.stream = self.cp.cuda.Stream(non_blocking=True)
@@ -210,6 +219,7 @@ class TensorRTEngine(EngineBase):
                     raise EngineError(f"TensorRT could not create an execution context for {self.path.name}",
                                       "free GPU memory or use fewer streams")
                 self._contexts[stream_ptr] = ctx
+                self._context_locks[stream_ptr] = threading.Lock()
             return ctx
 
     def infer(self, batch, outputs=None, stream=None) -> list:
@@ -238,6 +248,10 @@ class TensorRTEngine(EngineBase):
 
     def _run(self, feeds: dict, outputs, stream) -> list:
         ctx = self.context(stream.ptr)
+        with self._context_locks[stream.ptr]:  # one thread at a time from set_input_shape to the enqueue
+            return self._run_locked(ctx, feeds, outputs, stream)
+
+    def _run_locked(self, ctx, feeds: dict, outputs, stream) -> list:
         addresses = []
         for spec in self.inputs:
             x = device_input(feeds, spec)
@@ -261,8 +275,18 @@ class TensorRTEngine(EngineBase):
 
     def _launch_graph(self, ctx, stream, key: tuple) -> None:
         """Full TensorRT: a graph freezes shapes and addresses, so one graph per (stream, shapes, addresses)."""
+        shapes = tuple((name, shape) for name, shape, _ in key)
         key = (stream.ptr, key)
-        graph = self._graphs.get(key)
+        with self._lock:  # the graph cache is shared by every stream's thread
+            if self._last_shapes.get(stream.ptr) != shapes:
+                # new shapes on this context: TensorRT re-plans it (and may move its internal memory), so its graphs
+                # of earlier shapes describe a state that no longer exists; drop them rather than replay them later
+                for k in [k for k in self._graphs if k[0] == stream.ptr]:
+                    del self._graphs[k]
+                self._last_shapes[stream.ptr] = shapes
+            graph = self._graphs.get(key)
+            if graph is not None:
+                self._graphs.move_to_end(key)
         if graph is None:
             # the first run after a shape change flushes TensorRT's deferred updates; it must not be captured
             if not ctx.execute_async_v3(stream.ptr):
@@ -276,7 +300,10 @@ class TensorRTEngine(EngineBase):
             if not ok:
                 raise EngineError(f"TensorRT failed to enqueue {self.path.name} while capturing a CUDA graph",
                                   "open the plan without cuda_graph")
-            self._graphs[key] = graph
+            with self._lock:
+                self._graphs[key] = graph
+                while len(self._graphs) > self.MAX_GRAPHS:
+                    self._graphs.popitem(last=False)
         graph.launch(stream)
 
     def close(self) -> None:

@@ -340,10 +340,24 @@ def make(version: str = "10.13.0", rtx: bool = False, *, unsupported: tuple[str,
             return Engine()
 
     class Context:
+        """Records a race when a thread uses the context between another thread's set_input_shape and its enqueue
+        (TensorRT contexts are not thread-safe)."""
+
         def __init__(self, n):
-            self._n, self._shapes = n, {}
+            self._n, self._shapes, self._owner = n, {}, None
+
+        def _use(self):
+            import threading
+            import time
+
+            me = threading.get_ident()
+            if self._owner not in (None, me):
+                calls.append(("ctx.race", self._n))
+            self._owner = me
+            time.sleep(0)  # let another thread in, as a real enqueue would
 
         def set_input_shape(self, name, shape):
+            self._use()
             calls.append(("ctx.set_input_shape", self._n, name, tuple(shape)))
             if "set_input_shape" in fail:
                 return False
@@ -355,11 +369,14 @@ def make(version: str = "10.13.0", rtx: bool = False, *, unsupported: tuple[str,
             return tuple(batch if d == -1 else d for d in io[name][2])
 
         def set_tensor_address(self, name, memory):
+            self._use()
             calls.append(("ctx.set_tensor_address", self._n, name, int(memory)))
             return True
 
         def execute_async_v3(self, stream_handle):
+            self._use()
             calls.append(("ctx.execute_async_v3", self._n, int(stream_handle)))
+            self._owner = None  # enqueued: the context may be used by another thread now
             return "execute_async_v3" not in fail
 
     class RuntimeConfig:

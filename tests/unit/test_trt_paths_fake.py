@@ -243,3 +243,61 @@ def test_the_rtx_runtime_config_path(monkeypatch, model):
     assert ("IRuntimeConfig.cuda_graph_strategy", "WHOLE_GRAPH_CAPTURE") in fake.calls
     assert names(fake).index("engine.create_runtime_config") < names(fake).index("engine.create_execution_context")
     assert fake_cupy.Graph.launches == []  # RTX captures its own graphs
+
+
+def _engine(monkeypatch, model, cuda_graph=False):
+    from engines import open_engine
+    from tests import fake_cupy
+    from toolchain.build import build_engine
+
+    fake_tensorrt.install(monkeypatch, fake_tensorrt.make("10.13.0"), fake_tensorrt.H100)
+    build_engine(model)
+    fake = fake_tensorrt.install(monkeypatch, fake_tensorrt.make("10.13.0", engine_io=IO), fake_tensorrt.H100)
+    cp = fake_cupy.install(monkeypatch)
+    return fake, cp, fake_cupy, open_engine(model.with_name("m.plan"), device="cuda:0", cuda_graph=cuda_graph)
+
+
+def test_the_cuda_graph_cache_is_bounded(monkeypatch, model):
+    """Item 6: graphs are keyed by raw addresses; fresh output buffers every call must not grow the cache forever."""
+    fake, cp, fcp, eng = _engine(monkeypatch, model, cuda_graph=True)
+    x, s = cp.empty((2, 1, 28, 28)), cp.cuda.Stream()
+    kept = [eng.infer(x, stream=s) for _ in range(eng.MAX_GRAPHS + 10)]  # live outputs: a new address each call
+    assert len({o[0].data.ptr for o in kept}) == eng.MAX_GRAPHS + 10
+    assert len(eng._graphs) == eng.MAX_GRAPHS
+
+
+def test_returning_to_an_earlier_shape_does_not_replay_a_stale_graph(monkeypatch, model):
+    fake, cp, fcp, eng = _engine(monkeypatch, model, cuda_graph=True)
+    s = cp.cuda.Stream()
+    a, b = cp.empty((2, 1, 28, 28)), cp.empty((4, 1, 28, 28))
+    oa, ob = cp.empty((2, 10)), cp.empty((4, 10))
+    eng.infer(a, outputs=[oa], stream=s)  # run + capture A
+    eng.infer(a, outputs=[oa], stream=s)  # replay A
+    assert len(fcp.Graph.launches) == 2
+    eng.infer(b, outputs=[ob], stream=s)  # shape change: run + capture B
+    runs = len([c for c in fake.calls if c[0] == "ctx.execute_async_v3"])
+    eng.infer(a, outputs=[oa], stream=s)  # back to A: TensorRT must re-plan; a normal run and a new capture
+    assert len([c for c in fake.calls if c[0] == "ctx.execute_async_v3"]) - runs == 2
+    assert [k[1][0][1] for k in eng._graphs] == [(2, 1, 28, 28)]
+
+
+def test_threads_sharing_a_stream_take_turns_on_its_context(monkeypatch, model):
+    """Item 6: two threads on one stream share one context; its use must be serialised."""
+    import sys
+    import threading
+
+    fake, cp, fcp, eng = _engine(monkeypatch, model)
+    s = cp.cuda.Stream()
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=lambda: [eng.infer(cp.empty((2, 1, 28, 28)), stream=s)
+                                                    for _ in range(200)]) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert len([c for c in fake.calls if c[0] == "ctx.execute_async_v3"]) == 400
+    assert not [c for c in fake.calls if c[0] == "ctx.race"]
