@@ -78,13 +78,15 @@ _VC_MARK = b"|version-compatible"
 
 def make(version: str = "10.13.0", rtx: bool = False, *, unsupported: tuple[str, ...] = (),
          build_fails_with: str | None = None, force_dtype: str | None = None, plan: bytes = b"FAKE-PLAN\x00\x01",
-         engine_io: list | None = None, fail: tuple[str, ...] = ()):
+         engine_io: list | None = None, fail: tuple[str, ...] = (), compute=None):
     """A fresh fake module. ``unsupported``: ONNX op types the parser rejects; ``build_fails_with``: the error the
     builder logs before returning None; ``force_dtype``: pretend every layer input is this type (to exercise the
     precision check); ``plan``: the bytes build_serialized_network returns; ``engine_io``: [(name, "INPUT" or
     "OUTPUT", dtype name, shape with -1 for the batch)] makes deserialize_cuda_engine return an engine with these
     I/O tensors whose execution contexts record their calls (and compute nothing); ``fail``: names from
-    ``FAILURES`` that report failure the way TensorRT does (False, -1 or None).
+    ``FAILURES`` that report failure the way TensorRT does (False, -1 or None); ``compute``: a function
+    {input name: numpy array} -> {output name: numpy array} that execute_async_v3 runs on the bound buffers (host
+    memory behind tests/fake_cupy.py's arrays), so a plan can give real answers (e.g. the ONNX run by ORT on CPU).
 
     Strict: the classes are also exposed under TensorRT's names (``IBuilderConfig``, ``ICudaEngine``...), have only
     members the real bindings have (tests/unit/test_trt_real_bindings.py checks that against the real wheels), and
@@ -371,12 +373,30 @@ def make(version: str = "10.13.0", rtx: bool = False, *, unsupported: tuple[str,
         def set_tensor_address(self, name, memory):
             self._use()
             calls.append(("ctx.set_tensor_address", self._n, name, int(memory)))
+            self._addresses = {**getattr(self, "_addresses", {}), name: int(memory)}
             return True
+
+        def _compute(self):
+            import ctypes
+
+            import numpy as np
+
+            def view(name, shape):
+                dt = np.dtype(io[name][1])
+                n = int(np.prod(shape)) * dt.itemsize
+                buf = (ctypes.c_char * n).from_address(self._addresses[name])
+                return np.frombuffer(buf, dtype=dt).reshape(shape)
+
+            feeds = {n: view(n, self._shapes[n]).copy() for n in io if io[n][0] == "INPUT"}
+            for name, value in compute(feeds).items():
+                view(name, self.get_tensor_shape(name))[...] = value
 
         def execute_async_v3(self, stream_handle):
             self._use()
             calls.append(("ctx.execute_async_v3", self._n, int(stream_handle)))
             self._owner = None  # enqueued: the context may be used by another thread now
+            if compute is not None and "execute_async_v3" not in fail:
+                self._compute()
             return "execute_async_v3" not in fail
 
     class RuntimeConfig:

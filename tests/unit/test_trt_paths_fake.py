@@ -301,3 +301,50 @@ def test_threads_sharing_a_stream_take_turns_on_its_context(monkeypatch, model):
         sys.setswitchinterval(old)
     assert len([c for c in fake.calls if c[0] == "ctx.execute_async_v3"]) == 400
     assert not [c for c in fake.calls if c[0] == "ctx.race"]
+
+
+def test_validate_and_bench_run_a_plan_behind_the_same_parity_gate(monkeypatch, mnist, tmp_path):
+    """Item 7: a plan is run (not refused) and judged like any candidate. The fake plan computes with the real
+    ONNX on ORT's CPU provider (right answers), then with its classes reversed (wrong answers: must fail)."""
+    import json
+
+    import onnxruntime as ort
+    from click.testing import CliRunner
+
+    import engines.onnxruntime_engine as oe
+    from tests import fake_cupy
+    from toolchain.build import build_engine
+    from toolchain.cli import cli
+
+    model, npz, _, _ = mnist
+    shutil.copy(model, tmp_path / "m.onnx")
+    fake_tensorrt.install(monkeypatch, fake_tensorrt.make("10.13.0"), fake_tensorrt.H100)
+    build_engine(tmp_path / "m.onnx")
+    sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    i_name, o_name = sess.get_inputs()[0].name, sess.get_outputs()[0].name
+    io = [(i_name, "INPUT", "float32", (1, 1, 28, 28)), (o_name, "OUTPUT", "float32", (1, 10))]
+
+    def right(feeds):
+        return {o_name: sess.run(None, {i_name: feeds[i_name]})[0]}
+
+    def wrong(feeds):
+        return {o_name: right(feeds)[o_name][:, ::-1].copy()}
+
+    cpu_engine = oe.OnnxRuntimeEngine  # the reference runs on ORT's CPU provider (no GPU here)
+    monkeypatch.setattr(oe, "OnnxRuntimeEngine", lambda spec, device="cpu", **kw: cpu_engine(spec, device="cpu", **kw))
+    args = ["validate", "--reference", str(tmp_path / "m.onnx"), "--candidate", str(tmp_path / "m.plan"),
+            "--data", str(npz), "--count", "64", "--device", "cuda:0", "--json", "-"]
+    for compute, code in ((right, 0), (wrong, 1)):
+        fake = fake_tensorrt.install(monkeypatch, fake_tensorrt.make("10.13.0", engine_io=io, compute=compute),
+                                     fake_tensorrt.H100)
+        fake_cupy.install(monkeypatch)
+        r = CliRunner().invoke(cli, args)
+        assert r.exit_code == code, r.output
+        assert len([c for c in fake.calls if c[0] == "ctx.execute_async_v3"]) == 64  # batch 1, every sample
+        c = json.loads(r.stdout[r.stdout.index("{"):])["candidates"][0]
+        assert c["kind"] == "plan" and (c["metrics"]["top1_agreement"] == 1.0) is (code == 0)
+    r = CliRunner().invoke(cli, ["bench", str(tmp_path / "m.plan"), "--device", "cuda:0", "--batch", "1,8",
+                                 "--iterations", "3", "--warmup", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout[r.stdout.index("{"):])["rows"]
+    assert [(row["kind"], row["batch"]) for row in rows] == [("plan", 1)]
