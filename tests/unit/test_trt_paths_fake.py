@@ -74,6 +74,10 @@ def test_the_lean_runtime_loads_version_compatible_plans_when_full_tensorrt_is_a
     fake_tensorrt.install(monkeypatch, lean, fake_tensorrt.H100)
     backend, runtime, engine, _ = load_plan(model.with_name("vc.plan"))
     assert backend.flavor == "tensorrt-lean" and engine is not None and "Runtime.deserialize_cuda_engine" in names(lean)
+    from toolchain.inspect_artifact import inspect_artifact
+
+    info = inspect_artifact(model.with_name("vc.plan"))  # trtc inspect: the same runtime choice as load_plan
+    assert info["runs_here"] is True and "no EngineInspector binding" in info["layer_precisions"]["error"]
     with pytest.raises(ManifestError, match=r"without --version-compatible; TensorRT lean runtime 11.4.0 "
                                             r"\(tensorrt_lean\) only runs") as err:
         load_plan(model.with_name("plain.plan"))
