@@ -1,7 +1,12 @@
 """Atomic file writes and hashing.
 
-An artifact is either there, whole, or not there: writers produce a temporary file in the target's directory
-and ``os.replace`` it into place. Nothing is ever half-written, even on Ctrl-C.
+An artifact is either there, whole, or not there: writers produce a temporary file in the target's directory,
+it is fsynced, ``os.replace``d into place, and the directory is fsynced (so a power cut after the call returns
+cannot lose the rename). Nothing is ever half-written, even on Ctrl-C.
+
+Files that describe an artifact still at its temporary path (its manifest, ``defer_until_placed``) are written
+to temporaries of their own and moved into place only after the artifact: an interruption never leaves a
+manifest without its artifact.
 """
 
 from __future__ import annotations
@@ -12,6 +17,39 @@ import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+
+# temporary artifact path -> [(temporary file, target)] to move into place after that artifact
+_PENDING: dict[Path, list[tuple[Path, Path]]] = {}
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # a platform without directory handles (Windows): the rename is what it gives
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _temporary(target: Path) -> Path:
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=f".tmp{target.suffix}", dir=target.parent)
+    os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; artifacts get the usual permissions
+    return Path(tmp)
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
@@ -31,24 +69,43 @@ def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
     """
     target = Path(target)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=f".tmp{target.suffix}", dir=target.parent)
+        tmp_path = _temporary(target)
     except OSError as exc:  # a user's folder that is missing, read-only or full: say so, no traceback
         raise _cannot_write(target, exc) from exc
-    os.close(fd)
-    tmp_path = Path(tmp)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp_path, 0o666 & ~umask)  # mkstemp makes 0600; artifacts get the usual permissions
+    _PENDING[tmp_path] = []
     try:
         yield tmp_path
+        _fsync_file(tmp_path)
         try:
-            os.replace(tmp_path, target)
+            os.replace(tmp_path, target)  # the artifact first ...
+            for tmp, final in _PENDING[tmp_path]:  # ... then what describes it (fsynced when written)
+                os.replace(tmp, final)
         except OSError as exc:
             raise _cannot_write(target, exc) from exc
+        _fsync_dir(target.parent)
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            tmp_path.unlink()
+        for path in [tmp_path, *(t for t, _ in _PENDING.get(tmp_path, []))]:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
         raise
+    finally:
+        _PENDING.pop(tmp_path, None)
+
+
+def defer_until_placed(artifact_tmp: str | os.PathLike, target: str | os.PathLike, data: bytes) -> bool:
+    """Write ``data`` to ``target`` right after the artifact now at ``artifact_tmp`` (inside its ``atomic_path``)
+    is moved into place. False (nothing written) when ``artifact_tmp`` is no artifact in the making."""
+    key = Path(artifact_tmp)
+    if key not in _PENDING:
+        return False
+    target = Path(target)
+    tmp = _temporary(target)
+    _PENDING[key].append((tmp, target))
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    return True
 
 
 def _cannot_write(target: Path, exc: OSError):
@@ -66,8 +123,6 @@ def atomic_write_bytes(target: str | os.PathLike, data: bytes) -> None:
     with atomic_path(target) as tmp:
         with open(tmp, "wb") as f:
             f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
 
 
 def atomic_write_text(target: str | os.PathLike, text: str) -> None:

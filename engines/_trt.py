@@ -15,14 +15,23 @@ from .errors import MissingDependency, UsageProblem
 
 log = logging.getLogger("trtc")
 FLAVORS = {"tensorrt": ("tensorrt", "tensorrt_bindings"), "tensorrt-rtx": ("tensorrt_rtx", "tensorrt_rtx_bindings")}
-EXTRAS = {"tensorrt": "trt", "tensorrt-rtx": "rtx"}
+# runtime-only flavours of TensorRT 10/11 (no builder): they run version-compatible plans built by full TensorRT.
+# The lean runtime (`tensorrt-lean-cu13`, ~100 MB installed) is what an edge box needs; the dispatch runtime is
+# smaller still and runs plans that carry their lean runtime (built without --exclude-lean-runtime).
+RUNTIME_FLAVORS = {"tensorrt-lean": ("tensorrt_lean", "tensorrt_lean_bindings"),
+                   "tensorrt-dispatch": ("tensorrt_dispatch", "tensorrt_dispatch_bindings")}
+ALL_FLAVORS = {**FLAVORS, **RUNTIME_FLAVORS}
+EXTRAS = {"tensorrt": "trt", "tensorrt-rtx": "rtx", "tensorrt-lean": "edge", "tensorrt-dispatch": "edge"}
 BACKENDS = ("auto", *FLAVORS)
+NAMES = {"tensorrt": "TensorRT", "tensorrt-rtx": "TensorRT-RTX", "tensorrt-lean": "TensorRT lean runtime",
+         "tensorrt-dispatch": "TensorRT dispatch runtime"}
+MIN_TENSORRT = (10, 0)  # strong typing, execute_async_v3, the tensor-name API: older TensorRT is refused
 
 
 @dataclass
 class Backend:
     module: object
-    flavor: str  # "tensorrt" or "tensorrt-rtx"
+    flavor: str  # "tensorrt", "tensorrt-rtx", "tensorrt-lean" or "tensorrt-dispatch"
     import_name: str
     version: str
 
@@ -37,13 +46,17 @@ class Backend:
     def rtx(self) -> bool:
         return self.flavor == "tensorrt-rtx"
 
+    @property
+    def runtime_only(self) -> bool:
+        return self.flavor in RUNTIME_FLAVORS
+
     def describe(self) -> str:
-        return f"{'TensorRT-RTX' if self.rtx else 'TensorRT'} {self.version} ({self.import_name})"
+        return f"{NAMES[self.flavor]} {self.version} ({self.import_name})"
 
 
 def installed(flavor: str) -> str | None:
     """The import name under which ``flavor`` is installed (found without importing it), or None."""
-    for name in FLAVORS[flavor]:
+    for name in ALL_FLAVORS[flavor]:
         try:
             if importlib.util.find_spec(name) is not None:
                 return name
@@ -52,9 +65,19 @@ def installed(flavor: str) -> str | None:
     return None
 
 
+def load_runtime_backend(flavor: str, purpose: str = "Running TensorRT plans") -> Backend:
+    """A runtime for plans built by ``flavor``: the same flavour, or for TensorRT plans the lean, then the dispatch
+    runtime when full TensorRT is absent (they run version-compatible plans only; the caller checks)."""
+    order = [flavor] + (list(RUNTIME_FLAVORS) if flavor == "tensorrt" else [])
+    for f in order:
+        if installed(f) is not None:
+            return load_backend(f, purpose=purpose)
+    raise MissingDependency(ALL_FLAVORS[flavor][0], EXTRAS[flavor], purpose)
+
+
 def load_backend(name: str = "auto", purpose: str = "Building TensorRT engines") -> Backend:
     """Import TensorRT (``tensorrt``) or TensorRT-RTX (``tensorrt-rtx``); ``auto`` prefers the full library."""
-    if name not in BACKENDS:
+    if name not in BACKENDS and name not in RUNTIME_FLAVORS:
         raise UsageProblem(f"unknown backend {name!r}", f"use one of {', '.join(BACKENDS)}")
     order = list(FLAVORS) if name == "auto" else [name]
     for flavor in order:
@@ -66,7 +89,11 @@ def load_backend(name: str = "auto", purpose: str = "Building TensorRT engines")
         except Exception as exc:  # a broken install: missing .so, wrong CUDA
             raise MissingDependency(import_name, EXTRAS[flavor], f"{purpose} ({import_name} failed to import: "
                                     f"{str(exc).splitlines()[0][:120]})") from exc
-        return Backend(module, flavor, import_name, str(getattr(module, "__version__", "0")))
+        backend = Backend(module, flavor, import_name, str(getattr(module, "__version__", "0")))
+        if not backend.rtx and backend.major < MIN_TENSORRT[0]:
+            raise UsageProblem(f"{backend.describe()} is too old: trtc needs TensorRT 10 or newer (strong typing, "
+                               "the tensor-name API, execute_async_v3)", 'pip install -U "trtc[trt]"')
+        return backend
     if name == "auto":
         err = MissingDependency("tensorrt", "trt", purpose)
         err.reason = f"{purpose} needs TensorRT or TensorRT-RTX, and neither is installed"
@@ -74,7 +101,7 @@ def load_backend(name: str = "auto", purpose: str = "Building TensorRT engines")
                    "its libraries come from NVIDIA's package index)")
         err.args = (err.reason,)
         raise err
-    raise MissingDependency(FLAVORS[name][0], EXTRAS[name], purpose)
+    raise MissingDependency(ALL_FLAVORS[name][0], EXTRAS[name], purpose)
 
 
 def make_logger(trt, error_level: int = logging.ERROR):

@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ._io import atomic_write_text, sha256_file
+from ._io import atomic_write_text, defer_until_placed, sha256_file
 from .base import TensorSpec
 from .errors import ManifestError, UsageProblem
 from .preprocess import PreprocessSpec
@@ -120,7 +120,8 @@ def manifest_path(artifact: str | os.PathLike) -> Path:
 def write_manifest(artifact: str | os.PathLike, manifest: Manifest, hashed_as: str | os.PathLike | None = None) -> Path:
     """Fill the artifact's hash and size and write ``artifact.json`` atomically.
 
-    ``hashed_as`` names the file to hash when the artifact is still at a temporary path.
+    ``hashed_as`` names the file to hash when the artifact is still at a temporary path; inside that artifact's
+    ``atomic_path`` the manifest is then moved into place only after the artifact (never a manifest without it).
     """
     artifact = Path(artifact)
     src = Path(hashed_as) if hashed_as else artifact
@@ -128,7 +129,9 @@ def write_manifest(artifact: str | os.PathLike, manifest: Manifest, hashed_as: s
     if not manifest.created:
         manifest.created = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
     target = manifest_path(artifact)
-    atomic_write_text(target, json.dumps(manifest.to_dict(), indent=2) + "\n")
+    text = json.dumps(manifest.to_dict(), indent=2) + "\n"
+    if not (hashed_as and defer_until_placed(hashed_as, target, text.encode("utf-8"))):
+        atomic_write_text(target, text)
     return target
 
 

@@ -8,9 +8,13 @@ capabilities and version 1.7 has none for 9.0 (H100/H200).
 
 :class:`TensorRTEngine` runs a plan on device arrays: one execution context per CUDA stream (contexts are not
 shared across streams or threads), ``set_input_shape`` + ``set_tensor_address`` with the caller's device pointers,
-``execute_async_v3(stream)``, no host synchronisation. With ``cuda_graph=True`` each (stream, shape, addresses)
-combination is run once normally, then captured into a CUDA graph on that stream and replayed afterwards (full
-TensorRT); TensorRT-RTX captures its own graphs (``IRuntimeConfig.cuda_graph_strategy``).
+``execute_async_v3(stream)``, no host synchronisation. A context is used by one thread at a time (a lock per
+context is held from ``set_input_shape`` to the enqueue), so threads sharing a stream take turns. With
+``cuda_graph=True`` each (stream, shapes, addresses) combination is run once normally, then captured into a CUDA
+graph on that stream and replayed afterwards (full TensorRT); at most ``MAX_GRAPHS`` graphs are kept (least
+recently used dropped), and a context's graphs are dropped when its input shapes change, so returning to an
+earlier shape runs and captures again instead of replaying a graph of a context state that no longer holds.
+TensorRT-RTX captures its own graphs (``IRuntimeConfig.cuda_graph_strategy``).
 
 What has been executed: this module's manifest check and deserialisation path ran against TensorRT-RTX 1.7 on an
 H200 (which RTX refuses to run on: no SM90 kernels), and the execution calls run against a recording fake on CPU.
@@ -21,12 +25,13 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
 
 from ._gpu import device as gpu_device
-from ._trt import Backend, load_backend, make_logger, rtx_targets, sm_name
+from ._trt import Backend, load_runtime_backend, make_logger, rtx_targets, sm_name
 from ._cuda import device_input, device_output, external_stream, is_device_array
 from ._deps import require
 from .base import EngineBase, TensorSpec
@@ -43,6 +48,9 @@ def rebuild_command(manifest: Manifest, plan: str | Path, problems: list[str] | 
         return (f"run it on a GPU it was built for ({targets}), or build for this GPU with TensorRT: "
                 f"trtc build {(manifest.parent or {}).get('file', 'model.onnx')} --backend tensorrt")
     parent = (manifest.parent or {}).get("file", "model.onnx")
+    if any("only runs version-compatible plans" in p for p in problems or []):
+        return (f"on a machine with TensorRT (and the target's GPU): trtc build {parent} -o {Path(plan).name} --force "
+                "--version-compatible, then copy the plan and its .json here")
     b = manifest.builder or {}
     mode = (manifest.precision or {}).get("mode", "fp32")
     cmd = f"trtc build {parent} -o {Path(plan).name} --force --backend {b.get('flavor', 'auto')}"
@@ -64,13 +72,25 @@ def plan_problems(manifest: Manifest, backend: Backend | None, gpu: dict | None)
     problems = []
     flavor = b.get("flavor")
     built = str(b.get("version", "?"))
+    flags = b.get("flags", {})
+    compatible = bool(flags.get("version_compatible"))
     if backend is None:
         problems.append(f"{'TensorRT-RTX' if flavor == 'tensorrt-rtx' else 'TensorRT'} is not installed here "
-                        f"(the plan needs {flavor} {built})")
+                        f"(the plan needs {flavor} {built}"
+                        + (", or TensorRT's lean runtime of that version or newer)" if compatible else ")"))
+    elif backend.runtime_only and flavor == "tensorrt":
+        if not compatible:
+            problems.append(f"the plan was built with {flavor} {built} without --version-compatible; "
+                            f"{backend.describe()} only runs version-compatible plans")
+        elif backend.flavor == "tensorrt-dispatch" and flags.get("exclude_lean_runtime"):
+            problems.append(f"the plan was built with --exclude-lean-runtime; {backend.describe()} needs the lean "
+                            "runtime inside the plan (install the lean runtime: pip install \"trtc[edge]\")")
+        elif _version_tuple(backend.version) < _version_tuple(built):
+            problems.append(f"the plan was built with {flavor} {built}; {backend.describe()} is older, and only the "
+                            "same or a newer runtime loads a version-compatible plan")
     elif backend.flavor != flavor:
         problems.append(f"the plan was built with {flavor} {built}; this machine has {backend.describe()}")
     elif backend.version != built:
-        compatible = b.get("flags", {}).get("version_compatible")
         newer = _version_tuple(backend.version) > _version_tuple(built)
         if not (compatible and newer and not backend.rtx):
             problems.append(f"the plan was built with {flavor} {built}; this machine has {flavor} {backend.version}"
@@ -97,6 +117,10 @@ def plan_problems(manifest: Manifest, backend: Backend | None, gpu: dict | None)
                                 f"({b.get('gpu', {}).get('name', '?')}); this one is {cc} ({gpu.get('name')})")
             if level == "ampere+" and _version_tuple(cc) < (8, 0):
                 problems.append(f"an Ampere-or-newer plan cannot run on compute capability {cc}")
+            if level == "same-cc" and _version_tuple(built_cc) != _version_tuple(cc):
+                problems.append(f"a same-compute-capability plan built on {built_cc} "
+                                f"({b.get('gpu', {}).get('name', '?')}) cannot run on compute capability {cc} "
+                                f"({gpu.get('name')})")
     return problems
 
 
@@ -110,7 +134,7 @@ def load_plan(path: str | Path, device: int = 0, backend: Backend | None = None)
     flavor = (manifest.builder or {}).get("flavor", "tensorrt")
     if backend is None:
         try:
-            backend = load_backend(flavor, purpose="Running TensorRT plans")
+            backend = load_runtime_backend(flavor, purpose="Running TensorRT plans")
         except Exception as exc:  # MissingDependency: reported with the other problems below
             log.debug("no %s: %s", flavor, exc)
             backend = None
@@ -121,6 +145,10 @@ def load_plan(path: str | Path, device: int = 0, backend: Backend | None = None)
     trt = backend.module
     logger = make_logger(trt, error_level=logging.DEBUG)  # the reason is in the error raised below
     runtime = trt.Runtime(logger)
+    if (manifest.builder or {}).get("flags", {}).get("version_compatible") and not backend.rtx:
+        # a version-compatible plan carries host code (its lean runtime); TensorRT refuses it unless allowed.
+        # trtc only loads plans whose manifest hash it verified (read_manifest), i.e. plans it was given to trust.
+        runtime.engine_host_code_allowed = True
     engine = runtime.deserialize_cuda_engine(path.read_bytes())
     if engine is None:
         raise EngineError(f"{backend.describe()} could not deserialize {path.name}: "
@@ -141,6 +169,8 @@ def _dtype_name(dt) -> str:
 
 class TensorRTEngine(EngineBase):
     """A TensorRT or TensorRT-RTX plan behind the Engine interface (device arrays in and out)."""
+
+    MAX_GRAPHS = 16  # CUDA graphs kept (each holds the context's frozen launch sequence and some device memory)
 
     def __init__(self, path: str | Path, device: str = "cuda:0", cuda_graph: bool = False):
         from .onnxruntime_engine import parse_device
@@ -168,7 +198,9 @@ class TensorRTEngine(EngineBase):
             is_input = self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT
             (self.inputs if is_input else self.outputs).append(spec)
         self._contexts: dict[int, object] = {}
-        self._graphs: dict[tuple, object] = {}
+        self._context_locks: dict[int, threading.Lock] = {}
+        self._last_shapes: dict[int, tuple] = {}  # per stream: the input shapes the context was last run with
+        self._graphs: OrderedDict[tuple, object] = OrderedDict()
         self._lock = threading.Lock()
         with self.cp.cuda.Device(self.device_id):
             self.stream = self.cp.cuda.Stream(non_blocking=True)
@@ -187,6 +219,7 @@ class TensorRTEngine(EngineBase):
                     raise EngineError(f"TensorRT could not create an execution context for {self.path.name}",
                                       "free GPU memory or use fewer streams")
                 self._contexts[stream_ptr] = ctx
+                self._context_locks[stream_ptr] = threading.Lock()
             return ctx
 
     def infer(self, batch, outputs=None, stream=None) -> list:
@@ -215,6 +248,10 @@ class TensorRTEngine(EngineBase):
 
     def _run(self, feeds: dict, outputs, stream) -> list:
         ctx = self.context(stream.ptr)
+        with self._context_locks[stream.ptr]:  # one thread at a time from set_input_shape to the enqueue
+            return self._run_locked(ctx, feeds, outputs, stream)
+
+    def _run_locked(self, ctx, feeds: dict, outputs, stream) -> list:
         addresses = []
         for spec in self.inputs:
             x = device_input(feeds, spec)
@@ -238,8 +275,18 @@ class TensorRTEngine(EngineBase):
 
     def _launch_graph(self, ctx, stream, key: tuple) -> None:
         """Full TensorRT: a graph freezes shapes and addresses, so one graph per (stream, shapes, addresses)."""
+        shapes = tuple((name, shape) for name, shape, _ in key)
         key = (stream.ptr, key)
-        graph = self._graphs.get(key)
+        with self._lock:  # the graph cache is shared by every stream's thread
+            if self._last_shapes.get(stream.ptr) != shapes:
+                # new shapes on this context: TensorRT re-plans it (and may move its internal memory), so its graphs
+                # of earlier shapes describe a state that no longer exists; drop them rather than replay them later
+                for k in [k for k in self._graphs if k[0] == stream.ptr]:
+                    del self._graphs[k]
+                self._last_shapes[stream.ptr] = shapes
+            graph = self._graphs.get(key)
+            if graph is not None:
+                self._graphs.move_to_end(key)
         if graph is None:
             # the first run after a shape change flushes TensorRT's deferred updates; it must not be captured
             if not ctx.execute_async_v3(stream.ptr):
@@ -253,7 +300,10 @@ class TensorRTEngine(EngineBase):
             if not ok:
                 raise EngineError(f"TensorRT failed to enqueue {self.path.name} while capturing a CUDA graph",
                                   "open the plan without cuda_graph")
-            self._graphs[key] = graph
+            with self._lock:
+                self._graphs[key] = graph
+                while len(self._graphs) > self.MAX_GRAPHS:
+                    self._graphs.popitem(last=False)
         graph.launch(stream)
 
     def close(self) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 import subprocess
 
@@ -37,14 +38,39 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+# fixtures that give real models and data: a test using one must not silently skip where they should exist.
+# With TRTC_REQUIRE_REAL=1 (set by .ci/run) such a skip is reported as a failure.
+REAL_FIXTURES = {"photos", "lite0_onnx", "resnet18_weights", "resnet18_onnx", "bikes", "mnist", "orientation_model",
+                 "lite0_fp16", "lite0_int8", "test_videos"}
+
+
+def real_model_skip(item, report) -> str | None:
+    """The reason to fail ``report`` (a skip of a real-model test under TRTC_REQUIRE_REAL=1), or None."""
+    if not os.environ.get("TRTC_REQUIRE_REAL") or not report.skipped or "gpu" in item.keywords:
+        return None
+    used = REAL_FIXTURES & set(getattr(item, "fixturenames", ()))
+    if not used:
+        return None
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    return (f"a real-model test (fixtures {', '.join(sorted(used))}) was skipped with TRTC_REQUIRE_REAL=1: "
+            f"{reason}")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    why = real_model_skip(item, report)
+    if why:
+        report.outcome, report.longrepr = "failed", why
+
+
 @pytest.fixture(scope="session")
 def photos():
+    """scikit-image's photos; an error here is an error (a skip would hide every Lite0 test)."""
     from toolchain.datasets import sample_photos
 
-    try:
-        return sample_photos()
-    except Exception as exc:  # pragma: no cover - the dev extra installs scikit-image
-        pytest.skip(f"scikit-image photos unavailable: {exc}")
+    return sample_photos()
 
 
 @pytest.fixture(scope="session")

@@ -26,6 +26,7 @@ class _DType(enum.Enum):
 
 _ONNX_TO_DTYPE = {1: _DType.FLOAT, 10: _DType.HALF, 3: _DType.INT8, 6: _DType.INT32, 7: _DType.INT64, 9: _DType.BOOL,
                   2: _DType.UINT8}
+_NO_LAYER = {"Dropout"}  # inference: the ONNX parser passes the input through, no layer
 _LAYER_TYPES = {"Conv": "CONVOLUTION", "ConvTranspose": "DECONVOLUTION", "Gemm": "MATRIX_MULTIPLY",
                 "MatMul": "MATRIX_MULTIPLY", "QuantizeLinear": "QUANTIZE", "DequantizeLinear": "DEQUANTIZE",
                 "Cast": "CAST", "Relu": "ACTIVATION", "Clip": "ACTIVATION", "Add": "ELEMENTWISE",
@@ -44,7 +45,7 @@ class _LayerType(enum.Enum):
     SHUFFLE = 8
     REDUCE = 9
     SOFTMAX = 10
-    OTHER = 11
+    IDENTITY = 11  # every other op (a real LayerType member; the fake needs no finer type)
 
 
 class _Tensor:
@@ -58,11 +59,11 @@ class _Layer:
         self._in, self._out = inputs, outputs
         self.num_inputs, self.num_outputs = len(inputs), len(outputs)
 
-    def get_input(self, i):
-        return self._in[i]
+    def get_input(self, index):
+        return self._in[index]
 
-    def get_output(self, i):
-        return self._out[i]
+    def get_output(self, index):
+        return self._out[index]
 
 
 class _IOMode(enum.Enum):
@@ -70,14 +71,32 @@ class _IOMode(enum.Enum):
     OUTPUT = 1
 
 
+FAILURES = ("set_input_shape", "add_optimization_profile", "set_timing_cache", "execute_async_v3",
+            "create_execution_context", "create_runtime_config")
+_VC_MARK = b"|version-compatible"
+
+
 def make(version: str = "10.13.0", rtx: bool = False, *, unsupported: tuple[str, ...] = (),
          build_fails_with: str | None = None, force_dtype: str | None = None, plan: bytes = b"FAKE-PLAN\x00\x01",
-         engine_io: list | None = None):
+         engine_io: list | None = None, fail: tuple[str, ...] = (), compute=None):
     """A fresh fake module. ``unsupported``: ONNX op types the parser rejects; ``build_fails_with``: the error the
     builder logs before returning None; ``force_dtype``: pretend every layer input is this type (to exercise the
     precision check); ``plan``: the bytes build_serialized_network returns; ``engine_io``: [(name, "INPUT" or
     "OUTPUT", dtype name, shape with -1 for the batch)] makes deserialize_cuda_engine return an engine with these
-    I/O tensors whose execution contexts record their calls (and compute nothing)."""
+    I/O tensors whose execution contexts record their calls (and compute nothing); ``fail``: names from
+    ``FAILURES`` that report failure the way TensorRT does (False, -1 or None); ``compute``: a function
+    {input name: numpy array} -> {output name: numpy array} that execute_async_v3 runs on the bound buffers (host
+    memory behind tests/fake_cupy.py's arrays), so a plan can give real answers (e.g. the ONNX run by ORT on CPU).
+
+    Strict: the classes are also exposed under TensorRT's names (``IBuilderConfig``, ``ICudaEngine``...), have only
+    members the real bindings have (tests/unit/test_trt_real_bindings.py checks that against the real wheels), and
+    setting an unknown builder-config attribute raises AttributeError as pybind11 does. A plan built with
+    VERSION_COMPATIBLE only deserializes after ``Runtime.engine_host_code_allowed = True``, as in TensorRT.
+    ONNX Dropout nodes add no layer, and Gemm with a bias
+    adds two (a matrix multiply and an elementwise add), so layers do not map one to one onto nodes."""
+    unknown = set(fail) - set(FAILURES)
+    if unknown:
+        raise ValueError(f"fake_tensorrt: unknown failures {sorted(unknown)}")
     m = types.ModuleType("tensorrt_rtx" if rtx else "tensorrt")
     m.__spec__ = importlib.machinery.ModuleSpec(m.__name__, None)
     m.__version__ = version
@@ -116,21 +135,24 @@ def make(version: str = "10.13.0", rtx: bool = False, *, unsupported: tuple[str,
 
     class Network:
         def __init__(self, flags):
-            self.flags = flags
-            self.inputs, self.outputs, self.layers = [], [], []
+            self._flags = flags
+            self._inputs, self._outputs, self._layers = [], [], []
 
-        num_inputs = property(lambda self: len(self.inputs))
-        num_outputs = property(lambda self: len(self.outputs))
-        num_layers = property(lambda self: len(self.layers))
+        num_inputs = property(lambda self: len(self._inputs))
+        num_outputs = property(lambda self: len(self._outputs))
+        num_layers = property(lambda self: len(self._layers))
 
-        def get_input(self, i):
-            return self.inputs[i]
+        def get_input(self, index):
+            return self._inputs[index]
 
-        def get_output(self, i):
-            return self.outputs[i]
+        def get_output(self, index):
+            return self._outputs[index]
 
-        def get_layer(self, i):
-            return self.layers[i]
+        def get_layer(self, index):
+            return self._layers[index]
+
+        def get_flag(self, flag):
+            return bool(self._flags & (1 << int(flag.value)))
 
     class ParserError:
         def __init__(self, node, name, op, desc):
@@ -154,12 +176,12 @@ def make(version: str = "10.13.0", rtx: bool = False, *, unsupported: tuple[str,
     class OnnxParser:
         def __init__(self, network, logger):
             calls.append(("OnnxParser", type(network).__name__))
-            self.network, self.errors = network, []
+            self._network, self._errors = network, []
 
-        num_errors = property(lambda self: len(self.errors))
+        num_errors = property(lambda self: len(self._errors))
 
-        def get_error(self, i):
-            return self.errors[i]
+        def get_error(self, index):
+            return self._errors[index]
 
         def parse_from_file(self, path):
             calls.append(("OnnxParser.parse_from_file", path))
@@ -169,9 +191,9 @@ def make(version: str = "10.13.0", rtx: bool = False, *, unsupported: tuple[str,
             g = model.graph
             for idx, n in enumerate(g.node):
                 if n.op_type in unsupported:
-                    self.errors.append(ParserError(idx, n.name, n.op_type,
+                    self._errors.append(ParserError(idx, n.name, n.op_type,
                                                    f"No importer registered for op: {n.op_type}"))
-            if self.errors:
+            if self._errors:
                 return False
             types_ = {i.name: i.data_type for i in g.initializer}
             for vi in list(g.input) + list(g.value_info) + list(g.output):
@@ -186,46 +208,63 @@ def make(version: str = "10.13.0", rtx: bool = False, *, unsupported: tuple[str,
                 if vi.name in inits:
                     continue
                 dims = [d.dim_value if d.HasField("dim_value") else -1 for d in vi.type.tensor_type.shape.dim]
-                self.network.inputs.append(tensor(vi.name, dims))
+                self._network._inputs.append(tensor(vi.name, dims))
             for vi in g.output:
                 dims = [d.dim_value if d.HasField("dim_value") else -1 for d in vi.type.tensor_type.shape.dim]
-                self.network.outputs.append(tensor(vi.name, dims))
+                self._network._outputs.append(tensor(vi.name, dims))
             for n in g.node:
-                kind = _LayerType[_LAYER_TYPES.get(n.op_type, "OTHER")]
-                self.network.layers.append(_Layer(n.name or n.output[0], kind,
-                                                  [tensor(i) for i in n.input if i], [tensor(o) for o in n.output]))
+                if n.op_type in _NO_LAYER:
+                    continue
+                name = n.name or n.output[0]
+                ins, outs = [tensor(i) for i in n.input if i], [tensor(o) for o in n.output]
+                if n.op_type == "Gemm" and len(ins) == 3:  # TensorRT: matrix multiply, then the bias added
+                    mid = _Tensor(name + "_mm", (), outs[0].dtype)
+                    self._network._layers.append(_Layer(name, _LayerType.MATRIX_MULTIPLY, ins[:2], [mid]))
+                    self._network._layers.append(_Layer(name + "_bias", _LayerType.ELEMENTWISE, [mid, ins[2]], outs))
+                    continue
+                kind = _LayerType[_LAYER_TYPES.get(n.op_type, "IDENTITY")]
+                self._network._layers.append(_Layer(name, kind, ins, outs))
             return True
 
     class Profile:
-        def set_shape(self, name, mn, opt, mx):
+        def set_shape(self, input, min, opt, max):  # noqa: A002 - TensorRT's parameter names
+            name, mn, mx = input, min, max
             calls.append(("IOptimizationProfile.set_shape", name, tuple(mn), tuple(opt), tuple(mx)))
 
     class TimingCache:
         def __init__(self, data):
-            self.data = bytes(data)
+            self._data = bytes(data)
 
         def serialize(self):
-            return b"TC:" + self.data[-16:]
+            return b"TC:" + self._data[-16:]
 
     class Config:
+        _SETTABLE = ("progress_monitor", "profiling_verbosity", "builder_optimization_level",
+                     "hardware_compatibility_level", "num_compute_capabilities")
+        progress_monitor = profiling_verbosity = builder_optimization_level = None
+        hardware_compatibility_level = num_compute_capabilities = None
+
         def __init__(self):
             self._cache = None
-            self.progress_monitor = None
+            self._flags = set()
 
         def __setattr__(self, key, value):
             if not key.startswith("_"):
+                if key not in self._SETTABLE:  # pybind11 classes refuse unknown attributes
+                    raise AttributeError(f"'tensorrt.IBuilderConfig' object has no attribute '{key}'")
                 calls.append(("IBuilderConfig." + key, value))
             object.__setattr__(self, key, value)
 
         def set_memory_pool_limit(self, pool, size):
             calls.append(("IBuilderConfig.set_memory_pool_limit", pool.name, size))
 
-        def add_optimization_profile(self, p):
+        def add_optimization_profile(self, profile):
             calls.append(("IBuilderConfig.add_optimization_profile",))
-            return 0
+            return -1 if "add_optimization_profile" in fail else 0
 
         def set_flag(self, flag):
             calls.append(("IBuilderConfig.set_flag", flag.name))
+            self._flags.add(flag.name)
 
         def create_timing_cache(self, data):
             calls.append(("IBuilderConfig.create_timing_cache", bytes(data)))
@@ -233,19 +272,25 @@ def make(version: str = "10.13.0", rtx: bool = False, *, unsupported: tuple[str,
 
         def set_timing_cache(self, cache, ignore_mismatch):
             calls.append(("IBuilderConfig.set_timing_cache", ignore_mismatch))
+            if "set_timing_cache" in fail and not ignore_mismatch:
+                return False
             self._cache = cache
             return True
 
         def get_timing_cache(self):
             return self._cache
 
-        def set_compute_capability(self, cc, index):
-            calls.append(("IBuilderConfig.set_compute_capability", cc.name, index))
+        def set_compute_capability(self, compute_capability, index):
+            calls.append(("IBuilderConfig.set_compute_capability", compute_capability.name, index))
+
+    if not rtx:
+        del Config.set_compute_capability, Config.num_compute_capabilities  # TensorRT-RTX only
+        Config._SETTABLE = tuple(k for k in Config._SETTABLE if k != "num_compute_capabilities")
 
     class Builder:
         def __init__(self, logger):
             calls.append(("Builder",))
-            self.logger = logger
+            self._logger = logger
 
         def create_network(self, flags=0):
             calls.append(("Builder.create_network", flags))
@@ -261,47 +306,111 @@ def make(version: str = "10.13.0", rtx: bool = False, *, unsupported: tuple[str,
         def build_serialized_network(self, network, config):
             calls.append(("Builder.build_serialized_network",))
             if build_fails_with:
-                self.logger.log(ILogger.Severity.ERROR, build_fails_with)
+                self._logger.log(ILogger.Severity.ERROR, build_fails_with)
                 return None
             if config.progress_monitor is not None:
                 mon = config.progress_monitor
                 mon.phase_start("Building engine", None, 2)
                 mon.step_complete("Building engine", 0)
                 mon.phase_finish("Building engine")
-            return plan
+            return plan + (_VC_MARK if "VERSION_COMPATIBLE" in config._flags else b"")
 
     class Runtime:
+        engine_host_code_allowed = False
+
         def __init__(self, logger):
             calls.append(("Runtime",))
-            self.logger = logger
+            self._logger = logger
 
-        def deserialize_cuda_engine(self, data):
+        def __setattr__(self, key, value):
+            if not key.startswith("_"):
+                if key != "engine_host_code_allowed":
+                    raise AttributeError(f"'tensorrt.Runtime' object has no attribute '{key}'")
+                calls.append(("Runtime." + key, value))
+            object.__setattr__(self, key, value)
+
+        def deserialize_cuda_engine(self, serialized_engine):
+            data = bytes(serialized_engine)
             calls.append(("Runtime.deserialize_cuda_engine", len(data)))
+            if data.endswith(_VC_MARK) and not self.engine_host_code_allowed:
+                self._logger.log(ILogger.Severity.ERROR, "IRuntime::deserializeCudaEngine: Error Code 1: Serialization "
+                                 "(version-compatible engine needs engine host code: set engine_host_code_allowed)")
+                return None
             if engine_io is None:
-                self.logger.log(ILogger.Severity.ERROR, "fake: no engine can be deserialized")
+                self._logger.log(ILogger.Severity.ERROR, "fake: no engine can be deserialized")
                 return None
             return Engine()
 
     class Context:
+        """Records a race when a thread uses the context between another thread's set_input_shape and its enqueue
+        (TensorRT contexts are not thread-safe)."""
+
         def __init__(self, n):
-            self.n, self.shapes = n, {}
+            self._n, self._shapes, self._owner = n, {}, None
+
+        def _use(self):
+            import threading
+            import time
+
+            me = threading.get_ident()
+            if self._owner not in (None, me):
+                calls.append(("ctx.race", self._n))
+            self._owner = me
+            time.sleep(0)  # let another thread in, as a real enqueue would
 
         def set_input_shape(self, name, shape):
-            calls.append(("ctx.set_input_shape", self.n, name, tuple(shape)))
-            self.shapes[name] = tuple(shape)
+            self._use()
+            calls.append(("ctx.set_input_shape", self._n, name, tuple(shape)))
+            if "set_input_shape" in fail:
+                return False
+            self._shapes[name] = tuple(shape)
             return True
 
         def get_tensor_shape(self, name):
-            batch = next(iter(self.shapes.values()))[0]
+            batch = next(iter(self._shapes.values()))[0]
             return tuple(batch if d == -1 else d for d in io[name][2])
 
-        def set_tensor_address(self, name, ptr):
-            calls.append(("ctx.set_tensor_address", self.n, name, int(ptr)))
+        def set_tensor_address(self, name, memory):
+            self._use()
+            calls.append(("ctx.set_tensor_address", self._n, name, int(memory)))
+            self._addresses = {**getattr(self, "_addresses", {}), name: int(memory)}
             return True
 
+        def _compute(self):
+            import ctypes
+
+            import numpy as np
+
+            def view(name, shape):
+                dt = np.dtype(io[name][1])
+                n = int(np.prod(shape)) * dt.itemsize
+                buf = (ctypes.c_char * n).from_address(self._addresses[name])
+                return np.frombuffer(buf, dtype=dt).reshape(shape)
+
+            feeds = {n: view(n, self._shapes[n]).copy() for n in io if io[n][0] == "INPUT"}
+            for name, value in compute(feeds).items():
+                view(name, self.get_tensor_shape(name))[...] = value
+
         def execute_async_v3(self, stream_handle):
-            calls.append(("ctx.execute_async_v3", self.n, int(stream_handle)))
-            return True
+            self._use()
+            calls.append(("ctx.execute_async_v3", self._n, int(stream_handle)))
+            self._owner = None  # enqueued: the context may be used by another thread now
+            if compute is not None and "execute_async_v3" not in fail:
+                self._compute()
+            return "execute_async_v3" not in fail
+
+    class RuntimeConfig:
+        def __init__(self):
+            self._strategy = None
+
+        def __setattr__(self, key, value):
+            if not key.startswith("_") and key != "cuda_graph_strategy":
+                raise AttributeError(f"'tensorrt_rtx.IRuntimeConfig' object has no attribute '{key}'")
+            if not key.startswith("_"):
+                calls.append(("IRuntimeConfig." + key, getattr(value, "name", value)))
+            object.__setattr__(self, key, value)
+
+        cuda_graph_strategy = None
 
     io = {name: (mode, dtype, tuple(shape)) for name, mode, dtype, shape in (engine_io or [])}
 
@@ -309,7 +418,7 @@ def make(version: str = "10.13.0", rtx: bool = False, *, unsupported: tuple[str,
         num_io_tensors = len(io)
 
         def __init__(self):
-            self.contexts = 0
+            self._contexts = 0
 
         def get_tensor_name(self, i):
             return list(io)[i]
@@ -323,24 +432,53 @@ def make(version: str = "10.13.0", rtx: bool = False, *, unsupported: tuple[str,
         def get_tensor_shape(self, name):
             return io[name][2]
 
-        def create_execution_context(self, *config):
-            calls.append(("engine.create_execution_context", self.contexts))
-            self.contexts += 1
-            return Context(self.contexts - 1)
+        def create_execution_context(self, *runtime_config):
+            calls.append(("engine.create_execution_context", self._contexts))
+            if "create_execution_context" in fail:
+                return None
+            self._contexts += 1
+            return Context(self._contexts - 1)
+
+        def create_runtime_config(self):
+            calls.append(("engine.create_runtime_config",))
+            return None if "create_runtime_config" in fail else RuntimeConfig()
+
+    if not rtx:
+        del Engine.create_runtime_config  # TensorRT 10/11 have no IRuntimeConfig here
+    else:
+        m.CudaGraphStrategy = enum.Enum("CudaGraphStrategy", {"DISABLED": 0, "WHOLE_GRAPH_CAPTURE": 1})
+        m.IRuntimeConfig = RuntimeConfig
 
     m.TensorIOMode = _IOMode
     m.Builder, m.OnnxParser, m.Runtime = Builder, OnnxParser, Runtime
+    # TensorRT's own names for the classes its factories return (what the real-bindings test compares)
+    m.IBuilderConfig, m.INetworkDefinition, m.IOptimizationProfile, m.ITimingCache = Config, Network, Profile, \
+        TimingCache
+    m.ICudaEngine, m.IExecutionContext, m.ParserError, m.ITensor, m.ILayer = Engine, Context, ParserError, \
+        _Tensor, _Layer
     return m
+
+
+def runtime_only(fake, flavor: str = "lean"):
+    """Turn a TensorRT 10/11 fake into its lean (``tensorrt_lean``) or dispatch runtime: no builder, no parser."""
+    fake.__name__ = f"tensorrt_{flavor}"
+    fake.__spec__ = importlib.machinery.ModuleSpec(fake.__name__, None)
+    for name in ("Builder", "OnnxParser", "IBuilderConfig", "INetworkDefinition", "IOptimizationProfile",
+                 "ITimingCache", "ParserError", "ITensor", "ILayer", "NetworkDefinitionCreationFlag", "LayerType",
+                 "IProgressMonitor"):
+        if hasattr(fake, name):
+            delattr(fake, name)
+    return fake
 
 
 def install(monkeypatch, fake, gpu: dict | None = None):
     """Make ``fake`` importable under both of its names and pretend this machine has ``gpu``."""
     import sys
 
-    names = ("tensorrt_rtx", "tensorrt_rtx_bindings") if fake.__name__ == "tensorrt_rtx" else \
-        ("tensorrt", "tensorrt_bindings")
+    names = (fake.__name__, fake.__name__ + "_bindings")
     monkeypatch.setitem(sys.modules, names[0], fake)
-    for other in ("tensorrt", "tensorrt_bindings", "tensorrt_rtx", "tensorrt_rtx_bindings"):
+    for other in ("tensorrt", "tensorrt_bindings", "tensorrt_rtx", "tensorrt_rtx_bindings", "tensorrt_lean",
+                  "tensorrt_lean_bindings", "tensorrt_dispatch", "tensorrt_dispatch_bindings"):
         if other != names[0]:
             monkeypatch.setitem(sys.modules, other, None)  # import fails: only the fake is "installed"
     import engines._gpu

@@ -7,8 +7,9 @@ a fixed duration. Reported per (model, batch): latency p50/p90/p99 and mean in m
 the coefficient of variation of the latencies (a high CV means the machine was busy: do not trust the ratios).
 Speed-ups are ratios of throughput against the first model at the same batch, measured in the same run.
 
-What a latency includes is stated in the report: ONNX Runtime and PyTorch here take host (numpy) inputs and return
-host outputs, so host<->device copies are INCLUDED on a GPU. The zero-copy device-buffer path (IOBinding, CUDA
+What a latency includes is stated in the report: ONNX Runtime, PyTorch and TensorRT plans (engines.TensorRTEngine,
+batches outside the plan's profile skipped with a warning) here take host (numpy) inputs and return host outputs, so
+host<->device copies are INCLUDED on a GPU. The zero-copy device-buffer path (IOBinding, CUDA
 graphs) comes with the runtime (issue 5); until then CUDA graphs are reported as off.
 """
 
@@ -102,6 +103,12 @@ def bench(models: list[str], batches: list[int] | None = None, *, device: str = 
             if set(batches) != {fixed}:
                 warnings.append(f"{Path(spec).name} has a fixed batch of {fixed}: timed at that batch only")
             sizes = [fixed]
+        if runner.batch_range is not None:
+            lo, hi = runner.batch_range
+            if [b for b in sizes if not lo <= b <= hi]:
+                warnings.append(f"{Path(spec).name} was built for batches {lo}..{hi}: "
+                                f"{', '.join(str(b) for b in sizes if not lo <= b <= hi)} not timed")
+            sizes = [b for b in sizes if lo <= b <= hi]
         for b in sizes:
             x = rng.standard_normal((b, *shape)).astype(np.float32)
             with reporter.phase(f"timing {Path(spec).name} at batch {b}"):

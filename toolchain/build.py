@@ -116,6 +116,14 @@ def _parse(trt, backend: Backend, onnx_path: Path, logger):
     return builder, network, parser
 
 
+def strongly_typed(trt, backend: Backend, network) -> bool:
+    """Whether the network really is strongly typed: TensorRT 11 and TensorRT-RTX always are; 10.x when the
+    STRONGLY_TYPED creation flag took (read back from the network)."""
+    if backend.rtx or backend.major >= 11:
+        return True
+    return bool(network.get_flag(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
+
+
 def _profile_shapes(network, profile: BatchProfile, hw: tuple[int, int] | None) -> dict:
     shapes = {}
     for i in range(network.num_inputs):
@@ -170,25 +178,65 @@ def network_precisions(trt, network) -> dict:
     return {"source": "network (strongly typed: TensorRT computes these types)", "layers": rows}
 
 
-def engine_precisions(trt, runtime, plan) -> dict | None:
-    """Layer precisions from the built engine's inspector (needs a GPU this TensorRT can run on)."""
-    engine = runtime.deserialize_cuda_engine(plan)
-    if engine is None:
-        return None
-    inspector = engine.create_engine_inspector()
-    info = json.loads(inspector.get_engine_information(trt.LayerInformationFormat.JSON))
-    rows = []
+class InspectorUnreadable(BuildError):
+    """The engine inspector answered, but no precision could be read from it: never a pass."""
+
+
+# the type words TensorRT's inspector writes: 10.x "Format/Datatype": "Row major linear FP32", "Channel major FP16
+# format where channel % 16 == 0", "Thirty-two wide channel vectorized row major Int8 format"; 11.x splits the
+# field ("Format" + "Datatype"/"Data Type") and may write the enum name ("HALF", "kHALF", "Half")
+_TYPE_WORDS = (("int8", r"int8|kint8"), ("fp8", r"fp8|kfp8"), ("bf16", r"bf16|kbf16"),
+               ("fp16", r"fp16|half|khalf|float16"), ("fp32", r"fp32|float|kfloat|float32"))
+_TYPE_KEYS = ("Format/Datatype", "Datatype", "DataType", "Data Type", "Data type", "Type")
+
+
+def inspector_precision(tensor: dict) -> str | None:
+    """'int8' / 'fp16' / 'fp32' / ... from one inspector I/O tensor entry (10.x or 11.x form), None if unreadable."""
+    for key in _TYPE_KEYS:
+        text = tensor.get(key)
+        if not isinstance(text, str):
+            continue
+        for name, pattern in _TYPE_WORDS:
+            if re.search(rf"(?<![a-z0-9])(?:{pattern})(?![a-z0-9])", text, re.IGNORECASE):
+                return name
+    return None
+
+
+def parse_inspector(info: dict, version: str = "?") -> dict:
+    """Compute layers and the precision each computes in, from ``get_engine_information(JSON)``. A compute layer
+    whose precision cannot be read, or no compute layer at all, raises :class:`InspectorUnreadable`."""
+    rows, unread = [], []
     for layer in info.get("Layers", []):
         if isinstance(layer, str):
             continue
         kind = str(layer.get("LayerType", ""))
         if not any(k in kind.lower() for k in ("conv", "gemm", "matrix", "fully")):
             continue
-        formats = " ".join(str(x.get("Format/Datatype", "")) for x in layer.get("Inputs", []))
-        precision = "int8" if "Int8" in formats else "fp16" if "Half" in formats else \
-            "fp32" if "Float" in formats else "?"
+        found = [p for p in (inspector_precision(t) for t in layer.get("Inputs", []) if isinstance(t, dict)) if p]
+        precision = next((p for p in ("int8", "fp8", "fp16", "bf16", "fp32") if p in found), None)
+        if precision is None:
+            unread.append(layer)
+            continue
         rows.append({"layer": layer.get("Name", "?"), "type": kind, "precision": precision})
+    if unread or not rows:
+        sample = json.dumps((unread or [{}])[0].get("Inputs", [])[:1])[:200]
+        what = (f"{len(unread)} compute layer(s) with no type trtc can read (first: "
+                f"{unread[0].get('Name', '?')!r}, inputs {sample})") if unread else "no compute layer"
+        raise InspectorUnreadable(f"could not read the layer precisions of the built engine from TensorRT {version}'s "
+                                  f"inspector: {what}; the plan's precision is unverified, so it is not written",
+                                  "run with --debug and report the TensorRT version and the inspector output")
     return {"source": "engine inspector", "layers": rows}
+
+
+def engine_precisions(trt, runtime, plan, version: str = "?", version_compatible: bool = False) -> dict | None:
+    """Layer precisions from the built engine's inspector (needs a GPU this TensorRT can run on)."""
+    if version_compatible:
+        runtime.engine_host_code_allowed = True  # a version-compatible plan carries host code (its lean runtime)
+    engine = runtime.deserialize_cuda_engine(plan)
+    if engine is None:
+        return None
+    inspector = engine.create_engine_inspector()
+    return parse_inspector(json.loads(inspector.get_engine_information(trt.LayerInformationFormat.JSON)), version)
 
 
 def judge(precision: str, precisions: dict, recipe: dict) -> list[str]:
@@ -244,7 +292,8 @@ def _reusable(target: Path, parent: Path) -> bool:
 def build_engine(model: str | Path, output: str | Path | None = None, *, precision: str = "fp32",
                  backend: str = "auto", batch: str | BatchProfile | None = None, input_size=None,
                  workspace: str | int | None = None, opt_level: int = 3, timing_cache: str | Path | None = None,
-                 version_compatible: bool = False, hardware_compatibility: str = "none",
+                 version_compatible: bool = False, exclude_lean_runtime: bool = False,
+                 hardware_compatibility: str = "none",
                  compute_capability: list[str] | tuple[str, ...] | None = None, quantize: dict | None = None,
                  force: bool = False, reporter: Reporter | None = None) -> BuildReport:
     """Build a TensorRT plan from an ONNX model; see the module docstring."""
@@ -271,6 +320,9 @@ def build_engine(model: str | Path, output: str | Path | None = None, *, precisi
     if be.rtx and (version_compatible or hardware_compatibility != "none"):
         raise UsageProblem("TensorRT-RTX has no version- or hardware-compatible plans",
                            "drop --version-compatible/--hardware-compatibility; use --compute-capability")
+    if exclude_lean_runtime and not version_compatible:
+        raise UsageProblem("--exclude-lean-runtime only applies to --version-compatible plans",
+                           "add --version-compatible")
     if compute_capability and not be.rtx:
         raise UsageProblem("--compute-capability is for TensorRT-RTX (ahead-of-time builds)",
                            "use --hardware-compatibility ampere+ with TensorRT")
@@ -309,10 +361,16 @@ def build_engine(model: str | Path, output: str | Path | None = None, *, precisi
         opt_profile.set_shape(name, tuple(s["min"]), tuple(s["opt"]), tuple(s["max"]))
     if config.add_optimization_profile(opt_profile) < 0:
         raise BuildError(f"TensorRT rejected the optimization profile {shapes}", "check --batch and --input-size")
-    flags = {"strongly_typed": True, "version_compatible": version_compatible,
+    flags = {"strongly_typed": strongly_typed(trt, be, network), "version_compatible": version_compatible,
+             "exclude_lean_runtime": exclude_lean_runtime,
              "hardware_compatibility": hardware_compatibility, "opt_level": opt_level, "workspace": ws}
+    if not flags["strongly_typed"]:
+        warnings.append(f"{be.describe()} did not make the network strongly typed: the layer types are TensorRT's "
+                        "choice, not the ONNX graph's")
     if version_compatible:
         config.set_flag(trt.BuilderFlag.VERSION_COMPATIBLE)
+    if exclude_lean_runtime:
+        config.set_flag(trt.BuilderFlag.EXCLUDE_LEAN_RUNTIME)
     if hardware_compatibility != "none":
         config.hardware_compatibility_level = getattr(trt.HardwareCompatibilityLevel, HW_LEVELS[hardware_compatibility])
     if targets is not None:
@@ -351,9 +409,13 @@ def build_engine(model: str | Path, output: str | Path | None = None, *, precisi
     recipe = (manifest.precision if manifest else {"mode": "fp32"}) or {"mode": "fp32"}
     precisions = None
     inspected_note = runnable_reason(be, gpu, targets)
+    if inspected_note is None and exclude_lean_runtime:
+        inspected_note = "the plan excludes its lean runtime (only the lean runtime, tensorrt_lean, loads it)"
     if inspected_note is None:
         try:
-            precisions = engine_precisions(trt, trt.Runtime(logger), data)
+            precisions = engine_precisions(trt, trt.Runtime(logger), data, be.version, version_compatible)
+        except InspectorUnreadable:
+            raise
         except Exception as exc:  # inspector missing or deserialization failing: fall back to the network
             inspected_note = f"engine inspector failed: {exc}"
     if precisions is None:

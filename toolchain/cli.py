@@ -282,6 +282,8 @@ def quantize(state: State, model, precision, output, calib, calib_count, calib_m
 @click.option("--timing-cache", type=click.Path(dir_okay=False), help="Timing cache file, loaded and saved "
               "atomically; share it across builds on one GPU.")
 @click.option("--version-compatible", is_flag=True, help="TensorRT: a plan newer runtimes can load (slower).")
+@click.option("--exclude-lean-runtime", is_flag=True, help="TensorRT, with --version-compatible: leave the lean "
+              "runtime out of the plan (smaller; the edge box's tensorrt_lean loads it).")
 @click.option("--hardware-compatibility", type=click.Choice(["none", "ampere+", "same-cc"]), default="none",
               show_default=True, help="TensorRT: run on other GPUs (ampere+ is slower).")
 @click.option("--compute-capability", multiple=True, metavar="SM",
@@ -295,8 +297,8 @@ def quantize(state: State, model, precision, output, calib, calib_count, calib_m
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 @click.pass_obj
 def build(state: State, model, output, precision, backend, batch, input_size, workspace, opt_level, timing_cache,
-          version_compatible, hardware_compatibility, compute_capability, calib, calib_count, target_agreement,
-          keep_fp32, allow_random_check, force, as_json):
+          version_compatible, exclude_lean_runtime, hardware_compatibility, compute_capability, calib, calib_count,
+          target_agreement, keep_fp32, allow_random_check, force, as_json):
     """Build a TensorRT plan from an ONNX model, with OUTPUT.json (the manifest) beside it.
 
     Strongly typed for TensorRT 10, 11 and TensorRT-RTX: the precision is the ONNX graph's. After the build the
@@ -323,7 +325,8 @@ def build(state: State, model, output, precision, backend, batch, input_size, wo
         quantize["allow_random_check"] = True
     report = build_engine(model, output, precision=precision, backend=backend, batch=batch, input_size=input_size,
                           workspace=workspace, opt_level=opt_level, timing_cache=timing_cache,
-                          version_compatible=version_compatible, hardware_compatibility=hardware_compatibility,
+                          version_compatible=version_compatible, exclude_lean_runtime=exclude_lean_runtime,
+                          hardware_compatibility=hardware_compatibility,
                           compute_capability=list(compute_capability), quantize=quantize or None, force=force,
                           reporter=state.reporter())
     _show(state, report, as_json, "render_build")

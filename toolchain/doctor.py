@@ -22,11 +22,18 @@ PACKAGES = [
     ("tensorrt", "tensorrt", ["tensorrt", "tensorrt-cu13", "tensorrt-cu12", "tensorrt-cu13-bindings",
                               "tensorrt-cu12-bindings"]),
     ("tensorrt_rtx", "tensorrt_rtx", ["tensorrt-rtx", "tensorrt-rtx-cu13-bindings", "tensorrt-rtx-cu12-bindings"]),
+    ("tensorrt_lean", "tensorrt_lean", ["tensorrt-lean", "tensorrt-lean-cu13-bindings", "tensorrt-lean-cu12-bindings"]),
+    ("tensorrt_dispatch", "tensorrt_dispatch", ["tensorrt-dispatch", "tensorrt-dispatch-cu13-bindings",
+                                                "tensorrt-dispatch-cu12-bindings"]),
     ("cupy", "cupy", ["cupy-cuda13x", "cupy-cuda12x", "cupy"]),
     ("PyNvVideoCodec", "PyNvVideoCodec", ["pynvvideocodec", "PyNvVideoCodec"]),
     ("av (PyAV)", "av", ["av"]),
     ("timm", "timm", ["timm"]),
 ]
+# the TensorRT flavours: module shown -> engines._trt flavour (imported to read the version: loads the libraries,
+# makes no CUDA call, so it answers on a machine without a GPU too)
+TRT_MODULES = {"tensorrt": "tensorrt", "tensorrt_rtx": "tensorrt-rtx", "tensorrt_lean": "tensorrt-lean",
+               "tensorrt_dispatch": "tensorrt-dispatch"}
 CODECS = [("H264", "420", 8), ("HEVC", "420", 8), ("HEVC", "420", 10), ("AV1", "420", 8), ("VP9", "420", 8)]
 
 
@@ -51,10 +58,10 @@ def packages() -> dict:
                 except Exception as exc:
                     info["import_error"] = f"{type(exc).__name__}: {exc}"
                     info["note"] = f"import failed: {exc}"
-        elif module in ("tensorrt", "tensorrt_rtx"):
+        elif module in TRT_MODULES:
             from engines._trt import installed
 
-            mod = installed("tensorrt" if module == "tensorrt" else "tensorrt-rtx")
+            mod = installed(TRT_MODULES[module])
             if mod:
                 info["import_as"] = mod
                 try:
@@ -129,6 +136,11 @@ def features(pk: dict, gpu: dict) -> list[dict]:
     row("TensorRT 10/11 engines (build + run)", has["tensorrt"] and have_gpu,
         "NVIDIA GPU missing" if not have_gpu else "tensorrt not installed",
         'pip install "trtc[trt]" (NVIDIA\'s wheels fetch the libraries from NVIDIA\'s index)' if have_gpu
+        else "needs an NVIDIA GPU")
+    runtime = "tensorrt" if has["tensorrt"] else "tensorrt_lean" if has["tensorrt_lean"] else None
+    row("TensorRT plans: run version-compatible plans (edge)", runtime and have_gpu,
+        "no GPU" if not have_gpu else "neither tensorrt nor tensorrt_lean installed",
+        'pip install "trtc[edge]" (the lean runtime; plans built with trtc build --version-compatible)' if have_gpu
         else "needs an NVIDIA GPU")
     rtx_runs = any(c and (c.startswith(("7.5", "8.", "12.")) or c >= "12") for c in ccs)
     row("TensorRT-RTX engines: build", has["tensorrt_rtx"], "tensorrt_rtx not installed", 'pip install "trtc[rtx]"')

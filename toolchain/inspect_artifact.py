@@ -28,13 +28,14 @@ def inspect_artifact(path: str | Path, device: int = 0) -> dict:
            "created": m.created, "producer": m.producer.get("tool")}
     gpu = gpu_device(device)
     if m.kind == "plan":
-        from engines._trt import load_backend
+        from engines._trt import load_runtime_backend
         from engines.tensorrt_engine import plan_problems, rebuild_command
 
         b = m.builder or {}
         out["builder"] = b
         try:
-            backend = load_backend(b.get("flavor", "tensorrt"), purpose="Running TensorRT plans")
+            # the runtime load_plan would use (full TensorRT, else the lean or dispatch runtime)
+            backend = load_runtime_backend(b.get("flavor", "tensorrt"), purpose="Running TensorRT plans")
         except TrtcError:
             backend = None
         problems = plan_problems(m, backend, gpu)
@@ -57,6 +58,8 @@ def _engine_layers(path: Path, device: int) -> dict | None:
 
     try:
         backend, runtime, _engine, _m = load_plan(path, device)
+        if not hasattr(backend.module, "EngineInspector"):  # the lean/dispatch runtimes have no inspector
+            return {"error": f"{backend.describe()} has no EngineInspector binding: layer precisions unread"}
         info = engine_precisions(backend.module, runtime, path.read_bytes())
     except TrtcError as exc:
         return {"error": exc.reason}

@@ -4,8 +4,8 @@
 
 Every model sees the same preprocessed inputs, built once from the data (image folders, where class subfolders
 give labels; videos, sampled evenly; .npy/.npz, optionally with labels). Models: a PyTorch source (the same
-specs as `trtc export`), an ONNX file (ONNX Runtime, CPU or CUDA) or a TensorRT plan (checked against this
-machine first). Each candidate is judged against thresholds that depend on its precision (documented in the
+specs as `trtc export`), an ONNX file (ONNX Runtime, CPU or CUDA) or a TensorRT plan (its manifest checked against
+this machine first, then run on the GPU by engines.TensorRTEngine, host inputs and outputs). Each candidate is judged against thresholds that depend on its precision (documented in the
 README, each overridable); the report says which threshold failed and by how much.
 """
 
@@ -90,6 +90,8 @@ class Runner:
     """numpy batch in, logits out, for each kind of model (validate and bench share it). ``shape`` is the input
     shape without the batch; ``fixed``: the model takes exactly ``batch`` samples."""
 
+    batch_range = None  # (min, max) batch a plan's profile accepts
+
     def __init__(self, ref: ModelRef, device: str):
         self.ref = ref
         if ref.kind == "onnx":
@@ -109,12 +111,17 @@ class Runner:
             self.fixed, self.batch = False, 32
             self.shape = (3, *((size, size) if isinstance(size, int) else tuple(size)))
             self.fn = self.engine.infer  # returns host arrays: the GPU work is finished when it returns
-        else:
-            from engines.tensorrt_engine import load_plan
+        else:  # a TensorRT plan: its manifest is checked against this machine first (the reason if it cannot run)
+            from engines.tensorrt_engine import TensorRTEngine
 
-            load_plan(ref.spec)  # raises with the reason this machine cannot run it
-            raise UsageProblem("running TensorRT plans comes with the runtime (issue 5); this trtc cannot execute "
-                               "them yet", "use the ONNX the plan was built from")
+            self.engine = TensorRTEngine(ref.spec, device=device)
+            first = self.engine.inputs[0].shape
+            self.fixed = isinstance(first[0], int)
+            profile = self.engine.manifest.batch
+            self.batch_range = None if self.fixed else (profile.min, profile.max)
+            self.batch = first[0] if self.fixed else min(32, profile.max)
+            self.shape = tuple(first[1:])
+            self.fn = lambda x: self.engine.infer(x)[0]  # host in, host out: synchronised when it returns
 
     def logits(self, x: np.ndarray, bar) -> np.ndarray:
         out = []
