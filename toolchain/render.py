@@ -82,6 +82,11 @@ def render_quantize(console, report) -> None:
                            f"{100 * c['top5_overlap']:.1f}%, max abs logit diff {c['max_abs_diff']:.3g}, "
                            f"cosine {c['cosine']:.4f}{acc}")
     t.add_row("check data", f"{c['samples']} samples: {escape(c['data'])} ({c['device']})")
+    ds = c.get("default_session")
+    if ds:
+        t.add_row("default ORT session", ("the check's own session (no trtc session options)" if ds["same_as_check"]
+                                          else f"top-1 agreement {100 * ds['top1_agreement']:.1f}%")
+                  + (", [green]agrees[/]" if ds["passed"] else ", [red]disagrees with trtc's figures[/]"))
     if c["flips"]:
         t.add_row("flips", escape(", ".join(c["flips"][:6]) + (" ..." if len(c["flips"]) > 6 else "")))
     tm = report.timings
