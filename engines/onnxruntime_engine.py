@@ -146,6 +146,7 @@ class OnnxRuntimeEngine(EngineBase):
             qdq_fusion = qdq_fusion_safe(self.path, device)
             if not qdq_fusion:
                 _warn_runtime(self.path)
+        self.qdq_fusion = qdq_fusion  # False: runs op by op, unlike a default session (the manifest says why)
         opts = session_options(ort, threads, qdq_fusion)
         providers = providers_for(device)
         self.stream = None

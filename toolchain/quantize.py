@@ -31,6 +31,7 @@ from engines.preprocess import PreprocessSpec
 
 from . import parity
 from ._ui import Reporter
+from .validate import default_session, default_session_failures
 from .errors import QuantizeError, UsageProblem
 from .export import check_output_path
 from .precision import calibration as cal
@@ -341,24 +342,6 @@ def quantize_onnx(model: str | Path, output: str | Path | None = None, *, precis
                           recipe=recipe, layers=layers_info, kept=kept, calibration=calibration, search=search,
                           check=check_report, timings={k: round(v, 2) for k, v in timings.items()},
                           warnings=warnings)
-
-
-def default_session(path, device: str):
-    """A session as a user makes it: ``InferenceSession(path, providers=...)``, no session options at all."""
-    ort = require("onnxruntime", "Running ONNX models", extra="cpu")
-    from engines.onnxruntime_engine import providers_for
-
-    return ort.InferenceSession(str(path), providers=providers_for(device))
-
-
-def default_session_failures(precision: str, trtc_logits: np.ndarray, default_logits: np.ndarray) -> list[dict]:
-    """Where a default ONNX Runtime session's logits part from trtc's (the figures trtc reports) by more than
-    the precision's thresholds of ``trtc validate`` (top-1 agreement and cosine; an empty list: they agree)."""
-    from .validate import DEFAULT_THRESHOLDS, judge
-
-    p = parity.compare(trtc_logits, default_logits)
-    th = DEFAULT_THRESHOLDS.get(precision, DEFAULT_THRESHOLDS["int8"])
-    return judge({"top1_agreement": p.top1_agreement, "cosine": p.cosine}, th)
 
 
 def _default_session_check(path, device, check_set, ref, got, recipe, fusion, batch, warnings, reporter) -> dict:
