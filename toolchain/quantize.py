@@ -8,8 +8,13 @@ inserts symmetric Q/DQ where TensorRT fuses it (:mod:`toolchain.precision.int8`)
 costs and keeps the most sensitive ones out of INT8 until the top-1 agreement with the parent reaches the target
 on tuning data; the agreement printed at the end is measured on other held-out data.
 
+INT8 keeps Q/DQ and their scales in FP32 with Casts to and from the FP16 rest, the one form that is right both in
+a default ONNX Runtime session and in TensorRT; ``target="tensorrt"`` keeps the FP16-scale form that ONNX
+Runtime's QDQ fusion gets wrong (README: The INT8 graph form).
+
 The output is written to a temporary file beside the target and moved into place, with ``X.json``, only after
-it loaded and ran in ONNX Runtime: a failure or Ctrl-C leaves nothing behind.
+it loaded and ran in ONNX Runtime and gave trtc's answers in a default session too: a failure or Ctrl-C leaves
+nothing behind.
 """
 
 from __future__ import annotations

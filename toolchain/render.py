@@ -57,6 +57,7 @@ def render_quantize(console, report) -> None:
         li = report.layers
         t.add_row("recipe", f"INT8 Q/DQ on {li['int8']} of {li['total']} layers (weights per-channel, activations "
                             f"per-tensor), the rest in {r['high_precision'].upper()}")
+        t.add_row("graph form", f"{escape(r.get('qdq', '?'))}; for {', '.join(r.get('runtimes', []))}")
         cal = report.calibration
         src = ", ".join(s.rsplit("/", 1)[-1] for s in cal["sources"])
         how = f"{cal['method']}" + (f" {cal['percentile']}" if cal.get("percentile") else "")
