@@ -36,13 +36,13 @@ from engines.preprocess import PreprocessSpec
 
 from . import parity
 from ._ui import Reporter
-from .validate import default_session, default_session_failures
 from .errors import QuantizeError, UsageProblem
 from .export import check_output_path
 from .precision import calibration as cal
 from .precision import fp16 as fp16_pass
 from .precision import graph as G
 from .precision import int8 as int8_pass
+from .validate import default_session, default_session_failures
 
 log = logging.getLogger("trtc")
 PRECISIONS = ("fp16", "int8")

@@ -179,12 +179,14 @@ def render_validate(console, report: dict) -> None:
                     f"({'labelled' if d['labelled'] else 'no labels'}, {d['device']})", title_justify="left")
     for col in ("candidate", "prec", "top-1 (decisive)", "top-5", "cosine", "max|d|", "acc", "verdict"):
         t.add_column(col)
-    short = {"top1_agreement": "top-1", "cosine": "cosine", "accuracy_drop": "accuracy"}
+    short = {"top1_agreement": "top-1", "cosine": "cosine", "accuracy_drop": "accuracy",
+             "default_session_top1_agreement": "default ORT session top-1",
+             "default_session_cosine": "default ORT session cosine"}
     for c in report["candidates"]:
         m = c["metrics"]
         acc = f"{100 * m['accuracy_delta']:+.2f}pp" if "accuracy_delta" in m else "-"
         verdict = "[green]pass[/]" if c["passed"] else "[red]FAIL[/] " + escape(
-            ", ".join(short[f["metric"]] for f in c["failures"]))
+            ", ".join(short.get(f["metric"], f["metric"]) for f in c["failures"]))
         t.add_row(escape(Path(c["model"]).name), c["precision"],
                   f"{100 * m['top1_agreement']:.1f}% ({100 * m['decisive_agreement']:.1f}%)",
                   f"{100 * m['top5_overlap']:.1f}%", f"{m['cosine']:.4f}", f"{m['max_abs_diff']:.3g}", acc, verdict)

@@ -137,29 +137,36 @@ def _frames(bikes, manifest, count=64):
 
 @needs_export
 @pytest.mark.slow
-def test_int8_default_form_is_right_in_a_default_ort_session(lite0_int8, lite0_onnx, photos, bikes):
+def test_int8_default_form_is_right_in_a_default_ort_session(lite0_int8_plain, lite0_int8, lite0_onnx, photos,
+                                                             bikes):
     """The issue: the old default (FP16 scales) gave 0.3% top-1 in a plain InferenceSession. The default form
     must give in a plain session what trtc reports, and agree with trtc's op-by-op run of the same file."""
-    r = lite0_int8
-    m = read_manifest(r.output)
-    assert m.precision["scales"] == "fp32" and m.precision["target"] == "any"
-    assert "onnxruntime" in m.precision["runtimes"] and "tensorrt" in m.precision["runtimes"]
-    ds = r.check["default_session"]
-    assert ds["passed"] and ds["same_as_check"] and ds["top1_agreement"] == r.check["top1_agreement"]
+    for r in (lite0_int8_plain, lite0_int8):
+        m = read_manifest(r.output)
+        assert m.precision["scales"] == "fp32" and m.precision["target"] == "any"
+        assert "onnxruntime" in m.precision["runtimes"] and "tensorrt" in m.precision["runtimes"]
+        ds = r.check["default_session"]
+        assert ds["passed"] and ds["same_as_check"] and ds["top1_agreement"] == r.check["top1_agreement"]
+    r = lite0_int8_plain
+    c = r.check
+    assert r.layers["int8"] == r.layers["total"] == 50 and c["samples"] == 186
+    # as good as op by op: the FP16-scale form run op by op gave 81.7% on these 186 frames (README)
+    assert c["top1_agreement"] >= 0.78 and c["cosine"] > 0.98
     x = np.concatenate([_photo_batch(photos, m), _frames(bikes, m)])
     parent = _plain_session_logits(lite0_onnx[0], x)
     plain = _plain_session_logits(r.output, x)
     op_by_op = _logits(_ort(r.output, qdq_fusion=False), x)
     p, q = compare(parent, plain), compare(op_by_op, plain)
-    print(f"\nLite0 INT8 (default form) in a plain InferenceSession on 3 photos + 64 frames: top-1 vs FP32 "
+    print(f"\nLite0 plain INT8 (default form): check {c['top1_agreement']:.1%} top-1 on {c['samples']} held-out "
+          f"frames (cosine {c['cosine']:.4f}); plain InferenceSession on 3 photos + 64 frames: top-1 vs FP32 "
           f"{p.top1_agreement:.1%}, vs op by op {q.top1_agreement:.1%} (cosine {q.cosine:.5f})")
-    assert p.top1_agreement >= 0.9 and p.cosine > 0.99  # the search kept 97% on held-out frames
-    assert q.top1_agreement >= 0.97 and q.cosine > 0.999  # fused or op by op: the same model
+    assert p.top1_agreement >= 0.75 and p.cosine > 0.97
+    assert q.top1_agreement >= 0.95 and q.cosine > 0.995  # fused or op by op: the same model
 
 
 @needs_export
 @pytest.mark.slow
-def test_fp16_scale_form_fails_the_default_session_check(lite0_onnx, lite0_int8, bikes, calib_cache, tmp_path,
+def test_fp16_scale_form_fails_the_default_session_check(lite0_onnx, lite0_int8_plain, bikes, calib_cache, tmp_path,
                                                           monkeypatch):
     """The FP16-scale form (--target tensorrt; the default before issue 13) is wrong in a default session: the
     check says so, records it, and would have refused the old default."""
@@ -199,7 +206,7 @@ def test_fp16_scale_form_fails_the_default_session_check(lite0_onnx, lite0_int8,
     assert res.exit_code == 1, res.output
     assert "default_session_top1_agreement" in res.output or "default ONNX Runtime" in res.output
     # ... and a warning, not a failure, for the --target tensorrt file whose manifest says so
-    res = CliRunner().invoke(cli, [*args, "--candidate", r.output, "--candidate", lite0_int8.output])
+    res = CliRunner().invoke(cli, [*args, "--candidate", r.output, "--candidate", lite0_int8_plain.output])
     assert res.exit_code == 0, res.output
     assert "for tensorrt, tensorrt-rtx only" in res.output
 
