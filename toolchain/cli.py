@@ -380,6 +380,9 @@ def validate(state: State, reference, candidates, data, count, device, min_top1_
             f"{Path(c['model']).name} fails " + ", ".join(f"{f['metric']} {f['value']:.4g} (threshold "
                                                           f"{f['threshold']:.4g}, off by {f['by']:.3g})"
                                                           for f in c["failures"]) for c in failed),
+            "a default ONNX Runtime session computes it wrong: requantize it with this trtc (FP32-scale Q/DQ, "
+            "README: The INT8 graph form)"
+            if any(f["metric"].startswith("default_session") for c in failed for f in c["failures"]) else
             "look at the flips in the report; requantize (e.g. --target-agreement) or relax a threshold")
 
 
