@@ -53,6 +53,7 @@ def test_cuda_ep_default_session_agrees(which, lite0_fp16, lite0_int8, lite0_onn
     assert p.cosine > (0.9999 if which == "fp16" else 0.99)
 
 
+@pytest.mark.gpu
 @pytest.mark.tensorrt
 def test_int8_network_is_int8_convs_and_fp16_rest(lite0_int8, tmp_path):
     """Parse + build (RTX: ahead of time for SM89); the network's compute layers by type."""
@@ -67,6 +68,7 @@ def test_int8_network_is_int8_convs_and_fp16_rest(lite0_int8, tmp_path):
     assert counts.get("int8", 0) + counts.get("fp16", 0) == lite0_int8.layers["total"]  # no FP32 compute layer
 
 
+@pytest.mark.gpu
 @pytest.mark.tensorrt
 def test_int8_engine_inspector_shows_int8_convs_fp16_rest(lite0_int8, tmp_path):
     """The built engine's own layer information: what TensorRT fused and in which precision it runs."""
