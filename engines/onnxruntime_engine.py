@@ -87,8 +87,37 @@ def qdq_fusion_safe(path, device: str) -> bool:
 
 
 def qdq_fusion_ok(precision: dict) -> bool:
-    """The rule of :func:`qdq_fusion_safe` for a precision recipe: not for INT8 whose other layers are FP16."""
-    return not (precision.get("mode") == "int8" and precision.get("high_precision") == "fp16")
+    """The rule of :func:`qdq_fusion_safe` for a precision recipe: not for INT8 with FP16 scales. trtc's default
+    INT8 graph keeps Q/DQ and their scales in FP32 (``"scales": "fp32"`` in the manifest) and is right with the
+    fusion on; manifests written before that field existed had FP16 scales whenever the rest was FP16."""
+    if precision.get("mode") != "int8":
+        return True
+    scales = precision.get("scales") or ("fp16" if precision.get("high_precision") == "fp16" else "fp32")
+    return scales != "fp16"
+
+
+def runtime_warning(precision: dict, runtime: str) -> str | None:
+    """A sentence when the manifest's ``runtimes`` (who computes the graph right) leaves out ``runtime``."""
+    runtimes = precision.get("runtimes")
+    if runtimes is None or runtime in runtimes:
+        return None
+    return (f"this model was made for {', '.join(runtimes)} (trtc quantize --target {precision.get('target')}); "
+            f"{runtime} runs it only op by op, and a default {runtime} session of your own gives wrong answers")
+
+
+def _warn_runtime(path) -> None:
+    import json
+    import logging
+
+    from .manifest import manifest_path
+
+    try:
+        precision = json.loads(manifest_path(path).read_text()).get("precision") or {}
+    except (OSError, ValueError):
+        return
+    text = runtime_warning(precision, "onnxruntime")
+    if text:
+        logging.getLogger("trtc").warning("%s: %s", Path(path).name, text)
 
 
 def session_options(ort, threads: int | None = None, qdq_fusion: bool = True):
@@ -115,6 +144,9 @@ class OnnxRuntimeEngine(EngineBase):
         kind, self.device_id = parse_device(device)
         if qdq_fusion is None:
             qdq_fusion = qdq_fusion_safe(self.path, device)
+            if not qdq_fusion:
+                _warn_runtime(self.path)
+        self.qdq_fusion = qdq_fusion  # False: runs op by op, unlike a default session (the manifest says why)
         opts = session_options(ort, threads, qdq_fusion)
         providers = providers_for(device)
         self.stream = None

@@ -195,6 +195,17 @@ def lite0_int8(tmp_path_factory, lite0_onnx, bikes, calib_cache):
 
 
 @pytest.fixture(scope="session")
+def lite0_int8_plain(tmp_path_factory, lite0_onnx, bikes, calib_cache):
+    """Plain INT8 Lite0 (every layer INT8, the default graph form) calibrated on 64 frames of bikes.mp4, checked on
+    the other 186 (issue 13: what a default ONNX Runtime session computes)."""
+    from toolchain.quantize import quantize_onnx
+
+    out = tmp_path_factory.mktemp("lite0int8plain") / "lite0.int8.onnx"
+    return quantize_onnx(lite0_onnx[0], out, precision="int8", calib=[str(bikes)], calib_count=64,
+                         calib_cache=calib_cache / "lite0.json")
+
+
+@pytest.fixture(scope="session")
 def test_videos(tmp_path_factory, bikes):
     """Format and bad-input videos derived from bikes.mp4 with PyAV (see toolchain.datasets.make_test_videos)."""
     from toolchain.datasets import make_test_videos

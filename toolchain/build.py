@@ -155,7 +155,8 @@ def _profile_shapes(network, profile: BatchProfile, hw: tuple[int, int] | None) 
 
 def network_precisions(trt, network) -> dict:
     """Compute layers of the strongly typed network by the type they compute in: a layer fed by a
-    DequantizeLinear of INT8 counts as int8, else the type of its first input."""
+    DequantizeLinear of INT8 (directly, or through the Cast to FP16 of trtc's default INT8 graph form) counts as
+    int8, else the type of its first input."""
     producers = {}
     for i in range(network.num_layers):
         layer = network.get_layer(i)
@@ -169,6 +170,9 @@ def network_precisions(trt, network) -> dict:
             continue
         src = producers.get(layer.get_input(0).name) if layer.num_inputs else None
         src_kind = getattr(src.type, "name", str(src.type)).split(".")[-1] if src is not None else ""
+        if src_kind == "CAST" and src.num_inputs:  # DQ (FP32) -> Cast (FP16) -> Conv: TensorRT fuses all three
+            src = producers.get(src.get_input(0).name)
+            src_kind = getattr(src.type, "name", str(src.type)).split(".")[-1] if src is not None else ""
         if src_kind == "DEQUANTIZE":
             precision = "int8"
         else:

@@ -213,6 +213,10 @@ def export(state: State, source, output, weights, num_classes, input_size, batch
               help="Op type or node name to keep in FP32 (repeatable); added to the default list.")
 @click.option("--high-precision", type=click.Choice(["fp16", "fp32"]), default="fp16", show_default=True,
               help="int8: precision of what is not quantized.")
+@click.option("--target", type=click.Choice(["any", "onnxruntime", "tensorrt"]), default="any", show_default=True,
+              help="int8: who will run it. any/onnxruntime: Q/DQ in FP32 with a Cast to FP16 after each "
+                   "DequantizeLinear, right in every runtime; tensorrt: FP16 scales, wrong in a default ONNX "
+                   "Runtime session (README: The INT8 graph form).")
 @click.option("--target-agreement", type=float, metavar="X",
               help="int8: keep the layers INT8 hurts most out of INT8 until top-1 agreement with the parent "
                    "reaches X (e.g. 0.97) on held-out data.")
@@ -239,8 +243,8 @@ def export(state: State, source, output, weights, num_classes, input_size, batch
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 @click.pass_obj
 def quantize(state: State, model, precision, output, calib, calib_count, calib_method, percentile, keep_fp32,
-             high_precision, target_agreement, no_bias_correction, check, check_count, allow_random_check, calib_cache,
-             no_calib_cache, seed, device, input_size, resize, mean, std, color, force, as_json):
+             high_precision, target, target_agreement, no_bias_correction, check, check_count, allow_random_check,
+             calib_cache, no_calib_cache, seed, device, input_size, resize, mean, std, color, force, as_json):
     """Make an FP16 or INT8 (Q/DQ) ONNX from an FP32 one, with OUTPUT.json beside it.
 
     FP16 keeps FP32 inputs and outputs. INT8 is symmetric Q/DQ (per-channel weights, per-tensor activations) on
@@ -261,8 +265,8 @@ def quantize(state: State, model, precision, output, calib, calib_count, calib_m
                            high_precision=high_precision, target_agreement=target_agreement, check=list(check),
                            check_count=check_count, calib_cache=False if no_calib_cache else calib_cache, seed=seed,
                            device=device, bias_correction=not no_bias_correction, input_size=input_size,
-                           resize=resize, mean=mean, std=std, color=color.upper() if color else None, force=force,
-                           allow_random_check=allow_random_check, reporter=state.reporter())
+                           resize=resize, mean=mean, std=std, color=color.upper() if color else None, target=target,
+                           force=force, allow_random_check=allow_random_check, reporter=state.reporter())
     _show(state, report, as_json, "render_quantize")
 
 
@@ -407,6 +411,9 @@ def validate(state: State, reference, candidates, data, count, device, min_top1_
             f"{Path(c['model']).name} fails " + ", ".join(f"{f['metric']} {f['value']:.4g} (threshold "
                                                           f"{f['threshold']:.4g}, off by {f['by']:.3g})"
                                                           for f in c["failures"]) for c in failed),
+            "a default ONNX Runtime session computes it wrong: requantize it with this trtc (FP32-scale Q/DQ, "
+            "README: The INT8 graph form)"
+            if any(f["metric"].startswith("default_session") for c in failed for f in c["failures"]) else
             "look at the flips in the report; requantize (e.g. --target-agreement) or relax a threshold")
 
 

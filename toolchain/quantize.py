@@ -8,8 +8,13 @@ inserts symmetric Q/DQ where TensorRT fuses it (:mod:`toolchain.precision.int8`)
 costs and keeps the most sensitive ones out of INT8 until the top-1 agreement with the parent reaches the target
 on tuning data; the agreement printed at the end is measured on other held-out data.
 
+INT8 keeps Q/DQ and their scales in FP32 with Casts to and from the FP16 rest, the one form that is right both in
+a default ONNX Runtime session and in TensorRT; ``target="tensorrt"`` keeps the FP16-scale form that ONNX
+Runtime's QDQ fusion gets wrong (README: The INT8 graph form).
+
 The output is written to a temporary file beside the target and moved into place, with ``X.json``, only after
-it loaded and ran in ONNX Runtime: a failure or Ctrl-C leaves nothing behind.
+it loaded and ran in ONNX Runtime and gave trtc's answers in a default session too: a failure or Ctrl-C leaves
+nothing behind.
 """
 
 from __future__ import annotations
@@ -37,9 +42,14 @@ from .precision import calibration as cal
 from .precision import fp16 as fp16_pass
 from .precision import graph as G
 from .precision import int8 as int8_pass
+from .validate import default_session, default_session_failures
 
 log = logging.getLogger("trtc")
 PRECISIONS = ("fp16", "int8")
+TARGETS = ("any", "onnxruntime", "tensorrt")
+QDQ_OPS = {"QuantizeLinear", "DequantizeLinear"}
+RUNTIMES_ALL = ("onnxruntime", "tensorrt", "tensorrt-rtx")
+RUNTIMES_TENSORRT = ("tensorrt", "tensorrt-rtx")  # ONNX Runtime only op by op (session.disable_quant_qdq)
 DEFAULT_CALIB_COUNT = 128
 DEFAULT_CHECK_COUNT = 256
 RUN_BATCH = 16
@@ -134,7 +144,8 @@ def quantize_onnx(model: str | Path, output: str | Path | None = None, *, precis
                   target_agreement: float | None = None, check: list | tuple | str | None = None,
                   check_count: int = DEFAULT_CHECK_COUNT, calib_cache: str | Path | bool | None = None,
                   seed: int = 0, device: str = "cpu", bias_correction: bool = True, input_size=None, resize: int | None = None, mean=None,
-                  std=None, color: str | None = None, force: bool = False, allow_random_check: bool = False,
+                   std=None, color: str | None = None, target: str = "any", force: bool = False,
+                   allow_random_check: bool = False,
                   reporter: Reporter | None = None) -> QuantizeReport:
     """Make an FP16 or INT8 model from an FP32 ONNX file; see the module docstring."""
     reporter = reporter or Reporter()
@@ -148,6 +159,8 @@ def quantize_onnx(model: str | Path, output: str | Path | None = None, *, precis
                            f"use one of {', '.join(cal.METHODS)}")
     if not 50.0 < percentile <= 100.0:
         raise UsageProblem(f"--percentile {percentile} is outside (50, 100]", "e.g. --percentile 99.99")
+    if target not in TARGETS:
+        raise UsageProblem(f"unknown target {target!r}", f"use one of {', '.join(TARGETS)}")
     if high_precision not in ("fp16", "fp32"):
         raise UsageProblem(f"--high-precision {high_precision!r} is not fp16 or fp32", "use fp16 (default) or fp32")
     if target_agreement is not None and not 0.0 < target_agreement <= 1.0:
@@ -259,8 +272,13 @@ def quantize_onnx(model: str | Path, output: str | Path | None = None, *, precis
         if res.underflow_values:
             warnings.append(f"{res.underflow_values} tiny nonzero weights became 0 in FP16")
         final = work
+        recipe["runtimes"] = list(RUNTIMES_ALL)
     else:
-        prepared = G.upgrade_opset(parent, 19 if high_precision == "fp16" else 13)
+        # the graph form (README, "The INT8 graph form"): Q/DQ in FP32 with FP32 scales and Casts to the FP16 rest
+        # runs right everywhere; FP16 scales (Q/DQ inside the FP16 graph) only where ONNX Runtime's QDQ fusion is
+        # off, so only for --target tensorrt
+        fp16_scales = high_precision == "fp16" and target == "tensorrt"
+        prepared = G.upgrade_opset(parent, 19 if fp16_scales else 13)
         if prepared is parent:
             prepared = copy.deepcopy(parent)
         G.fold_constants(prepared)
@@ -274,21 +292,28 @@ def quantize_onnx(model: str | Path, output: str | Path | None = None, *, precis
         recipe.update({"high_precision": high_precision, "calibration": calib_method,
                        "percentile": percentile if calib_method == "percentile" else None,
                        "weights": "int8 symmetric per-channel", "activations": "int8 symmetric per-tensor",
-                       "bias_correction": bias_correction})
+                       "bias_correction": bias_correction, "target": target,
+                       "qdq": "fp16 scales, Q/DQ in FP16" if fp16_scales else
+                       ("fp32 scales, Q/DQ in FP32, Cast to FP16 after each DequantizeLinear"
+                        if high_precision == "fp16" else "fp32 scales"),
+                       "scales": "fp16" if fp16_scales else "fp32",
+                       # who computes this graph right; engines and trtc validate read it
+                       "runtimes": list(RUNTIMES_ALL if not fp16_scales else RUNTIMES_TENSORRT)})
         # nodes on the FP32 keep-list are not quantized either
         excluded = {l.name for l in layers if prepared.graph.node[l.index].op_type in keep_ops
                     or prepared.graph.node[l.index].name in keep_names}
 
         def build(exclude: set[str]):
             m = copy.deepcopy(prepared)
-            q = int8_pass.insert_qdq(m, layers, stats.ranges, exclude, fp16_scales=high_precision == "fp16",
+            q = int8_pass.insert_qdq(m, layers, stats.ranges, exclude, fp16_scales=fp16_scales,
                                      means=stats.means if bias_correction else None)
             r = None
             if high_precision == "fp16":
-                r = fp16_pass.convert_fp16(m, keep_ops, keep_names)
+                r = fp16_pass.convert_fp16(m, keep_ops if fp16_scales else keep_ops | QDQ_OPS, keep_names)
+                r.kept = [k for k in r.kept if k["op"] not in QDQ_OPS]  # FP32 by design, not kept out of FP16
             return m, q, r
 
-        fusion = qdq_fusion_ok({"mode": "int8", "high_precision": high_precision})
+        fusion = qdq_fusion_ok(recipe | {"mode": "int8"})
         if target_agreement is not None:
             t1 = time.perf_counter()
             excluded, search = _search(prepared, layers, stats, build, excluded, tune_set, parent_session,
@@ -312,12 +337,14 @@ def quantize_onnx(model: str | Path, output: str | Path | None = None, *, precis
     t0 = time.perf_counter()
     with atomic_path(out) as tmp:
         G.save_model(final, tmp)
-        session = _session(str(tmp), device,
-                           qdq_fusion=qdq_fusion_ok({"mode": precision, "high_precision": high_precision}))
+        fusion = qdq_fusion_ok(recipe | {"mode": precision})
+        session = _session(str(tmp), device, qdq_fusion=fusion)
         with reporter.phase(f"checking against the parent on {len(check_set)} samples"):
             got = _logits(session, check_set.x, run_batch)
         check_report = _labelled_parity(ref_check, got, check_set.labels, check_set, check_name)
         check_report["device"] = device
+        check_report["default_session"] = _default_session_check(tmp, device, check_set, ref_check, got, recipe,
+                                                                 fusion, run_batch, warnings, reporter)
         size = tmp.stat().st_size
         m = _manifest(manifest, final, src, parent_sha, spec, dims, precision, recipe, calibration, check_report,
                       high_precision)
@@ -329,6 +356,33 @@ def quantize_onnx(model: str | Path, output: str | Path | None = None, *, precis
                           recipe=recipe, layers=layers_info, kept=kept, calibration=calibration, search=search,
                           check=check_report, timings={k: round(v, 2) for k, v in timings.items()},
                           warnings=warnings)
+
+
+def _default_session_check(path, device, check_set, ref, got, recipe, fusion, batch, warnings, reporter) -> dict:
+    """The new model in a default ONNX Runtime session (what users, Triton's ORT backend and other tools run)
+    must give the answers trtc measured. Where trtc's own session used no special option it *is* a default
+    session, and its logits are reused."""
+    if fusion:
+        default = got
+    else:
+        with reporter.phase(f"checking in a default ONNX Runtime session on {len(check_set)} samples"):
+            default = _logits(default_session(path, device), check_set.x, batch)
+    fails = default_session_failures(recipe["precision"], got, default)
+    p = parity.compare(ref, default)
+    info = {"same_as_check": fusion, "top1_agreement": p.top1_agreement, "cosine": p.cosine, "passed": not fails,
+            "failures": fails}
+    if fails:
+        f = fails[0]
+        what = (f"in a default ONNX Runtime session ({device}, no trtc session options) the new model agrees with "
+                f"the parent on {p.top1_agreement:.1%} top-1 of {len(check_set)} samples, and with trtc's own run of "
+                f"it on {f['metric'].replace('_', ' ')} {f['value']:.4g} (threshold {f['threshold']})")
+        if "onnxruntime" not in recipe.get("runtimes", RUNTIMES_ALL):
+            warnings.append(what + f"; the model is for --target {recipe.get('target')} only (manifest: runtimes)")
+            log.warning(warnings[-1])
+        else:
+            raise QuantizeError(what, "use the default graph form (--target any); if it is the default, report it "
+                                "with the model")
+    return info
 
 
 def _ranges(prepared, src, parent_sha, tensors, calib_set, method, percentile, batch, device, calib_cache,

@@ -91,6 +91,7 @@ def render_quantize(console, report) -> None:
         li = report.layers
         t.add_row("recipe", f"INT8 Q/DQ on {li['int8']} of {li['total']} layers (weights per-channel, activations "
                             f"per-tensor), the rest in {r['high_precision'].upper()}")
+        t.add_row("graph form", f"{escape(r.get('qdq', '?'))}; for {', '.join(r.get('runtimes', []))}")
         cal = report.calibration
         src = ", ".join(s.rsplit("/", 1)[-1] for s in cal["sources"])
         how = f"{cal['method']}" + (f" {cal['percentile']}" if cal.get("percentile") else "")
@@ -116,6 +117,11 @@ def render_quantize(console, report) -> None:
                            f"{100 * c['top5_overlap']:.1f}%, max abs logit diff {c['max_abs_diff']:.3g}, "
                            f"cosine {c['cosine']:.4f}{acc}")
     t.add_row("check data", f"{c['samples']} samples: {escape(c['data'])} ({c['device']})")
+    ds = c.get("default_session")
+    if ds:
+        t.add_row("default ORT session", ("the check's own session (no trtc session options)" if ds["same_as_check"]
+                                          else f"top-1 agreement {100 * ds['top1_agreement']:.1f}%")
+                  + (", [green]agrees[/]" if ds["passed"] else ", [red]disagrees with trtc's figures[/]"))
     if c["flips"]:
         t.add_row("flips", escape(", ".join(c["flips"][:6]) + (" ..." if len(c["flips"]) > 6 else "")))
     tm = report.timings
@@ -208,12 +214,14 @@ def render_validate(console, report: dict) -> None:
                     f"({'labelled' if d['labelled'] else 'no labels'}, {d['device']})", title_justify="left")
     for col in ("candidate", "prec", "top-1 (decisive)", "top-5", "cosine", "max|d|", "acc", "verdict"):
         t.add_column(col)
-    short = {"top1_agreement": "top-1", "cosine": "cosine", "accuracy_drop": "accuracy"}
+    short = {"top1_agreement": "top-1", "cosine": "cosine", "accuracy_drop": "accuracy",
+             "default_session_top1_agreement": "default ORT session top-1",
+             "default_session_cosine": "default ORT session cosine"}
     for c in report["candidates"]:
         m = c["metrics"]
         acc = f"{100 * m['accuracy_delta']:+.2f}pp" if "accuracy_delta" in m else "-"
         verdict = "[green]pass[/]" if c["passed"] else "[red]FAIL[/] " + escape(
-            ", ".join(short[f["metric"]] for f in c["failures"]))
+            ", ".join(short.get(f["metric"], f["metric"]) for f in c["failures"]))
         t.add_row(escape(Path(c["model"]).name), c["precision"],
                   f"{100 * m['top1_agreement']:.1f}% ({100 * m['decisive_agreement']:.1f}%)",
                   f"{100 * m['top5_overlap']:.1f}%", f"{m['cosine']:.4f}", f"{m['max_abs_diff']:.3g}", acc, verdict)

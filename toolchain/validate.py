@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from engines._deps import require
 from engines.manifest import Manifest, read_manifest_if_any
 
 from . import parity
@@ -57,6 +58,7 @@ class CandidateResult:
     seconds: float
     confidence: list[list[float]] = field(default_factory=list)  # per sample: [reference, candidate] probability
     # of the reference's top-1 class (rounded; for the HTML report's scatter plot)
+    default_session: dict | None = None  # ONNX: the same in a default ONNX Runtime session? (see README)
 
 
 @dataclass
@@ -131,6 +133,22 @@ class Runner:
         return np.concatenate(out)
 
 
+def default_session(path, device: str):
+    """A session as a user makes it: ``InferenceSession(path, providers=...)``, no session options at all."""
+    ort = require("onnxruntime", "Running ONNX models", extra="cpu")
+    from engines.onnxruntime_engine import providers_for
+
+    return ort.InferenceSession(str(path), providers=providers_for(device))
+
+
+def default_session_failures(precision: str, trtc_logits: np.ndarray, default_logits: np.ndarray) -> list[dict]:
+    """Where a default ONNX Runtime session's logits part from trtc's (the figures trtc reports) by more than
+    the precision's thresholds of ``trtc validate`` (top-1 agreement and cosine; an empty list: they agree)."""
+    p = parity.compare(trtc_logits, default_logits)
+    th = DEFAULT_THRESHOLDS.get(precision, DEFAULT_THRESHOLDS["int8"])
+    return judge({"top1_agreement": p.top1_agreement, "cosine": p.cosine}, th)
+
+
 def judge(metrics: dict, thresholds: dict) -> list[dict]:
     fails = []
     if metrics["top1_agreement"] < thresholds["min_top1_agreement"]:
@@ -178,12 +196,45 @@ def validate(reference: str, candidates: list[str], data: list[str], *, device: 
     for c in cands:
         t0 = time.perf_counter()
         with reporter.phase(f"candidate {Path(c.spec).name} ({c.precision})", total=len(x)) as bar:
-            got = Runner(c, device).logits(x, bar)
+            runner = Runner(c, device)
+            got = runner.logits(x, bar)
         results.append(_result(c, ref_logits, got, dataset, label_names, thresholds, time.perf_counter() - t0))
+        if c.kind == "onnx":
+            _default_session_check(results[-1], c, runner, got, x, device, reporter, warnings)
     return ValidateReport(schema=SCHEMA, reference={"model": ref.spec, "kind": ref.kind, "precision": ref.precision},
                           data={"sources": dataset.sources, "samples": len(x), "labelled": dataset.labels is not None,
                                 "skipped": dataset.skipped, "device": device},
                           candidates=results, passed=all(r.passed for r in results), warnings=warnings)
+
+
+def _default_session_check(result: CandidateResult, c: ModelRef, runner: Runner, got, x, device, reporter,
+                           warnings) -> None:
+    """An ONNX candidate must give the same answers in a default ONNX Runtime session (as a user, Triton's ORT
+    backend or another tool runs it) as in trtc's; where trtc's session used no special option it was one."""
+    if runner.engine.qdq_fusion:
+        result.default_session = {"same_as_candidate": True, "passed": True, "failures": []}
+        return
+    session = default_session(c.spec, device)
+    name = session.get_inputs()[0].name
+    with reporter.phase(f"candidate {Path(c.spec).name} in a default ONNX Runtime session", total=len(x)) as bar:
+        outs = []
+        for _, n, y in cal.run_batches(lambda xb: session.run(None, {name: xb})[0], x, runner.batch, runner.fixed):
+            outs.append(np.asarray(y)[:n])
+            bar.advance(n)
+    fails = default_session_failures(c.precision, got, np.concatenate(outs))
+    result.default_session = {"same_as_candidate": False, "passed": not fails, "failures": fails}
+    if not fails:
+        return
+    f = fails[0]
+    what = (f"{Path(c.spec).name}: a default ONNX Runtime session (no trtc session options) gives other answers "
+            f"than trtc's run of it: {f['metric'].replace('_', ' ')} {f['value']:.4g} (threshold {f['threshold']})")
+    precision = c.manifest.precision if c.manifest is not None else {}
+    if "onnxruntime" not in (precision.get("runtimes") or ["onnxruntime"]):
+        warnings.append(what + f"; its manifest says it is for {', '.join(precision['runtimes'])} only")
+        log.warning(warnings[-1])
+        return
+    result.failures.extend({**f, "metric": f"default_session_{f['metric']}"} for f in fails)
+    result.passed = False
 
 
 def _load(data, manifest: Manifest, dims, count, seed, reporter, warnings) -> cal.DataSet:

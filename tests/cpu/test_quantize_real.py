@@ -67,10 +67,12 @@ def test_lite0_int8_accuracy_aware(lite0_int8, lite0_onnx, photos):
           f"frames: top-1 {c['top1_agreement']:.2%} (decisive {c['decisive_agreement']:.2%}), top-5 "
           f"{c['top5_overlap']:.2%}, max|d| {c['max_abs_diff']:.3g}, cosine {c['cosine']:.4f}; flips {c['flips']}")
     # plain INT8 (bias-corrected) misses the target on these ambiguous street frames; the search reaches it on the
-    # tuning half and keeps the costliest layers in FP16 (22 of 50 here). On the held-out half it measured 97.8%
-    # here; near-ties move with the CPU's kernels by a sample or two, hence the 95% floor.
+    # tuning half and keeps the costliest layers in FP16. How many is noise-bound: one tuning frame is 1.1 points,
+    # and 4 kept layers land one frame short of 97% (96.8%) with both graph forms; the FP16-scale form run op by op
+    # ended at 22 kept, the FP32-scale form at 28 op by op and 46 in a default session (issue 13, README). On the
+    # held-out half near-ties move with the CPU's kernels by a sample or two, hence the 95% floor.
     assert s["trail"][0]["agreement"] < 0.9 and s["reached"] >= 0.97
-    assert 0 < r.layers["kept"] < r.layers["total"] / 2 and r.layers["bias_corrected"] == r.layers["int8"]
+    assert 0 < r.layers["kept"] < r.layers["total"] and r.layers["bias_corrected"] == r.layers["int8"]
     assert c["samples"] == 93 and c["top1_agreement"] >= 0.95 and c["cosine"] > 0.999
     # the photos were not used at all: they agree
     m = read_manifest(r.output)
@@ -83,7 +85,7 @@ def test_lite0_int8_accuracy_aware(lite0_int8, lite0_onnx, photos):
     assert m.precision["calibration"] == "percentile" and m.precision["calibration_data"]["samples"] == 64
     assert m.precision["kept_layers"] == r.recipe["kept_layers"]
     assert len(m.precision["calibration_data"]["data_sha256"]) == 64
-    assert r.bytes < 0.45 * r.parent["bytes"]  # INT8 weights where quantized, FP16 elsewhere: below the FP16 model
+    assert r.bytes < 0.5 * r.parent["bytes"]  # INT8 weights where quantized, FP16 elsewhere: at most the FP16 size
 
 
 def test_qdq_model_structure_is_what_tensorrt_fuses(lite0_int8):
@@ -95,14 +97,136 @@ def test_qdq_model_structure_is_what_tensorrt_fuses(lite0_int8):
     kept = set(lite0_int8.recipe["kept_layers"])
     convs = [n for n in m.graph.node if n.op_type in ("Conv", "Gemm") and n.name not in kept]
     producers = {o: n for n in m.graph.node for o in n.output}
+    fp16 = onnx.TensorProto.FLOAT16
+
+    def through_cast(t):  # the default form: DQ (FP32) -> Cast to FP16 -> the FP16 layer
+        c = producers[t]
+        assert c.op_type == "Cast" and c.attribute[0].i == fp16, (t, c.op_type)
+        return producers[c.input[0]]
+
     for n in convs:  # every quantized layer reads DQ(Q(x)) and DQ(int8 weight), nothing else gets Q/DQ
-        act, w = producers[n.input[0]], producers[n.input[1]]
+        act, w = through_cast(n.input[0]), through_cast(n.input[1])
         assert act.op_type == "DequantizeLinear" and producers[act.input[0]].op_type == "QuantizeLinear"
         assert w.op_type == "DequantizeLinear" and w.input[0] not in producers
     assert ops.count("QuantizeLinear") == len(convs)
     inits = {i.name: numpy_helper.to_array(i) for i in m.graph.initializer}
-    zps = [inits[n.input[2]] for n in m.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
+    qdq = [n for n in m.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
+    zps = [inits[n.input[2]] for n in qdq]
     assert all(z.dtype == np.int8 and not z.any() for z in zps)  # symmetric INT8, zero point 0
+    assert all(inits[n.input[1]].dtype == np.float32 for n in qdq)  # FP32 scales (README: The INT8 graph form)
+    for q in (n for n in qdq if n.op_type == "QuantizeLinear" and n.input[0] in producers):  # Q reads FP32
+        src = producers[q.input[0]]
+        assert src.op_type == "Cast" and src.attribute[0].i == onnx.TensorProto.FLOAT, q.name
+
+
+def _plain_session_logits(path, x, batch=16):
+    """What a user gets: onnxruntime.InferenceSession(path), no session options (CPU EP here)."""
+    ort = pytest.importorskip("onnxruntime")
+    s = ort.InferenceSession(str(path))
+    name = s.get_inputs()[0].name
+    return np.concatenate([s.run(None, {name: x[i:i + batch]})[0] for i in range(0, len(x), batch)])
+
+
+def _frames(bikes, manifest, count=64):
+    from toolchain.precision import calibration as cal
+
+    d = cal.load_data([str(bikes)], manifest.preprocess, [1, 3, *manifest.preprocess.size], "input", want=count,
+                      seed=7)
+    return d.x
+
+
+@needs_export
+@pytest.mark.slow
+def test_int8_default_form_is_right_in_a_default_ort_session(lite0_int8_plain, lite0_int8, lite0_onnx, photos,
+                                                             bikes):
+    """The issue: the old default (FP16 scales) gave 0.3% top-1 in a plain InferenceSession. The default form
+    must give in a plain session what trtc reports, and agree with trtc's op-by-op run of the same file."""
+    for r in (lite0_int8_plain, lite0_int8):
+        m = read_manifest(r.output)
+        assert m.precision["scales"] == "fp32" and m.precision["target"] == "any"
+        assert "onnxruntime" in m.precision["runtimes"] and "tensorrt" in m.precision["runtimes"]
+        ds = r.check["default_session"]
+        assert ds["passed"] and ds["same_as_check"] and ds["top1_agreement"] == r.check["top1_agreement"]
+    r = lite0_int8_plain
+    c = r.check
+    assert r.layers["int8"] == r.layers["total"] == 50 and c["samples"] == 186
+    # as good as op by op: the FP16-scale form run op by op gave 81.7% on these 186 frames (README)
+    assert c["top1_agreement"] >= 0.78 and c["cosine"] > 0.98
+    x = np.concatenate([_photo_batch(photos, m), _frames(bikes, m)])
+    parent = _plain_session_logits(lite0_onnx[0], x)
+    plain = _plain_session_logits(r.output, x)
+    op_by_op = _logits(_ort(r.output, qdq_fusion=False), x)
+    p, o, q = compare(parent, plain), compare(parent, op_by_op), compare(op_by_op, plain)
+    print(f"\nLite0 plain INT8 (default form): check {c['top1_agreement']:.1%} top-1 on {c['samples']} held-out "
+          f"frames (cosine {c['cosine']:.4f}); on 3 photos + 64 other frames, top-1 vs FP32: plain "
+          f"InferenceSession {p.top1_agreement:.1%}, op by op {o.top1_agreement:.1%}; plain vs op by op "
+          f"{q.top1_agreement:.1%} (cosine {q.cosine:.5f})")
+    assert p.top1_agreement >= 0.75 and p.cosine > 0.97
+    # the default session runs ONNX Runtime's fused INT8 kernels (integer requantization), op by op computes the
+    # Q/DQ in float: not bit-identical (92.5% top-1 between them here, cosine 0.9987), equally close to FP32
+    assert p.top1_agreement >= o.top1_agreement - 0.05 and q.cosine > 0.99
+
+
+@needs_export
+@pytest.mark.slow
+def test_fp16_scale_form_fails_the_default_session_check(lite0_onnx, lite0_int8_plain, bikes, calib_cache, tmp_path,
+                                                          monkeypatch):
+    """The FP16-scale form (--target tensorrt; the default before issue 13) is wrong in a default session: the
+    check says so, records it, and would have refused the old default."""
+    from toolchain import quantize as q
+    from toolchain.errors import QuantizeError
+
+    kw = dict(precision="int8", calib=[str(bikes)], calib_count=64, calib_cache=calib_cache / "lite0.json")
+    r = q.quantize_onnx(lite0_onnx[0], tmp_path / "trt.onnx", target="tensorrt", **kw)
+    ds = r.check["default_session"]
+    print(f"\nLite0 INT8 FP16 scales: op by op {r.check['top1_agreement']:.1%}, default session "
+          f"{ds['top1_agreement']:.1%} top-1 vs FP32 on {r.check['samples']} held-out frames")
+    assert r.check["top1_agreement"] > 0.75  # right op by op ...
+    assert not ds["passed"] and not ds["same_as_check"] and ds["top1_agreement"] < 0.1  # ... wrong fused
+    assert any("default ONNX Runtime session" in w and "--target tensorrt" in w for w in r.warnings)
+    m = read_manifest(r.output)
+    assert m.precision["scales"] == "fp16" and m.precision["runtimes"] == ["tensorrt", "tensorrt-rtx"]
+    # an artifact that claims to run in ONNX Runtime (as the old default did) is refused, and nothing is written
+    monkeypatch.setattr(q, "RUNTIMES_TENSORRT", q.RUNTIMES_ALL)
+    with pytest.raises(QuantizeError, match="default ONNX Runtime session"):
+        q.quantize_onnx(lite0_onnx[0], tmp_path / "old.onnx", target="tensorrt", **kw)
+    assert not (tmp_path / "old.onnx").exists() and not (tmp_path / "old.onnx.json").exists()
+    # trtc validate: exit 1 for such a file whose manifest lacks `runtimes` (as the old default wrote it) ...
+    from click.testing import CliRunner
+
+    from toolchain.cli import cli
+
+    old = tmp_path / "legacy.int8.onnx"
+    old.write_bytes((tmp_path / "trt.onnx").read_bytes())
+    meta = json.loads((tmp_path / "trt.onnx.json").read_text())
+    for k in ("runtimes", "scales", "target", "qdq"):
+        meta["precision"].pop(k)
+    (tmp_path / "legacy.int8.onnx.json").write_text(json.dumps(meta))
+    args = ["validate", "--reference", str(lite0_onnx[0]), "--data", str(bikes), "--count", "24",
+            "--min-top1-agreement", "0.5", "--min-cosine", "0.9"]
+    res = CliRunner().invoke(cli, [*args, "--candidate", str(old), "--candidate", r.output])
+    print(res.output[-600:])
+    assert res.exit_code == 1, res.output
+    assert "default_session_top1_agreement" in res.output or "default ONNX Runtime" in res.output
+    # ... and a warning, not a failure, for the --target tensorrt file whose manifest says so
+    res = CliRunner().invoke(cli, [*args, "--candidate", r.output, "--candidate", lite0_int8_plain.output])
+    assert res.exit_code == 0, res.output
+    assert "for tensorrt, tensorrt-rtx only" in res.output
+
+
+@needs_export
+@pytest.mark.slow
+def test_fp16_default_ort_session_agrees_with_trtc(lite0_fp16, photos, bikes):
+    r = lite0_fp16
+    ds = r.check["default_session"]
+    assert ds["passed"] and ds["same_as_check"]
+    m = read_manifest(r.output)
+    x = np.concatenate([_photo_batch(photos, m), _frames(bikes, m)])
+    plain, trtc = _plain_session_logits(r.output, x), _logits(_ort(r.output), x)
+    p = compare(trtc, plain)
+    print(f"\nLite0 FP16: plain InferenceSession vs trtc's engine on 67 samples: top-1 {p.top1_agreement:.1%}, "
+          f"max|d| {p.max_abs_diff:.2g}")
+    assert p.top1_agreement == 1.0 and p.max_abs_diff < 1e-3
 
 
 @needs_export

@@ -205,3 +205,38 @@ def test_bias_correction_is_applied_to_quantized_layers_only():
     conv = next(n for n in m.graph.node if n.op_type == "Conv")
     gemm = next(n for n in m.graph.node if n.op_type == "Gemm")
     assert conv.input[2] == "conv_bias_corrected" and gemm.input[2] == "fb"
+
+
+def test_int8_default_form_qdq_fp32_with_casts_runs_the_same_fused_and_op_by_op():
+    """The default INT8 form (issue 13): Q/DQ and scales FP32 at opset 13, Casts to and from the FP16 rest; a
+    default ONNX Runtime session (QDQ fusion on) computes what the op-by-op run computes."""
+    m = _model(13)
+    layers = int8.find_layers(m)
+    ranges = {t: 4.0 for t in int8.activation_tensors(layers)}
+    int8.insert_qdq(m, layers, ranges, set())
+    keep_ops, keep_names = fp16.resolve_keep(m, [])
+    fp16.convert_fp16(m, keep_ops | {"QuantizeLinear", "DequantizeLinear"}, keep_names)
+    graph.check_model(m, "int8")
+    producers = {o: n for n in m.graph.node for o in n.output}
+    inits = {i.name: i for i in m.graph.initializer}
+    for n in m.graph.node:
+        if n.op_type in ("Conv", "Gemm"):
+            for t in n.input[:2]:
+                assert producers[t].op_type == "Cast" and producers[producers[t].input[0]].op_type == "DequantizeLinear"
+        if n.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            assert inits[n.input[1]].data_type == TensorProto.FLOAT
+    default = ort.InferenceSession(m.SerializeToString()).run(None, {"x": X})[0]
+    np.testing.assert_allclose(default, _run(m, X), atol=2e-3)
+
+
+def test_qdq_fusion_rule_and_runtime_warning_follow_the_manifest():
+    from engines.onnxruntime_engine import qdq_fusion_ok, runtime_warning
+
+    assert qdq_fusion_ok({"mode": "int8", "high_precision": "fp16", "scales": "fp32"})
+    assert not qdq_fusion_ok({"mode": "int8", "high_precision": "fp16", "scales": "fp16"})
+    assert not qdq_fusion_ok({"mode": "int8", "high_precision": "fp16"})  # written before `scales` existed
+    assert qdq_fusion_ok({"mode": "int8", "high_precision": "fp32"}) and qdq_fusion_ok({"mode": "fp16"})
+    assert runtime_warning({"runtimes": ["onnxruntime", "tensorrt"]}, "onnxruntime") is None
+    assert runtime_warning({}, "onnxruntime") is None
+    w = runtime_warning({"runtimes": ["tensorrt", "tensorrt-rtx"], "target": "tensorrt"}, "onnxruntime")
+    assert "--target tensorrt" in w and "op by op" in w

@@ -66,8 +66,10 @@ def convert_fp16(model, keep_ops: set[str], keep_names: set[str]) -> Fp16Result:
     types = tensor_types(model)
     inits = {i.name: i for i in g.initializer}
     nodes = list(g.node)
-    if any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in nodes) and opset_of(model) < 19:
-        raise QuantizeError("FP16 around Q/DQ needs opset 19 (FP16 scales)", "internal: upgrade the opset first")
+    qdq = {"QuantizeLinear", "DequantizeLinear"}
+    if any(n.op_type in qdq for n in nodes) and not qdq <= set(keep_ops) and opset_of(model) < 19:
+        raise QuantizeError("FP16 Q/DQ needs opset 19 (FP16 scales)",
+                            "internal: upgrade the opset first, or keep Q/DQ in FP32")
 
     def is_float(name: str) -> bool:
         return bool(name) and types.get(name) == F32
