@@ -54,7 +54,9 @@ class SlotAssembler:
     def __init__(self, buffers: list, batch: int):
         self.batch = batch
         self.free = deque(buffers)
-        self.ready: deque = deque()
+        # buffers handed out, in the order they were opened: inference takes them in this order, so that the
+        # frames of one source (reserved in order) come out in order even when a later buffer is finished first
+        self.order: deque = deque()
         self.current: InputBuffer | None = None
         self.cond = threading.Condition()
         self.sources_live = 0
@@ -76,6 +78,7 @@ class SlotAssembler:
                 buf = self.free.popleft()
                 buf.reset()
                 self.current = buf
+                self.order.append(buf)
                 self.first_put_at = time.perf_counter()
             buf = self.current
             start = buf.filled
@@ -101,25 +104,25 @@ class SlotAssembler:
                 buf.last_event[stream_ptr] = event
             buf.writing -= 1
             if buf.closed and buf.writing == 0:
-                self.ready.append(buf)
                 self.cond.notify_all()
 
     def take(self, max_wait: float):
-        """The next buffer to run, a partial one ``max_wait`` s after its first frame, or None when every source
-        is done. Waits on the condition (reserve() notifies on a buffer's first run, commit() when one is ready)."""
+        """The oldest buffer once it is complete (full, or partial ``max_wait`` s after its first frame or when
+        every source is done, and all its runs enqueued), or None when every source is done and nothing is left.
+        Waits on the condition (reserve() notifies on a buffer's first run, commit() when one completes)."""
         with self.cond:
             while not self.stopped:
-                if self.ready:
-                    return self.ready.popleft()
-                cur = self.current
-                if cur is not None and cur.filled:
+                head = self.order[0] if self.order else None
+                if head is not None and head.closed:
+                    if head.writing == 0:
+                        return self.order.popleft()
+                    self.cond.wait(0.5)  # its last runs are being enqueued; commit() notifies
+                elif head is not None:  # the open buffer (only the newest can be open): time out a partial one
                     remaining = max_wait - (time.perf_counter() - self.first_put_at)
                     if self.sources_live == 0 or remaining <= 0:
                         self.current = None
-                        cur.closed = True
-                        if cur.writing == 0:
-                            return cur
-                        continue  # its last runs are being enqueued; commit() moves it to ready
+                        head.closed = True
+                        continue
                     self.cond.wait(remaining)
                 elif self.sources_live == 0:
                     return None

@@ -90,7 +90,7 @@ def test_every_frame_comes_out_once_and_no_buffer_is_lost(n_buffers, batch, sour
     for i, f in got:
         per_source.setdefault(i, []).append(f)
     assert all(v == sorted(v) for v in per_source.values())  # in order per source
-    assert len(asm.free) == n_buffers and asm.current is None and not asm.ready
+    assert len(asm.free) == n_buffers and asm.current is None and not asm.order
     assert max(sizes) == batch and sum(sizes) == sources * frames
 
 
@@ -106,6 +106,27 @@ def test_a_run_never_crosses_a_buffer_end():
     assert asm.take(0.0) is buf and buf.meta == [0, 1, 2, 3]
     buf3, start, m = asm.reserve([4, 5])
     assert buf3 is not buf and (start, m) == (0, 2)
+
+
+def test_buffers_go_to_inference_in_the_order_they_were_opened():
+    """Before: a buffer whose last run was still being enqueued was overtaken by a later buffer that completed
+    first, and a source's frames 16-31 were classified before its frames 0-15 (seen on the H200 with 16
+    sources). Now inference waits for the oldest buffer."""
+    asm = SlotAssembler(_buffers(3, 4), 4)
+    asm.sources_live = 2
+    a, a_start, a_m = asm.reserve([("s", 0), ("s", 1)])  # source s: frames 0-1 in buffer A, launch still running
+    _write(asm, [("t", 0), ("t", 1)], [1, 2], 2)  # source t fills A ...
+    _write(asm, [("s", 2), ("s", 3), ("t", 2), ("t", 3)], [3, 4, 5, 6], 3)  # ... and B, which completes first
+    got = []
+    t = threading.Thread(target=lambda: got.append(asm.take(10.0)))
+    t.start()
+    time.sleep(0.05)
+    assert not got, "a later buffer was handed to inference before the older one was complete"
+    asm.commit(a, a_start, a_m, 1, a.event_for(1))
+    t.join(timeout=5)
+    assert got == [a] and [m for m in a.meta] == [("s", 0), ("s", 1), ("t", 0), ("t", 1)]
+    b = asm.take(0.0)
+    assert b is not a and b.meta == [("s", 2), ("s", 3), ("t", 2), ("t", 3)]
 
 
 def test_a_failed_launch_marks_its_frames_lost_and_frees_the_slots():
