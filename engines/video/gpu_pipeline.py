@@ -63,7 +63,12 @@ class GpuPipeline:
 
     # ----------------------------------------------------------------------------------------------- stages
     def decode_stage(self, src, pre: GpuPreprocessor, asm: SlotAssembler, out_dtype) -> None:
-        """One source: decode, preprocess into reserved slots, record events. Runs in its own thread."""
+        """One source: decode, preprocess into reserved slots, record events. Runs in its own thread, on the
+        engine's GPU (CuPy's current device is per thread: without this a stream for GPU 1 was made on GPU 0)."""
+        with self.cp.cuda.Device(self.device_id):
+            self._decode_stage(src, pre, asm, out_dtype)
+
+    def _decode_stage(self, src, pre: GpuPreprocessor, asm: SlotAssembler, out_dtype) -> None:
         cp = self.cp
         stream = None
         plan_for: dict = {}
@@ -167,7 +172,11 @@ class GpuPipeline:
                     st[name] = st.get(name, 0.0) + clock[k]
 
     def infer_stage(self, asm: SlotAssembler, infer_stream, results: queue.Queue, errors: list) -> None:
-        """Full (or timed-out) buffers -> engine -> top-k on the GPU. Runs in one thread."""
+        """Full (or timed-out) buffers -> engine -> top-k on the GPU. Runs in one thread, on the engine's GPU."""
+        with self.cp.cuda.Device(self.device_id):
+            self._infer_stage(asm, infer_stream, results, errors)
+
+    def _infer_stage(self, asm: SlotAssembler, infer_stream, results: queue.Queue, errors: list) -> None:
         # where the inference thread's time goes (host seconds), reported in RunStats.infer_stage
         prof = self.stats.infer_stage
         prof.update(waiting_for_batches_s=0.0, engine_call_s=0.0, topk_call_s=0.0)

@@ -189,3 +189,53 @@ def test_a_threaded_pass_that_ends_early_goes_on_with_the_packet_loop(monkeypatc
     else:
         raise AssertionError("a cut-off file was not reported")
     assert got == [0, 1, 2, 3, 4]
+
+
+def test_stage_threads_run_on_the_engine_gpu(monkeypatch):
+    """CuPy's current device is per thread: the decoder and inference threads must enter the engine's GPU
+    themselves (on a 2-GPU host the worker for cuda:1 made its decoder streams on GPU 0, and NVDEC refused them:
+    'ValidateCUDAStream')."""
+    import threading
+
+    from engines.video.assembler import SlotAssembler
+    from engines.video.gpu_pipeline import GpuPipeline
+
+    log = _Log()
+    cp = _fake_cupy(monkeypatch, log)
+    entered = []
+
+    class Device:
+        def __init__(self, index=0):
+            self.index = index
+
+        def __enter__(self):
+            entered.append((threading.current_thread().name, self.index))
+
+        def __exit__(self, *exc):
+            return False
+
+    cp.cuda.Device = Device
+    monkeypatch.setitem(sys.modules, "PyNvVideoCodec", types.ModuleType("PyNvVideoCodec"))
+    monkeypatch.setattr("engines.video.gpu_pipeline.gpu_device", lambda i: {"index": i})
+    class Src:
+        name, batched = "cam", False
+
+        def run(self, stream_ptr, on_frame):
+            raise RuntimeError("no decoder here")
+
+    engine = types.SimpleNamespace(device_id=1)
+    pipe = GpuPipeline([Src()], engine, None, 8, 1, None, None, 4, 10.0, types.SimpleNamespace(decode_stage={}, infer_stage={}),
+                       [], (8, 8), lambda *a: None, lambda *a: None)
+
+    asm = SlotAssembler([], 8)
+    asm.sources_live = 1
+    t = threading.Thread(target=pipe.decode_stage, args=(Src(), None, asm, np.float32), name="decoder-thread")
+    t.start()
+    t.join(5)
+    results: list = []
+    asm.sources_live = 0
+    t = threading.Thread(target=pipe.infer_stage, args=(asm, None, types.SimpleNamespace(put=results.append), []),
+                         name="infer-thread")
+    t.start()
+    t.join(5)
+    assert ("decoder-thread", 1) in entered and ("infer-thread", 1) in entered
