@@ -131,7 +131,9 @@ def classify(sources, engine, *, batch: int | None = None, top_k: int = 5, strid
 
     ``decoder``: "nvdec" (GPU; needs a CUDA engine), "pyav" (CPU), or "auto" (NVDEC when the engine is on a GPU).
     ``batch``: frames per inference (default: the manifest's optimum, capped at 64). ``max_wait_ms``: how long a
-    partly filled batch waits for more frames before it runs anyway. ``loop``: read each source this many times.
+    partly filled batch waits for more frames before it runs anyway. ``buffers``: GPU input buffers that rotate
+    (default: enough for every source to hand over 16 frames one and a half times over, at least 4). ``loop``:
+    read each source this many times.
     ``realtime``: feed packets at the stream's frame rate (to measure latency as a live camera would see it).
     ``latency``: NVDEC output latency, "native" (display order, a few frames of lag) or "low" (no lag; only for
     streams without B-frames). Preprocessing and labels default to the model's manifest. ``done``: {source: last
