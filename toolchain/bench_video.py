@@ -16,10 +16,10 @@ Every pipeline is timed from before it opens its sources to its last result, so 
 - ``trtc``: :func:`engines.video.classify`: NVDEC -> CuPy kernel into the engine's input buffer -> engine ->
   top-k, zero-copy.
 
-Reported per (pipeline, streams): frames, seconds, aggregate fps, host CPU cores busy per stream (process CPU
-time / wall time / streams) and the ratios ours/decode-only and ours/usual. Then latency: one stream fed at the file's frame rate (``realtime``), packet in -> top-k on the host,
-p50/p99/max over ``latency_frames`` frames. Numbers are only comparable within one run on one GPU: the report
-names the GPU and the versions.
+Reported per (pipeline, streams): frames, seconds, aggregate fps, host CPU cores busy per stream (process CPU time
+/ wall time / streams) and the ratios ours/decode-only and ours/usual. Then latency: one stream fed at the file's
+frame rate (``realtime``), packet in -> top-k on the host, p50/p99/max over ``latency_frames`` frames. Numbers are
+only comparable within one run on one GPU: the report names the GPU and the versions.
 """
 
 from __future__ import annotations

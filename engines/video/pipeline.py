@@ -7,9 +7,9 @@ slots of a rotating input buffer (:mod:`engines.video.assembler`); one inference
 top-k on the GPU; the caller's thread copies only (batch, k) results to the host. No frame crosses between host
 and device, and no stage waits on the host for another in steady state.
 
-CPU path (engine on the CPU, or no NVDEC): :mod:`engines.video.cpu_pipeline`. PyAV decodes each source in a thread, the numpy reference of the same
-preprocessing maths (:func:`engines.preprocess.preprocess_yuv`) fills host batches, ONNX Runtime's CPU provider
-runs them. Same outputs within float tolerance.
+CPU path (engine on the CPU, or no NVDEC): :mod:`engines.video.cpu_pipeline`. PyAV decodes each source in a thread,
+the numpy reference of the same preprocessing maths (:func:`engines.preprocess.preprocess_yuv`) fills host batches,
+ONNX Runtime's CPU provider runs them. Same outputs within float tolerance.
 
 Results carry the source, frame index (display order, counting every decoded frame), timestamp and top-k. A
 source that fails (cannot be opened, unsupported by NVDEC, corrupt, cut off) is reported in ``run.problems`` and

@@ -164,7 +164,8 @@ class WorkerPool:
         sources = [str(s) for s in sources]
         if not sources:
             raise UsageProblem("no video sources given")
-        stats = RunStats(path=f"{len(self.workers)} worker process(es) on {', '.join(sorted({w.device for w in self.workers}))}")
+        on = ", ".join(sorted({w.device for w in self.workers}))
+        stats = RunStats(path=f"{len(self.workers)} worker process(es) on {on}")
         problems: list[SourceProblem] = []
         return VideoRun(lambda: self._run(sources, options, stats, problems), stats, problems)
 
@@ -172,7 +173,8 @@ class WorkerPool:
         if not self._lock.acquire(blocking=False):
             raise UsageProblem("this worker pool is already running a classify() call", "iterate it to the end first")
         start = time.perf_counter()
-        busy = {}
+        busy: dict = {}
+        counts: dict = {}  # source -> predictions received
         try:
             for w, share in zip(self.workers, self.share(sources), strict=True):
                 if not share:
@@ -183,7 +185,6 @@ class WorkerPool:
                     continue
                 w.conn.send(("run", share, options))
                 busy[w.conn] = (w, share)
-            counts: dict = {}
             while busy:
                 for conn in wait_for(list(busy)):
                     w, share = busy[conn]
@@ -216,8 +217,7 @@ class WorkerPool:
                             stats.decoded[k] = stats.decoded.get(k, 0) + v
         finally:
             stats.seconds = time.perf_counter() - start
-            stats.per_source = {s: 0 for s in sources}
-            stats.per_source.update(counts if "counts" in locals() else {})
+            stats.per_source = {s: counts.get(s, 0) for s in sources}
             if busy:  # the caller left early: these workers are mid-job; they cannot be reused safely
                 for w, _share in busy.values():
                     w.alive = False
