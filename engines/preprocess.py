@@ -493,9 +493,6 @@ class GpuPreprocessor:
 
     def __call__(self, surface, fmt: str, height: int, width: int, colorspace: ColorSpace, out, stream=None):
         """Enqueue one frame -> one (3, H, W) slot on ``stream`` (default: the current stream)."""
-        fmt = fmt.upper()
-        if fmt in _WIDE and surface.dtype == np.uint8:
-            surface = surface.view(np.uint16)
         if surface.ndim != 2 or not surface.flags.c_contiguous:
             raise UsageProblem(f"expected a packed 2-D surface, got shape {surface.shape}")
         if out.shape != (3, *self.spec.size) or not out.flags.c_contiguous:

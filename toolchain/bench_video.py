@@ -130,14 +130,8 @@ def _decode_only_threaded(video: str, streams: int, gpu: int, batch: int = 16) -
     return sum(counts), time.perf_counter() - t0
 
 
-def _ours_pool(pool, video: str, streams: int, batch: int) -> tuple[int, float]:
-    run = pool.classify([video] * streams, batch=batch)
-    t0 = time.perf_counter()
-    n = sum(1 for _ in run)
-    seconds = time.perf_counter() - t0
-    if run.problems:
-        raise UsageProblem(f"the benchmark video failed: {run.problems[0]}")
-    return n, seconds
+def _ours_pool(pool, video: str, streams: int, batch: int) -> tuple[int, float, list]:
+    return _consume(pool.classify([video] * streams, batch=batch, top_k=5))
 
 
 def _timed_row(name: str, streams: int, fn) -> VideoBenchRow:
@@ -212,7 +206,12 @@ def _usual(video: str, streams: int, engine, spec, batch: int = 32) -> tuple[int
 def _ours(video: str, streams: int, engine, batch: int, limit: int | None = None, **kw) -> tuple[int, float, list]:
     from engines.video import classify
 
-    run = classify([video] * streams, engine, batch=batch, top_k=5, **kw)
+    return _consume(classify([video] * streams, engine, batch=batch, top_k=5, **kw), limit)
+
+
+def _consume(run, limit: int | None = None) -> tuple[int, float, list]:
+    """Iterate a VideoRun (up to ``limit`` predictions): (predictions, seconds, [(latency_ms, decode_ms)]);
+    a source problem fails the benchmark."""
     t0 = time.perf_counter()
     n = 0
     lat = []

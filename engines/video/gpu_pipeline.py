@@ -71,7 +71,6 @@ class GpuPipeline:
     def _decode_stage(self, src, pre: GpuPreprocessor, asm: SlotAssembler, out_dtype) -> None:
         cp = self.cp
         stream = None
-        plan_for: dict = {}
 
         clock = {"out": time.perf_counter(), "decoder": 0.0, "slots": 0.0, "launch": 0.0}
 
@@ -99,13 +98,9 @@ class GpuPipeline:
         def plan_of(frame):
             fmt = surface_format(frame)
             surface = cp.from_dlpack(frame)  # no copy; the decoder writes on this stream, so no wait is added
-            key = (fmt, surface.shape, surface.dtype.char)
-            plan = plan_for.get(key)
-            if plan is None:
-                info = src.info
-                plan = plan_for[key] = pre.plan(fmt, surface.shape, surface.dtype, info.height, info.width,
-                                                info.colorspace, out_dtype)
-            return plan, surface
+            info = src.info  # pre.plan() caches per kind of surface
+            return pre.plan(fmt, surface.shape, surface.dtype, info.height, info.width, info.colorspace,
+                            out_dtype), surface
 
         batch_plan: list = []
         skip_to = self.done.get(src.name, -1)
