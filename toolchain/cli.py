@@ -452,10 +452,12 @@ def _int_list(ctx, param, value):
               help="A video benchmark: also run the clip N times and report GPU memory growth.")
 @click.option("--devices", help="A video benchmark: also run trtc on several GPUs (cuda:0,cuda:1 or cuda:all), the "
                                 "same streams per GPU, against one GPU in the same run.")
+@click.option("--repeat", type=click.IntRange(1), default=3, show_default=True,
+              help="A video benchmark: run decode-only and trtc this many times, interleaved, and show the median.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 @click.pass_obj
 def bench(state: State, models, batches, device, warmup, iterations, duration, video_model, streams, latency_frames,
-          latency_video, decode_latency, memory_loops, devices, as_json):
+          latency_video, decode_latency, memory_loops, devices, repeat, as_json):
     """Time models side by side across batch sizes: latency p50/p90/p99, throughput, CV, speed-up vs the first.
     Or, with a video and --model, time the video pipelines side by side.
 
@@ -464,7 +466,8 @@ def bench(state: State, models, batches, device, warmup, iterations, duration, v
 
     With VIDEO --model M: NVDEC decode only, the usual OpenCV-CPU-decode + torch pipeline, and trtc's zero-copy
     pipeline, on 1, 8, 16 and 32 copies of the video at once (--streams), plus per-frame latency at the video's
-    frame rate. "vs decode-only" divides by the faster of two NVDEC decode-only loops.
+    frame rate. "vs decode-only" divides by the faster of two NVDEC decode-only loops; each of those and trtc runs
+    --repeat times and the median run is shown.
 
     \b
     Examples:
@@ -482,7 +485,7 @@ def bench(state: State, models, batches, device, warmup, iterations, duration, v
         report = bench_video(models[0], video_model, streams=streams, device=device or "cuda:0",
                              batch=(batches or [64])[0], latency_frames=latency_frames,
                              latency_video=latency_video, decode_latency=decode_latency,
-                             memory_loops=memory_loops, reporter=state.reporter(),
+                             memory_loops=memory_loops, reporter=state.reporter(), repeat=repeat,
                              devices=parse_devices(devices) if devices else None)
         _show(state, report, as_json, "render_bench_video")
         return

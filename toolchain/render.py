@@ -344,12 +344,16 @@ def render_bench_video(console, report) -> None:
         t.add_column(col, justify="left" if col == "pipeline" else "right")
     for r in report.rows:
         cores = getattr(r, "cores_per_stream", None)
-        t.add_row(escape(r.pipeline), str(r.streams), str(r.frames), f"{r.seconds:.2f}", f"{r.fps:.1f}",
+        runs = getattr(r, "fps_runs", None)
+        fps = f"{r.fps:.1f}" + (f" ({min(runs):.0f}-{max(runs):.0f})" if runs else "")
+        t.add_row(escape(r.pipeline), str(r.streams), str(r.frames), f"{r.seconds:.2f}", fps,
                   "" if cores is None else f"{cores:.2f}",
                   "" if r.vs_decode is None else f"{r.vs_decode:.2f}x",
                   "" if r.vs_usual is None else f"{r.vs_usual:.2f}x",
                   *((("" if r.vs_one_gpu is None else f"{r.vs_one_gpu:.2f}x"),) if multi else ()))
     _print(console, t)
+    if any(getattr(r, "fps_runs", None) for r in report.rows):
+        console.print("fps: the median of the runs, (lowest-highest); each run's row is in the JSON's fps_runs")
     if report.latency:
         lat = report.latency
         console.print(f"latency (packet in -> top-k on host, {lat['frames']} frames, {lat['input']}): "

@@ -9,8 +9,9 @@
     collect_stage (the caller's thread)
         waits for a batch's top-k, copies (batch, k) indices and scores to the host, yields Predictions
 
-Files are decoded by PyNvVideoCodec's ThreadedDecoder (demux and decode in a native thread, Python once per batch
-of frames); live-paced sources, low-latency decoding and URLs use the packet loop (Python once per packet). The
+Files are decoded by PyNvVideoCodec's SimpleDecoder (Python once per batch of up to 16 frames; its ThreadedDecoder
+crashed the process, see :meth:`~engines.video.sources.NvdecSource.run_batches`); live-paced sources, low-latency
+decoding and URLs use the packet loop (Python once per packet). The
 per-frame Python work of the first design (a DLPack import, a kernel launch, an event and two lock round trips
 per frame, competing with 16 decoder threads for the interpreter lock) is what held 16 streams at 0.54x of the
 NVDEC ceiling; see docs/BENCHMARKS.md.
@@ -105,7 +106,7 @@ class GpuPipeline:
         batch_plan: list = []
         skip_to = self.done.get(src.name, -1)
 
-        def on_frames(first, frames):  # ThreadedDecoder: one batch of one source
+        def on_frames(first, frames):  # SimpleDecoder: one batch of one source
             t_in = time.perf_counter()
             clock["decoder"] += t_in - clock["out"]
             if self.stop.is_set():

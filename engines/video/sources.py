@@ -333,7 +333,7 @@ class NvdecSource:
 
     def _packet_pass(self, nvc, stream_ptr: int, on_frame, index: int, skip: int = 0):
         """One pass over the file with the packet loop, frames numbered from ``index``; the first ``skip``
-        frames are decoded but not passed on (a ThreadedDecoder pass that ended early resumes here). Returns the
+        frames are decoded but not passed on (a SimpleDecoder pass that ended early resumes here). Returns the
         next index, or None when ``on_frame`` asked to stop."""
         low = self.latency in ("low", "zero")
         dmx, dec = self._open(nvc, stream_ptr)
@@ -389,23 +389,26 @@ class NvdecSource:
     def batched(self) -> bool:
         """Whether :meth:`run_batches` serves this source: an MP4/MOV file read as fast as possible in display
         order. Live pacing (``realtime``), low-latency output, URLs and other containers use the packet loop of
-        :meth:`run` (on the H200, PyNvVideoCodec 2.2.4's ThreadedDecoder returned 220 of the 250 frames of an
-        MPEG-TS remux of bikes.mp4, and stopped at the first corrupt picture of an MP4)."""
+        :meth:`run` (PyNvVideoCodec's file decoders need a seekable container that declares its frame count)."""
         return (not is_url(self.name) and not self.realtime and self.latency == "native"
                 and Path(self.name).suffix.lower() in BATCHED_SUFFIXES)
 
     def run_batches(self, stream_ptr: int, max_frames: int, on_frames) -> None:
-        """Decode every frame with PyNvVideoCodec's ThreadedDecoder and call ``on_frames(first_index, frames)``
+        """Decode every frame with PyNvVideoCodec's SimpleDecoder and call ``on_frames(first_index, frames)``
         with up to ``max_frames`` DecodedFrames at a time, in display order; returning False stops the source.
 
-        The demuxing and decoding run in the decoder's native thread, outside Python's interpreter lock; Python
-        runs once per batch instead of once per packet. The decoder enqueues its surface copies on
+        Python runs once per batch instead of once per packet. The decoder enqueues its surface copies on
         ``stream_ptr``'s stream, and a batch's surfaces are unlocked only by the next ``get_batch_frames``:
         ``on_frames`` must enqueue its reads on that stream before returning and keep no reference to a frame.
 
-        A pass that ends before the frame count its container declares (a corrupt picture stops the
-        ThreadedDecoder) goes on with the packet loop from the next frame, so no frame the packet loop would give
-        is lost; a file that still ends early is reported as a SourceError, after all its frames."""
+        Not the ThreadedDecoder (demux and decode in a native thread): on the H200 with PyNvVideoCodec 2.2.4 it
+        crashed the process (segmentation fault or abort in its native thread) in 4 of 12 test processes of 9
+        runs each at 1-16 streams, where the SimpleDecoder and the packet loop ran 72 and 54 such runs without a
+        crash at the same speed (docs/BENCHMARKS.md).
+
+        A pass that ends before the frame count its container declares (a corrupt picture can stop a file
+        decoder) goes on with the packet loop from the next frame, so no frame the packet loop would give is
+        lost; a file that still ends early is reported as a SourceError, after all its frames."""
         nvc = require("PyNvVideoCodec", "Decoding video on the GPU")
 
         def one(index, pts, t, frame, fed_at):
@@ -416,12 +419,12 @@ class NvdecSource:
             dmx, _ = self._open(nvc, stream_ptr, decoder=False)  # the same checks and messages as run()
             del dmx
             try:
-                dec = nvc.ThreadedDecoder(self.name, buffer_size=2 * max_frames, gpu_id=self.gpu, cuda_context=0,
-                                          cuda_stream=stream_ptr, use_device_memory=True)
+                dec = nvc.SimpleDecoder(self.name, gpu_id=self.gpu, cuda_context=0, cuda_stream=stream_ptr,
+                                        use_device_memory=True)
                 declared = int(getattr(dec.get_stream_metadata(), "num_frames", 0) or 0)
             except Exception as exc:  # noqa: BLE001 - PyNvVideoCodec raises plain exceptions
                 if index == 0:  # e.g. a container that declares no frame count: the packet loop can read it
-                    raise BatchUnavailable(f"{self.name}: ThreadedDecoder refused it ({_first_line(exc)})") from exc
+                    raise BatchUnavailable(f"{self.name}: SimpleDecoder refused it ({_first_line(exc)})") from exc
                 raise SourceError(self.name, f"NVDEC decoder for {self._what} failed: {_first_line(exc)}") from exc
             start, got = index, 0
             try:
@@ -429,7 +432,7 @@ class NvdecSource:
                     try:
                         frames = dec.get_batch_frames(max_frames)
                     except Exception as exc:  # noqa: BLE001 - go on with the packet loop below
-                        log.info("%s: ThreadedDecoder stopped (%s)", self.name, _first_line(exc))
+                        log.info("%s: SimpleDecoder stopped (%s)", self.name, _first_line(exc))
                         break
                     if not frames:
                         break
@@ -443,13 +446,9 @@ class NvdecSource:
                         return
             finally:
                 _synchronize(stream_ptr)  # our reads of the last batch finish before the decoder goes
-                try:
-                    dec.end()
-                except Exception:  # noqa: BLE001 - already stopped
-                    pass
                 del dec
             if declared and got < declared:
-                log.info("%s: ThreadedDecoder ended after %d of %d frames; the packet loop goes on", self.name, got,
+                log.info("%s: SimpleDecoder ended after %d of %d frames; the packet loop goes on", self.name, got,
                          declared)
                 index = self._packet_pass(nvc, stream_ptr, one, index, skip=got)
                 if index is None:

@@ -3,7 +3,7 @@ PyNvVideoCodec (nothing here runs on a GPU; tests/gpu checks the pixels):
 
 - the sampling grid and coefficients are uploaded and their stream synchronised before any decoder thread's
   stream can read them (an upload on the first decoder's stream, read by others without an event, was a race);
-- the packet loop and the ThreadedDecoder loop synchronise the source's stream before the decoder (and the
+- the packet loop and the SimpleDecoder loop synchronise the source's stream before the decoder (and the
   surfaces our kernels read) is freed;
 - a batched launch passes one pointer per frame and zero for the unused ones.
 """
@@ -81,7 +81,7 @@ def test_grid_and_coefficients_are_uploaded_and_synchronised_before_use(monkeypa
     assert "upload" not in log
 
 
-def _fake_nvc(monkeypatch, log, frames_per_packet=1, packets=3, threaded_frames=None, declared=None):
+def _fake_nvc(monkeypatch, log, frames_per_packet=1, packets=3, batched_frames=None, declared=None):
     class Decoder:
         def Decode(self, packet):  # noqa: N802 - PyNvVideoCodec's name
             return [types.SimpleNamespace(getPTS=lambda: 0) for _ in range(frames_per_packet)]
@@ -89,9 +89,9 @@ def _fake_nvc(monkeypatch, log, frames_per_packet=1, packets=3, threaded_frames=
         def __del__(self):
             log.append("decoder freed")
 
-    class Threaded:
+    class Simple:
         def __init__(self, *a, **k):
-            self.left = packets if threaded_frames is None else threaded_frames
+            self.left = packets if batched_frames is None else batched_frames
 
         def get_stream_metadata(self):
             return types.SimpleNamespace(num_frames=packets if declared is None else declared)
@@ -101,9 +101,6 @@ def _fake_nvc(monkeypatch, log, frames_per_packet=1, packets=3, threaded_frames=
                 return []
             self.left -= 1
             return [types.SimpleNamespace(getPTS=lambda: 0)]
-
-        def end(self):
-            log.append("decoder ended")
 
         def __del__(self):
             log.append("decoder freed")
@@ -133,7 +130,7 @@ def _fake_nvc(monkeypatch, log, frames_per_packet=1, packets=3, threaded_frames=
     m = types.ModuleType("PyNvVideoCodec")
     m.CreateDemuxer = lambda filename: Demuxer()
     m.CreateDecoder = lambda **k: Decoder()
-    m.ThreadedDecoder = Threaded
+    m.SimpleDecoder = Simple
     m.GetDecoderCaps = lambda **k: {"supported": True}
     m.DisplayDecodeLatencyType = types.SimpleNamespace(NATIVE=0, LOW=1, ZERO=2)
     monkeypatch.setitem(sys.modules, "PyNvVideoCodec", m)
@@ -160,16 +157,16 @@ def test_decoders_are_freed_only_after_their_stream_is_synchronised(monkeypatch,
     src = NvdecSource(str(clip))
     assert src.batched
     src.run_batches(43, 16, lambda first, frames: seen.append(first))
-    assert log.index(("sync", 43)) < log.index("decoder ended") < log.index("decoder freed")
+    assert log.index(("sync", 43)) < log.index("decoder freed")
 
 
-def test_a_threaded_pass_that_ends_early_goes_on_with_the_packet_loop(monkeypatch, tmp_path):
-    """The ThreadedDecoder stops at a corrupt picture: the packet loop decodes the rest, every index once."""
+def test_a_batched_pass_that_ends_early_goes_on_with_the_packet_loop(monkeypatch, tmp_path):
+    """The SimpleDecoder stops at a corrupt picture: the packet loop decodes the rest, every index once."""
     from engines.video.sources import NvdecSource, SourceError
 
     log = _Log()
     _fake_cupy(monkeypatch, log)
-    _fake_nvc(monkeypatch, log, packets=5, threaded_frames=3)
+    _fake_nvc(monkeypatch, log, packets=5, batched_frames=3)
     clip = tmp_path / "clip.mp4"
     clip.write_bytes(b"x")
     monkeypatch.setattr("engines.video.sources.probe_colorspace", lambda *a: ColorSpace("bt601", "limited"))
@@ -179,7 +176,7 @@ def test_a_threaded_pass_that_ends_early_goes_on_with_the_packet_loop(monkeypatc
     assert got == [0, 1, 2, 3, 4] and src.decoded == 5
 
     # and a file that is really cut off (its container declares 7 frames, 5 exist) is reported, after its frames
-    _fake_nvc(monkeypatch, log, packets=5, threaded_frames=3, declared=7)
+    _fake_nvc(monkeypatch, log, packets=5, batched_frames=3, declared=7)
     got.clear()
     src = NvdecSource(str(clip))
     try:
