@@ -114,9 +114,10 @@ def _decode_only_batched(video: str, streams: int, gpu: int, batch: int = 16) ->
             stream = cp.cuda.Stream(non_blocking=True)
             dec = nvc.SimpleDecoder(video, gpu_id=gpu, cuda_context=0, cuda_stream=stream.ptr,
                                     use_device_memory=True)
+            total = len(dec)  # never ask past it: the SimpleDecoder prints "INVALID INDEX" for each such frame
             n = 0
-            while True:
-                frames = dec.get_batch_frames(batch)
+            while n < total:
+                frames = dec.get_batch_frames(min(batch, total - n))
                 if not frames:
                     break
                 n += len(frames)

@@ -428,9 +428,11 @@ class NvdecSource:
                 raise SourceError(self.name, f"NVDEC decoder for {self._what} failed: {_first_line(exc)}") from exc
             start, got = index, 0
             try:
-                while True:
+                while not declared or got < declared:
                     try:
-                        frames = dec.get_batch_frames(max_frames)
+                        # never past the declared count: the SimpleDecoder prints "INVALID INDEX n" on stdout for
+                        # every frame asked beyond it, which would corrupt a --json report
+                        frames = dec.get_batch_frames(min(max_frames, declared - got) if declared else max_frames)
                     except Exception as exc:  # noqa: BLE001 - go on with the packet loop below
                         log.info("%s: SimpleDecoder stopped (%s)", self.name, _first_line(exc))
                         break

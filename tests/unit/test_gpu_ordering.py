@@ -97,10 +97,10 @@ def _fake_nvc(monkeypatch, log, frames_per_packet=1, packets=3, batched_frames=N
             return types.SimpleNamespace(num_frames=packets if declared is None else declared)
 
         def get_batch_frames(self, n):
-            if not self.left:
-                return []
-            self.left -= 1
-            return [types.SimpleNamespace(getPTS=lambda: 0)]
+            log.append(("asked", n))
+            k = min(n, self.left)
+            self.left -= k
+            return [types.SimpleNamespace(getPTS=lambda: 0) for _ in range(k)]
 
         def __del__(self):
             log.append("decoder freed")
@@ -236,3 +236,21 @@ def test_stage_threads_run_on_the_engine_gpu(monkeypatch):
     t.start()
     t.join(5)
     assert ("decoder-thread", 1) in entered and ("infer-thread", 1) in entered
+
+
+def test_the_batched_decoder_is_never_asked_past_the_declared_count(monkeypatch, tmp_path):
+    """PyNvVideoCodec's SimpleDecoder prints "INVALID INDEX n" on stdout for each frame asked past the end, which
+    corrupted `trtc bench --json` on the H200: ask for what is left, and stop at the declared count."""
+    from engines.video.sources import NvdecSource
+
+    log = _Log()
+    _fake_cupy(monkeypatch, log)
+    _fake_nvc(monkeypatch, log, packets=40)
+    clip = tmp_path / "clip.mp4"
+    clip.write_bytes(b"x")
+    monkeypatch.setattr("engines.video.sources.probe_colorspace", lambda *a: ColorSpace("bt601", "limited"))
+    got = []
+    NvdecSource(str(clip)).run_batches(1, 16, lambda first, frames: got.append((first, len(frames))))
+    assert got == [(0, 16), (16, 16), (32, 8)]
+    assert [e for e in log if isinstance(e, tuple) and e[0] == "asked"] == [("asked", 16), ("asked", 16),
+                                                                          ("asked", 8)]
