@@ -1,18 +1,17 @@
 """The GPU path of :func:`engines.video.classify`, one function per stage:
 
     decode_stage (a thread per source)
-        NVDEC -> up to 16 frames of one source at a time -> ONE preprocessing kernel on the source's stream writes
-        them into a reserved run of slots of an input buffer -> an event recorded after it
+        NVDEC -> up to 8 frames of one source at a time (DECODE_BATCH) -> ONE preprocessing kernel on the source's
+        stream writes them into a reserved run of slots of an input buffer -> an event recorded after it
     infer_stage (one thread)
         a full (or timed-out partial) buffer -> the inference stream waits on the writers' events
         -> engine.infer(buffer) -> top-k on the GPU -> the buffer's "free" event -> the buffer goes back
     collect_stage (the caller's thread)
         waits for a batch's top-k, copies (batch, k) indices and scores to the host, yields Predictions
 
-Files are decoded by PyNvVideoCodec's SimpleDecoder (Python once per batch of up to 16 frames; its ThreadedDecoder
+Files are decoded by PyNvVideoCodec's SimpleDecoder (Python once per batch of up to 8 frames; its ThreadedDecoder
 crashed the process, see :meth:`~engines.video.sources.NvdecSource.run_batches`); live-paced sources, low-latency
-decoding and URLs use the packet loop (Python once per packet). The
-per-frame Python work of the first design (a DLPack import, a kernel launch, an event and two lock round trips
+decoding and URLs use the packet loop (Python once per packet). The per-frame Python work of the first design (a DLPack import, a kernel launch, an event and two lock round trips
 per frame, competing with 16 decoder threads for the interpreter lock) is what held 16 streams at 0.54x of the
 NVDEC ceiling; see docs/BENCHMARKS.md.
 
@@ -29,13 +28,27 @@ import time
 
 import numpy as np
 
-from .._gpu import device as gpu_device
 from ..errors import UsageProblem
 from ..preprocess import MAX_FRAMES_PER_LAUNCH, GpuPreprocessor
 from .assembler import InputBuffer, SlotAssembler, Stopped
 from .sources import BatchUnavailable, SourceError, surface_format
 
 log = logging.getLogger("trtc")
+
+# frames per SimpleDecoder call (and so per kernel launch, at most MAX_FRAMES_PER_LAUNCH): the decoder decodes a
+# call's frames in the calling thread and sits idle while the thread hands them on, so smaller calls keep NVDEC
+# busier. H200, ResNet-50 FP16, 3 runs each: 32 streams 3416 fps with 8 against 3120 with 16; 1, 8 and 16
+# streams the same within 1%; 4 was no better than 8 (docs/BENCHMARKS.md)
+DECODE_BATCH = 8
+
+
+def _gpu_count(cp) -> int:
+    """GPUs CUDA can see, from the runtime (microseconds; nvidia-smi, twice, cost ~50 ms per classify() call, 5% of
+    a one-stream run of a 600-frame clip on the H200)."""
+    try:
+        return int(cp.cuda.runtime.getDeviceCount())
+    except Exception:  # noqa: BLE001 - no driver, no device: CuPy raises its own CUDA errors
+        return 0
 
 
 class GpuPipeline:
@@ -55,7 +68,7 @@ class GpuPipeline:
         self.counts = {s.name: 0 for s in srcs}
         self.stop = threading.Event()
         self.device_id = getattr(engine, "device_id", 0)
-        if gpu_device(self.device_id) is None:
+        if self.device_id >= _gpu_count(self.cp):
             raise UsageProblem(f"no NVIDIA GPU {self.device_id} found", "use --device cpu")
 
     def run(self):
@@ -146,7 +159,7 @@ class GpuPipeline:
             with stream:
                 if src.batched:
                     try:
-                        src.run_batches(stream.ptr, MAX_FRAMES_PER_LAUNCH, on_frames)
+                        src.run_batches(stream.ptr, DECODE_BATCH, on_frames)
                         return
                     except BatchUnavailable as exc:
                         log.info("%s; decoding it packet by packet", exc)

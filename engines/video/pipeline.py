@@ -1,7 +1,7 @@
 """Classify video frames: decode -> preprocess -> batch -> engine -> top-k, for many sources at once.
 
 GPU path (engine on ``cuda:N``, PyNvVideoCodec and CuPy installed): :mod:`engines.video.gpu_pipeline`. A thread
-per source decodes with NVDEC (files: PyNvVideoCodec's SimpleDecoder, up to 16 frames at a time; live or
+per source decodes with NVDEC (files: PyNvVideoCodec's SimpleDecoder, up to 8 frames at a time; live or
 low-latency sources: the packet loop) and writes each group of frames with ONE preprocessing kernel into a run of
 slots of a rotating input buffer (:mod:`engines.video.assembler`); one inference thread runs full buffers and
 top-k on the GPU; the caller's thread copies only (batch, k) results to the host. No frame crosses between host

@@ -213,7 +213,7 @@ def test_stage_threads_run_on_the_engine_gpu(monkeypatch):
 
     cp.cuda.Device = Device
     monkeypatch.setitem(sys.modules, "PyNvVideoCodec", types.ModuleType("PyNvVideoCodec"))
-    monkeypatch.setattr("engines.video.gpu_pipeline.gpu_device", lambda i: {"index": i})
+    cp.cuda.runtime = types.SimpleNamespace(getDeviceCount=lambda: 2)
     class Src:
         name, batched = "cam", False
 
