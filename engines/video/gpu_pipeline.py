@@ -11,9 +11,9 @@
 
 Files are decoded by PyNvVideoCodec's SimpleDecoder (Python once per batch of up to 8 frames; its ThreadedDecoder
 crashed the process, see :meth:`~engines.video.sources.NvdecSource.run_batches`); live-paced sources, low-latency
-decoding and URLs use the packet loop (Python once per packet). The per-frame Python work of the first design (a DLPack import, a kernel launch, an event and two lock round trips
-per frame, competing with 16 decoder threads for the interpreter lock) is what held 16 streams at 0.54x of the
-NVDEC ceiling; see docs/BENCHMARKS.md.
+decoding and URLs use the packet loop (Python once per packet). The per-frame Python work of the first design (a
+DLPack import, a kernel launch, an event and two lock round trips per frame, competing with 16 decoder threads for
+the interpreter lock) is what held 16 streams at 0.54x of the NVDEC ceiling; see docs/BENCHMARKS.md.
 
 Zero copy: only compressed packets go in and (batch, k) results come out; no frame crosses between host and
 device. A buffer is reused only after its next writers' streams wait, on the GPU, for inference's free event.
