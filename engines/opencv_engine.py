@@ -159,6 +159,8 @@ class OpenCVEngine(EngineBase):
     """A classifier run by OpenCV dnn. ``infer(batch)`` takes a numpy batch (or a dict of them) and returns a list
     of numpy outputs in ``outputs`` order."""
 
+    host_arrays_only = True  # the video pipeline feeds it host batches (PyAV decode) also on CUDA
+
     def __init__(self, path: str | os.PathLike, device: str = "cpu", fp16: bool = False, dnn_engine: str = "auto"):
         cv2 = _cv2()
         from .onnxruntime_engine import parse_device
