@@ -17,6 +17,18 @@ __version__ = "0.1.0"
 
 
 PLAN_SUFFIXES = (".plan", ".engine", ".trt")
+# "opencv:model.onnx" runs an ONNX model with OpenCV dnn instead of ONNX Runtime; the options each prefix implies
+ENGINE_PREFIXES = {"opencv": {}, "opencv-fp16": {"fp16": True}}
+
+
+def split_engine(spec: str | os.PathLike) -> tuple[str | None, str, dict]:
+    """``"opencv:m.onnx"`` -> ``("opencv", "m.onnx", {})``; a spec without a known prefix (or an existing file
+    whose name happens to hold a colon) -> ``(None, spec, {})``."""
+    text = os.fspath(spec)
+    head, sep, rest = text.partition(":")
+    if sep and head.lower() in ENGINE_PREFIXES and rest and not Path(text).exists():
+        return head.lower(), rest, dict(ENGINE_PREFIXES[head.lower()])
+    return None, text, {}
 
 
 def open_engine(path: str | os.PathLike, device: str = "cpu", **options) -> Engine:
@@ -24,11 +36,19 @@ def open_engine(path: str | os.PathLike, device: str = "cpu", **options) -> Engi
 
     ``.onnx`` -> :class:`OnnxRuntimeEngine` (CPU EP for ``device="cpu"``, CUDA EP with zero-copy device buffers
     for ``"cuda:N"``); ``.plan``/``.engine`` -> :class:`TensorRTEngine` after its manifest was checked against the
-    installed TensorRT flavour and this GPU (the manifest's ``kind`` wins over the suffix when they disagree).
-    ``options`` go to the backend (ONNX Runtime: ``threads``; TensorRT: ``cuda_graph``)."""
+    installed TensorRT flavour and this GPU (the manifest's ``kind`` wins over the suffix when they disagree);
+    ``opencv:model.onnx`` (``opencv-fp16:`` for OpenCV's CUDA FP16 target) -> :class:`OpenCVEngine`, OpenCV dnn.
+    ``options`` go to the backend (ONNX Runtime: ``threads``; TensorRT: ``cuda_graph``; OpenCV: ``dnn_engine``)."""
+    engine, path, implied = split_engine(path)
     p = Path(path)
     if not p.exists():
         raise UsageProblem(f"model not found: {p}")
+    if engine is not None:
+        if p.suffix.lower() != ".onnx":
+            raise UsageProblem(f"{engine}: runs ONNX models, not {p.name}", f"give a .onnx file: {engine}:model.onnx")
+        from .opencv_engine import OpenCVEngine
+
+        return OpenCVEngine(p, device=device, **{**implied, **options})
     from .manifest import read_manifest_if_any
 
     manifest = read_manifest_if_any(p, verify_hash=False)
@@ -44,6 +64,6 @@ def open_engine(path: str | os.PathLike, device: str = "cpu", **options) -> Engi
     raise UsageProblem(f"cannot open {p.name}: unknown model type {p.suffix!r}", "give a .onnx or .plan file")
 
 
-__all__ = ["open_engine", "Engine", "TensorSpec", "Manifest", "BatchProfile", "PreprocessSpec", "preprocess_rgb",
+__all__ = ["open_engine", "split_engine", "Engine", "TensorSpec", "Manifest", "BatchProfile", "PreprocessSpec", "preprocess_rgb",
            "read_manifest", "write_manifest", "TrtcError", "UsageProblem", "MissingDependency", "ManifestError",
            "EngineError", "__version__"]

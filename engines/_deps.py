@@ -25,6 +25,7 @@ KNOWN = {
     "cupy": ("gpu", "cupy-cuda13x"),
     "PyNvVideoCodec": ("gpu", "pynvvideocodec"),
     "av": ("video-cpu", "av"),
+    "cv2": ("opencv", "opencv-python-headless"),
     "timm": ("timm", "timm"),
     "tensorrt": ("trt", "tensorrt"),
     "tensorrt_rtx": ("rtx", "tensorrt-rtx-cu13-bindings"),

@@ -77,3 +77,15 @@ def setup_logging(console, verbosity: int) -> None:
     logger.handlers[:] = [RichHandler(console=console, show_time=False, show_path=False, markup=False)]
     logger.setLevel(level)
     logger.propagate = False
+
+
+def model_label(spec) -> str:
+    """A model as tables name it: the file name, keeping an engine prefix (``opencv:lite0.onnx``), or the PyTorch
+    source as given."""
+    from pathlib import Path
+
+    from engines import split_engine
+
+    engine, path, _ = split_engine(str(spec))
+    name = Path(path).name or str(path)
+    return f"{engine}:{name}" if engine else name

@@ -7,7 +7,7 @@ a fixed duration. Reported per (model, batch): latency p50/p90/p99 and mean in m
 the coefficient of variation of the latencies (a high CV means the machine was busy: do not trust the ratios).
 Speed-ups are ratios of throughput against the first model at the same batch, measured in the same run.
 
-What a latency includes is stated in the report: ONNX Runtime, PyTorch and TensorRT plans (engines.TensorRTEngine,
+What a latency includes is stated in the report: ONNX Runtime, OpenCV dnn (``opencv:model.onnx``), PyTorch and TensorRT plans (engines.TensorRTEngine,
 batches outside the plan's profile skipped with a warning) here take host (numpy) inputs and return host outputs, so
 host<->device copies are INCLUDED on a GPU. The zero-copy device-buffer path (IOBinding, CUDA
 graphs) comes with the runtime (issue 5); until then CUDA graphs are reported as off.
@@ -18,14 +18,13 @@ from __future__ import annotations
 import platform
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import numpy as np
 
 from engines._deps import dist_version
 from engines._gpu import device as gpu_device
 
-from ._ui import Reporter
+from ._ui import Reporter, model_label
 from .errors import UsageProblem
 from .validate import Runner, _classify
 
@@ -101,17 +100,17 @@ def bench(models: list[str], batches: list[int] | None = None, *, device: str = 
         sizes = batches
         if fixed is not None:
             if set(batches) != {fixed}:
-                warnings.append(f"{Path(spec).name} has a fixed batch of {fixed}: timed at that batch only")
+                warnings.append(f"{model_label(spec)} has a fixed batch of {fixed}: timed at that batch only")
             sizes = [fixed]
         if runner.batch_range is not None:
             lo, hi = runner.batch_range
             if [b for b in sizes if not lo <= b <= hi]:
-                warnings.append(f"{Path(spec).name} was built for batches {lo}..{hi}: "
+                warnings.append(f"{model_label(spec)} was built for batches {lo}..{hi}: "
                                 f"{', '.join(str(b) for b in sizes if not lo <= b <= hi)} not timed")
             sizes = [b for b in sizes if lo <= b <= hi]
         for b in sizes:
             x = rng.standard_normal((b, *shape)).astype(np.float32)
-            with reporter.phase(f"timing {Path(spec).name} at batch {b}"):
+            with reporter.phase(f"timing {model_label(spec)} at batch {b}"):
                 t = np.asarray(_time(fn, x, warmup, iterations, duration)) * 1000.0
             mean = float(t.mean())
             row = BenchRow(model=spec, kind=ref.kind, precision=ref.precision, batch=b, iterations=len(t),
@@ -122,7 +121,7 @@ def bench(models: list[str], batches: list[int] | None = None, *, device: str = 
                 base[b] = row.throughput
             row.speedup = row.throughput / base[b]
             if row.cv > 0.25:
-                warnings.append(f"{Path(spec).name} batch {b}: latency CV {row.cv:.0%}; the machine was busy, "
+                warnings.append(f"{model_label(spec)} batch {b}: latency CV {row.cv:.0%}; the machine was busy, "
                                 "ratios are unreliable")
             rows.append(row)
     gpu = gpu_device(0) if device.startswith("cuda") else None
@@ -133,6 +132,8 @@ def bench(models: list[str], batches: list[int] | None = None, *, device: str = 
     # the imported module's own version: with both ONNX Runtime packages installed, metadata can name the wrong one
     versions = {k: getattr(sys.modules.get(k), "__version__", None) or dist_version(*v)
                 for k, v in {"onnxruntime": ("onnxruntime", "onnxruntime-gpu"), "torch": ("torch",)}.items()}
+    if any(r.kind == "opencv" for r in rows):
+        versions["opencv"] = getattr(sys.modules.get("cv2"), "__version__", None)
     return BenchReport(rows=rows, device=device, machine=machine,
                        transfers="included (host numpy inputs and outputs)" if device.startswith("cuda")
                        else "none (CPU)", cuda_graphs="off (not available on the host-input path)",

@@ -12,7 +12,6 @@ import json
 import os
 import sys
 import traceback
-from pathlib import Path
 
 import click
 
@@ -350,7 +349,7 @@ def inspect(state: State, artifact, as_json):
 
 @cli.command(context_settings=CONTEXT)
 @click.option("--reference", required=True, help="The model to compare against: a PyTorch source (as for export), "
-              "an .onnx or a .plan.")
+              "an .onnx, a .plan, or opencv:M.onnx (the .onnx through OpenCV dnn).")
 @click.option("--candidate", "candidates", multiple=True, required=True, help="A model to judge (repeatable).")
 @click.option("--data", multiple=True, required=True, metavar="PATH", help="Images (class subfolders give labels), "
               "videos (frames sampled evenly) or .npy/.npz (with 'labels'); repeatable.")
@@ -376,7 +375,9 @@ def validate(state: State, reference, candidates, data, count, device, min_top1_
     Examples:
       trtc validate --reference lite0.onnx --candidate lite0.int8.onnx --data photos/ --data bikes.mp4
       trtc validate --reference pretrained:efficientnet-lite0 --candidate lite0.onnx --data val/ --html r.html
+      trtc validate --reference opencv:lite0.onnx --candidate lite0.onnx --data photos/ --data bikes.mp4
     """
+    from ._ui import model_label
     from .outputs import check_output_path
     from .validate import validate as run_validate
 
@@ -408,7 +409,7 @@ def validate(state: State, reference, candidates, data, count, device, min_top1_
     if not report.passed:
         failed = [c for c in d["candidates"] if not c["passed"]]
         raise ParityFailure("; ".join(
-            f"{Path(c['model']).name} fails " + ", ".join(f"{f['metric']} {f['value']:.4g} (threshold "
+            f"{model_label(c['model'])} fails " + ", ".join(f"{f['metric']} {f['value']:.4g} (threshold "
                                                           f"{f['threshold']:.4g}, off by {f['by']:.3g})"
                                                           for f in c["failures"]) for c in failed),
             "a default ONNX Runtime session computes it wrong: requantize it with this trtc (FP32-scale Q/DQ, "
@@ -461,8 +462,9 @@ def bench(state: State, models, batches, device, warmup, iterations, duration, v
     """Time models side by side across batch sizes: latency p50/p90/p99, throughput, CV, speed-up vs the first.
     Or, with a video and --model, time the video pipelines side by side.
 
-    MODELS are .onnx files (ONNX Runtime) or PyTorch sources (as for export). Host<->device copies are included
-    on a GPU (the report says so).
+    MODELS are .onnx files (ONNX Runtime), opencv:M.onnx (the same file through OpenCV dnn; opencv-fp16:M.onnx
+    for OpenCV's CUDA FP16 target), .plan files or PyTorch sources (as for export). Host<->device copies are
+    included on a GPU (the report says so).
 
     With VIDEO --model M: NVDEC decode only, the usual OpenCV-CPU-decode + torch pipeline, and trtc's zero-copy
     pipeline, on 1, 8, 16 and 32 copies of the video at once (--streams), plus per-frame latency at the video's
@@ -473,6 +475,7 @@ def bench(state: State, models, batches, device, warmup, iterations, duration, v
     Examples:
       trtc bench lite0.onnx lite0.fp16.onnx lite0.int8.onnx --batch 1,8,32
       trtc bench pretrained:efficientnet-lite0 lite0.fp16.onnx --device cuda:0 --json
+      trtc bench lite0.onnx opencv:lite0.onnx pretrained:efficientnet-lite0 --batch 1,8
       trtc bench clip1080.mp4 --model resnet50.fp16.onnx --streams 1,8,16,32 --json
     """
     if video_model:
@@ -500,6 +503,9 @@ def bench(state: State, models, batches, device, warmup, iterations, duration, v
 @click.argument("sources", nargs=-1, required=True)
 @click.option("--model", "-m", required=True, type=click.Path(dir_okay=False),
               help="The model: a .onnx (ONNX Runtime) or a .plan (TensorRT), with its manifest beside it.")
+@click.option("--engine", type=click.Choice(["auto", "opencv", "opencv-fp16"]), default="auto", show_default=True,
+              help="Run the .onnx with OpenCV dnn instead of ONNX Runtime (same as --model opencv:M.onnx); "
+                   "opencv-fp16 is OpenCV's CUDA FP16 target. OpenCV takes host arrays: on a GPU add --decoder pyav.")
 @click.option("--device", default="auto", show_default=True,
               help="cuda:N (NVDEC + GPU preprocessing + GPU engine, zero-copy) or cpu (PyAV + numpy + ONNX Runtime "
                    "CPU); auto picks cuda:0 when the GPU video stack is installed. Several GPUs: cuda:0,cuda:1 or "
@@ -533,8 +539,8 @@ def bench(state: State, models, batches, device, warmup, iterations, duration, v
 @click.option("--resume", is_flag=True, help="Continue the -o file of an interrupted run: keep its lines and go on "
               "after the last frame of each source there.")
 @click.pass_obj
-def run(state: State, sources, model, device, batch, top_k, stride, output, decoder, colorspace, scores, max_wait_ms,
-        loop, realtime, with_latency, decode_latency, summary_path, force, resume):
+def run(state: State, sources, model, engine, device, batch, top_k, stride, output, decoder, colorspace, scores,
+        max_wait_ms, loop, realtime, with_latency, decode_latency, summary_path, force, resume):
     """Classify the frames of video SOURCES (files, or URLs such as rtsp://) and print one JSON line per frame:
     source, frame index, pts, time in seconds, and the top-k labels with scores.
 
@@ -546,12 +552,20 @@ def run(state: State, sources, model, device, batch, top_k, stride, output, deco
     Examples:
       trtc run clip.mp4 --model lite0.onnx --device cpu --top-k 3
       trtc run cam1.mp4 cam2.mp4 --model resnet50.fp16.onnx --device cuda:0 --batch 32 -o preds.jsonl
+      trtc run clip.mp4 --model lite0.onnx --device cpu --engine opencv
     """
     from .outputs import check_output_path
     from .run import run_video
 
     if summary_path:
         check_output_path(summary_path, force, suffix=None, option="--summary")
+    if engine != "auto":
+        from engines import split_engine
+
+        if split_engine(model)[0] is not None:
+            raise UsageProblem(f"--engine {engine} and the model's own prefix ({model}) both pick an engine",
+                               "give one of them")
+        model = f"{engine}:{model}"
     summary = run_video(list(sources), model, device=device, batch=batch, top_k=top_k, stride=stride,
                         output=output, decoder=decoder, colorspace=None if colorspace == "auto" else colorspace,
                         scores=scores, max_wait_ms=max_wait_ms, loop=loop, realtime=realtime,

@@ -28,6 +28,8 @@ PACKAGES = [
     ("cupy", "cupy", ["cupy-cuda13x", "cupy-cuda12x", "cupy"]),
     ("PyNvVideoCodec", "PyNvVideoCodec", ["pynvvideocodec", "PyNvVideoCodec"]),
     ("av (PyAV)", "av", ["av"]),
+    ("opencv (cv2)", "cv2", ["opencv-python", "opencv-python-headless", "opencv-contrib-python",
+                             "opencv-contrib-python-headless"]),
     ("timm", "timm", ["timm"]),
 ]
 # the TensorRT flavours: module shown -> engines._trt flavour (imported to read the version: loads the libraries,
@@ -58,6 +60,21 @@ def packages() -> dict:
                 except Exception as exc:
                     info["import_error"] = f"{type(exc).__name__}: {exc}"
                     info["note"] = f"import failed: {exc}"
+        elif module == "cv2" and version:
+            try:
+                from engines.opencv_engine import cuda_status
+
+                status = cuda_status()
+                info["version"] = status["version"]  # the imported module's, whichever wheel provides it
+                info["dnn_cuda"] = status["dnn_cuda"]
+                info["cuda_devices"] = status["devices"]
+                info["dnn_cuda_reason"] = status["reason"]
+                info["note"] = (f"dnn CUDA: {'yes' if status['dnn_cuda'] else 'no'} "
+                                f"({max(status['devices'], 0)} devices)"
+                                + ("" if status["dnn_cuda"] else f"; {status['reason']}"))
+            except Exception as exc:  # noqa: BLE001 - a broken cv2 is reported, not raised
+                info["import_error"] = f"{type(exc).__name__}: {exc}"
+                info["note"] = f"import failed: {str(exc)[:80]}"
         elif module in TRT_MODULES:
             from engines._trt import installed
 
@@ -133,6 +150,14 @@ def features(pk: dict, gpu: dict) -> list[dict]:
         "NVIDIA GPU missing" if not have_gpu else "PyNvVideoCodec not installed",
         'pip install "trtc[gpu]"' if have_gpu else "needs an NVIDIA GPU")
     row("CPU video decode (PyAV)", has["av (PyAV)"], "av not installed", 'pip install "trtc[video-cpu]"')
+    cv = pk.get("opencv (cv2)", {})
+    row("OpenCV dnn engine on CPU (opencv:model.onnx)", has["opencv (cv2)"], "cv2 not installed",
+        'pip install "trtc[opencv]"')
+    row("OpenCV dnn engine on GPU (CUDA backend)", has["opencv (cv2)"] and cv.get("dnn_cuda"),
+        "cv2 not installed" if not has["opencv (cv2)"] else cv.get("dnn_cuda_reason") or "no CUDA backend",
+        'pip install "trtc[opencv]"' if not has["opencv (cv2)"] else
+        "build OpenCV with CUDA and cuDNN (-D WITH_CUDA=ON -D WITH_CUDNN=ON -D OPENCV_DNN_CUDA=ON); trtc's own "
+        "GPU engines do not need it")
     row("TensorRT 10/11 engines (build + run)", has["tensorrt"] and have_gpu,
         "NVIDIA GPU missing" if not have_gpu else "tensorrt not installed",
         'pip install "trtc[trt]" (NVIDIA\'s wheels fetch the libraries from NVIDIA\'s index)' if have_gpu

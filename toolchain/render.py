@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ._ui import model_label
+
 
 def _print(console, table) -> None:
     """Print a table without cutting what identifies a row: rich shrinks columns to the console's width (80 when
@@ -204,8 +206,6 @@ def render_inspect(console, report: dict) -> None:
 
 
 def render_validate(console, report: dict) -> None:
-    from pathlib import Path
-
     from rich.markup import escape
     from rich.table import Table
 
@@ -222,22 +222,20 @@ def render_validate(console, report: dict) -> None:
         acc = f"{100 * m['accuracy_delta']:+.2f}pp" if "accuracy_delta" in m else "-"
         verdict = "[green]pass[/]" if c["passed"] else "[red]FAIL[/] " + escape(
             ", ".join(short.get(f["metric"], f["metric"]) for f in c["failures"]))
-        t.add_row(escape(Path(c["model"]).name), c["precision"],
+        t.add_row(escape(model_label(c["model"])), c["precision"],
                   f"{100 * m['top1_agreement']:.1f}% ({100 * m['decisive_agreement']:.1f}%)",
                   f"{100 * m['top5_overlap']:.1f}%", f"{m['cosine']:.4f}", f"{m['max_abs_diff']:.3g}", acc, verdict)
     _print(console, t)
     for c in report["candidates"]:
         if c["flips"]:
             shown = ", ".join(f"{f['sample']} ({f['reference']} -> {f['candidate']})" for f in c["flips"][:5])
-            console.print(f"{escape(Path(c['model']).name)}: {len(c['flips'])} flips: {escape(shown)}"
+            console.print(f"{escape(model_label(c['model']))}: {len(c['flips'])} flips: {escape(shown)}"
                           + (" ..." if len(c["flips"]) > 5 else ""))
     for w in report.get("warnings", []):
         console.print(f"[yellow]warning:[/] {escape(w)}")
 
 
 def render_bench(console, report) -> None:
-    from pathlib import Path
-
     from rich.markup import escape
     from rich.table import Table
 
@@ -247,7 +245,7 @@ def render_bench(console, report) -> None:
     for col in ("model", "prec", "batch", "p50 ms", "p90 ms", "p99 ms", "CV", "samples/s", "vs first"):
         t.add_column(col, justify="right" if col not in ("model", "prec") else "left")
     for r in report.rows:
-        t.add_row(escape(Path(r.model).name), r.precision, str(r.batch), f"{r.p50_ms:.2f}", f"{r.p90_ms:.2f}",
+        t.add_row(escape(model_label(r.model)), r.precision, str(r.batch), f"{r.p50_ms:.2f}", f"{r.p90_ms:.2f}",
                   f"{r.p99_ms:.2f}", f"{r.cv:.0%}", f"{r.throughput:.1f}", f"{r.speedup:.2f}x")
     _print(console, t)
     for w in report.warnings:

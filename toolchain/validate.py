@@ -4,7 +4,7 @@
 
 Every model sees the same preprocessed inputs, built once from the data (image folders, where class subfolders
 give labels; videos, sampled evenly; .npy/.npz, optionally with labels). Models: a PyTorch source (the same
-specs as `trtc export`), an ONNX file (ONNX Runtime, CPU or CUDA) or a TensorRT plan (its manifest checked against
+specs as `trtc export`), an ONNX file (ONNX Runtime, CPU or CUDA; ``opencv:model.onnx``: OpenCV dnn) or a TensorRT plan (its manifest checked against
 this machine first, then run on the GPU by engines.TensorRTEngine, host inputs and outputs). Each candidate is judged against thresholds that depend on its precision (documented in the
 README, each overridable); the report says which threshold failed and by how much.
 """
@@ -22,7 +22,7 @@ from engines._deps import require
 from engines.manifest import Manifest, read_manifest_if_any
 
 from . import parity
-from ._ui import Reporter
+from ._ui import Reporter, model_label
 from .errors import UsageProblem
 from .precision import calibration as cal
 
@@ -39,7 +39,7 @@ DEFAULT_THRESHOLDS = {
 @dataclass
 class ModelRef:
     spec: str  # what the user gave
-    kind: str  # pytorch | onnx | plan
+    kind: str  # pytorch | onnx | plan | opencv (an ONNX file run by OpenCV dnn)
     precision: str
     manifest: Manifest | None = None
 
@@ -75,6 +75,17 @@ class ValidateReport:
 
 
 def _classify(spec: str) -> ModelRef:
+    from engines import split_engine
+
+    engine, path, _ = split_engine(spec)
+    if engine is not None:  # "opencv:model.onnx": the ONNX file through OpenCV dnn
+        p = Path(path)
+        if p.suffix.lower() != ".onnx":
+            raise UsageProblem(f"{engine}: runs ONNX models, not {p.name}", f"give {engine}:model.onnx")
+        if not p.is_file():
+            raise UsageProblem(f"model not found: {p}", "give an existing .onnx after the opencv: prefix")
+        m = read_manifest_if_any(p)
+        return ModelRef(spec, "opencv", (m.precision or {}).get("mode", "fp32") if m else "fp32", m)
     p = Path(spec)
     if p.suffix.lower() in (".onnx", ".plan", ".engine") and p.is_file():
         m = read_manifest_if_any(p)
@@ -96,10 +107,15 @@ class Runner:
 
     def __init__(self, ref: ModelRef, device: str):
         self.ref = ref
-        if ref.kind == "onnx":
-            from engines.onnxruntime_engine import OnnxRuntimeEngine
+        if ref.kind in ("onnx", "opencv"):
+            if ref.kind == "opencv":  # OpenCV dnn: numpy in and out, like ONNX Runtime's host path
+                from engines import open_engine
 
-            self.engine = OnnxRuntimeEngine(ref.spec, device=device)
+                self.engine = open_engine(ref.spec, device=device)
+            else:
+                from engines.onnxruntime_engine import OnnxRuntimeEngine
+
+                self.engine = OnnxRuntimeEngine(ref.spec, device=device)
             first = self.engine.inputs[0].shape
             self.fixed = isinstance(first[0], int)
             self.batch = first[0] if self.fixed else 32
@@ -189,13 +205,13 @@ def validate(reference: str, candidates: list[str], data: list[str], *, device: 
     dataset = _load(data, spec_from, dims, count, seed, reporter, warnings)
     x = dataset.x
 
-    with reporter.phase(f"reference {Path(ref.spec).name} on {len(x)} samples", total=len(x)) as bar:
+    with reporter.phase(f"reference {model_label(ref.spec)} on {len(x)} samples", total=len(x)) as bar:
         ref_logits = Runner(ref, device).logits(x, bar)
     label_names = spec_from.labels
     results = []
     for c in cands:
         t0 = time.perf_counter()
-        with reporter.phase(f"candidate {Path(c.spec).name} ({c.precision})", total=len(x)) as bar:
+        with reporter.phase(f"candidate {model_label(c.spec)} ({c.precision})", total=len(x)) as bar:
             runner = Runner(c, device)
             got = runner.logits(x, bar)
         results.append(_result(c, ref_logits, got, dataset, label_names, thresholds, time.perf_counter() - t0))
@@ -216,7 +232,7 @@ def _default_session_check(result: CandidateResult, c: ModelRef, runner: Runner,
         return
     session = default_session(c.spec, device)
     name = session.get_inputs()[0].name
-    with reporter.phase(f"candidate {Path(c.spec).name} in a default ONNX Runtime session", total=len(x)) as bar:
+    with reporter.phase(f"candidate {model_label(c.spec)} in a default ONNX Runtime session", total=len(x)) as bar:
         outs = []
         for _, n, y in cal.run_batches(lambda xb: session.run(None, {name: xb})[0], x, runner.batch, runner.fixed):
             outs.append(np.asarray(y)[:n])
@@ -226,7 +242,7 @@ def _default_session_check(result: CandidateResult, c: ModelRef, runner: Runner,
     if not fails:
         return
     f = fails[0]
-    what = (f"{Path(c.spec).name}: a default ONNX Runtime session (no trtc session options) gives other answers "
+    what = (f"{model_label(c.spec)}: a default ONNX Runtime session (no trtc session options) gives other answers "
             f"than trtc's run of it: {f['metric'].replace('_', ' ')} {f['value']:.4g} (threshold {f['threshold']})")
     precision = c.manifest.precision if c.manifest is not None else {}
     if "onnxruntime" not in (precision.get("runtimes") or ["onnxruntime"]):

@@ -158,8 +158,12 @@ def classify(sources, engine, *, batch: int | None = None, top_k: int = 5, strid
         # without waiting for inference: 4 buffers of 64 made 32 sources wait for slots 18% of their time (H200)
         buffers = max(4, -(-len(sources) * 16 * 3 // (2 * batch)))
     on_gpu = str(getattr(engine, "device", "cpu")).startswith("cuda")
+    host_only = getattr(engine, "host_arrays_only", False)  # OpenCV dnn on CUDA: numpy in, numpy out
     if decoder == "auto":
-        decoder = "nvdec" if on_gpu else "pyav"
+        decoder = "nvdec" if on_gpu and not host_only else "pyav"
+    if decoder == "nvdec" and host_only:
+        raise UsageProblem(f"{type(engine).__name__} takes host arrays, so NVDEC's device frames cannot feed it",
+                           "use decoder='pyav' (--decoder pyav)")
     if decoder not in ("nvdec", "pyav"):
         raise UsageProblem(f"unknown decoder {decoder!r}", "use auto, nvdec or pyav")
     if decoder == "nvdec" and not on_gpu:

@@ -23,6 +23,12 @@ def test_doctor_json_describes_this_machine():
         assert "CPUExecutionProvider" in report["packages"]["onnxruntime"]["providers"]
     if not report["gpu"]["devices"]:
         assert not features["NVDEC video decode (PyNvVideoCodec)"]["ok"]
+    cv = report["packages"]["opencv (cv2)"]
+    if cv["version"]:  # OpenCV's version and whether its dnn has CUDA (PyPI's wheels: no)
+        assert cv["note"].startswith(f"dnn CUDA: {'yes' if cv['dnn_cuda'] else 'no'} (")
+        assert features["OpenCV dnn engine on CPU (opencv:model.onnx)"]["ok"]
+        gpu_row = features["OpenCV dnn engine on GPU (CUDA backend)"]
+        assert gpu_row["ok"] is cv["dnn_cuda"] and (gpu_row["ok"] or "WITH_CUDA=ON" in gpu_row["fix"])
 
 
 def test_doctor_table():
