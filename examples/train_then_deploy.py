@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from engines.preprocess import PreprocessSpec, preprocess_rgb
-from toolchain.errors import TrtcError
+from toolchain.errors import TrtcError, UsageProblem
 
 CLASSES = [str(d) for d in range(10)]  # label i is digit i; the test folders are named so
 MEAN = (0.1307,) * 3  # MNIST's pixel mean and std on a 0..1 scale, the same for the three (grey) channels
@@ -246,10 +246,15 @@ def main(argv=None) -> int:
     spec = PreprocessSpec(size=(args.input_size, args.input_size), resize=None, color="RGB", mean=MEAN, std=STD)
     data = out / "data"
     test_dir, calib_dir = data / "test", data / "calib"
-    if data.exists():
+    mark = data / ".made-by-train_then_deploy"
+    if data.exists():  # images from an earlier run with another split would mix in: remove it, if it is ours
+        if not mark.is_file():
+            raise UsageProblem(f"{data} exists and was not made by this example", "give another --out")
         import shutil
 
-        shutil.rmtree(data)  # the example's own folder: stale images from another split would mix in
+        shutil.rmtree(data)
+    data.mkdir()
+    mark.write_text("examples/train_then_deploy.py writes the digits here and replaces this folder on each run\n")
     write_pngs(test_dir, grey[test_idx], labels[test_idx], [f"mnist{i:04d}" for i in test_idx])
     # calibration: training images only (up to 128 to calibrate, the rest held out by quantize for its own check)
     calib_pick = np.random.default_rng(args.seed + 1).permutation(train_idx)[:256]
@@ -281,7 +286,7 @@ def main(argv=None) -> int:
     log("== 3. trtc export torchvision:resnet18 --weights ... --num-classes 10 --labels ...")
     exp = export_onnx("torchvision:resnet18", fp32, weights=str(weights), num_classes=10,
                       labels=str(data / "labels.txt"), input_size=args.input_size, resize=0, mean=list(MEAN),
-                      std=list(STD), color="RGB", check_data=str(test_dir), check_samples=16,
+                      std=list(STD), color="RGB", check_data=str(test_dir),
                       name="resnet18-mnist", force=True)
     timings["export_s"] = time.perf_counter() - t0
     log(f"   {exp.output}: {exp.exporter} exporter, ONNX Runtime vs PyTorch max |logit diff| "
@@ -292,8 +297,8 @@ def main(argv=None) -> int:
                         device=device, force=True)
     n_calib = min(128, len(calib_pick) // 2)  # the rest: quantize's own held-out check
     q8 = quantize_onnx(fp32, out / "resnet18_mnist.int8.onnx", precision="int8", calib=[str(calib_dir)],
-                       calib_count=n_calib, check_count=len(calib_pick) - n_calib, calib_cache=False, seed=args.seed, device=device,
-                       force=True)
+                       calib_count=n_calib, check_count=len(calib_pick) - n_calib, calib_cache=False,
+                       seed=args.seed, device=device, force=True)
     timings["quantize_s"] = time.perf_counter() - t0
     for q in (q16, q8):
         log(f"   {Path(q.output).name}: top-1 agreement with FP32 {100 * q.check['top1_agreement']:.1f}% on "

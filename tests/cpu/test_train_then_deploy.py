@@ -90,3 +90,9 @@ def test_bad_arguments_are_one_line_errors(tmp_path):
         assert r.returncode == 1 and "PyTorch sees no CUDA GPU" in r.stderr and "Traceback" not in r.stderr
     r = run("--quick", "--out", tmp_path / "y", "--json", tmp_path / "missing" / "s.json")
     assert r.returncode == 2 and "does not exist" in r.stderr and "Traceback" not in r.stderr
+    # OUT/data is replaced on each run, so one the example did not make is refused, and left alone
+    (tmp_path / "z" / "data").mkdir(parents=True)
+    (tmp_path / "z" / "data" / "mine.txt").write_text("keep me")
+    r = run("--quick", "--out", tmp_path / "z")
+    assert r.returncode == 2 and "was not made by this example" in r.stderr and "Traceback" not in r.stderr
+    assert (tmp_path / "z" / "data" / "mine.txt").read_text() == "keep me"
