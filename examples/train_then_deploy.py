@@ -57,7 +57,7 @@ def log(msg: str) -> None:
 
 
 def parse_args(argv):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="Default: the full run on a GPU when there is one, else --quick on the CPU.")
     ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                     help="where to train and run the ONNX models (auto: cuda if PyTorch sees a GPU)")
@@ -71,7 +71,8 @@ def parse_args(argv):
                     "(default 32)")
     ap.add_argument("--batch-size", type=int, default=64, help="training batch (default 64)")
     ap.add_argument("--lr", type=float, default=2e-3, help="AdamW peak learning rate (default 2e-3)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="seed of the split, the initial weights and the batch "
+                    "order (default 0)")
     ap.add_argument("--threads", type=int, help="PyTorch CPU threads for training (default: PyTorch's choice; 1 "
                     "is faster on a CPU that other jobs keep busy)")
     ap.add_argument("--out", default="train_then_deploy", help="folder for the data, weights and models "
@@ -351,6 +352,21 @@ def main(argv=None) -> int:
                      "validate_passed": c.passed, "failures": c.failures, "passed": ok_drop and ok_val})
     passed = all(g["passed"] for g in gates)
     timings["total_s"] = time.perf_counter() - started
+    ort_device = "cuda:0" if device == "cuda" else "cpu"
+
+    def three(v) -> str:
+        return ",".join(str(c) for c in v)
+
+    cli = [f"trtc export torchvision:resnet18 -o {fp32} --weights {weights} --num-classes 10 --labels "
+           f"{data / 'labels.txt'} --input-size {args.input_size} --resize 0 --mean {three(MEAN)} --std {three(STD)} "
+           f"--color RGB --check-data {test_dir}",
+           f"trtc quantize {fp32} --precision fp16 -o {q16.output} --check {calib_dir} --device {ort_device}",
+           f"trtc quantize {fp32} --precision int8 -o {q8.output} --calib {calib_dir} --calib-count {n_calib} "
+           f"--check-count {len(calib_pick) - n_calib} --no-calib-cache --device {ort_device}",
+           f"trtc validate --reference {fp32} --candidate {q16.output} --candidate {q8.output} --data {test_dir} "
+           f"--device {ort_device}",
+           f"trtc bench {fp32} {q16.output} {q8.output} --batch {three(bench_batches)} --device {ort_device}"]
+    log("the same steps from the CLI (after training):\n   " + "\n   ".join(cli))
 
     print(f"ResNet-18 trained on {len(train_idx)} MNIST digits ({cfg['epochs']} epochs, {device}), tested on "
           f"{len(test_idx)} held-out digits read from PNG files; PyTorch accuracy {torch_acc:.2f}%")
@@ -373,7 +389,7 @@ def main(argv=None) -> int:
                        "contract_tolerance_points": CONTRACT_TOLERANCE},
         "bench": b.to_dict(), "timings": {k: round(v, 2) for k, v in timings.items()},
         "export": {"exporter": exp.exporter, "opset": exp.opset, "check_max_abs_diff": exp.check.max_abs_diff},
-        "warnings": rep.warnings + b.warnings,
+        "warnings": rep.warnings + b.warnings, "cli": cli,
     }
     if args.json:
         atomic_write_text(args.json, json.dumps(summary, indent=1, default=str) + "\n")
