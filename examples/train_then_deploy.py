@@ -274,7 +274,7 @@ def main(argv=None) -> int:
     model, history = train(x_train, y_train, epochs=cfg["epochs"], batch=args.batch_size, lr=args.lr,
                            device=device, seed=args.seed, background=background, threads=args.threads)
     timings["train_s"] = time.perf_counter() - t0
-    torch_acc = 100 * float((evaluate(model, x_test, device).argmax(1) == y_test).mean())
+    torch_acc = round(100 * float((evaluate(model, x_test, device).argmax(1) == y_test).mean()), 6)
     weights = out / "resnet18_mnist.pt"
     import torch
 
@@ -322,8 +322,10 @@ def main(argv=None) -> int:
     speed = {(r.model, r.batch): r.throughput for r in b.rows}
 
     # ---- table and gates
-    fp32_acc = 100 * rep.candidates[0].metrics["accuracy_reference"]
-    rows = [{"precision": "fp32", "model": str(fp32), "accuracy": fp32_acc, "drop_points": None, "agreement": None,
+    # in points, rounded so that a drop of exactly the limit (whole test images) is not lost to float noise
+    fp32_acc = round(100 * rep.candidates[0].metrics["accuracy_reference"], 6)
+    rows = [{"precision": "fp32", "model": str(fp32), "accuracy": round(fp32_acc, 3), "drop_points": None,
+             "agreement": None,
              "img_per_s": speed.get((str(fp32), bench_batches[-1])), "bench_batch": bench_batches[-1],
              "validate_passed": None, "failures": []}]
     gates = []
@@ -334,19 +336,20 @@ def main(argv=None) -> int:
 
     rows[0]["passed"] = all([
         gate("fp32 accuracy floor", fp32_acc >= floor, f"FP32 accuracy {fp32_acc:.2f}% (floor {floor:.2f}%)"),
-        gate("preprocessing contract", abs(fp32_acc - torch_acc) <= CONTRACT_TOLERANCE,
+        gate("preprocessing contract", round(abs(fp32_acc - torch_acc), 6) <= CONTRACT_TOLERANCE,
              f"exported FP32 on PNG files {fp32_acc:.2f}% vs PyTorch in memory {torch_acc:.2f}% "
              f"(tolerance {CONTRACT_TOLERANCE} points)")])
     for c in rep.candidates:
         m = c.metrics
-        acc = 100 * m["accuracy"]
-        drop = fp32_acc - acc
+        acc = round(100 * m["accuracy"], 6)
+        drop = round(fp32_acc - acc, 6)
         ok_drop = gate(f"{c.precision} accuracy drop", drop <= MAX_DROP[c.precision],
                        f"{c.precision.upper()} {acc:.2f}%, drop {drop:+.2f} points (max {MAX_DROP[c.precision]})")
         ok_val = gate(f"{c.precision} trtc validate", c.passed,
                       "passed trtc validate's thresholds" if c.passed else
                       "; ".join(f"{f['metric']} {f['value']:.4g} (threshold {f['threshold']})" for f in c.failures))
-        rows.append({"precision": c.precision, "model": c.model, "accuracy": acc, "drop_points": drop,
+        rows.append({"precision": c.precision, "model": c.model, "accuracy": round(acc, 3),
+                     "drop_points": round(drop, 3),
                      "agreement": m["top1_agreement"], "cosine": m["cosine"],
                      "img_per_s": speed.get((c.model, bench_batches[-1])), "bench_batch": bench_batches[-1],
                      "validate_passed": c.passed, "failures": c.failures, "passed": ok_drop and ok_val})
@@ -382,7 +385,7 @@ def main(argv=None) -> int:
                  "calibration_images": len(calib_pick), "test_folder": str(test_dir),
                  "input_size": args.input_size, "mean": list(MEAN), "std": list(STD)},
         "training": {"epochs": cfg["epochs"], "batch_size": args.batch_size, "lr": args.lr, "history": history,
-                     "pytorch_test_accuracy": torch_acc, "weights": str(weights)},
+                     "pytorch_test_accuracy": round(torch_acc, 3), "weights": str(weights)},
         "artifacts": {"fp32": str(fp32), "fp16": q16.output, "int8": q8.output},
         "rows": rows, "gates": gates,
         "thresholds": {"fp32_floor": floor, "max_drop_points": MAX_DROP,
