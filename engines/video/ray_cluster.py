@@ -97,6 +97,7 @@ class _EngineActor:
             yield ("preds", out)
         problems = [(q.source, q.reason, q.frames) for q in run.problems] if run is not None else []
         stats = run.stats.to_dict() if run is not None else {}
+        stats["batch_sizes"] = list(run.stats.batch_sizes) if run is not None else []
         yield ("end", problems, stats, failure)
 
 
@@ -133,7 +134,7 @@ def connect(address: str | None = None, **init_options) -> bool:
     ray = _ray()
     if ray.is_initialized():
         return False
-    kw = {"include_dashboard": False, "log_to_driver": False}
+    kw = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.WARNING}
     kw.update(init_options)
     try:
         if address in LOCAL:
@@ -338,6 +339,7 @@ class RayPool:
                     del busy[gen]
                     _, probs, wstats, failure = msg
                     stats.batches += int(wstats.get("batches", 0))
+                    stats.batch_sizes += wstats.get("batch_sizes") or []
                     for k, v in (wstats.get("decoded") or {}).items():
                         stats.decoded[k] = stats.decoded.get(k, 0) + v
                     if failure:
