@@ -333,7 +333,7 @@ def _ray_run(model, address, device, actors, streams, sources, complete, options
     todo = [s for s in sources if s not in complete]
     info = {"address": address, "sources": len(sources), "skipped": len(complete)}
     if not todo:  # everything is in the output already: start nothing
-        return (VideoRun(lambda: iter(()), RunStats(path="ray: nothing left to do"), []), (lambda: None),
+        return (VideoRun(lambda: (p for p in ()), RunStats(path="ray: nothing left to do"), []), (lambda: None),
                 f"ray ({address})", info)
     if not Path(model).is_file():
         raise UsageProblem(f"model not found: {model}", "the model must be here, and at the same path on every node")

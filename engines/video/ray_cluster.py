@@ -162,7 +162,7 @@ class RayPool:
                  streams: int | None = None, cpus: float = 1, engine_options: dict | None = None,
                  start_timeout: float = 300.0, init_options: dict | None = None):
         ray = _ray()
-        self.model = str(model)
+        self.model = _absolute(str(model))  # the actors' working folder is not the driver's
         kind = _kind(device)
         if streams is not None and streams < 1:
             raise UsageProblem(f"a Ray actor runs at least one source at a time (got {streams})")
@@ -260,6 +260,8 @@ class RayPool:
         pending = deque(sources)
         tries = dict.fromkeys(sources, 0)
         avoid: dict = {}  # source -> the actor it failed on
+        wire = {s: _absolute(s) for s in sources}  # what the actors open: relative paths made absolute
+        back = {w: s for s, w in wire.items()}  # ...and the caller's names again
         busy: dict = {}  # generator -> (actor, job)
 
         def finish(source, ok):
@@ -296,8 +298,9 @@ class RayPool:
                     pending.remove(s)
                     tries[s] += 1
                     run.placement[s] = a.name
-                done = {s: last[s] for s in job if s in last}
-                gen = a.handle.run.options(num_returns="streaming").remote(job, dict(options, done=done))
+                done = {wire[s]: last[s] for s in job if s in last}
+                gen = a.handle.run.options(num_returns="streaming").remote([wire[s] for s in job],
+                                                                          dict(options, done=done))
                 busy[gen] = (a, job)
 
         try:
@@ -328,6 +331,7 @@ class RayPool:
                         continue
                     if msg[0] == "preds":
                         for source, frame, pts, t, idx, sc, lat, dec in msg[1]:
+                            source = back.get(source, source)
                             if frame <= last.get(source, -1):  # a redone source: already with the caller
                                 continue
                             last[source] = frame
@@ -341,12 +345,13 @@ class RayPool:
                     stats.batches += int(wstats.get("batches", 0))
                     stats.batch_sizes += wstats.get("batch_sizes") or []
                     for k, v in (wstats.get("decoded") or {}).items():
-                        stats.decoded[k] = stats.decoded.get(k, 0) + v
+                        stats.decoded[back.get(k, k)] = stats.decoded.get(back.get(k, k), 0) + v
                     if failure:
                         retry_or_give_up(actor, job, f"failed: {failure}")
                         continue
                     bad = set()
                     for s, reason, _frames in probs:
+                        s = back.get(s, s)
                         problems.append(SourceProblem(s, reason, counts.get(s, 0)))
                         bad.add(s)
                     for s in job:
@@ -393,6 +398,13 @@ def _kind(device: str) -> str:
         return "gpu"
     raise UsageProblem(f"--device {device} with --ray: Ray gives each actor its GPU",
                        "use --device cuda (one actor per GPU of the cluster), cpu, or auto")
+
+
+def _absolute(source: str) -> str:
+    """A relative file path as an absolute one (the same path must exist on every node); URLs as they are."""
+    import os
+
+    return source if "://" in source or os.path.isabs(source) else os.path.abspath(source)
 
 
 def _first_line(exc) -> str:
