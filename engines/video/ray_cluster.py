@@ -285,17 +285,21 @@ class RayPool:
             run.retried += redo
             log.warning("%s", line)
 
-        def hand_out():
+        def hand_out():  # O(idle actors x streams): thousands of sources and hundreds of actors stay cheap
+            working = {id(b) for b, _ in busy.values()}
             for a in self.actors:
                 if not pending:
                     return
-                if not a.alive or any(b is a for b, _ in busy.values()):
+                if not a.alive or id(a) in working:
                     continue
-                job = [s for s in pending if avoid.get(s) is not a][:self.streams]
+                job, passed = [], []
+                while pending and len(job) < self.streams:
+                    s = pending.popleft()
+                    (passed if avoid.get(s) is a else job).append(s)  # a redone source goes to ANOTHER actor
+                pending.extendleft(reversed(passed))
                 if not job:
                     continue
                 for s in job:
-                    pending.remove(s)
                     tries[s] += 1
                     run.placement[s] = a.name
                 done = {wire[s]: last[s] for s in job if s in last}
