@@ -63,7 +63,8 @@ def main() -> int:
     ray.init(num_gpus=0 if args.cpu else args.gpus, num_cpus=max(os.cpu_count(), args.gpus),
              include_dashboard=False, log_to_driver=False)
     try:
-        with RayPool(args.model, device="cpu" if args.cpu else "cuda", actors=args.gpus, streams=max(1, args.streams // args.gpus)) as pool:
+        with RayPool(args.model, device="cpu" if args.cpu else "cuda", actors=args.gpus,
+                     streams=max(1, args.streams // args.gpus)) as pool:
             report["actors"] = [a.name for a in pool.actors]
             warm = [str(tmp / f"warm{i}{Path(args.video).suffix}") for i in range(args.gpus)]
             for w in warm:
