@@ -29,6 +29,7 @@ KNOWN = {
     "timm": ("timm", "timm"),
     "tensorrt": ("trt", "tensorrt"),
     "tensorrt_rtx": ("rtx", "tensorrt-rtx-cu13-bindings"),
+    "ray": ("ray", "ray"),
 }
 
 

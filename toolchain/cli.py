@@ -500,7 +500,7 @@ def bench(state: State, models, batches, device, warmup, iterations, duration, v
 
 
 @cli.command(context_settings=CONTEXT)
-@click.argument("sources", nargs=-1, required=True)
+@click.argument("sources", nargs=-1)
 @click.option("--model", "-m", required=True, type=click.Path(dir_okay=False),
               help="The model: a .onnx (ONNX Runtime) or a .plan (TensorRT), with its manifest beside it.")
 @click.option("--engine", type=click.Choice(["auto", "opencv", "opencv-fp16"]), default="auto", show_default=True,
@@ -537,10 +537,20 @@ def bench(state: State, models, batches, device, warmup, iterations, duration, v
               help="Also write the summary as JSON to this file.")
 @click.option("--force", is_flag=True, help="Overwrite an existing --output or --summary.")
 @click.option("--resume", is_flag=True, help="Continue the -o file of an interrupted run: keep its lines and go on "
-              "after the last frame of each source there.")
+              "after the last frame of each source there (with --ray: skip the videos it holds complete).")
+@click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]",
+              help="Run on Ray: one engine actor per GPU (--device cpu: per node), sources shared out as Ray tasks. "
+                   "Alone: a local Ray instance; auto: the cluster this node joined with `ray start`; HOST:PORT or "
+                   "ray://HOST:PORT. SOURCES may then be folders and @LIST files (one video a line). Files must be "
+                   "at the same path on every node. Needs the ray extra.")
+@click.option("--ray-actors", type=click.IntRange(1), help="With --ray: how many engine actors [default: one per GPU "
+              "of the cluster; on CPUs one per node].")
+@click.option("--ray-streams", type=click.IntRange(1), help="With --ray: sources one actor runs at once "
+              "[default: 8 on a GPU, 1 on a CPU].")
 @click.pass_obj
 def run(state: State, sources, model, engine, device, batch, top_k, stride, output, decoder, colorspace, scores,
-        max_wait_ms, loop, realtime, with_latency, decode_latency, summary_path, force, resume):
+        max_wait_ms, loop, realtime, with_latency, decode_latency, summary_path, force, resume, ray_address, ray_actors,
+        ray_streams):
     """Classify the frames of video SOURCES (files, or URLs such as rtsp://) and print one JSON line per frame:
     source, frame index, pts, time in seconds, and the top-k labels with scores.
 
@@ -553,9 +563,17 @@ def run(state: State, sources, model, engine, device, batch, top_k, stride, outp
       trtc run clip.mp4 --model lite0.onnx --device cpu --top-k 3
       trtc run cam1.mp4 cam2.mp4 --model resnet50.fp16.onnx --device cuda:0 --batch 32 -o preds.jsonl
       trtc run clip.mp4 --model lite0.onnx --device cpu --engine opencv
+      trtc run /archive/ --ray auto --model resnet50.fp16.onnx -o archive.jsonl --resume
     """
     from .outputs import check_output_path
-    from .run import run_video
+    from .run import is_ray_address, run_video
+
+    if ray_address is not None and not is_ray_address(ray_address):  # `--ray clip.mp4`: a source, not an address
+        sources, ray_address = (ray_address, *sources), "local"
+    if not sources:
+        raise UsageProblem("no video sources given", "trtc run clip.mp4 --model model.onnx")
+    if ray_address is None and (ray_actors or ray_streams):
+        raise UsageProblem("--ray-actors and --ray-streams go with --ray", "add --ray (or --ray auto)")
 
     if summary_path:
         check_output_path(summary_path, force, suffix=None, option="--summary")
@@ -570,7 +588,7 @@ def run(state: State, sources, model, engine, device, batch, top_k, stride, outp
                         output=output, decoder=decoder, colorspace=None if colorspace == "auto" else colorspace,
                         scores=scores, max_wait_ms=max_wait_ms, loop=loop, realtime=realtime,
                         latency=decode_latency, with_latency=with_latency, force=force, resume=resume,
-                        reporter=state.reporter())
+                        reporter=state.reporter(), ray=ray_address, ray_actors=ray_actors, ray_streams=ray_streams)
     if summary_path:
         from engines._io import atomic_write_text
 

@@ -309,13 +309,26 @@ def render_run(console, summary) -> None:
     t.add_column("status")
     problems = {p["source"]: p for p in summary.problems}
     last = getattr(summary, "last_frame", {}) or {}
-    for src in summary.sources:
+    shown = summary.sources
+    if len(shown) > 40:  # a batch (--ray over a folder or a list): only the sources with a problem get a row
+        shown = [s for s in summary.sources if s in problems]
+        t.caption = f"{len(summary.sources) - len(shown)} other source(s) ok" if not summary.interrupted else None
+    for src in shown:
         p = problems.get(src)
         status = ("[green]ok[/]" if not summary.interrupted else "[yellow]interrupted[/]") if p is None \
             else f"[red]{escape(p['reason'])}[/]"
         f = last.get(src)
         t.add_row(escape(short_path(src)), str(summary.per_source.get(src, 0)), "-" if f is None else str(f), status)
-    _print(console, t)
+    if shown:
+        _print(console, t)
+    elif t.caption:
+        console.print(t.caption, soft_wrap=True)
+    ray = getattr(summary, "ray", None) or {}
+    if ray.get("skipped"):
+        console.print(f"skipped {ray['skipped']} of {ray['sources']} videos: complete in the output already",
+                      soft_wrap=True)
+    for line in ray.get("start_errors", []) + ray.get("failures", []):
+        console.print(f"[yellow]ray: {escape(line)}[/]", soft_wrap=True)
     if summary.latency_ms:
         lat = summary.latency_ms
         console.print(f"latency packet->result: p50 {lat['p50']:.1f} ms, p99 {lat['p99']:.1f} ms, max {lat['max']:.1f} ms",

@@ -42,6 +42,7 @@ class RunSummary:
     interrupted: bool = False  # stopped by Ctrl-C: the output holds every frame classified before
     last_frame: dict = field(default_factory=dict)  # source -> last frame index in the output (None: none yet)
     resumed_lines: int = 0  # lines kept from the earlier run (--resume)
+    ray: dict = field(default_factory=dict)  # --ray: address, actors, failures, retried sources, skipped videos
 
     @property
     def ok(self) -> bool:
@@ -86,13 +87,20 @@ def run_video(sources, model, *, device: str = "auto", batch: int | None = None,
               output: str | None = None, decoder: str = "auto", colorspace: str | None = None, scores: str = "auto",
               max_wait_ms: float = 100.0, loop: int = 1, realtime: bool = False, latency: str = "native",
               with_latency: bool = False, force: bool = False, resume: bool = False, reporter: Reporter | None = None,
-              stream=None) -> RunSummary:
+              stream=None, ray: str | None = None, ray_actors: int | None = None,
+              ray_streams: int | None = None) -> RunSummary:
     """Classify ``sources`` with ``model``; predictions go to ``output`` (a .jsonl path) or ``stream``.
 
     With ``output``, every complete line is kept whatever happens (a source fails, Ctrl-C): the lines go to a
     temporary file beside it, which is flushed, fsync'd and renamed onto ``output`` at the end. Ctrl-C returns a
     summary with ``interrupted`` set. ``resume``: ``output`` already holds lines of an earlier run of the same
     sources; they are kept and each source continues after the last frame it has there.
+
+    ``ray``: run on a Ray cluster (see :mod:`engines.video.ray_cluster`): "local" (a local instance), "auto" (the
+    cluster of this node), "host:port" or "ray://host:port"; one engine actor per GPU (``ray_actors`` to say how
+    many), ``ray_streams`` sources per actor at once. Sources may then be folders (their videos) and ``@list.txt``
+    files (one source a line); with ``resume`` the videos that ``output`` holds complete are skipped (see
+    :func:`batch_sources`).
     """
     import numpy as np
 
@@ -103,6 +111,7 @@ def run_video(sources, model, *, device: str = "auto", batch: int | None = None,
 
     reporter = reporter or Reporter()
     sources = [os.fspath(s) for s in sources]
+    sources = batch_sources(sources) if ray is not None else _no_batch(sources)
     if not sources:
         raise UsageProblem("no video sources given", "trtc run clip.mp4 --model model.onnx")
     out_path = Path(output) if output and output != "-" else None
@@ -110,7 +119,11 @@ def run_video(sources, model, *, device: str = "auto", batch: int | None = None,
         raise UsageProblem("--resume continues an output file", "give the file of the earlier run with -o")
     done: dict = {}
     kept_lines = kept_bytes = 0
+    complete: set = set()  # --ray --resume: videos the output holds complete (skipped)
     if out_path is not None:
+        if ray is not None and out_path.exists() and not (force or resume):
+            raise UsageProblem(f"{out_path} already exists", "add --resume to skip the videos it holds complete "
+                                                             "and go on, or --force to start over")
         check_output_path(out_path, force or (resume and out_path.exists()), suffix=None)
         if resume and out_path.exists():
             done, kept_lines, kept_bytes = read_progress(out_path)
@@ -118,10 +131,20 @@ def run_video(sources, model, *, device: str = "auto", batch: int | None = None,
             if foreign:
                 raise UsageProblem(f"{out_path} holds predictions of other sources ({', '.join(foreign[:3])})",
                                    "resume with the same sources as the earlier run, or give another -o")
+            if ray is not None:
+                complete = read_complete(out_path) & set(done)
+        if ray is not None and not resume:
+            done_file(out_path).unlink(missing_ok=True)  # a stale record must not outlive its output
     options = dict(batch=batch, top_k=top_k, stride=stride, decoder=decoder, colorspace=colorspace, scores=scores,
                    max_wait_ms=max_wait_ms, loop=loop, realtime=realtime, latency=latency, done=done)
-    devices = parse_devices(device) if ("," in device or device.endswith(":all")) else [pick_device(device)]
-    if len(devices) > 1:  # one worker process (engine + pipeline) per device, sources shared out between them
+    ray_info: dict = {}
+    finished: list = []  # --ray: (source, ok) of the sources that ended, in order
+    devices = [] if ray is not None else (parse_devices(device) if ("," in device or device.endswith(":all"))
+                                          else [pick_device(device)])
+    if ray is not None:
+        run, closer, device, ray_info = _ray_run(model, ray, device, ray_actors, ray_streams, sources, complete,
+                                                 options, finished, reporter)
+    elif len(devices) > 1:  # one worker process (engine + pipeline) per device, sources shared out between them
         check_devices_can_run(model, devices)
         with reporter.phase(f"starting {len(devices)} workers ({', '.join(devices)})"):
             pool = WorkerPool(model, devices=devices)
@@ -131,7 +154,7 @@ def run_video(sources, model, *, device: str = "auto", batch: int | None = None,
         engine = engines.open_engine(model, device=devices[0])
         closer = engine.close
         run = classify(sources, engine, **options)
-    device = ",".join(devices)
+    device = device if ray is not None else ",".join(devices)
     try:
         tmp = None
         if out_path is not None:
@@ -152,22 +175,29 @@ def run_video(sources, model, *, device: str = "auto", batch: int | None = None,
         t0 = time.perf_counter()
         preds = iter(run)
         try:
-            with reporter.phase(f"classifying {len(sources)} source(s) on {device}") as bar:
+            with reporter.phase(f"classifying {len(sources)} source(s) on {device}",
+                                total=len(sources) if ray is not None else None) as bar:
                 shown = synced = 0.0
+                if ray is not None:  # the bar counts videos: the skipped ones are done
+                    bar.advance(len(complete))
+                    getattr(run, "hooks", {})["done"] = lambda _s, _ok: bar.advance()
                 for i, pred in enumerate(preds, 1):
                     line = json.dumps(pred.to_dict(latency=with_latency)) + "\n"
                     sink.write(line.encode() if tmp is not None else line)  # one whole line per call
                     last[pred.source] = pred.frame
                     if pred.latency_ms is not None:
                         latencies.append(pred.latency_ms)
-                    bar.advance()
+                    if ray is None:
+                        bar.advance()
                     now = time.perf_counter()
                     if tmp is not None and now - synced > 1.0:  # complete lines on disk in the temporary file
                         sink.flush()
                         os.fsync(sink.fileno())
                         synced = now
                     if now - shown > 0.5:
-                        bar.describe(f"{i} frames, {i / max(now - t0, 1e-9):.0f} fps")
+                        bar.describe(f"{i} frames, {i / max(now - t0, 1e-9):.0f} fps" if ray is None else
+                                     f"{len(finished) + len(complete)}/{len(sources)} videos, {i} frames, "
+                                     f"{i / max(now - t0, 1e-9):.0f} fps")
                         shown = now
         except KeyboardInterrupt:
             interrupted = True
@@ -178,6 +208,11 @@ def run_video(sources, model, *, device: str = "auto", batch: int | None = None,
                 os.fsync(sink.fileno())
                 sink.close()
                 os.replace(tmp, out_path)
+                if ray is not None:  # which videos the output now holds complete (a rerun with --resume skips them)
+                    from engines._io import atomic_write_text
+
+                    whole = sorted(complete | {s for s, ok in finished if ok})
+                    atomic_write_text(done_file(out_path), "".join(f"{s}\n" for s in whole))
             else:
                 sink.flush()
         stats = run.stats.to_dict()
@@ -193,7 +228,8 @@ def run_video(sources, model, *, device: str = "auto", batch: int | None = None,
                           problems=[{"source": p.source, "reason": p.reason, "frames": p.frames}
                                     for p in run.problems],
                           output=str(out_path) if out_path else None, latency_ms=lat, interrupted=interrupted,
-                          last_frame={s: last.get(s) for s in sources}, resumed_lines=kept_lines)
+                          last_frame={s: last.get(s) for s in sources}, resumed_lines=kept_lines,
+                          ray=_ray_summary(ray_info, run, complete))
     finally:
         closer()
 
@@ -229,3 +265,95 @@ def check_devices_can_run(model, devices: list[str]) -> None:
         raise UsageProblem(f"{Path(model).name} cannot run on {bad[0]}",
                            f"use the devices that can run it: {','.join(able)}" if able else
                            "rebuild the plan on this machine's GPUs with trtc build")
+
+
+# ------------------------------------------------------------------------------------------------------ --ray
+VIDEO_SUFFIXES = {".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".ts", ".mts", ".m2ts", ".flv", ".mpg", ".mpeg",
+                  ".wmv", ".3gp", ".h264", ".264", ".h265", ".265", ".hevc", ".ivf", ".y4m"}
+
+
+def is_ray_address(text: str) -> bool:
+    """"local", "auto", "ray://HOST:PORT" or "HOST:PORT" (what ``--ray`` takes; anything else is a source)."""
+    import re
+
+    return bool(re.fullmatch(r"local|auto|ray://\S+|[A-Za-z0-9.\-]+:\d{1,5}", text))
+
+
+def batch_sources(sources: list[str]) -> list[str]:
+    """A folder -> its video files (by suffix, recursively, sorted); ``@list.txt`` -> one source a line (blank
+    lines and lines starting with # skipped; relative paths are relative to the list's folder); anything else
+    (a file, a URL) as it is. Duplicates are refused: results are keyed by source."""
+    out: list[str] = []
+    for s in sources:
+        if s.startswith("@"):
+            path = Path(s[1:])
+            if not path.is_file():
+                raise UsageProblem(f"list of sources {path} not found", "give @FILE with one video path or URL a line")
+            for line in path.read_text().splitlines():
+                line = line.strip()
+                if line and not line.startswith("#"):
+                    out.append(line if "://" in line or os.path.isabs(line) else str(path.parent / line))
+        elif "://" not in s and Path(s).is_dir():
+            found = sorted(str(p) for p in Path(s).rglob("*") if p.suffix.lower() in VIDEO_SUFFIXES and p.is_file())
+            if not found:
+                raise UsageProblem(f"folder {s} holds no video file ({', '.join(sorted(VIDEO_SUFFIXES)[:6])}, ...)",
+                                   "give a folder of videos, or the videos themselves")
+            out += found
+        else:
+            out.append(s)
+    seen: set = set()
+    twice = [s for s in out if s in seen or seen.add(s)]
+    if twice:
+        raise UsageProblem(f"{twice[0]} is listed twice", "give each video once")
+    return out
+
+
+def _no_batch(sources: list[str]) -> list[str]:
+    for s in sources:
+        if s.startswith("@") or ("://" not in s and Path(s).is_dir()):
+            raise UsageProblem(f"{s} is a batch of videos (a folder or a list)",
+                               "run batches with --ray (a local Ray instance by default; pip install 'trtc[ray]')")
+    return sources
+
+
+def done_file(out_path: Path) -> Path:
+    """Beside ``-o`` under --ray: the videos the output holds complete, one a line, rewritten atomically at the end."""
+    return out_path.with_name(out_path.name + ".done")
+
+
+def read_complete(out_path: Path) -> set:
+    f = done_file(out_path)
+    return set(f.read_text().splitlines()) - {""} if f.exists() else set()
+
+
+def _ray_run(model, address, device, actors, streams, sources, complete, options, finished, reporter):
+    from engines.video import RunStats, VideoRun
+    from engines.video.ray_cluster import RayPool
+
+    todo = [s for s in sources if s not in complete]
+    info = {"address": address, "sources": len(sources), "skipped": len(complete)}
+    if not todo:  # everything is in the output already: start nothing
+        return (VideoRun(lambda: (p for p in ()), RunStats(path="ray: nothing left to do"), []), (lambda: None),
+                f"ray ({address})", info)
+    if not Path(model).is_file():
+        raise UsageProblem(f"model not found: {model}", "the model must be here, and at the same path on every node")
+    with reporter.phase(f"starting Ray actors ({address})"):
+        pool = RayPool(model, address=address, device=device, actors=actors, streams=streams)
+    info["actors"] = [a.name for a in pool.actors if a.alive]
+    info["start_errors"] = list(pool.start_errors)
+    hooks = {"done": lambda _s, _ok: None}  # run_video points it at its progress bar
+
+    def ended(source, ok):
+        finished.append((source, ok))
+        hooks["done"](source, ok)
+
+    run = pool.classify(todo, on_source_done=ended, **options)
+    run.hooks = hooks
+    return run, pool.close, f"ray ({address}): {len(info['actors'])} {pool.kind} actor(s)", info
+
+
+def _ray_summary(info: dict, run, complete: set) -> dict:
+    if not info:
+        return {}
+    return dict(info, failures=list(getattr(run, "failures", [])), retried=list(getattr(run, "retried", [])),
+                placement=dict(getattr(run, "placement", {})))

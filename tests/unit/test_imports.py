@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 HEAVY = ["torch", "torchvision", "onnx", "onnxruntime", "onnxscript", "tensorrt", "tensorrt_rtx",
-         "tensorrt_bindings", "tensorrt_rtx_bindings", "cupy", "PyNvVideoCodec", "av", "timm", "skimage", "cv2"]
+         "tensorrt_bindings", "tensorrt_rtx_bindings", "cupy", "PyNvVideoCodec", "av", "timm", "skimage", "cv2", "ray"]
 
 
 def _loaded_after(stmt: str) -> list[str]:
@@ -20,7 +20,7 @@ def test_cli_import_loads_no_heavy_module():
 def test_engines_import_loads_no_heavy_module_nor_click():
     assert _loaded_after("import engines, engines.manifest, engines.preprocess, engines.onnxruntime_engine, "
                          "engines.tensorrt_engine, engines.opencv_engine, engines.topk, engines.video, "
-                         "engines.video.pipeline") == []
+                         "engines.video.pipeline, engines.video.ray_cluster, toolchain.run") == []
     code = "import sys, engines; print('click' in sys.modules, 'toolchain' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "False"], "engines must not import click or toolchain"

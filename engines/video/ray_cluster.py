@@ -1,0 +1,420 @@
+"""The video runtime on a Ray cluster: one Ray actor per GPU (or per CPU slot) holds an engine and runs the ordinary
+pipeline (:func:`engines.video.classify`) on the sources it is given; the driver shares sources out as Ray tasks
+and merges the results. Same interface as :class:`engines.video.workers.WorkerPool`, so ``trtc run`` uses either:
+
+    with RayPool("resnet50.fp16.onnx", address="auto", device="cuda") as pool:   # one actor per GPU of the cluster
+        run = pool.classify(["/data/cam1.mp4", "rtsp://cam2/live", ...], batch=64)
+        for pred in run: ...
+        run.placement      # {source: the actor that classified it}
+
+Design (docs/CLUSTER.md has the numbers):
+
+- A *job* is up to ``streams`` sources given to one actor as one streaming-generator task
+  (``num_returns="streaming"``); the actor runs them through one pipeline and yields results in chunks (every
+  256 results or 50 ms). A source lives in one job, so its results arrive in order; the driver waits on every busy
+  actor's generator at once (``ray.wait``) and hands the next job to whichever actor is free (a folder of
+  thousands of videos keeps every actor busy to the end).
+- Only compressed video is read by the actors, each from its own path or URL: files must be readable at the same
+  path on every node; no pixels cross the network, only (k indices, k scores) per classified frame.
+- A source the pipeline cannot read (missing, corrupt, cut off) is reported by name in ``run.problems``; it would
+  fail the same way anywhere, so it is not retried. An actor that dies (node lost, process killed, out of memory)
+  or a job that fails as a whole is reported by name in ``run.failures`` and each of its sources is run ONCE more
+  on another actor, continuing after the last frame the driver already has (the frames before are decoded again
+  but not classified): nothing is duplicated and nothing is missing. A second failure of a source is a problem.
+- Lines are the single-process run's lines (no ``device`` field); where each source ran is in ``run.placement``.
+
+``ray`` is imported only here, when a pool is made (extra ``trtc[ray]``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+
+from ..errors import EngineError, UsageProblem
+from .pipeline import Prediction, RunStats, SourceProblem, VideoRun, _names
+
+log = logging.getLogger("trtc")
+
+_SEND_EVERY_S = 0.05  # an actor yields what it has at least this often, or every 256 results
+_SEND_EVERY_N = 256
+LOCAL = ("", "local", None)
+
+
+def _ray():
+    from .._deps import require
+
+    return require("ray", "Running the video pipeline on a Ray cluster", extra="ray", package="ray")
+
+
+class _EngineActor:
+    """Lives in a Ray worker process: one engine, one job at a time (Ray runs an actor's tasks one after the other)."""
+
+    def __init__(self, model: str, device: str, engine_options: dict):
+        import socket
+
+        import ray
+
+        self.host = socket.gethostname()
+        self.gpu_ids = [str(g) for g in ray.get_gpu_ids()]
+        # Ray sets CUDA_VISIBLE_DEVICES to the GPU(s) it gave this actor, so inside it the GPU is cuda:0
+        self.device = "cuda:0" if device != "cpu" else "cpu"
+        self.engine = self.labels = self.error = None
+        try:
+            import engines
+            from engines.video.pipeline import _manifest_of
+
+            self.engine = engines.open_engine(model, device=self.device, **engine_options)
+            manifest = _manifest_of(self.engine)
+            self.labels = manifest.labels if manifest is not None else None
+        except BaseException as exc:  # noqa: BLE001 - reported to the driver, which names the actor
+            self.error = f"{type(exc).__name__}: {exc}"
+
+    def where(self) -> dict:
+        return {"host": self.host, "gpus": self.gpu_ids, "labels": self.labels, "error": self.error}
+
+    def run(self, sources: list, options: dict):
+        """A streaming generator: ("preds", [(source, frame, pts, time, indices, scores, latency, decode), ...])
+        chunks, then ("end", problems, stats, failure)."""
+        from engines.video import classify
+
+        out, last, run, failure = [], time.perf_counter(), None, None
+        try:
+            if self.engine is None:
+                raise EngineError(self.error or "no engine")
+            run = classify(sources, self.engine, **options)
+            for p in run:
+                out.append((p.source, p.frame, p.pts, p.time, p.indices, p.scores, p.latency_ms, p.decode_ms))
+                now = time.perf_counter()
+                if len(out) >= _SEND_EVERY_N or now - last > _SEND_EVERY_S:
+                    yield ("preds", out)
+                    out, last = [], now
+        except BaseException as exc:  # noqa: BLE001 - the job failed as a whole; the driver retries its sources
+            failure = f"{type(exc).__name__}: {exc}"
+        if out:
+            yield ("preds", out)
+        problems = [(q.source, q.reason, q.frames) for q in run.problems] if run is not None else []
+        stats = run.stats.to_dict() if run is not None else {}
+        stats["batch_sizes"] = list(run.stats.batch_sizes) if run is not None else []
+        yield ("end", problems, stats, failure)
+
+
+class _Actor:
+    def __init__(self, index: int, handle, kind: str):
+        self.index = index
+        self.handle = handle
+        self.kind = kind
+        self.name = f"actor {index}"
+        self.labels = None
+        self.alive = True
+
+    def placed(self, where: dict) -> None:
+        dev = f"GPU {','.join(where['gpus'])}" if self.kind == "gpu" else "cpu"
+        self.name = f"actor {self.index} ({where['host']} {dev})"
+        self.labels = where["labels"]
+
+
+class RayRun(VideoRun):
+    """A :class:`VideoRun` that also says where each source ran (``placement``), which actors failed and what was
+    redone (``failures``: one line each), and calls ``on_source_done(source, ok)`` as each source ends."""
+
+    def __init__(self, gen_factory, stats, problems):
+        super().__init__(gen_factory, stats, problems)
+        self.placement: dict = {}
+        self.failures: list[str] = []
+        self.retried: list[str] = []
+
+
+def connect(address: str | None = None, **init_options) -> bool:
+    """Join the Ray cluster at ``address`` ("auto", "host:port", "ray://host:port") or start a local instance
+    (None/"local"); returns True when this call started or joined it (and so should shut it down). A Ray already
+    initialised in this process is used as it is."""
+    ray = _ray()
+    if ray.is_initialized():
+        return False
+    kw = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.WARNING}
+    kw.update(init_options)
+    try:
+        if address in LOCAL:
+            ray.init(**kw)
+        else:
+            ray.init(address=address, **kw)
+    except (ConnectionError, TimeoutError, RuntimeError, ValueError) as exc:
+        where = "a local Ray instance" if address in LOCAL else f"the Ray cluster at {address}"
+        raise EngineError(f"could not start or join {where}: {str(exc).splitlines()[0] if str(exc) else exc}",
+                          "start it with `ray start --head` (then `ray start --address=HEAD:6379` on each other "
+                          "node) and use --ray auto on a node of the cluster") from exc
+    return True
+
+
+class RayPool:
+    """Engine actors of ``model`` on a Ray cluster; ``classify()`` spreads sources over them.
+
+    ``address``: None/"local" (a local Ray instance), "auto" (the cluster this node belongs to), "host:port" or
+    "ray://host:port". ``device``: "cuda" (one actor per GPU, ``num_gpus=1``), "cpu" (``num_cpus=cpus`` each, the
+    CPU pipeline) or "auto" (cuda when the cluster has GPUs). ``actors``: how many (default: every GPU; on CPUs one
+    per node). ``streams``: sources one actor runs at once in one pipeline (default 8 on a GPU, 1 on a CPU).
+    """
+
+    def __init__(self, model, address: str | None = None, device: str = "auto", actors: int | None = None,
+                 streams: int | None = None, cpus: float = 1, engine_options: dict | None = None,
+                 start_timeout: float = 300.0, init_options: dict | None = None):
+        ray = _ray()
+        self.model = _absolute(str(model))  # the actors' working folder is not the driver's
+        kind = _kind(device)
+        if streams is not None and streams < 1:
+            raise UsageProblem(f"a Ray actor runs at least one source at a time (got {streams})")
+        self._shutdown = connect(address, **(init_options or {}))
+        self.address = "local" if address in LOCAL else address
+        try:
+            res = ray.cluster_resources()
+            gpus, ncpu = int(res.get("GPU", 0)), float(res.get("CPU", 0))
+            if kind == "auto":
+                kind = "gpu" if gpus else "cpu"
+            nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
+            if kind == "gpu":
+                if not gpus:
+                    raise UsageProblem("the Ray cluster has no GPU", "use --device cpu, or add GPU nodes")
+                actors = actors or gpus
+                if actors > gpus:
+                    raise UsageProblem(f"{actors} GPU actors asked for, but the Ray cluster has {gpus} GPU(s)",
+                                       f"use --ray-actors {gpus} or fewer")
+                opts = {"num_gpus": 1, "num_cpus": cpus}
+            else:
+                actors = actors or max(1, nodes)
+                if actors * cpus > ncpu:
+                    raise UsageProblem(f"{actors} CPU actors of {cpus:g} CPU each need {actors * cpus:g} CPUs, the "
+                                       f"Ray cluster has {ncpu:g}", f"use --ray-actors {max(1, int(ncpu // cpus))}")
+                opts = {"num_cpus": cpus}
+            self.kind, self.streams = kind, streams or (8 if kind == "gpu" else 1)
+            remote = ray.remote(max_restarts=0, max_task_retries=0)(_EngineActor)
+            self.actors = [_Actor(i, remote.options(**opts).remote(self.model, "cuda" if kind == "gpu" else "cpu",
+                                                                   engine_options or {}), kind)
+                           for i in range(actors)]
+            self._lock = threading.Lock()
+            self._start(ray, start_timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, ray, timeout: float) -> None:
+        refs = {a.handle.where.remote(): a for a in self.actors}
+        ready, waiting = ray.wait(list(refs), num_returns=len(refs), timeout=timeout)
+        errors = []
+        for ref in waiting:
+            a = refs[ref]
+            a.alive = False
+            errors.append(f"{a.name}: not placed within {timeout:.0f} s (the cluster has no free resources for it)")
+        for ref in ready:
+            a = refs[ref]
+            try:
+                where = ray.get(ref)
+            except ray.exceptions.RayError as exc:
+                a.alive = False
+                errors.append(f"{a.name}: {str(exc).splitlines()[0]}")
+                continue
+            a.placed(where)
+            if where["error"]:
+                a.alive = False
+                errors.append(f"{a.name}: {where['error']}")
+        live = [a for a in self.actors if a.alive]
+        if not live:
+            raise EngineError(f"no Ray actor could open {self.model}: {errors[0]}",
+                              "the model must be readable at the same path on every node; check a node with "
+                              "`trtc doctor`")
+        for e in errors:  # the others go on
+            log.warning("Ray %s; going on with %d actor(s)", e, len(live))
+        self.start_errors = errors
+
+    # -------------------------------------------------------------------------------------------------- jobs
+    def classify(self, sources, on_source_done=None, **options) -> RayRun:
+        """Like :func:`engines.video.classify` (same options, minus the engine), spread over the actors.
+        ``on_source_done(source, ok)`` is called in the caller's thread as each source ends."""
+        if isinstance(sources, (str, bytes)) or not hasattr(sources, "__iter__"):
+            sources = [sources]
+        sources = [str(s) for s in sources]
+        if not sources:
+            raise UsageProblem("no video sources given")
+        if len(set(sources)) != len(sources):
+            raise UsageProblem("a source is listed twice", "give each video once (results are keyed by source)")
+        live = [a for a in self.actors if a.alive]
+        stats = RunStats(path=f"ray ({self.address}): {len(live)} {self.kind} actor(s), {self.streams} source(s) "
+                              "each at a time")
+        problems: list[SourceProblem] = []
+        run = RayRun(None, stats, problems)
+        run._factory = lambda: self._run(sources, options, run, on_source_done)
+        return run
+
+    def _run(self, sources, options, run: RayRun, on_done):
+        ray = _ray()
+        if not self._lock.acquire(blocking=False):
+            raise UsageProblem("this Ray pool is already running a classify() call", "iterate it to the end first")
+        stats, problems = run.stats, run.problems
+        start = time.perf_counter()
+        options = dict(options)
+        base_done = {str(k): int(v) for k, v in (options.pop("done", None) or {}).items()}
+        last = dict(base_done)  # source -> last frame index the caller has (earlier run + this one)
+        counts = dict.fromkeys(sources, 0)
+        pending = deque(sources)
+        tries = dict.fromkeys(sources, 0)
+        avoid: dict = {}  # source -> the actor it failed on
+        wire = {s: _absolute(s) for s in sources}  # what the actors open: relative paths made absolute
+        back = {w: s for s, w in wire.items()}  # ...and the caller's names again
+        busy: dict = {}  # generator -> (actor, job)
+
+        def finish(source, ok):
+            if on_done is not None:
+                on_done(source, ok)
+
+        def retry_or_give_up(actor, job, why):
+            redo = []
+            for s in job:
+                if tries[s] < 2 and any(a.alive and a is not actor for a in self.actors):
+                    avoid[s] = actor
+                    redo.append(s)
+                else:
+                    reason = f"{s}: {actor.name} {why}" + ("; it failed before on another actor" if tries[s] > 1
+                                                          else "; no other actor is left to redo it")
+                    problems.append(SourceProblem(s, reason, counts[s]))
+                    finish(s, False)
+            pending.extendleft(reversed(redo))  # redone first
+            line = f"{actor.name} {why}" + (f": redoing {', '.join(redo)} on another actor" if redo else "")
+            run.failures.append(line)
+            run.retried += redo
+            log.warning("%s", line)
+
+        def hand_out():  # O(idle actors x streams): thousands of sources and hundreds of actors stay cheap
+            working = {id(b) for b, _ in busy.values()}
+            for a in self.actors:
+                if not pending:
+                    return
+                if not a.alive or id(a) in working:
+                    continue
+                job, passed = [], []
+                while pending and len(job) < self.streams:
+                    s = pending.popleft()
+                    (passed if avoid.get(s) is a else job).append(s)  # a redone source goes to ANOTHER actor
+                pending.extendleft(reversed(passed))
+                if not job:
+                    continue
+                for s in job:
+                    tries[s] += 1
+                    run.placement[s] = a.name
+                done = {wire[s]: last[s] for s in job if s in last}
+                gen = a.handle.run.options(num_returns="streaming").remote([wire[s] for s in job],
+                                                                          dict(options, done=done))
+                busy[gen] = (a, job)
+
+        try:
+            while pending or busy:
+                hand_out()
+                if not busy:  # sources left that no live actor may take
+                    for s in list(pending):
+                        problems.append(SourceProblem(s, f"{s}: no Ray actor left to run it", counts[s]))
+                        finish(s, False)
+                    pending.clear()
+                    break
+                # every generator with something ready, in one call (a call costs ~100 us + ~1.6 us per busy actor,
+                # measured: docs/CLUSTER.md); if none is, block until one is
+                ready, _ = ray.wait(list(busy), num_returns=len(busy), timeout=0)
+                if not ready:
+                    ready, _ = ray.wait(list(busy), num_returns=1, timeout=1.0)
+                for gen in ready:
+                    actor, job = busy[gen]
+                    try:
+                        msg = ray.get(next(gen))
+                    except StopIteration:  # ended without its "end" message: treat as a failed job
+                        msg = ("end", [], {}, "the task ended early")
+                    except ray.exceptions.RayActorError as exc:
+                        del busy[gen]
+                        actor.alive = False
+                        ray.kill(actor.handle, no_restart=True)  # unavailable may come back: not for this run
+                        retry_or_give_up(actor, job, f"died ({_first_line(exc)})")
+                        continue
+                    except ray.exceptions.RayError as exc:
+                        del busy[gen]
+                        retry_or_give_up(actor, job, f"failed ({_first_line(exc)})")
+                        continue
+                    if msg[0] == "preds":
+                        for source, frame, pts, t, idx, sc, lat, dec in msg[1]:
+                            source = back.get(source, source)
+                            if frame <= last.get(source, -1):  # a redone source: already with the caller
+                                continue
+                            last[source] = frame
+                            counts[source] += 1
+                            stats.frames += 1
+                            yield Prediction(source, frame, pts, t, idx, sc, _names(actor.labels, idx), lat, dec)
+                        stats.seconds = time.perf_counter() - start
+                        continue
+                    del busy[gen]
+                    _, probs, wstats, failure = msg
+                    stats.batches += int(wstats.get("batches", 0))
+                    stats.batch_sizes += wstats.get("batch_sizes") or []
+                    for k, v in (wstats.get("decoded") or {}).items():
+                        stats.decoded[back.get(k, k)] = stats.decoded.get(back.get(k, k), 0) + v
+                    if failure:
+                        retry_or_give_up(actor, job, f"failed: {failure}")
+                        continue
+                    bad = set()
+                    for s, reason, _frames in probs:
+                        s = back.get(s, s)
+                        problems.append(SourceProblem(s, reason, counts.get(s, 0)))
+                        bad.add(s)
+                    for s in job:
+                        finish(s, s not in bad)
+        finally:
+            stats.seconds = time.perf_counter() - start
+            stats.per_source = dict(counts)
+            for actor, _job in busy.values():  # the caller left early: these actors are mid-job
+                actor.alive = False
+                ray.kill(actor.handle, no_restart=True)
+            self._lock.release()
+
+    # ------------------------------------------------------------------------------------------------- life
+    def describe(self) -> list[dict]:
+        return [{"actor": a.name, "alive": a.alive} for a in getattr(self, "actors", [])]
+
+    def close(self) -> None:
+        if not getattr(self, "actors", None) and not getattr(self, "_shutdown", False):
+            return
+        ray = _ray()
+        for a in getattr(self, "actors", []):
+            try:
+                ray.kill(a.handle, no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        self.actors = []
+        if getattr(self, "_shutdown", False):
+            ray.shutdown()
+            self._shutdown = False
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+def _kind(device: str) -> str:
+    d = (device or "auto").strip().lower()
+    if d in ("auto", "cpu"):
+        return d
+    if d in ("cuda", "gpu", "cuda:all"):
+        return "gpu"
+    raise UsageProblem(f"--device {device} with --ray: Ray gives each actor its GPU",
+                       "use --device cuda (one actor per GPU of the cluster), cpu, or auto")
+
+
+def _absolute(source: str) -> str:
+    """A relative file path as an absolute one (the same path must exist on every node); URLs as they are."""
+    import os
+
+    return source if "://" in source or os.path.isabs(source) else os.path.abspath(source)
+
+
+def _first_line(exc) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
