@@ -33,14 +33,30 @@ log = logging.getLogger("trtc")
 _SEND_EVERY_S = 0.02  # a worker sends what it has at least this often (latency), or every 256 results
 
 
+def _visible_device(device: str) -> tuple[str | None, str]:
+    """("cuda:1") -> ("1", "cuda:0"): the CUDA_VISIBLE_DEVICES a worker for ``device`` sets before any CUDA library
+    loads, and the device it then opens. Without it the worker for cuda:1 also made a context on GPU 0 (518 MiB
+    there, seen with nvidia-smi on the 2-GPU H200 host), time-sharing GPU 0 with that GPU's own worker. CPU workers
+    change nothing."""
+    kind, _, index = device.partition(":")
+    if kind == "cuda" and index.isdigit():
+        return index, "cuda:0"
+    return None, device
+
+
 def _worker_main(conn, model: str, device: str, engine_options: dict) -> None:
     """A worker process: open the engine, then run jobs until told to stop."""
+    visible, local = _visible_device(device)
+    if visible is not None:
+        import os
+
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible  # before CuPy, ONNX Runtime or PyNvVideoCodec load
     try:
         import engines
         from engines.video import classify
         from engines.video.pipeline import _manifest_of
 
-        engine = engines.open_engine(model, device=device, **engine_options)
+        engine = engines.open_engine(model, device=local, **engine_options)
         manifest = _manifest_of(engine)
         labels = manifest.labels if manifest is not None else None
         conn.send(("ready", device, labels))

@@ -46,3 +46,14 @@ def test_a_plan_is_refused_on_the_gpus_it_was_not_built_for(monkeypatch, tmp_pat
     onnx = types.SimpleNamespace(kind="onnx")
     monkeypatch.setattr("engines.manifest.read_manifest_if_any", lambda *a, **k: onnx)
     check_devices_can_run(tmp_path / "m.onnx", ["cuda:0", "cuda:1"])  # ONNX runs anywhere
+
+
+def test_each_gpu_worker_sees_only_its_gpu():
+    """A worker for cuda:N sets CUDA_VISIBLE_DEVICES=N before any CUDA library loads and opens cuda:0: without it
+    the cuda:1 worker also made a 518 MiB context on GPU 0 (2-GPU H200 host), time-sharing it with that GPU's
+    worker. CPU workers are left alone."""
+    from engines.video.workers import _visible_device
+
+    assert _visible_device("cuda:1") == ("1", "cuda:0")
+    assert _visible_device("cuda:0") == ("0", "cuda:0")
+    assert _visible_device("cpu") == (None, "cpu")
