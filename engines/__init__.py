@@ -64,6 +64,6 @@ def open_engine(path: str | os.PathLike, device: str = "cpu", **options) -> Engi
     raise UsageProblem(f"cannot open {p.name}: unknown model type {p.suffix!r}", "give a .onnx or .plan file")
 
 
-__all__ = ["open_engine", "split_engine", "Engine", "TensorSpec", "Manifest", "BatchProfile", "PreprocessSpec", "preprocess_rgb",
-           "read_manifest", "write_manifest", "TrtcError", "UsageProblem", "MissingDependency", "ManifestError",
+__all__ = ["open_engine", "split_engine", "Engine", "TensorSpec", "Manifest", "BatchProfile", "PreprocessSpec",
+           "preprocess_rgb", "read_manifest", "write_manifest", "TrtcError", "UsageProblem", "MissingDependency", "ManifestError",
            "EngineError", "__version__"]
