@@ -65,5 +65,5 @@ def open_engine(path: str | os.PathLike, device: str = "cpu", **options) -> Engi
 
 
 __all__ = ["open_engine", "split_engine", "Engine", "TensorSpec", "Manifest", "BatchProfile", "PreprocessSpec",
-           "preprocess_rgb", "read_manifest", "write_manifest", "TrtcError", "UsageProblem", "MissingDependency", "ManifestError",
-           "EngineError", "__version__"]
+           "preprocess_rgb", "read_manifest", "write_manifest", "TrtcError", "UsageProblem", "MissingDependency",
+           "ManifestError", "EngineError", "__version__"]
