@@ -15,7 +15,7 @@ exported model's manifest, and a gate checks that the exported FP32 model, fed P
 accuracy PyTorch measured on the same images in memory.
 
     python examples/train_then_deploy.py                        # GPU: full run; no GPU: the CPU quick run
-    python examples/train_then_deploy.py --quick --out /tmp/ttd   # the CPU subset (70-100 s on two cores)
+    python examples/train_then_deploy.py --quick --out /tmp/ttd   # the CPU subset (40-100 s on two cores)
     python examples/train_then_deploy.py --device cuda --out /tmp/ttd --json /tmp/ttd.json
 
 Every step is a library call (toolchain.export.export_onnx, toolchain.quantize.quantize_onnx,
