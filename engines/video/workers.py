@@ -33,23 +33,27 @@ log = logging.getLogger("trtc")
 _SEND_EVERY_S = 0.02  # a worker sends what it has at least this often (latency), or every 256 results
 
 
-def _visible_device(device: str) -> tuple[str | None, str]:
+def _visible_device(device: str, inherited: str | None = None) -> tuple[str | None, str]:
     """("cuda:1") -> ("1", "cuda:0"): the CUDA_VISIBLE_DEVICES a worker for ``device`` sets before any CUDA library
     loads, and the device it then opens. Without it the worker for cuda:1 also made a context on GPU 0 (518 MiB
     there, seen with nvidia-smi on the 2-GPU H200 host), time-sharing GPU 0 with that GPU's own worker. CPU workers
-    change nothing."""
+    change nothing. When the parent already runs under CUDA_VISIBLE_DEVICES (``inherited``, e.g. "2,3"), cuda:N is
+    the N-th GPU of that list, as it is for the parent."""
     kind, _, index = device.partition(":")
-    if kind == "cuda" and index.isdigit():
-        return index, "cuda:0"
-    return None, device
+    if kind != "cuda" or not index.isdigit():
+        return None, device
+    listed = [x.strip() for x in (inherited or "").split(",") if x.strip()]
+    if listed and int(index) < len(listed):
+        return listed[int(index)], "cuda:0"
+    return index, "cuda:0"
 
 
 def _worker_main(conn, model: str, device: str, engine_options: dict) -> None:
     """A worker process: open the engine, then run jobs until told to stop."""
-    visible, local = _visible_device(device)
-    if visible is not None:
-        import os
+    import os
 
+    visible, local = _visible_device(device, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    if visible is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = visible  # before CuPy, ONNX Runtime or PyNvVideoCodec load
     try:
         import engines

@@ -57,3 +57,6 @@ def test_each_gpu_worker_sees_only_its_gpu():
     assert _visible_device("cuda:1") == ("1", "cuda:0")
     assert _visible_device("cuda:0") == ("0", "cuda:0")
     assert _visible_device("cpu") == (None, "cpu")
+    # a parent that itself runs under CUDA_VISIBLE_DEVICES=2,3: its cuda:1 is physical GPU 3
+    assert _visible_device("cuda:1", "2,3") == ("3", "cuda:0")
+    assert _visible_device("cuda:0", "GPU-abc, GPU-def") == ("GPU-abc", "cuda:0")
