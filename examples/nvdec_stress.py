@@ -17,44 +17,24 @@ from __future__ import annotations
 
 import argparse
 import threading
-import time
 
 LOCK = threading.Lock()
 
 
-def decode(nvc, cp, video: str, kind: str) -> int:
-    """Decode the whole clip once on a stream of this thread's own; returns the frames decoded."""
+def decode_threaded(nvc, cp, video: str, with_lock: bool) -> int:
+    """Decode the whole clip once with a ThreadedDecoder on a stream of this thread's own; returns the frames."""
     stream = cp.cuda.Stream(non_blocking=True)
-    n = 0
-    if kind == "core":
-        dmx = nvc.CreateDemuxer(filename=video)
-        dec = nvc.CreateDecoder(gpuid=0, codec=dmx.GetNvCodecId(), cudacontext=0, cudastream=stream.ptr,
-                                usedevicememory=True)
-        for packet in dmx:
-            n += len(dec.Decode(packet))
-        stream.synchronize()
-        return n
-    if kind == "simple":
-        dec = nvc.SimpleDecoder(video, gpu_id=0, cuda_context=0, cuda_stream=stream.ptr, use_device_memory=True)
-        total = len(dec)
-        while n < total:
-            frames = dec.get_batch_frames(min(16, total - n))
-            if not frames:
-                break
-            n += len(frames)
-            del frames
-        stream.synchronize()
-        return n
 
     def make():
         return nvc.ThreadedDecoder(video, buffer_size=32, gpu_id=0, cuda_context=0, cuda_stream=stream.ptr,
                                    use_device_memory=True)
 
-    if kind == "threaded-lock":
+    if with_lock:
         with LOCK:
             dec = make()
     else:
         dec = make()
+    n = 0
     while True:
         frames = dec.get_batch_frames(16)
         if not frames:
@@ -62,7 +42,7 @@ def decode(nvc, cp, video: str, kind: str) -> int:
         n += len(frames)
         del frames
     stream.synchronize()
-    if kind == "threaded-lock":
+    if with_lock:
         with LOCK:
             dec.end()
             del dec
@@ -80,22 +60,26 @@ def main() -> int:
     import cupy as cp
     import PyNvVideoCodec as nvc
 
+    # the core loop and the SimpleDecoder are the bench's own decode-only pipelines
+    from toolchain.bench_video import _decode_only, _decode_only_batched, _each_stream_timed
+
+    def run(streams: int) -> tuple[int, float]:
+        if args.decoder == "core":
+            return _decode_only(args.video, streams, 0)
+        if args.decoder == "simple":
+            return _decode_only_batched(args.video, streams, 0)
+
+        def work(_i):
+            with cp.cuda.Device(0):
+                return decode_threaded(nvc, cp, args.video, args.decoder == "threaded-lock")
+
+        return _each_stream_timed(streams, work)
+
     for r in range(args.rounds):
         for streams in (1, 8, 16):
-            counts = [0] * streams
-
-            def work(i):
-                with cp.cuda.Device(0):
-                    counts[i] = decode(nvc, cp, args.video, args.decoder)
-
-            threads = [threading.Thread(target=work, args=(i,)) for i in range(streams)]
-            t0 = time.perf_counter()
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            fps = sum(counts) / (time.perf_counter() - t0)
-            print(f"ok {args.decoder} round={r} streams={streams} frames={sum(counts)} fps={fps:.0f}", flush=True)
+            frames, seconds = run(streams)
+            print(f"ok {args.decoder} round={r} streams={streams} frames={frames} fps={frames / seconds:.0f}",
+                  flush=True)
     return 0
 
 
