@@ -56,6 +56,23 @@ def check_exists(name: str) -> None:
         raise SourceError(name, "no such file", "check the path")
 
 
+def pixel_rate(name: str) -> float | None:
+    """Pixels per second of a file's first video stream (width x height x frame rate), read from its container
+    by PyAV without decoding anything: how heavy a source is to decode. None for URLs, files PyAV cannot open,
+    or without PyAV."""
+    if is_url(name) or not is_installed("av"):
+        return None
+    import av
+
+    try:
+        with av.open(name) as container:
+            stream = container.streams.video[0]
+            rate = stream.average_rate or stream.guessed_rate or stream.base_rate
+            return float(stream.codec_context.width * stream.codec_context.height * float(rate or 30))
+    except Exception:  # noqa: BLE001 - unreadable here: the worker that opens it reports why
+        return None
+
+
 def _colorspace_from_av(frame_or_stream, height: int, override: str | None) -> ColorSpace:
     if override and override != "auto":
         return ColorSpace.parse(override, height)

@@ -27,6 +27,7 @@ from multiprocessing.connection import wait as wait_for
 
 from ..errors import EngineError, UsageProblem
 from .pipeline import Prediction, RunStats, SourceProblem, VideoRun, _names
+from .sources import pixel_rate
 
 log = logging.getLogger("trtc")
 
@@ -48,13 +49,58 @@ def _visible_device(device: str, inherited: str | None = None) -> tuple[str | No
     return index, "cuda:0"
 
 
-def _worker_main(conn, model: str, device: str, engine_options: dict) -> None:
+def _parse_cpulist(text: str) -> set[int]:
+    """"0-3,8,10-11" (Linux's cpulist format) -> {0, 1, 2, 3, 8, 10, 11}."""
+    cpus: set[int] = set()
+    for part in text.strip().split(","):
+        if not part.strip():
+            continue
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def _gpu_local_cpus(physical: str) -> set[int] | None:
+    """The CPUs on the same NUMA node as GPU ``physical`` (an nvidia-smi index), from the PCI device's
+    local_cpulist in sysfs; None where that cannot be read."""
+    from .._gpu import _run
+
+    bus = _run(["nvidia-smi", f"--id={physical}", "--query-gpu=pci.bus_id", "--format=csv,noheader"])
+    if not bus or ":" not in bus:
+        return None
+    address = bus.strip().lower()[-12:]  # "00000000:18:00.0" -> "0000:18:00.0", sysfs's form
+    try:
+        with open(f"/sys/bus/pci/devices/{address}/local_cpulist") as f:
+            return _parse_cpulist(f.read())
+    except (OSError, ValueError):
+        return None
+
+
+def _pin_to_gpu(physical: str) -> str:
+    """Keep this process (and the threads it starts later) on its GPU's NUMA-local CPUs; says what it did."""
+    import os
+
+    local = _gpu_local_cpus(physical)
+    if not local:
+        return "not pinned: the GPU's local CPUs are unknown"
+    allowed = os.sched_getaffinity(0)
+    cpus = local & allowed
+    if not cpus or cpus == allowed:
+        return f"not pinned: its local CPUs leave {len(cpus)} of the {len(allowed)} allowed"
+    os.sched_setaffinity(0, cpus)
+    return f"pinned to {len(cpus)} CPUs near GPU {physical}"
+
+
+def _worker_main(conn, model: str, device: str, engine_options: dict, pin: bool = False) -> None:
     """A worker process: open the engine, then run jobs until told to stop."""
     import os
 
     visible, local = _visible_device(device, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    pinned = "not pinned"
     if visible is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = visible  # before CuPy, ONNX Runtime or PyNvVideoCodec load
+        if pin:
+            pinned = _pin_to_gpu(visible)
     try:
         import engines
         from engines.video import classify
@@ -63,7 +109,7 @@ def _worker_main(conn, model: str, device: str, engine_options: dict) -> None:
         engine = engines.open_engine(model, device=local, **engine_options)
         manifest = _manifest_of(engine)
         labels = manifest.labels if manifest is not None else None
-        conn.send(("ready", device, labels))
+        conn.send(("ready", device, labels, pinned))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which names the device
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
         return
@@ -127,28 +173,31 @@ def parse_devices(text: str) -> list[str]:
 
 
 class _Worker:
-    def __init__(self, ctx, model: str, device: str, engine_options: dict):
+    def __init__(self, ctx, model: str, device: str, engine_options: dict, pin: bool = False):
         self.device = device
         self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=_worker_main, args=(child, model, device, engine_options), daemon=True,
+        self.process = ctx.Process(target=_worker_main, args=(child, model, device, engine_options, pin), daemon=True,
                                    name=f"trtc-worker-{device}")
         self.process.start()
         child.close()
         self.labels = None
+        self.pinned = "not pinned"
         self.alive = True
 
 
 class WorkerPool:
-    """``per_device`` worker processes on each of ``devices``, each with its own engine of ``model``."""
+    """``per_device`` worker processes on each of ``devices``, each with its own engine of ``model``. With
+    ``pin_cpus`` each GPU worker keeps to the CPUs of its GPU's NUMA node (read from sysfs)."""
 
     def __init__(self, model, devices=("cuda:0",), per_device: int = 1, engine_options: dict | None = None,
-                 start_timeout: float = 300.0):
+                 start_timeout: float = 300.0, pin_cpus: bool = False):
         devices = [devices] if isinstance(devices, str) else list(devices)
         if not devices or per_device < 1:
             raise UsageProblem("a worker pool needs at least one device and one worker per device")
         ctx = mp.get_context("spawn")
         self.model = str(model)
-        self.workers = [_Worker(ctx, self.model, d, engine_options or {}) for d in devices for _ in range(per_device)]
+        self.workers = [_Worker(ctx, self.model, d, engine_options or {}, pin_cpus)
+                        for d in devices for _ in range(per_device)]
         self._lock = threading.Lock()  # one classify() at a time: a worker runs one job at a time
         deadline = time.monotonic() + start_timeout
         errors = []
@@ -161,7 +210,8 @@ class WorkerPool:
             except EOFError:
                 msg = ("error", f"the worker process exited (code {w.process.exitcode})")
             if msg[0] == "ready":
-                w.labels = msg[2]
+                w.labels, w.pinned = msg[2], msg[3]
+                log.debug("worker on %s: %s", w.device, w.pinned)
             else:
                 errors.append(f"{w.device}: {msg[1]}")
         if errors:
@@ -170,12 +220,24 @@ class WorkerPool:
                               f"{errors[0]}", "check the device list and the model with `trtc doctor`")
 
     # -------------------------------------------------------------------------------------------------- jobs
-    def share(self, sources: list[str]) -> list[list[str]]:
-        """Sources per worker: balanced by count, in the order given (round robin)."""
-        shares: list[list[str]] = [[] for _ in self.workers]
-        for i, s in enumerate(sources):
-            shares[i % len(self.workers)].append(s)
-        return shares
+    def share(self, sources: list[str], weights: list[float | None] | None = None) -> list[list[str]]:
+        """Sources per worker, balanced by count (shares differ by at most one source), then by ``weights`` (e.g.
+        :func:`~engines.video.sources.pixel_rate`; an unknown weight counts as the median): the heaviest source
+        goes first to the least loaded worker that may take one more. Each share keeps the order given. Without
+        weights: round robin."""
+        k = len(self.workers)
+        if weights is None:
+            weights = [None] * len(sources)
+        known = sorted(w for w in weights if w)
+        typical = known[len(known) // 2] if known else 1.0
+        load = [0.0] * k
+        shares: list[list[int]] = [[] for _ in range(k)]
+        cap = [len(sources) // k + (1 if j < len(sources) % k else 0) for j in range(k)]
+        for i in sorted(range(len(sources)), key=lambda i: -(weights[i] or typical)):  # stable: ties keep order
+            j = min((j for j in range(k) if len(shares[j]) < cap[j]), key=lambda j: (load[j], len(shares[j]), j))
+            shares[j].append(i)
+            load[j] += weights[i] or typical
+        return [[sources[i] for i in sorted(share)] for share in shares]
 
     def classify(self, sources, **options) -> VideoRun:
         """Like :func:`engines.video.classify` (same options, minus the engine), spread over the workers."""
@@ -196,7 +258,8 @@ class WorkerPool:
         busy: dict = {}
         counts: dict = {}  # source -> predictions received
         try:
-            for w, share in zip(self.workers, self.share(sources), strict=True):
+            weights = [pixel_rate(s) for s in sources] if len(self.workers) > 1 else None
+            for w, share in zip(self.workers, self.share(sources, weights), strict=True):
                 if not share:
                     continue
                 if not w.alive:

@@ -60,3 +60,46 @@ def test_each_gpu_worker_sees_only_its_gpu():
     # a parent that itself runs under CUDA_VISIBLE_DEVICES=2,3: its cuda:1 is physical GPU 3
     assert _visible_device("cuda:1", "2,3") == ("3", "cuda:0")
     assert _visible_device("cuda:0", "GPU-abc, GPU-def") == ("GPU-abc", "cuda:0")
+
+
+class _Shares:
+    """WorkerPool.share without starting worker processes."""
+
+    def __init__(self, k):
+        from engines.video.workers import WorkerPool
+
+        self.share = WorkerPool.share.__get__(types.SimpleNamespace(workers=[None] * k))
+
+
+def test_sources_are_shared_by_count_then_by_pixel_rate(bikes):
+    from engines.video.sources import pixel_rate
+
+    assert pixel_rate(str(bikes)) == 640 * 272 * 25  # read from the container, nothing decoded
+    assert pixel_rate("/no/such/file.mp4") is None and pixel_rate("rtsp://cam/1") is None
+    two = _Shares(2).share
+    assert two(list("abcde")) == [["a", "c", "e"], ["b", "d"]]  # no weights: round robin
+    uhd, hd = 3840 * 2160 * 30.0, 1280 * 720 * 30.0
+    # round robin would give one worker both 4K streams; balanced, each gets one, and each share keeps its order
+    assert two(["4k-a", "hd-a", "4k-b", "hd-b"], [uhd, hd, uhd, hd]) == [["4k-a", "hd-a"], ["4k-b", "hd-b"]]
+    # the count comes first: three light sources do not go all to one worker to offset one heavy source
+    shares = two(["4k", "hd1", "hd2", "hd3"], [uhd, hd, hd, hd])
+    assert sorted(len(s) for s in shares) == [2, 2]
+    # an unknown weight (a URL) counts as the median, and nothing is lost or repeated
+    names = [f"s{i}" for i in range(7)]
+    shares = _Shares(3).share(names, [uhd, None, hd, hd, uhd, None, hd])
+    assert sorted(sum(shares, [])) == names and sorted(len(s) for s in shares) == [2, 2, 3]
+
+
+def test_a_pinned_worker_keeps_to_its_gpus_cpus(monkeypatch):
+    import engines.video.workers as w
+
+    assert w._parse_cpulist("0-3,8,10-11\n") == {0, 1, 2, 3, 8, 10, 11}
+    pinned = []
+    monkeypatch.setattr("os.sched_getaffinity", lambda _pid: set(range(16)))
+    monkeypatch.setattr("os.sched_setaffinity", lambda _pid, cpus: pinned.append(set(cpus)))
+    monkeypatch.setattr(w, "_gpu_local_cpus", lambda _gpu: set(range(8, 24)))  # node 1 of a 2 x 16-CPU host
+    assert w._pin_to_gpu("1") == "pinned to 8 CPUs near GPU 1" and pinned == [set(range(8, 16))]
+    monkeypatch.setattr(w, "_gpu_local_cpus", lambda _gpu: set(range(32)))  # one node: nothing to gain
+    assert w._pin_to_gpu("0").startswith("not pinned: its local CPUs leave 16 of the 16")
+    monkeypatch.setattr(w, "_gpu_local_cpus", lambda _gpu: None)
+    assert w._pin_to_gpu("0") == "not pinned: the GPU's local CPUs are unknown" and len(pinned) == 1
