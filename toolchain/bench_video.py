@@ -4,13 +4,17 @@ Three pipelines run on the same file, in the same process, one after the other, 
 once (one thread per stream), after a warm-up pass of each:
 
 - ``decode-only``: NVDEC into device memory, frames counted and dropped, two ways: PyNvVideoCodec's demuxer and
-  core decoder in a Python loop per stream (what a hand-written pipeline does), and its SimpleDecoder (batches of
-  16 frames, what trtc uses for files). The faster of the two is the ceiling that ``vs decode-only`` divides by.
+  core decoder in a Python loop per stream (what a hand-written pipeline does; new decoders every run), and its
+  SimpleDecoder (batches of 16 frames, what trtc uses for files) with its decoders reused from run to run, as
+  trtc's are (:mod:`engines.video.decoders`). The faster of the two is the ceiling that ``vs decode-only``
+  divides by.
   PyNvVideoCodec's ThreadedDecoder is not measured: it crashed the process in a third of the test processes on
   the H200 (docs/BENCHMARKS.md), and a ceiling nobody can ship is not a ceiling.
 
 Every pipeline is timed from before it opens its sources to its last result, so opening demuxers and decoders
-(tens of milliseconds each) counts the same everywhere. With ``repeat`` > 1 the decode-only and trtc pipelines run
+counts the same everywhere. NVDEC decoders open one after another (~60 ms each on the H200), so the warm-up makes
+as many as the largest stream count for the SimpleDecoder and trtc pipelines, which then reuse them in every
+timed run, as a long-running trtc process (a worker, a Ray actor, a service) does after its first sources. With ``repeat`` > 1 the decode-only and trtc pipelines run
 that many times, interleaved, and each row shows the run with the median fps (all runs' fps in ``fps_runs``): one
 run of 16 streams varies by up to ~10% on the H200.
 - ``usual``: what people write by hand: OpenCV ``cv2.VideoCapture`` decodes on the CPU (one thread per stream),
@@ -115,14 +119,23 @@ def _decode_only(video: str, streams: int, gpu: int) -> tuple[int, float]:
 
 
 def _decode_only_batched(video: str, streams: int, gpu: int, batch: int = 16) -> tuple[int, float]:
+    """SimpleDecoder per stream, with decoders reused between runs through trtc's own decoder cache."""
     nvc = require("PyNvVideoCodec", "Decoding video on the GPU")
     cp = require("cupy", "The GPU video pipeline")
+    from engines.video.decoders import DECODERS
+    from engines.video.sources import NvdecSource
+
+    fmt = NvdecSource(video, gpu).probe()
 
     def work(_i):
         with cp.cuda.Device(gpu):
-            stream = cp.cuda.Stream(non_blocking=True)
-            dec = nvc.SimpleDecoder(video, gpu_id=gpu, cuda_context=0, cuda_stream=stream.ptr,
-                                    use_device_memory=True)
+            stream, dec = DECODERS.take(gpu, fmt)
+            if dec is None:
+                stream = cp.cuda.Stream(non_blocking=True)
+                dec = nvc.SimpleDecoder(video, gpu_id=gpu, cuda_context=0, cuda_stream=stream.ptr,
+                                        use_device_memory=True)
+            else:
+                dec.reconfigure_decoder(video)
             total = len(dec)  # never ask past it: the SimpleDecoder prints "INVALID INDEX" for each such frame
             n = 0
             while n < total:
@@ -132,6 +145,8 @@ def _decode_only_batched(video: str, streams: int, gpu: int, batch: int = 16) ->
                 n += len(frames)
                 del frames
             stream.synchronize()
+            if n == total:
+                DECODERS.give(gpu, fmt, stream, dec)
             del dec
             return n
 
@@ -269,16 +284,17 @@ def bench_video(video: str, model: str, *, streams=(1, 8, 16, 32), device: str =
     gpu = engine.device_id
     rows: list[VideoBenchRow] = []
     warnings: list[str] = []
-    with reporter.phase("warm-up (each pipeline once, 1 stream)"):
+    most = max(streams)
+    with reporter.phase(f"warm-up (each pipeline once; {most} decoders to reuse)"):
         clip_frames, _ = _decode_only(video, 1, gpu)
-        _decode_only_batched(video, 1, gpu)
+        _decode_only_batched(video, most, gpu)  # leaves `most` decoders for both SimpleDecoder pipelines
         pool = None
         if devices and len(devices) > 1:  # one worker process per GPU, started and warmed before any clock
             from engines.video import WorkerPool
 
             pool = WorkerPool(model, devices=devices)
-            list(pool.classify([video] * len(devices), batch=batch))
-        _ours(video, 1, engine, batch, limit=2 * batch)
+            list(pool.classify([video] * (most * len(devices)), batch=batch))  # each worker keeps its decoders
+        _ours(video, 1, engine, batch)  # to the end: a source stopped early does not keep its decoder
         _usual_ok = True
         try:
             _usual(video, 1, engine, spec, usual_batch)
@@ -290,9 +306,10 @@ def bench_video(video: str, model: str, *, streams=(1, 8, 16, 32), device: str =
         for r in range(repeat):
             again = f" (run {r + 1} of {repeat})" if repeat > 1 else ""
             with reporter.phase(f"{n} stream(s): decode-only (core decoder loop){again}"):
-                dec = _timed_row("decode-only (NVDEC, core decoder loop)", n, lambda: _decode_only(video, n, gpu))
+                dec = _timed_row("decode-only (NVDEC, core decoder loop, new decoders)", n,
+                                 lambda: _decode_only(video, n, gpu))
             with reporter.phase(f"{n} stream(s): decode-only (SimpleDecoder batches){again}"):
-                dec_b = _timed_row("decode-only (NVDEC, SimpleDecoder batches of 16)", n,
+                dec_b = _timed_row("decode-only (NVDEC, SimpleDecoder batches of 16, reused)", n,
                                    lambda: _decode_only_batched(video, n, gpu))
             with reporter.phase(f"{n} stream(s): trtc{again}"):
                 ours = _timed_row(f"trtc (NVDEC + kernel + engine, bs {batch})", n,

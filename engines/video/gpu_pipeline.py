@@ -1,6 +1,8 @@
 """The GPU path of :func:`engines.video.classify`, one function per stage:
 
     decode_stage (a thread per source)
+        a file's NVDEC decoder is taken from the decoder-reuse stage (engines.video.decoders) when an earlier
+        source of its format left one, and given back when the file was decoded to the end
         NVDEC -> up to 8 frames of one source at a time (DECODE_BATCH) -> ONE preprocessing kernel on the source's
         stream writes them into a reserved run of slots of an input buffer -> an event recorded after it
     infer_stage (one thread)
@@ -31,6 +33,7 @@ import numpy as np
 from ..errors import UsageProblem
 from ..preprocess import MAX_FRAMES_PER_LAUNCH, GpuPreprocessor
 from .assembler import InputBuffer, SlotAssembler, Stopped
+from .decoders import DECODERS
 from .sources import BatchUnavailable, SourceError, surface_format
 
 log = logging.getLogger("trtc")
@@ -152,14 +155,19 @@ class GpuPipeline:
             write([surface.data.ptr], [(src.name, index, pts, t, fed_at, out_at)], plan)
             return True  # surface and frame references die here, before the next Decode
 
+        fmt, reused, kept, was_reused = None, None, None, False
         try:
+            if src.batched:  # a decoder kept from an earlier source of this format comes with its own stream
+                fmt = src.probe()
+                stream, reused = DECODERS.take(self.device_id, fmt)
+                was_reused = reused is not None
             # normal priority and one stream for the decoder's copies and our kernel: a higher priority, a separate
             # decoder stream and a larger decoder ring were measured on the H200 and changed nothing (BENCHMARKS.md)
-            stream = cp.cuda.Stream(non_blocking=True)
+            stream = stream or cp.cuda.Stream(non_blocking=True)
             with stream:
                 if src.batched:
                     try:
-                        src.run_batches(stream.ptr, DECODE_BATCH, on_frames)
+                        kept = src.run_batches(stream.ptr, DECODE_BATCH, on_frames, decoder=reused)
                         return
                     except BatchUnavailable as exc:
                         log.info("%s; decoding it packet by packet", exc)
@@ -173,12 +181,16 @@ class GpuPipeline:
         finally:
             if stream is not None:
                 stream.synchronize()
+            if kept is not None:  # decoded to the end without an error: the next source of its format takes it
+                DECODERS.give(self.device_id, fmt, stream, kept)
+            reused = kept = None
             asm.source_done()  # whatever happened: the run must not wait for this source forever
             with self.lock:  # where the decoder threads' time went (summed over sources)
                 st = self.stats.decode_stage
                 for k, name in (("decoder", "waiting_for_decoder_s"), ("slots", "waiting_for_slots_s"),
                                 ("launch", "preprocess_call_s")):
                     st[name] = st.get(name, 0.0) + clock[k]
+                st["decoders_reused"] = st.get("decoders_reused", 0) + int(was_reused)
 
     def infer_stage(self, asm: SlotAssembler, infer_stream, results: queue.Queue, errors: list) -> None:
         """Full (or timed-out) buffers -> engine -> top-k on the GPU. Runs in one thread, on the engine's GPU."""

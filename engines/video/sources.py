@@ -410,7 +410,16 @@ class NvdecSource:
         return (not is_url(self.name) and not self.realtime and self.latency == "native"
                 and Path(self.name).suffix.lower() in BATCHED_SUFFIXES)
 
-    def run_batches(self, stream_ptr: int, max_frames: int, on_frames) -> None:
+    def probe(self) -> str:
+        """Open the demuxer and check NVDEC's capabilities for the stream (raising :class:`SourceError` with the
+        reason, as :meth:`run` would); returns the format a decoder is made for, e.g. "h264 4:2:0 8-bit
+        1920x1080" (the key under which :mod:`engines.video.decoders` keeps decoders for reuse)."""
+        nvc = require("PyNvVideoCodec", "Decoding video on the GPU")
+        dmx, _ = self._open(nvc, 0, decoder=False)
+        del dmx
+        return self._what
+
+    def run_batches(self, stream_ptr: int, max_frames: int, on_frames, decoder=None):
         """Decode every frame with PyNvVideoCodec's SimpleDecoder and call ``on_frames(first_index, frames)``
         with up to ``max_frames`` DecodedFrames at a time, in display order; returning False stops the source.
 
@@ -418,33 +427,44 @@ class NvdecSource:
         ``stream_ptr``'s stream, and a batch's surfaces are unlocked only by the next ``get_batch_frames``:
         ``on_frames`` must enqueue its reads on that stream before returning and keep no reference to a frame.
 
+        ``decoder``: a SimpleDecoder made on ``stream_ptr`` for this source's format (:meth:`probe`), which is
+        pointed at this file instead of opening a new one (see :mod:`engines.video.decoders`); every further
+        loop of the source reuses the decoder the same way. Returns the decoder when the source was decoded to
+        the end without an error, for the caller to keep; otherwise None (the decoder is freed here).
+
         Not the ThreadedDecoder (demux and decode in a native thread): on the H200 with PyNvVideoCodec 2.2.4 it
         crashed the process (segmentation fault or abort in its native thread) in 4 of 12 test processes of 9
         runs each at 1-16 streams, where the SimpleDecoder and the packet loop ran 72 and 54 such runs without a
         crash at the same speed (docs/BENCHMARKS.md).
 
-        A pass that ends before the frame count its container declares (a corrupt picture can stop a file
-        decoder) goes on with the packet loop from the next frame, so no frame the packet loop would give is
-        lost; a file that still ends early is reported as a SourceError, after all its frames."""
+        A container that declares no frame count, or a SimpleDecoder that cannot open the file, raises
+        :class:`BatchUnavailable` before the first frame (use :meth:`run`). A pass that ends before the frame
+        count its container declares (a corrupt picture can stop a file decoder) goes on with the packet loop
+        from the next frame, so no frame the packet loop would give is lost; a file that still ends early is
+        reported as a SourceError, after all its frames."""
         nvc = require("PyNvVideoCodec", "Decoding video on the GPU")
 
         def one(index, pts, t, frame, fed_at):
             return on_frames(index, [frame])
 
-        index = 0
-        for _ in range(self.loop):
-            dmx, _ = self._open(nvc, stream_ptr, decoder=False)  # the same checks and messages as run()
-            del dmx
-            try:
-                dec = nvc.SimpleDecoder(self.name, gpu_id=self.gpu, cuda_context=0, cuda_stream=stream_ptr,
-                                        use_device_memory=True)
-                declared = int(getattr(dec.get_stream_metadata(), "num_frames", 0) or 0)
-            except Exception as exc:  # noqa: BLE001 - PyNvVideoCodec raises plain exceptions
-                if index == 0:  # e.g. a container that declares no frame count: the packet loop can read it
-                    raise BatchUnavailable(f"{self.name}: SimpleDecoder refused it ({_first_line(exc)})") from exc
-                raise SourceError(self.name, f"NVDEC decoder for {self._what} failed: {_first_line(exc)}") from exc
-            start, got = index, 0
-            try:
+        if self.info is None:
+            self.probe()  # the same checks and messages as run()
+        index, dec, kept = 0, decoder, False
+        try:
+            for _ in range(self.loop):
+                try:
+                    if dec is None:
+                        dec = nvc.SimpleDecoder(self.name, gpu_id=self.gpu, cuda_context=0, cuda_stream=stream_ptr,
+                                                use_device_memory=True)
+                    else:  # a decoder made for this format: point it at this file (its frames are all released)
+                        dec.reconfigure_decoder(self.name)
+                    declared = int(getattr(dec.get_stream_metadata(), "num_frames", 0) or 0)
+                except Exception as exc:  # noqa: BLE001 - PyNvVideoCodec raises plain exceptions
+                    dec = None  # a decoder that failed is never used again
+                    if index == 0:  # e.g. a container that declares no frame count: the packet loop can read it
+                        raise BatchUnavailable(f"{self.name}: SimpleDecoder refused it ({_first_line(exc)})") from exc
+                    raise SourceError(self.name, f"NVDEC decoder for {self._what} failed: {_first_line(exc)}") from exc
+                start, got = index, 0
                 while not declared or got < declared:
                     try:
                         # never past the declared count: the SimpleDecoder prints "INVALID INDEX n" on stdout for
@@ -462,20 +482,25 @@ class NvdecSource:
                     del frames
                     index += n
                     if go is False:
-                        return
-            finally:
-                _synchronize(stream_ptr)  # our reads of the last batch finish before the decoder goes
-                del dec
-            if declared and got < declared:
-                log.info("%s: SimpleDecoder ended after %d of %d frames; the packet loop goes on", self.name, got,
-                         declared)
-                index = self._packet_pass(nvc, stream_ptr, one, index, skip=got)
-                if index is None:
-                    return
-                if index - start < declared:
-                    raise SourceError(self.name, f"ended after {index - start} of the {declared} frames its "
-                                      "container declares", "the file is probably cut off or damaged: check or "
-                                      "re-encode it")
+                        return None
+                if declared and got < declared:
+                    log.info("%s: SimpleDecoder ended after %d of %d frames; the packet loop goes on", self.name,
+                             got, declared)
+                    _synchronize(stream_ptr)  # our reads of its last batch finish before the decoder goes
+                    dec = None
+                    index = self._packet_pass(nvc, stream_ptr, one, index, skip=got)
+                    if index is None:
+                        return None
+                    if index - start < declared:
+                        raise SourceError(self.name, f"ended after {index - start} of the {declared} frames its "
+                                          "container declares", "the file is probably cut off or damaged: check or "
+                                          "re-encode it")
+            kept = dec is not None
+            return dec
+        finally:
+            _synchronize(stream_ptr)  # our reads of the last batch finish before the decoder goes or is kept
+            if not kept:
+                dec = None
 
 
 BATCHED_SUFFIXES = (".mp4", ".mov", ".m4v")

@@ -295,3 +295,51 @@ def test_memory_flat_over_ten_passes(bikes, cuda_lite0):
     assert len(samples) == 10
     assert samples[-1][0] - samples[0][0] < 64
     assert samples[-1][1] - samples[0][1] < 16
+
+
+def test_decoders_are_reused_across_calls_with_the_same_results(bikes, test_videos, cuda_lite0, tmp_path):
+    """A source decoded to the end leaves its NVDEC decoder for the next source of the same format (a later
+    classify() call, in other threads); the reused decoder, pointed at a shorter file of that format, must give
+    exactly that file's frames and the top-1 a new decoder gives. A source of another format opens its own."""
+    import av
+
+    from engines.video import classify, release_decoders
+    from engines.video.decoders import DECODERS
+
+    short = tmp_path / "short.mp4"  # bikes' format (H.264 4:2:0 8-bit 640x272), 100 frames
+    with av.open(str(bikes)) as src, av.open(str(short), "w") as sink:
+        s = sink.add_stream("libx264", rate=25)
+        s.width, s.height, s.pix_fmt = 640, 272, "yuv420p"
+        for i, f in enumerate(src.decode(video=0)):
+            if i >= 100:
+                break
+            g = f.reformat(format="yuv420p")
+            g.pts = None
+            for p in s.encode(g):
+                sink.mux(p)
+        for p in s.encode():
+            sink.mux(p)
+
+    def top1(sources):
+        run = classify(sources, cuda_lite0, batch=32)
+        out: dict = {}
+        for p in run:
+            out.setdefault(p.source, []).append((p.frame, p.indices[0]))
+        assert run.ok, run.problems
+        return out, run.stats.decode_stage.get("decoders_reused", 0)
+
+    release_decoders()
+    cold_short, reused = top1([str(short)])
+    assert reused == 0 and len(cold_short[str(short)]) == 100
+    cams = _copies(bikes, tmp_path, 3)
+    first, reused = top1(cams)  # one decoder was left by the short file
+    assert reused == 1 and DECODERS.idle(0) >= 3
+    second, reused = top1([str(short), *cams[:2], str(test_videos["hevc10_mp4"])])
+    assert reused == 3, "the three H.264 sources should reuse decoders; the HEVC 10-bit one cannot"
+    assert second[str(short)] == cold_short[str(short)], "a reused decoder gave other frames than a new one"
+    for c in cams[:2]:
+        assert second[c] == first[c] and [f for f, _ in second[c]] == list(range(250))
+    assert len(second[str(test_videos["hevc10_mp4"])]) == 30
+    print(f"decoders reused: 3 of 4 sources; idle decoders kept: {DECODERS.idle(0)}")
+    kept = DECODERS.idle(0)
+    assert release_decoders(0) == kept and DECODERS.idle(0) == 0

@@ -5,7 +5,9 @@ PyNvVideoCodec (nothing here runs on a GPU; tests/gpu checks the pixels):
   stream can read them (an upload on the first decoder's stream, read by others without an event, was a race);
 - the packet loop and the SimpleDecoder loop synchronise the source's stream before the decoder (and the
   surfaces our kernels read) is freed;
-- a batched launch passes one pointer per frame and zero for the unused ones.
+- a batched launch passes one pointer per frame and zero for the unused ones;
+- a decoder is kept for reuse only when its file was decoded to the end without an error, and is handed out
+  again only for the same GPU and format.
 """
 
 from __future__ import annotations
@@ -91,6 +93,11 @@ def _fake_nvc(monkeypatch, log, frames_per_packet=1, packets=3, batched_frames=N
 
     class Simple:
         def __init__(self, *a, **k):
+            self.left = packets if batched_frames is None else batched_frames
+            log.append(("new decoder", k.get("cuda_stream")))
+
+        def reconfigure_decoder(self, path):
+            log.append(("reconfigured", path))
             self.left = packets if batched_frames is None else batched_frames
 
         def get_stream_metadata(self):
@@ -254,3 +261,81 @@ def test_the_batched_decoder_is_never_asked_past_the_declared_count(monkeypatch,
     assert got == [(0, 16), (16, 16), (32, 8)]
     assert [e for e in log if isinstance(e, tuple) and e[0] == "asked"] == [("asked", 16), ("asked", 16),
                                                                           ("asked", 8)]
+
+
+def test_a_kept_decoder_is_pointed_at_the_next_file_and_reused_for_every_loop(monkeypatch, tmp_path):
+    """Opening NVDEC decoders is slow and serial (16 took ~1 s on the H200); a decoder that decoded its file to the
+    end is returned, and the next source of the same format (and each further loop) reconfigures it instead."""
+    from engines.video.sources import NvdecSource
+
+    log = _Log()
+    _fake_cupy(monkeypatch, log)
+    _fake_nvc(monkeypatch, log, packets=5)
+    clip = tmp_path / "clip.mp4"
+    clip.write_bytes(b"x")
+    monkeypatch.setattr("engines.video.sources.probe_colorspace", lambda *a: ColorSpace("bt601", "limited"))
+    first = NvdecSource(str(clip))
+    assert first.probe() == "H264 4:2:0 8-bit 64x48"
+    got = []
+    dec = first.run_batches(9, 4, lambda i, frames: got.extend(range(i, i + len(frames))))
+    assert dec is not None and got == [0, 1, 2, 3, 4] and ("new decoder", 9) in log
+    log.clear()
+    got.clear()
+    second = NvdecSource(str(clip), loop=3)
+    assert second.run_batches(9, 4, lambda i, frames: got.extend(range(i, i + len(frames))), decoder=dec) is dec
+    assert got == list(range(15))  # three loops, numbered on
+    assert [e for e in log if isinstance(e, tuple) and e[0] in ("new decoder", "reconfigured")] == \
+        [("reconfigured", str(clip))] * 3
+    # a source that stops early gives nothing back, and its decoder is freed after its stream is synchronised
+    log.clear()
+    third = NvdecSource(str(clip))
+    assert third.run_batches(9, 2, lambda i, frames: False, decoder=dec) is None
+    del dec
+    assert log.index(("sync", 9)) < log.index("decoder freed")
+
+
+def test_a_decoder_that_cannot_be_reconfigured_is_dropped_and_the_packet_loop_takes_over(monkeypatch, tmp_path):
+    from engines.video.sources import BatchUnavailable, NvdecSource
+
+    log = _Log()
+    _fake_cupy(monkeypatch, log)
+    _fake_nvc(monkeypatch, log)
+    clip = tmp_path / "clip.mp4"
+    clip.write_bytes(b"x")
+    monkeypatch.setattr("engines.video.sources.probe_colorspace", lambda *a: ColorSpace("bt601", "limited"))
+
+    class Broken:
+        def reconfigure_decoder(self, path):
+            raise RuntimeError("PyNvVCExceptionUnsupported: reconfigure")
+
+    try:
+        NvdecSource(str(clip)).run_batches(1, 4, lambda *a: True, decoder=Broken())
+    except BatchUnavailable as exc:
+        assert "reconfigure" in str(exc)
+    else:
+        raise AssertionError("a failed reconfiguration was not reported before the first frame")
+
+
+def test_the_decoder_cache_hands_out_by_gpu_and_format_and_keeps_a_limit():
+    from engines.video.decoders import DecoderCache
+
+    freed = []
+
+    class Dec:
+        def __init__(self, name):
+            self.name = name
+
+        def __del__(self):
+            freed.append(self.name)
+
+    cache = DecoderCache(limit=2)
+    cache.give(0, "h264 1080p", "stream-a", Dec("a"))
+    cache.give(1, "h264 1080p", "stream-b", Dec("b"))
+    cache.give(0, "h264 1080p", "stream-c", Dec("c"))  # over the limit: freed at once
+    assert freed == ["c"] and cache.idle() == 2 and cache.idle(gpu=0) == 1
+    assert cache.take(0, "hevc 1080p") == (None, None)  # another format: nothing
+    stream, dec = cache.take(0, "h264 1080p")
+    assert stream == "stream-a" and dec.name == "a" and cache.reused == 1
+    assert cache.take(0, "h264 1080p") == (None, None)  # each decoder goes to one source at a time
+    del dec
+    assert cache.release(gpu=1) == 1 and freed == ["c", "a", "b"] and cache.idle() == 0
