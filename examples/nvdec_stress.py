@@ -7,9 +7,10 @@ with one of PyNvVideoCodec's decoders and prints a line per completed run. A cra
 kills the process with no Python error: rc 139 (segfault) or 134 (abort), and fewer lines than expected.
 
 Decoders: ``threaded`` (ThreadedDecoder), ``threaded-lock`` (ThreadedDecoder, created and ended under one lock),
-``simple`` (SimpleDecoder, what trtc uses for files) and ``core`` (demuxer + core decoder packet loop, what trtc
-uses for live and low-latency sources). On an H200 with PyNvVideoCodec 2.2.4 the ThreadedDecoder crashed 3 of 6
-processes (1 of 6 with the lock); the SimpleDecoder (8 processes) and the core loop (6) never did
+``simple`` (SimpleDecoder, kept from run to run and pointed at the clip again with ``reconfigure_decoder``, as
+trtc does for files) and ``core`` (demuxer + core decoder packet loop, what trtc uses for live and low-latency
+sources). On an H200 with PyNvVideoCodec 2.2.4 the ThreadedDecoder crashed 3 of 6 processes (1 of 6 with the
+lock); the SimpleDecoder (8 processes, new decoders each run) and the core loop (6) never did
 (docs/BENCHMARKS.md). Needs a GPU, CuPy and PyNvVideoCodec.
 """
 

@@ -301,12 +301,16 @@ def test_decoders_are_reused_across_calls_with_the_same_results(bikes, test_vide
     """A source decoded to the end leaves its NVDEC decoder for the next source of the same format (a later
     classify() call, in other threads); the reused decoder, pointed at a shorter file of that format, must give
     exactly that file's frames and the top-1 a new decoder gives. A source of another format opens its own."""
+    from fractions import Fraction
+
     import av
 
     from engines.video import classify, release_decoders
     from engines.video.decoders import DECODERS
 
-    short = tmp_path / "short.mp4"  # bikes' format (H.264 4:2:0 8-bit 640x272), 100 frames
+    # bikes' format (H.264 4:2:0 8-bit 640x272), 100 frames, with real timestamps: a file whose frames all carry
+    # made-up ones is read to the end by the packet loop after the SimpleDecoder stops short, and keeps no decoder
+    short = tmp_path / "short.mp4"
     with av.open(str(bikes)) as src, av.open(str(short), "w") as sink:
         s = sink.add_stream("libx264", rate=25)
         s.width, s.height, s.pix_fmt = 640, 272, "yuv420p"
@@ -314,7 +318,7 @@ def test_decoders_are_reused_across_calls_with_the_same_results(bikes, test_vide
             if i >= 100:
                 break
             g = f.reformat(format="yuv420p")
-            g.pts = None
+            g.pts, g.time_base = i, Fraction(1, 25)
             for p in s.encode(g):
                 sink.mux(p)
         for p in s.encode():
@@ -331,6 +335,7 @@ def test_decoders_are_reused_across_calls_with_the_same_results(bikes, test_vide
     release_decoders()
     cold_short, reused = top1([str(short)])
     assert reused == 0 and len(cold_short[str(short)]) == 100
+    assert DECODERS.idle(0) == 1, "the short file, decoded to the end, should have left its decoder"
     cams = _copies(bikes, tmp_path, 3)
     first, reused = top1(cams)  # one decoder was left by the short file
     assert reused == 1 and DECODERS.idle(0) >= 3
