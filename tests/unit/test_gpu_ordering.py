@@ -144,15 +144,21 @@ def _fake_nvc(monkeypatch, log, frames_per_packet=1, packets=3, batched_frames=N
     monkeypatch.setattr("engines.video.sources.decoder_caps", lambda *a: {"supported": True})
 
 
-def test_decoders_are_freed_only_after_their_stream_is_synchronised(monkeypatch, tmp_path):
-    from engines.video.sources import NvdecSource
-
+def _fake_clip(monkeypatch, tmp_path, **nvc_options):
+    """Recording stand-ins for CuPy and PyNvVideoCodec, and a file for them to 'decode': (log, path)."""
     log = _Log()
     _fake_cupy(monkeypatch, log)
-    _fake_nvc(monkeypatch, log)
+    _fake_nvc(monkeypatch, log, **nvc_options)
     clip = tmp_path / "clip.mp4"
     clip.write_bytes(b"x")
     monkeypatch.setattr("engines.video.sources.probe_colorspace", lambda *a: ColorSpace("bt601", "limited"))
+    return log, clip
+
+
+def test_decoders_are_freed_only_after_their_stream_is_synchronised(monkeypatch, tmp_path):
+    from engines.video.sources import NvdecSource
+
+    log, clip = _fake_clip(monkeypatch, tmp_path)
 
     seen = []
     src = NvdecSource(str(clip))
@@ -171,12 +177,7 @@ def test_a_batched_pass_that_ends_early_goes_on_with_the_packet_loop(monkeypatch
     """The SimpleDecoder stops at a corrupt picture: the packet loop decodes the rest, every index once."""
     from engines.video.sources import NvdecSource, SourceError
 
-    log = _Log()
-    _fake_cupy(monkeypatch, log)
-    _fake_nvc(monkeypatch, log, packets=5, batched_frames=3)
-    clip = tmp_path / "clip.mp4"
-    clip.write_bytes(b"x")
-    monkeypatch.setattr("engines.video.sources.probe_colorspace", lambda *a: ColorSpace("bt601", "limited"))
+    log, clip = _fake_clip(monkeypatch, tmp_path, packets=5, batched_frames=3)
     got = []
     src = NvdecSource(str(clip))
     src.run_batches(1, 16, lambda first, frames: got.extend(range(first, first + len(frames))))
@@ -250,12 +251,7 @@ def test_the_batched_decoder_is_never_asked_past_the_declared_count(monkeypatch,
     corrupted `trtc bench --json` on the H200: ask for what is left, and stop at the declared count."""
     from engines.video.sources import NvdecSource
 
-    log = _Log()
-    _fake_cupy(monkeypatch, log)
-    _fake_nvc(monkeypatch, log, packets=40)
-    clip = tmp_path / "clip.mp4"
-    clip.write_bytes(b"x")
-    monkeypatch.setattr("engines.video.sources.probe_colorspace", lambda *a: ColorSpace("bt601", "limited"))
+    log, clip = _fake_clip(monkeypatch, tmp_path, packets=40)
     got = []
     NvdecSource(str(clip)).run_batches(1, 16, lambda first, frames: got.append((first, len(frames))))
     assert got == [(0, 16), (16, 16), (32, 8)]
@@ -268,12 +264,7 @@ def test_a_kept_decoder_is_pointed_at_the_next_file_and_reused_for_every_loop(mo
     end is returned, and the next source of the same format (and each further loop) reconfigures it instead."""
     from engines.video.sources import NvdecSource
 
-    log = _Log()
-    _fake_cupy(monkeypatch, log)
-    _fake_nvc(monkeypatch, log, packets=5)
-    clip = tmp_path / "clip.mp4"
-    clip.write_bytes(b"x")
-    monkeypatch.setattr("engines.video.sources.probe_colorspace", lambda *a: ColorSpace("bt601", "limited"))
+    log, clip = _fake_clip(monkeypatch, tmp_path, packets=5)
     first = NvdecSource(str(clip))
     assert first.probe() == "H264 4:2:0 8-bit 64x48"
     got = []
@@ -297,12 +288,7 @@ def test_a_kept_decoder_is_pointed_at_the_next_file_and_reused_for_every_loop(mo
 def test_a_decoder_that_cannot_be_reconfigured_is_dropped_and_the_packet_loop_takes_over(monkeypatch, tmp_path):
     from engines.video.sources import BatchUnavailable, NvdecSource
 
-    log = _Log()
-    _fake_cupy(monkeypatch, log)
-    _fake_nvc(monkeypatch, log)
-    clip = tmp_path / "clip.mp4"
-    clip.write_bytes(b"x")
-    monkeypatch.setattr("engines.video.sources.probe_colorspace", lambda *a: ColorSpace("bt601", "limited"))
+    log, clip = _fake_clip(monkeypatch, tmp_path)
 
     class Broken:
         def reconfigure_decoder(self, path):
