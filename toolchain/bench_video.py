@@ -14,9 +14,10 @@ once (one thread per stream), after a warm-up pass of each:
 Every pipeline is timed from before it opens its sources to its last result, so opening demuxers and decoders
 counts the same everywhere. NVDEC decoders open one after another (~60 ms each on the H200), so the warm-up makes
 as many as the largest stream count for the SimpleDecoder and trtc pipelines, which then reuse them in every
-timed run, as a long-running trtc process (a worker, a Ray actor, a service) does after its first sources. With ``repeat`` > 1 the decode-only and trtc pipelines run
-that many times, interleaved, and each row shows the run with the median fps (all runs' fps in ``fps_runs``): one
-run of 16 streams varies by up to ~10% on the H200.
+timed run, as a long-running trtc process (a worker, a Ray actor, a service) does after its first sources. With
+``repeat`` > 1 the decode-only and trtc pipelines run that many times, interleaved, and each row shows the run
+with the median fps (all runs' fps in ``fps_runs``): on the H200 one run in three can still be ~10% off the
+other two.
 - ``usual``: what people write by hand: OpenCV ``cv2.VideoCapture`` decodes on the CPU (one thread per stream),
   frames are stacked on the host, copied to the GPU with torch, resized (bilinear, short side), centre-cropped and
   normalised with torch ops, and run by the same engine as ours (ONNX Runtime CUDA EP, device pointers), batch 32.

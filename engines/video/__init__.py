@@ -10,6 +10,5 @@ from .sources import NvdecSource, PyAVSource, SourceError, SourceInfo
 from .ray_cluster import RayPool
 from .workers import WorkerPool
 
-__all__ = ["classify", "default_device", "Prediction", "VideoRun", "RunStats", "SourceProblem", "SourceError", "SourceInfo",
-           "NvdecSource", "PyAVSource", "WorkerPool", "release_decoders",
-           "RayPool"]
+__all__ = ["classify", "default_device", "Prediction", "VideoRun", "RunStats", "SourceProblem", "SourceError",
+           "SourceInfo", "NvdecSource", "PyAVSource", "WorkerPool", "release_decoders", "RayPool"]
