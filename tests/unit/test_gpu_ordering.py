@@ -325,3 +325,16 @@ def test_the_decoder_cache_hands_out_by_gpu_and_format_and_keeps_a_limit():
     assert cache.take(0, "h264 1080p") == (None, None)  # each decoder goes to one source at a time
     del dec
     assert cache.release(gpu=1) == 1 and freed == ["c", "a", "b"] and cache.idle() == 0
+
+
+def test_the_number_of_kept_decoders_comes_from_the_environment(monkeypatch):
+    from engines.video.decoders import DEFAULT_LIMIT, DecoderCache
+
+    monkeypatch.delenv("TRTC_KEEP_DECODERS", raising=False)
+    assert DecoderCache().limit == DEFAULT_LIMIT
+    monkeypatch.setenv("TRTC_KEEP_DECODERS", "0")
+    off = DecoderCache()
+    off.give(0, "h264 1080p", "stream", object())
+    assert off.limit == 0 and off.idle() == 0  # nothing kept: every source opens its own decoder
+    monkeypatch.setenv("TRTC_KEEP_DECODERS", "many")
+    assert DecoderCache().limit == DEFAULT_LIMIT
