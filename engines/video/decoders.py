@@ -1,10 +1,10 @@
 """NVDEC decoders kept between sources: the decoder-reuse stage of the GPU video runtime.
 
 Opening an NVDEC decoder is slow and does not run in parallel: on the H200, the 16 SimpleDecoders of 16 sources
-gave their first frames after 618 ms (median) and 995 ms (last), one after another, and a process that destroyed
-16 decoders and made 16 new ones waited as long again. ``SimpleDecoder.reconfigure_decoder(file)`` points a
-decoder that exists at the next file instead: the 16 first frames came after 36 / 55 ms, and a 600-frame 1080p
-clip on 16 streams went from 3863 to 4674 fps (docs/BENCHMARKS.md). So a source that ends cleanly gives its
+gave their first frames after 639 ms (median) and 1010 ms (last), one after another, and a process that freed 16
+decoders and made 16 new ones waited longer still. ``SimpleDecoder.reconfigure_decoder(file)`` points a decoder
+that exists at the next file instead: the 16 first frames came after 34 / 57 ms, and a 600-frame 1080p clip on 16
+streams went from 3788 to 4658 fps (examples/nvdec_open_cost.py; docs/BENCHMARKS.md). So a source that ends cleanly gives its
 decoder back here, and the next source of the same format on the same GPU takes it: the next
 :func:`engines.video.classify` call, the next loop of a looped source, the next job of a worker process or Ray
 actor.
@@ -68,7 +68,7 @@ class DecoderCache:
             if self.idle() < self.limit:
                 self._idle.setdefault((gpu, fmt), []).append((stream, decoder))
                 return
-        del decoder  # over the limit: freed here, outside the lock
+        # over the limit: not kept; the decoder is freed when the caller lets go of it
 
     def idle(self, gpu: int | None = None) -> int:
         return sum(len(v) for (g, _f), v in list(self._idle.items()) if gpu is None or g == gpu)
