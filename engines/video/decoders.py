@@ -4,8 +4,8 @@ Opening an NVDEC decoder is slow and does not run in parallel: on the H200, the 
 gave their first frames after 639 ms (median) and 1010 ms (last), one after another, and a process that freed 16
 decoders and made 16 new ones waited longer still. ``SimpleDecoder.reconfigure_decoder(file)`` points a decoder
 that exists at the next file instead: the 16 first frames came after 34 / 57 ms, and a 600-frame 1080p clip on 16
-streams went from 3788 to 4658 fps (examples/nvdec_open_cost.py; docs/BENCHMARKS.md). So a source that ends cleanly gives its
-decoder back here, and the next source of the same format on the same GPU takes it: the next
+streams went from 3788 to 4658 fps (examples/nvdec_open_cost.py; docs/BENCHMARKS.md). So a source that ends
+cleanly gives its decoder back here, and the next source of the same format on the same GPU takes it: the next
 :func:`engines.video.classify` call, the next loop of a looped source, the next job of a worker process or Ray
 actor.
 

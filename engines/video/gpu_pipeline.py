@@ -155,12 +155,11 @@ class GpuPipeline:
             write([surface.data.ptr], [(src.name, index, pts, t, fed_at, out_at)], plan)
             return True  # surface and frame references die here, before the next Decode
 
-        fmt, reused, kept, was_reused = None, None, None, False
+        fmt, reused, kept = None, None, None
         try:
             if src.batched:  # a decoder kept from an earlier source of this format comes with its own stream
                 fmt = src.probe()
                 stream, reused = DECODERS.take(self.device_id, fmt)
-                was_reused = reused is not None
             # normal priority and one stream for the decoder's copies and our kernel: a higher priority, a separate
             # decoder stream and a larger decoder ring were measured on the H200 and changed nothing (BENCHMARKS.md)
             stream = stream or cp.cuda.Stream(non_blocking=True)
@@ -183,14 +182,13 @@ class GpuPipeline:
                 stream.synchronize()
             if kept is not None:  # decoded to the end without an error: the next source of its format takes it
                 DECODERS.give(self.device_id, fmt, stream, kept)
-            reused = kept = None
             asm.source_done()  # whatever happened: the run must not wait for this source forever
             with self.lock:  # where the decoder threads' time went (summed over sources)
                 st = self.stats.decode_stage
                 for k, name in (("decoder", "waiting_for_decoder_s"), ("slots", "waiting_for_slots_s"),
                                 ("launch", "preprocess_call_s")):
                     st[name] = st.get(name, 0.0) + clock[k]
-                st["decoders_reused"] = st.get("decoders_reused", 0) + int(was_reused)
+                st["decoders_reused"] = st.get("decoders_reused", 0) + int(reused is not None)
 
     def infer_stage(self, asm: SlotAssembler, infer_stream, results: queue.Queue, errors: list) -> None:
         """Full (or timed-out) buffers -> engine -> top-k on the GPU. Runs in one thread, on the engine's GPU."""

@@ -258,7 +258,10 @@ class WorkerPool:
         busy: dict = {}
         counts: dict = {}  # source -> predictions received
         try:
-            weights = [pixel_rate(s) for s in sources] if len(self.workers) > 1 else None
+            weights = None
+            if len(self.workers) > 1:  # each file's container read once, however often it is listed
+                rates = {s: pixel_rate(s) for s in set(sources)}
+                weights = [rates[s] for s in sources]
             for w, share in zip(self.workers, self.share(sources, weights), strict=True):
                 if not share:
                     continue
