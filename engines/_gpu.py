@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+
+from .errors import UsageProblem
 
 
 def _run(cmd: list[str]) -> str | None:
@@ -13,31 +16,89 @@ def _run(cmd: list[str]) -> str | None:
         return None
 
 
-def gpus() -> dict:
-    """{"devices": [{"name", "compute_capability", "memory_mib"}], "driver", "cuda"} or {"devices": [], "reason"}."""
+def _listed() -> tuple[list[dict], str | None, str | None]:
+    """(devices, driver, why not) from one nvidia-smi query, in nvidia-smi's (PCI bus) order."""
     smi = shutil.which("nvidia-smi")
     if not smi:
-        return {"devices": [], "reason": "nvidia-smi not found (no NVIDIA driver)"}
-    text = _run([smi, "--query-gpu=name,compute_cap,driver_version,memory.total", "--format=csv,noheader,nounits"])
+        return [], None, "nvidia-smi not found (no NVIDIA driver)"
+    text = _run([smi, "--query-gpu=name,compute_cap,driver_version,memory.total,uuid",
+                 "--format=csv,noheader,nounits"])
     if not text:
-        return {"devices": [], "reason": "nvidia-smi failed (driver not loaded?)"}
+        return [], None, "nvidia-smi failed (driver not loaded?)"
     devices, driver = [], None
     for line in text.strip().splitlines():
         parts = [p.strip() for p in line.split(",")]
         if len(parts) >= 4:
-            devices.append({"name": parts[0], "compute_capability": parts[1], "memory_mib": parts[3]})
+            devices.append({"name": parts[0], "compute_capability": parts[1], "memory_mib": parts[3],
+                            **({"uuid": parts[4]} if len(parts) > 4 else {})})
             driver = parts[2]
+    return devices, driver, None
+
+
+def gpus() -> dict:
+    """{"devices": [{"name", "compute_capability", "memory_mib", "uuid"}], "driver", "cuda"} or {"devices": [],
+    "reason"}."""
+    devices, driver, why = _listed()
+    if why:
+        return {"devices": [], "reason": why}
     cuda = None
-    head = _run([smi]) or ""
+    smi = shutil.which("nvidia-smi")
+    head = (_run([smi]) if smi else None) or ""
     for token in head.split("CUDA Version:")[1:2]:
         cuda = token.split()[0]
     return {"devices": devices, "driver": driver, "cuda": cuda}
 
 
+def visible_gpus(found: list[dict] | None = None) -> list[dict] | None:
+    """The GPUs this process opens as cuda:0, cuda:1, ...: nvidia-smi's list (``found``, else asked for), narrowed
+    and reordered by CUDA_VISIBLE_DEVICES (indices or GPU-UUID prefixes; CUDA stops at the first entry it cannot
+    match). None when nvidia-smi lists no GPU, so nothing can be said."""
+    if found is None:
+        found = _listed()[0]
+    if not found:
+        return None
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is None:
+        return list(found)
+    out = []
+    for entry in (e.strip() for e in env.split(",")):
+        if entry.isdigit() and int(entry) < len(found):
+            out.append(found[int(entry)])
+            continue
+        match = [d for d in found if entry.startswith(("GPU-", "MIG-")) and d.get("uuid", "").startswith(entry)]
+        if len(match) != 1:
+            break
+        out.append(match[0])
+    return out
+
+
+def check_gpu_index(index: int) -> None:
+    """Refuse cuda:``index`` when this process has no such GPU, naming those it has (before CUDA, ONNX Runtime or
+    TensorRT fail on it with an error of their own). Silent when nvidia-smi cannot say."""
+    found = visible_gpus()
+    if found is None or index < len(found):
+        return
+    have = ", ".join(f"cuda:{i} ({d['name']})" for i, d in enumerate(found)) or "none"
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    where = f" with CUDA_VISIBLE_DEVICES={env!r}" if env is not None else ""
+    raise UsageProblem(f"no GPU cuda:{index} here{where} (GPUs: {have})",
+                       "give one of the GPUs listed" if found else "unset CUDA_VISIBLE_DEVICES, or use --device cpu")
+
+
+def _smi_id(index: int) -> str:
+    """nvidia-smi's --id for this process's cuda:``index`` (its UUID when CUDA_VISIBLE_DEVICES renumbers GPUs)."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES") is None:
+        return str(index)
+    found = visible_gpus()
+    return found[index].get("uuid", str(index)) if found and index < len(found) else str(index)
+
+
 def memory_used_mib(index: int = 0) -> float | None:
-    """GPU memory in use on GPU ``index`` (all processes), from nvidia-smi; None when it cannot say."""
+    """GPU memory in use on this process's cuda:``index`` (all processes), from nvidia-smi; None when it cannot
+    say."""
     smi = shutil.which("nvidia-smi")
-    text = _run([smi, f"--id={index}", "--query-gpu=memory.used", "--format=csv,noheader,nounits"]) if smi else None
+    text = _run([smi, f"--id={_smi_id(index)}", "--query-gpu=memory.used", "--format=csv,noheader,nounits"]) \
+        if smi else None
     try:
         return float(text.strip().splitlines()[0]) if text else None
     except ValueError:
@@ -45,8 +106,10 @@ def memory_used_mib(index: int = 0) -> float | None:
 
 
 def device(index: int = 0) -> dict | None:
-    """The GPU at ``index`` with the driver and CUDA version, or None without one."""
+    """This process's cuda:``index`` (CUDA_VISIBLE_DEVICES applied) with the driver and CUDA version, or None
+    without one. ``index`` is the CUDA index; nvidia-smi's own number for the GPU is not kept."""
     info = gpus()
-    if index >= len(info["devices"]):
+    found = visible_gpus(info["devices"]) or []
+    if index >= len(found):
         return None
-    return {**info["devices"][index], "driver": info.get("driver"), "cuda": info.get("cuda"), "index": index}
+    return {**found[index], "driver": info.get("driver"), "cuda": info.get("cuda"), "index": index}

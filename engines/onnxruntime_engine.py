@@ -149,6 +149,10 @@ class OnnxRuntimeEngine(EngineBase):
         self.qdq_fusion = qdq_fusion  # False: runs op by op, unlike a default session (the manifest says why)
         opts = session_options(ort, threads, qdq_fusion)
         providers = providers_for(device)
+        if kind == "cuda":
+            from ._gpu import check_gpu_index
+
+            check_gpu_index(self.device_id)  # else CuPy or the CUDA EP fails on a missing GPU with errors of their own
         self.stream = None
         if kind == "cuda" and (device_buffers or (device_buffers is None and is_installed("cupy"))):
             cp = require("cupy", "Running ONNX models on device buffers")

@@ -180,6 +180,9 @@ class OpenCVEngine(EngineBase):
             if dnn_engine == "new":
                 raise UsageProblem("OpenCV's new dnn engine runs on the CPU only", "use dnn_engine='classic' on CUDA")
             dnn_engine = "classic"  # the new engine has no CUDA backend
+            from ._gpu import check_gpu_index
+
+            check_gpu_index(self.device_id)
             cv2.cuda.setDevice(self.device_id)
         elif fp16:
             raise UsageProblem("the OpenCV FP16 target (opencv-fp16:) is a CUDA target",

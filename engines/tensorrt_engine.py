@@ -179,6 +179,9 @@ class TensorRTEngine(EngineBase):
         if kind != "cuda":
             raise UsageProblem(f"a TensorRT plan runs on a GPU, not on {device}", "use --device cuda:0, or run the "
                                ".onnx the plan was built from on the CPU")
+        from ._gpu import check_gpu_index
+
+        check_gpu_index(self.device_id)
         self.path = Path(path)
         self.device = device
         self.backend, self._runtime, self.engine, self.manifest = load_plan(self.path, self.device_id)

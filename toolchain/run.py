@@ -237,7 +237,7 @@ def run_video(sources, model, *, device: str = "auto", batch: int | None = None,
 def check_devices_can_run(model, devices: list[str]) -> None:
     """A plan is tied to its GPU: refuse the devices whose GPU the manifest rules out, naming those that can run it
     (ONNX models run anywhere)."""
-    from engines._gpu import gpus
+    from engines._gpu import gpus, visible_gpus
     from engines.manifest import read_manifest_if_any
 
     manifest = read_manifest_if_any(model, verify_hash=False)
@@ -245,7 +245,7 @@ def check_devices_can_run(model, devices: list[str]) -> None:
         return
     from engines.tensorrt_engine import plan_problems
 
-    found = gpus()["devices"]
+    found = visible_gpus(gpus()["devices"]) or []  # cuda:N as this process numbers them
     built_on = dict((manifest.builder or {}).get("gpu") or {})
     # what the manifest says about the runtime is the same for every device: keep only what differs by GPU
     common = set(plan_problems(manifest, None, built_on or None))

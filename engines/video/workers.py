@@ -144,7 +144,7 @@ def _worker_main(conn, model: str, device: str, engine_options: dict, pin: bool 
 def parse_devices(text: str) -> list[str]:
     """"cuda:0,cuda:1" -> ["cuda:0", "cuda:1"]; "cuda:all" -> every GPU nvidia-smi lists; "cpu,cpu" is allowed
     (two CPU workers). A GPU index that does not exist is refused naming the GPUs there are."""
-    from .._gpu import gpus
+    from .._gpu import gpus, visible_gpus
 
     parts = [p.strip() for p in str(text).split(",") if p.strip()]
     if not parts:
@@ -158,7 +158,7 @@ def parse_devices(text: str) -> list[str]:
         if not p.startswith("cuda:"):
             raise UsageProblem(f"unknown device {p!r}", "use cpu, cuda:N, a comma-separated list, or cuda:all")
         if found is None:
-            found = gpus()["devices"]
+            found = visible_gpus(gpus()["devices"]) or []
         if p == "cuda:all":
             if not found:
                 raise UsageProblem("cuda:all: no NVIDIA GPU found here", "use --device cpu")

@@ -1,7 +1,8 @@
 """A WorkerPool over two GPUs: eight names for bikes.mp4 shared out over a worker per GPU must each give the
 single-process cuda:0 run's frames, in order, with the same top-1; each source stays on one GPU, four per GPU; and
 each worker holds a CUDA context on its own GPU only (the worker for cuda:1 used to open one on GPU 0 as well).
-Skipped without two NVIDIA GPUs, the gpu extra and PyAV."""
+Also: a GPU index past the last is refused by name. Skipped without the gpu extra and PyAV; the pool test without
+two NVIDIA GPUs."""
 
 from __future__ import annotations
 
@@ -77,3 +78,23 @@ def test_two_gpu_workers_agree_with_one_process(lite0_onnx, bikes, tmp_path, pin
         assert all(n.startswith(("pinned to ", "not pinned: ")) for n in pinned), pinned
     else:
         assert pinned == ["not pinned", "not pinned"]
+
+
+def test_a_gpu_that_is_not_there_is_refused_by_name(lite0_onnx, bikes, tmp_path):
+    """One past the last GPU, alone and in a list: a usage error naming the GPUs there are (exit code 2), not CuPy's
+    or ONNX Runtime's own error, and no output file."""
+    from click.testing import CliRunner
+
+    import engines
+    from engines.errors import UsageProblem
+    from toolchain.cli import cli
+
+    n = len(gpus()["devices"])
+    model = str(lite0_onnx[0])
+    with pytest.raises(UsageProblem, match=rf"no GPU cuda:{n} here \(GPUs: cuda:0 \("):
+        engines.open_engine(model, device=f"cuda:{n}")
+    for device in (f"cuda:{n}", f"cuda:0,cuda:{n}"):
+        res = CliRunner().invoke(cli, ["run", str(bikes), "--model", model, "--device", device,
+                                        "-o", str(tmp_path / "p.jsonl")])
+        assert res.exit_code == 2 and f"no GPU cuda:{n} here" in res.output, (device, res.output)
+        assert not (tmp_path / "p.jsonl").exists()

@@ -103,3 +103,60 @@ def test_a_pinned_worker_keeps_to_its_gpus_cpus(monkeypatch):
     assert w._pin_to_gpu("0").startswith("not pinned: its local CPUs leave 16 of the 16")
     monkeypatch.setattr(w, "_gpu_local_cpus", lambda _gpu: None)
     assert w._pin_to_gpu("0") == "not pinned: the GPU's local CPUs are unknown" and len(pinned) == 1
+
+
+UUIDS = [{**d, "uuid": u} for d, u in zip(TWO["devices"], ("GPU-aaaa-1111", "GPU-bbbb-2222"))]
+
+
+def test_cuda_n_is_numbered_as_cuda_visible_devices_says(monkeypatch):
+    """cuda:N is the N-th GPU CUDA shows this process: a worker or Ray actor runs under CUDA_VISIBLE_DEVICES=1 and
+    opens cuda:0, which must then be the L4 (nvidia-smi's GPU 1) for the plan check, the memory reading and the
+    GPU index check."""
+    import engines._gpu as g
+
+    monkeypatch.setattr(g, "_listed", lambda: (UUIDS, "580", None))
+    monkeypatch.setattr(g, "gpus", lambda: {"devices": UUIDS, "driver": "580", "cuda": "13.0"})
+
+    def names(_env):
+        found = g.visible_gpus()
+        return None if found is None else [d["name"] for d in found]
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert names(None) == ["NVIDIA H100", "NVIDIA L4"]
+    for env, want in [("1", ["NVIDIA L4"]), ("1,0", ["NVIDIA L4", "NVIDIA H100"]), ("GPU-bbbb", ["NVIDIA L4"]),
+                      ("0,7,1", ["NVIDIA H100"]), ("", []), ("GPU-", [])]:  # CUDA stops at the first bad entry
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", env)
+        assert names(env) == want, env
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert g.device(0)["name"] == "NVIDIA L4" and g.device(0)["compute_capability"] == "8.9"
+    assert g.device(1) is None
+    assert g._smi_id(0) == "GPU-bbbb-2222"  # nvidia-smi --id for the memory reading
+    g.check_gpu_index(0)
+    with pytest.raises(UsageProblem, match=r"no GPU cuda:1 here with CUDA_VISIBLE_DEVICES='1' "
+                                           r"\(GPUs: cuda:0 \(NVIDIA L4\)\)") as err:
+        g.check_gpu_index(1)
+    assert err.value.fix == "give one of the GPUs listed"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(UsageProblem, match="GPUs: none") as err:
+        g.check_gpu_index(0)
+    assert "unset CUDA_VISIBLE_DEVICES" in err.value.fix
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert g._smi_id(1) == "1"
+    with pytest.raises(UsageProblem, match=r"no GPU cuda:2 here \(GPUs: cuda:0 \(NVIDIA H100\), cuda:1 \(NVIDIA L4\)\)"):
+        g.check_gpu_index(2)
+    monkeypatch.setattr(g, "_listed", lambda: ([], None, "nvidia-smi not found"))
+    g.check_gpu_index(5)  # nothing to go by: CUDA itself will say
+
+
+def test_an_engine_on_a_missing_gpu_is_a_usage_problem(monkeypatch, lite0_onnx):
+    """`trtc run --device cuda:1` on a one-GPU machine: refused by name before CuPy or ONNX Runtime's CUDA EP fail
+    with errors of their own (CuPy's surfaced as an internal error)."""
+    import engines._gpu as g
+    import engines.onnxruntime_engine as ort_engine
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(g, "_listed", lambda: (UUIDS[:1], "580", None))
+    monkeypatch.setattr(ort_engine, "providers_for",
+                        lambda device: [("CUDAExecutionProvider", {"device_id": 1}), "CPUExecutionProvider"])
+    with pytest.raises(UsageProblem, match=r"no GPU cuda:1 here \(GPUs: cuda:0 \(NVIDIA H100\)\)"):
+        ort_engine.OnnxRuntimeEngine(lite0_onnx[0], device="cuda:1")
