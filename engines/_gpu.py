@@ -51,8 +51,9 @@ def gpus() -> dict:
 
 def visible_gpus(found: list[dict] | None = None) -> list[dict] | None:
     """The GPUs this process opens as cuda:0, cuda:1, ...: nvidia-smi's list (``found``, else asked for), narrowed
-    and reordered by CUDA_VISIBLE_DEVICES (indices or GPU-UUID prefixes; CUDA stops at the first entry it cannot
-    match). None when nvidia-smi lists no GPU, so nothing can be said."""
+    and reordered by CUDA_VISIBLE_DEVICES (indices or GPU-UUID prefixes; like CUDA, the list ends at an index that
+    does not exist, and "" or "-1" hide every GPU). None when nothing can be said: nvidia-smi lists no GPU, or an
+    entry is one this cannot map (a MIG instance, a UUID prefix that matches no GPU or several)."""
     if found is None:
         found = _listed()[0]
     if not found:
@@ -65,9 +66,11 @@ def visible_gpus(found: list[dict] | None = None) -> list[dict] | None:
         if entry.isdigit() and int(entry) < len(found):
             out.append(found[int(entry)])
             continue
-        match = [d for d in found if entry.startswith(("GPU-", "MIG-")) and d.get("uuid", "").startswith(entry)]
+        if entry == "" or entry.isdigit() or entry.lstrip("-").isdigit():
+            break  # CUDA stops at an index that is not there
+        match = [d for d in found if entry.startswith("GPU-") and d.get("uuid", "").startswith(entry)]
         if len(match) != 1:
-            break
+            return None
         out.append(match[0])
     return out
 

@@ -245,7 +245,9 @@ def check_devices_can_run(model, devices: list[str]) -> None:
         return
     from engines.tensorrt_engine import plan_problems
 
-    found = visible_gpus(gpus()["devices"]) or []  # cuda:N as this process numbers them
+    listed = gpus()["devices"]
+    found = visible_gpus(listed)  # cuda:N as this process numbers them
+    found = listed if found is None else found
     built_on = dict((manifest.builder or {}).get("gpu") or {})
     # what the manifest says about the runtime is the same for every device: keep only what differs by GPU
     common = set(plan_problems(manifest, None, built_on or None))

@@ -142,8 +142,9 @@ def _worker_main(conn, model: str, device: str, engine_options: dict, pin: bool 
 
 
 def parse_devices(text: str) -> list[str]:
-    """"cuda:0,cuda:1" -> ["cuda:0", "cuda:1"]; "cuda:all" -> every GPU nvidia-smi lists; "cpu,cpu" is allowed
-    (two CPU workers). A GPU index that does not exist is refused naming the GPUs there are."""
+    """"cuda:0,cuda:1" -> ["cuda:0", "cuda:1"]; "cuda:all" -> every GPU this process sees (nvidia-smi's list,
+    CUDA_VISIBLE_DEVICES applied); "cpu,cpu" is allowed (two CPU workers). A GPU index that does not exist is
+    refused naming the GPUs there are."""
     from .._gpu import gpus, visible_gpus
 
     parts = [p.strip() for p in str(text).split(",") if p.strip()]
@@ -158,7 +159,9 @@ def parse_devices(text: str) -> list[str]:
         if not p.startswith("cuda:"):
             raise UsageProblem(f"unknown device {p!r}", "use cpu, cuda:N, a comma-separated list, or cuda:all")
         if found is None:
-            found = visible_gpus(gpus()["devices"]) or []
+            listed = gpus()["devices"]
+            found = visible_gpus(listed)
+            found = listed if found is None else found  # None: CUDA_VISIBLE_DEVICES names a MIG instance or such
         if p == "cuda:all":
             if not found:
                 raise UsageProblem("cuda:all: no NVIDIA GPU found here", "use --device cpu")

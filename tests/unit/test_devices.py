@@ -15,6 +15,7 @@ TWO = {"devices": [{"name": "NVIDIA H100", "compute_capability": "9.0", "memory_
 
 
 def test_parse_devices(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr("engines._gpu.gpus", lambda: TWO)
     assert parse_devices("cuda:0,cuda:1") == ["cuda:0", "cuda:1"]
     assert parse_devices("cuda:all") == ["cuda:0", "cuda:1"]
@@ -23,6 +24,11 @@ def test_parse_devices(monkeypatch):
         parse_devices("cuda:0,cuda:2")
     with pytest.raises(UsageProblem, match="unknown device 'gpu1'"):
         parse_devices("gpu1")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert parse_devices("cuda:all") == ["cuda:0"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-5d7c")  # not mapped: nvidia-smi's list as it is
+    assert parse_devices("cuda:all") == ["cuda:0", "cuda:1"]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     monkeypatch.setattr("engines._gpu.gpus", lambda: {"devices": [], "reason": "nvidia-smi not found"})
     with pytest.raises(UsageProblem, match="cuda:all: no NVIDIA GPU found here"):
         parse_devices("cuda:all")
@@ -31,6 +37,7 @@ def test_parse_devices(monkeypatch):
 def test_a_plan_is_refused_on_the_gpus_it_was_not_built_for(monkeypatch, tmp_path):
     from toolchain.run import check_devices_can_run
 
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr("engines._gpu.gpus", lambda: TWO)
     plan = types.SimpleNamespace(kind="plan", precision={}, builder={
         "flavor": "tensorrt", "version": "10.13.0", "gpu": {"name": "NVIDIA H100", "compute_capability": "9.0"},
@@ -46,6 +53,11 @@ def test_a_plan_is_refused_on_the_gpus_it_was_not_built_for(monkeypatch, tmp_pat
     onnx = types.SimpleNamespace(kind="onnx")
     monkeypatch.setattr("engines.manifest.read_manifest_if_any", lambda *a, **k: onnx)
     check_devices_can_run(tmp_path / "m.onnx", ["cuda:0", "cuda:1"])  # ONNX runs anywhere
+    plan.builder["flags"]["hardware_compatibility"] = "none"
+    monkeypatch.setattr("engines.manifest.read_manifest_if_any", lambda *a, **k: plan)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # this process's cuda:0 is the L4
+    with pytest.raises(UsageProblem, match="cannot run on cuda:0.*8.9"):
+        check_devices_can_run(tmp_path / "m.plan", ["cuda:0"])
 
 
 def test_each_gpu_worker_sees_only_its_gpu():
@@ -124,7 +136,8 @@ def test_cuda_n_is_numbered_as_cuda_visible_devices_says(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert names(None) == ["NVIDIA H100", "NVIDIA L4"]
     for env, want in [("1", ["NVIDIA L4"]), ("1,0", ["NVIDIA L4", "NVIDIA H100"]), ("GPU-bbbb", ["NVIDIA L4"]),
-                      ("0,7,1", ["NVIDIA H100"]), ("", []), ("GPU-", [])]:  # CUDA stops at the first bad entry
+                      ("0,7,1", ["NVIDIA H100"]), ("", []), ("-1", []),  # CUDA stops at a missing index
+                      ("GPU-", None), ("MIG-5d7c", None), ("GPU-cccc", None)]:  # cannot be mapped: not checked
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", env)
         assert names(env) == want, env
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
@@ -146,6 +159,9 @@ def test_cuda_n_is_numbered_as_cuda_visible_devices_says(monkeypatch):
         g.check_gpu_index(2)
     monkeypatch.setattr(g, "_listed", lambda: ([], None, "nvidia-smi not found"))
     g.check_gpu_index(5)  # nothing to go by: CUDA itself will say
+    monkeypatch.setattr(g, "_listed", lambda: (UUIDS, "580", None))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-5d7c")
+    g.check_gpu_index(0)  # a MIG instance: not refused on a guess
 
 
 def test_an_engine_on_a_missing_gpu_is_a_usage_problem(monkeypatch, lite0_onnx):
