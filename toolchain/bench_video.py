@@ -24,6 +24,12 @@ other two.
 - ``trtc``: :func:`engines.video.classify`: NVDEC -> CuPy kernel into the engine's input buffer -> engine ->
   top-k, zero-copy.
 
+With ``devices`` (``--devices cuda:0,cuda:1``), each stream count also runs N streams on every GPU at once, two
+ways, each with a process per GPU started and warmed before any clock: decode-only (the SimpleDecoder loop above,
+its processes told to start at the same instant) and trtc (:class:`engines.video.WorkerPool`). ``vs 1 GPU``
+divides each by the same pipeline on one GPU, and trtc's ``vs decode-only`` by the several-GPU decode-only, so the
+table shows both how trtc scales and how far decoding alone scales on that host.
+
 Reported per (pipeline, streams): frames, seconds, aggregate fps, host CPU cores busy per stream (process CPU time
 / wall time / streams) and the ratios ours/decode-only and ours/usual. Then latency: one stream fed at the file's
 frame rate (``realtime``), packet in -> top-k on the host, p50/p99/max over ``latency_frames`` frames. Numbers are
@@ -60,7 +66,7 @@ class VideoBenchRow:
     fps: float
     vs_decode: float | None = None
     vs_usual: float | None = None
-    vs_one_gpu: float | None = None  # several GPUs: this row's fps / trtc's on one GPU with the same streams per GPU
+    vs_one_gpu: float | None = None  # several GPUs: this row's fps / its pipeline's on one GPU, same streams per GPU
     cores_per_stream: float | None = None  # host CPU cores busy (process CPU time / wall time) / streams
     fps_runs: list[float] | None = None  # every run's fps when the row is the median of several
 
@@ -152,6 +158,87 @@ def _decode_only_batched(video: str, streams: int, gpu: int, batch: int = 16) ->
             return n
 
     return _each_stream_timed(streams, work)
+
+
+def _decode_only_process(conn, video: str, device: str, warm: int) -> None:
+    """One GPU's decode-only process for the several-GPU ceiling: sees only its GPU (CUDA_VISIBLE_DEVICES set before
+    CUDA loads, as trtc's workers do), opens ``warm`` decoders, then on each (streams, start_at) waits for the
+    shared start and runs :func:`_decode_only_batched`, answering (frames, monotonic end time)."""
+    import os
+
+    from engines.video.workers import _visible_device
+
+    visible, _local = _visible_device(device, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    if visible is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible
+    try:
+        video_frames, _ = _decode_only_batched(video, warm, 0)
+        conn.send(("ready", video_frames))
+        while True:
+            job = conn.recv()
+            if job is None:
+                break
+            streams, start_at = job
+            time.sleep(max(0.0, start_at - time.monotonic()))  # CLOCK_MONOTONIC is the same in every process
+            frames, _ = _decode_only_batched(video, streams, 0)
+            conn.send(("done", (frames, time.monotonic())))
+    except Exception as exc:  # noqa: BLE001 - reported by the parent, which names the GPU
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+    finally:
+        conn.close()
+
+
+class DecodeOnlyOnGpus:
+    """The decode-only ceiling of several GPUs at once: a process per device, each started, warmed (``warm``
+    decoders opened, to be reused like trtc's) and then told to start at the same instant; fps is all their
+    frames over the time from that instant to the last one's end."""
+
+    def __init__(self, video: str, devices: list[str], warm: int):
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        self.devices = list(devices)
+        self.procs, self.conns = [], []
+        for d in self.devices:
+            mine, theirs = ctx.Pipe()
+            p = ctx.Process(target=_decode_only_process, args=(theirs, video, d, warm), daemon=True,
+                            name=f"trtc-decode-only-{d}")
+            p.start()
+            theirs.close()
+            self.procs.append(p)
+            self.conns.append(mine)
+        for d, c in zip(self.devices, self.conns, strict=True):
+            self._answer(d, c, "ready")
+
+    def _answer(self, device, conn, want):
+        try:
+            kind, value = conn.recv()
+        except EOFError:
+            self.close()
+            raise UsageProblem(f"the decode-only process for {device} ended without an answer") from None
+        if kind != want:
+            self.close()
+            raise UsageProblem(f"decode-only on {device} failed: {value}")
+        return value
+
+    def run(self, streams_each: int) -> tuple[int, float]:
+        start_at = time.monotonic() + 0.25  # time enough for every process to read its job and sleep until then
+        for c in self.conns:
+            c.send((streams_each, start_at))
+        done = [self._answer(d, c, "done") for d, c in zip(self.devices, self.conns, strict=True)]
+        return sum(f for f, _ in done), max(end for _, end in done) - start_at
+
+    def close(self) -> None:
+        for c in self.conns:
+            try:
+                c.send(None)
+            except (OSError, ValueError):
+                pass
+        for p in self.procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+        self.conns, self.procs = [], []
 
 
 def _ours_pool(pool, video: str, streams: int, batch: int) -> tuple[int, float, list]:
@@ -266,6 +353,29 @@ def _consume(run, limit: int | None = None) -> tuple[int, float, list]:
     return n, seconds, lat
 
 
+def _several_gpus(pool, dec_pool, video: str, n: int, k: int, batch: int, repeat: int, reporter, dec_one,
+                  ours_one) -> list[VideoBenchRow]:
+    """The rows for ``n`` streams on each of ``k`` GPUs, measured ``repeat`` times interleaved like the one-GPU
+    rows: decode-only (a process per GPU, decoders reused, started together), then trtc (a worker per GPU). ``vs 1
+    GPU`` divides each by its own pipeline on one GPU; trtc's ``vs decode-only`` by the several-GPU decode-only."""
+    runs = []
+    for r in range(repeat):
+        again = f" (run {r + 1} of {repeat})" if repeat > 1 else ""
+        with reporter.phase(f"{n} stream(s) on each of {k} GPUs: decode-only{again}"):
+            dec = _timed_row(f"decode-only on {k} GPUs (SimpleDecoder, reused, a process per GPU)", n * k,
+                             lambda: dec_pool.run(n))
+        with reporter.phase(f"{n} stream(s) on each of {k} GPUs: trtc{again}"):
+            multi = _timed_row(f"trtc on {k} GPUs ({n} streams each, a worker per GPU)", n * k,
+                               lambda: _ours_pool(pool, video, n * k, batch))
+        dec.cores_per_stream = multi.cores_per_stream = None  # the work is in other processes: not measured
+        runs.append([dec, multi])
+    dec, multi = _median_rows(runs, ceilings=(0,))
+    dec.vs_one_gpu = round(dec.fps / dec_one.fps, 3)
+    multi.vs_one_gpu = round(multi.fps / ours_one.fps, 3)
+    multi.vs_decode = round(multi.fps / dec.fps, 3)
+    return [dec, multi]
+
+
 def bench_video(video: str, model: str, *, streams=(1, 8, 16, 32), device: str = "cuda:0", batch: int = 64,
                 usual_batch: int = 32, latency_frames: int = 300, latency_video: str | None = None,
                 latency_batch: int = 8, decode_latency: str = "native", memory_loops: int = 0,
@@ -289,12 +399,17 @@ def bench_video(video: str, model: str, *, streams=(1, 8, 16, 32), device: str =
     with reporter.phase(f"warm-up (each pipeline once; {most} decoders to reuse)"):
         clip_frames, _ = _decode_only(video, 1, gpu)
         _decode_only_batched(video, most, gpu)  # leaves `most` decoders for both SimpleDecoder pipelines
-        pool = None
-        if devices and len(devices) > 1:  # one worker process per GPU, started and warmed before any clock
+        pool = dec_pool = None
+        if devices and len(devices) > 1:  # a process per GPU for each pipeline, started and warmed before any clock
             from engines.video import WorkerPool
 
             pool = WorkerPool(model, devices=devices)
-            list(pool.classify([video] * (most * len(devices)), batch=batch))  # each worker keeps its decoders
+            try:
+                list(pool.classify([video] * (most * len(devices)), batch=batch))  # each worker keeps its decoders
+                dec_pool = DecodeOnlyOnGpus(video, devices, most)
+            except BaseException:
+                pool.close()
+                raise
         _ours(video, 1, engine, batch)  # to the end: a source stopped early does not keep its decoder
         _usual_ok = True
         try:
@@ -327,12 +442,7 @@ def bench_video(video: str, model: str, *, streams=(1, 8, 16, 32), device: str =
             ours.vs_usual = round(ours.fps / usual.fps, 2)
         rows += [dec, dec_b] + ([usual] if usual else []) + [ours]
         if pool is not None:
-            k = len(devices)
-            with reporter.phase(f"{n} stream(s) on each of {k} GPUs: trtc"):
-                multi = _timed_row(f"trtc on {k} GPUs ({n} streams each, a worker per GPU)", n * k,
-                                   lambda: _ours_pool(pool, video, n * k, batch))
-            multi.vs_one_gpu = round(multi.fps / ours.fps, 3)
-            rows.append(multi)
+            rows += _several_gpus(pool, dec_pool, video, n, len(devices), batch, repeat, reporter, dec_b, ours)
     latency = {}
     if latency_frames:
         lat_video = latency_video or video
@@ -369,6 +479,7 @@ def bench_video(video: str, model: str, *, streams=(1, 8, 16, 32), device: str =
                           "growth_mb": round(samples[-1] - samples[0], 1), "samples": samples}
     if pool is not None:
         pool.close()
+        dec_pool.close()
     g = gpu_device(gpu) or {}
     import datetime
 

@@ -451,8 +451,9 @@ def _int_list(ctx, param, value):
               help="A video benchmark: NVDEC output latency for the latency run (low: streams without B-frames).")
 @click.option("--memory-loops", type=click.IntRange(0), default=0, show_default=True,
               help="A video benchmark: also run the clip N times and report GPU memory growth.")
-@click.option("--devices", help="A video benchmark: also run trtc on several GPUs (cuda:0,cuda:1 or cuda:all), the "
-                                "same streams per GPU, against one GPU in the same run.")
+@click.option("--devices", help="A video benchmark: also run decode-only and trtc on several GPUs at once (cuda:0,cuda:1 "
+                                "or cuda:all; a process per GPU), the same streams per GPU, against one GPU in the "
+                                "same run.")
 @click.option("--repeat", type=click.IntRange(1), default=3, show_default=True,
               help="A video benchmark: run decode-only and trtc this many times, interleaved, and show the median.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")

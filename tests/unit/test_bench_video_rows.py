@@ -39,3 +39,43 @@ def test_the_table_shows_the_range_of_the_runs():
     text = buf.getvalue()
     assert "3350.0 (3100-3360)" in text and "3440.0 (3438-3786)" in text
     assert "median of the runs" in text
+
+
+def test_several_gpus_rows_divide_by_their_own_pipeline_on_one_gpu():
+    """`trtc bench --devices cuda:0,cuda:1`: each run measures decode-only on both GPUs, then trtc on both; the
+    median runs become the rows; decode-only's `vs 1 GPU` divides by one GPU's decode-only, trtc's by one GPU's
+    trtc, and trtc's `vs decode-only` by the two-GPU decode-only (the host's own ceiling)."""
+    import types
+
+    from toolchain._ui import Reporter
+    from toolchain.bench_video import _several_gpus
+
+    class DecPool:
+        fps = iter([8000.0, 9000.0, 8600.0])
+
+        def run(self, n):
+            return 2 * n * 600, 2 * n * 600 / next(self.fps)
+
+    class Pool:
+        def __init__(self):
+            self.calls = []
+
+        def classify(self, sources, batch, top_k):
+            self.calls.append(len(sources))
+            return _Run(iter([types.SimpleNamespace(latency_ms=None, decode_ms=None)] * (len(sources) * 600)))
+
+    class _Run:
+        def __init__(self, it):
+            self.it, self.problems = it, []
+
+        def __iter__(self):
+            return self.it
+
+    pool = Pool()
+    dec, multi = _several_gpus(pool, DecPool(), "clip.mp4", 16, 2, 64, 3, Reporter(),
+                               _row("dec one", 4600.0), _row("trtc one", 4500.0))
+    assert pool.calls == [32, 32, 32] and dec.streams == multi.streams == 32 and multi.frames == 32 * 600
+    assert dec.fps == 8600.0 and dec.fps_runs == [8000.0, 9000.0, 8600.0]  # the median run
+    assert dec.vs_one_gpu == round(8600 / 4600, 3)
+    assert multi.vs_one_gpu == round(multi.fps / 4500, 3) and multi.vs_decode == round(multi.fps / 8600, 3)
+    assert dec.cores_per_stream is None and multi.cores_per_stream is None  # their work is in other processes
