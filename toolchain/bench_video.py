@@ -48,6 +48,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from engines._deps import dist_version, require
+from engines.errors import EngineError
 from engines._gpu import device as gpu_device
 from engines._gpu import memory_used_mib
 
@@ -211,14 +212,18 @@ class DecodeOnlyOnGpus:
             self._answer(d, c, "ready")
 
     def _answer(self, device, conn, want):
+        fix = "run trtc bench without --devices on that GPU to see its own error"
         try:
             kind, value = conn.recv()
         except EOFError:
+            proc = self.procs[self.conns.index(conn)]
+            proc.join(timeout=5)
             self.close()
-            raise UsageProblem(f"the decode-only process for {device} ended without an answer") from None
+            raise EngineError(f"the decode-only process for {device} ended without an answer (exit code "
+                              f"{proc.exitcode})", fix) from None
         if kind != want:
             self.close()
-            raise UsageProblem(f"decode-only on {device} failed: {value}")
+            raise EngineError(f"decode-only on {device} failed: {value}", fix)
         return value
 
     def run(self, streams_each: int) -> tuple[int, float]:
