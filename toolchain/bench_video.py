@@ -395,6 +395,13 @@ def bench_video(video: str, model: str, *, streams=(1, 8, 16, 32), device: str =
         raise UsageProblem("the video benchmark compares GPU pipelines", "use --device cuda:0")
     if repeat < 1:
         raise UsageProblem(f"--repeat must be at least 1, got {repeat}")
+    if devices is not None:
+        if any(not d.startswith("cuda") for d in devices):
+            raise UsageProblem(f"--devices lists GPUs to compare, and {', '.join(devices)} is not all GPUs",
+                               "use e.g. --devices cuda:0,cuda:1 or --devices cuda:all")
+        if len(devices) < 2:
+            raise UsageProblem(f"--devices compares several GPUs with one, and {', '.join(devices) or 'nothing'} is "
+                               "one", "list two or more (cuda:0,cuda:1), or leave --devices out on a one-GPU machine")
     engine = engines.open_engine(model, device=device)
     spec = engines.read_manifest(model).preprocess
     gpu = engine.device_id

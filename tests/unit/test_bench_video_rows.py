@@ -79,3 +79,16 @@ def test_several_gpus_rows_divide_by_their_own_pipeline_on_one_gpu():
     assert dec.vs_one_gpu == round(8600 / 4600, 3)
     assert multi.vs_one_gpu == round(multi.fps / 4500, 3) and multi.vs_decode == round(multi.fps / 8600, 3)
     assert dec.cores_per_stream is None and multi.cores_per_stream is None  # their work is in other processes
+
+
+def test_bench_devices_must_be_several_gpus():
+    import pytest
+
+    from engines.errors import UsageProblem
+    from toolchain.bench_video import bench_video
+
+    with pytest.raises(UsageProblem, match="is not all GPUs"):
+        bench_video("clip.mp4", "m.onnx", devices=["cpu", "cpu"])
+    with pytest.raises(UsageProblem, match="is one") as err:
+        bench_video("clip.mp4", "m.onnx", devices=["cuda:0"])
+    assert "leave --devices out" in err.value.fix
