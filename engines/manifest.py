@@ -91,12 +91,31 @@ class Manifest:
         }
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Manifest":
+    def from_dict(cls, d: dict, artifact: str | os.PathLike | None = None) -> "Manifest":
+        """Parse a manifest's JSON. Anything that is not the shape trtc writes (not an object, a field of the wrong
+        type, an invalid preprocessing contract) raises a :class:`ManifestError` naming ``artifact``'s manifest and
+        what is wrong, never a ``TypeError`` or ``AttributeError`` later in whoever reads the field."""
+        name = manifest_path(artifact).name if artifact is not None else "this JSON"
+        if not isinstance(d, dict):
+            raise ManifestError(f"{name} is not a trtc manifest: it holds {_json_type(d)}, not a JSON object",
+                                _recreate_fix(artifact, None))
+        fix = _recreate_fix(artifact, d)
+        if d.get("schema") != SCHEMA:
+            raise ManifestError(f"{name}: manifest schema {d.get('schema')!r} is not the supported {SCHEMA}",
+                                "re-export the model with this trtc version")
+        problem = _shape_problem(d)
+        if problem:
+            raise ManifestError(f"{name} is a malformed trtc manifest: {problem}", fix)
         try:
-            if d.get("schema") != SCHEMA:
-                raise ManifestError(f"manifest schema {d.get('schema')!r} is not the supported {SCHEMA}",
-                                    "re-export the model with this trtc version")
-            return cls(kind=d["kind"], model=d["model"], preprocess=PreprocessSpec.from_dict(d["preprocess"]),
+            preprocess = PreprocessSpec.from_dict(d["preprocess"])
+        except UsageProblem as exc:  # the contract's own checks, worded for the command line
+            raise ManifestError(f"{name} is a malformed trtc manifest: its 'preprocess' is invalid: {exc.reason}",
+                                fix) from exc
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ManifestError(f"{name} is a malformed trtc manifest: its 'preprocess' is invalid "
+                                f"({type(exc).__name__}: {exc})", fix) from exc
+        try:
+            return cls(kind=d["kind"], model=d["model"], preprocess=preprocess,
                        inputs=[TensorSpec.from_dict(t) for t in d["inputs"]],
                        outputs=[TensorSpec.from_dict(t) for t in d["outputs"]],
                        batch=BatchProfile(**d["batch"]), labels=d.get("labels"),
@@ -104,13 +123,139 @@ class Manifest:
                        builder=d.get("builder"), parent=d.get("parent"), artifact=d.get("artifact") or {},
                        created=d.get("created", ""), schema=d["schema"])
         except (KeyError, TypeError, ValueError) as exc:
-            raise ManifestError(f"manifest is malformed ({type(exc).__name__}: {exc})",
-                                "re-create it by exporting or building the artifact again") from exc
+            raise ManifestError(f"{name} is a malformed trtc manifest ({type(exc).__name__}: {exc})", fix) from exc
 
     def label(self, index: int) -> str:
         if self.labels and 0 <= index < len(self.labels):
             return self.labels[index]
         return str(index)
+
+
+def _json_type(value) -> str:
+    """What a parsed JSON value is, in JSON's words: 'a string', 'a list', 'null'..."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+# what each field must be: (test, its name in the message)
+_OBJECT = (lambda v: isinstance(v, dict), "an object")
+_STRING = (lambda v: isinstance(v, str), "a string")
+_LIST = (lambda v: isinstance(v, list), "a list")
+_INT = (_is_int, "an integer")
+_NUMBERS = (lambda v: isinstance(v, list) and all(_is_number(x) for x in v), "a list of numbers")
+_INTS = (lambda v: isinstance(v, list) and all(_is_int(x) for x in v), "a list of integers")
+_STRINGS = (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of strings")
+
+# the top-level fields Manifest.from_dict reads: required ones, then those that may be absent or null
+_REQUIRED = {"kind": _STRING, "model": _OBJECT, "preprocess": _OBJECT, "inputs": _LIST, "outputs": _LIST,
+             "batch": _OBJECT}
+_OPTIONAL = {"labels": _STRINGS, "precision": _OBJECT, "producer": _OBJECT, "builder": _OBJECT, "parent": _OBJECT,
+             "artifact": _OBJECT, "created": _STRING}
+# fields inside them that trtc reads (absent is fine unless required; null only where noted)
+_PREPROCESS = {"size": _INTS, "resize": _INT, "color": _STRING, "mean": _NUMBERS, "std": _NUMBERS,
+               "layout": _STRING, "interpolation": _STRING, "dtype": _STRING, "input": _STRING, "extra": _OBJECT}
+_PREPROCESS_NULLABLE = ("resize", "input")
+_TENSOR = {"name": _STRING, "dtype": _STRING, "shape": _LIST}
+_BUILDER = {"flags": _OBJECT, "gpu": _OBJECT, "compute_capabilities": _STRINGS}
+
+
+def _wrong(where: str, value, expected: str) -> str:
+    """'its 'labels' is a string, not a list of strings'; for a list, the first item that is wrong."""
+    shown = where if "." in where or "[" in where else f"'{where}'"
+    item = {"a list of strings": (lambda x: isinstance(x, str), "a string"),
+            "a list of numbers": (_is_number, "a number"), "a list of integers": (_is_int, "an integer")}.get(expected)
+    if item and isinstance(value, list):
+        test, one = item
+        i, bad = next((i, x) for i, x in enumerate(value) if not test(x))
+        return f"its {where}[{i}] is {_json_type(bad)}, not {one}"
+    return f"its {shown} is {_json_type(value)}, not {expected}"
+
+
+def _check_fields(d: dict, fields: dict, prefix: str, required=(), nullable=()) -> str | None:
+    for key, (test, expected) in fields.items():
+        where = f"{prefix}{key}"
+        if key not in d:
+            if key in required:
+                return f"it has no '{where}'" if not prefix else f"its {prefix[:-1]} has no '{key}'"
+            continue
+        value = d[key]
+        if value is None and key in nullable:
+            continue
+        if not test(value):
+            return _wrong(where, value, expected)
+    return None
+
+
+def _shape_problem(d: dict) -> str | None:
+    """What makes ``d`` not the shape of a manifest trtc writes (None when it is): the top-level fields
+    :meth:`Manifest.from_dict` reads, and the parts of them that the runtime reads, checked by type."""
+    problem = (_check_fields(d, _REQUIRED, "", required=_REQUIRED)
+               or _check_fields(d, _OPTIONAL, "", nullable=_OPTIONAL))
+    if problem:
+        return problem
+    problem = _check_fields(d["preprocess"], _PREPROCESS, "preprocess.", nullable=_PREPROCESS_NULLABLE)
+    if problem:
+        return problem
+    for key in ("inputs", "outputs"):
+        for i, t in enumerate(d[key]):
+            if not isinstance(t, dict):
+                return f"its {key}[{i}] is {_json_type(t)}, not an object"
+            problem = _check_fields(t, _TENSOR, f"{key}[{i}].", required=_TENSOR)
+            if problem:
+                return problem
+    problem = _check_fields(d["batch"], {k: _INT for k in ("min", "opt", "max")}, "batch.",
+                            required=("min", "opt", "max"))
+    if problem:
+        return problem
+    extra = sorted(set(d["batch"]) - {"min", "opt", "max"})
+    if extra:
+        return f"its batch has an unknown field '{extra[0]}'"
+    for key, fields, nullable in (("precision", {"mode": _STRING}, ()), ("producer", {"tool": _STRING}, ("tool",)),
+                                  ("parent", {"file": _STRING}, ()), ("builder", _BUILDER, ("gpu",))):
+        if isinstance(d.get(key), dict):
+            problem = _check_fields(d[key], fields, f"{key}.", nullable=nullable)
+            if problem:
+                return problem
+    return None
+
+
+def _recreate_fix(artifact: str | os.PathLike | None, data) -> str:
+    """How to get a good manifest back: the trtc command that made the artifact writes both again."""
+    producer = data.get("producer") if isinstance(data, dict) else None
+    tool = producer.get("tool") if isinstance(producer, dict) else None
+    tool = tool if isinstance(tool, str) and tool.startswith("trtc ") else None
+    if artifact is None:
+        return f"re-create it with {tool or 'the trtc command that made the model (trtc export, quantize or build)'}"
+    artifact = Path(artifact)
+    from . import PLAN_SUFFIXES  # engines/__init__ imports this module: read it at call time
+
+    if artifact.suffix.lower() in PLAN_SUFFIXES:
+        parent = data.get("parent") if isinstance(data, dict) else None
+        onnx = parent.get("file") if isinstance(parent, dict) and isinstance(parent.get("file"), str) else "MODEL.onnx"
+        return f"rebuild it: trtc build {onnx} -o {artifact.name} --force (a plan is not loaded without its manifest)"
+    made_by = tool or ("trtc quantize" if ".fp16." in artifact.name or ".int8." in artifact.name else "trtc export")
+    return (f"re-create it with the {made_by} command that made {artifact.name}, run again with --force; deleting "
+            f"{manifest_path(artifact).name} instead runs the model as an ONNX from elsewhere (no labels, default "
+            "ImageNet preprocessing)")
 
 
 def manifest_path(artifact: str | os.PathLike) -> Path:
@@ -143,10 +288,24 @@ def read_manifest(artifact: str | os.PathLike, verify_hash: bool = True) -> Mani
         raise ManifestError(f"{artifact} has no manifest {path.name} beside it",
                             "make the artifact with trtc export/quantize/build, or keep its .json next to it")
     try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ManifestError(f"cannot read manifest {path}: {exc}", "re-create it by exporting the model again") from exc
-    manifest = Manifest.from_dict(data)
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ManifestError(f"cannot read manifest {path}: {exc}",
+                            f"make {path.name} readable, or {_recreate_fix(artifact, None)}") from exc
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ManifestError(f"{path.name} is not a trtc manifest: it is not UTF-8 text (byte 0x{raw[exc.start]:02x} "
+                            f"at offset {exc.start})", _recreate_fix(artifact, None)) from exc
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ManifestError(f"{path.name} is not a trtc manifest: it is not valid JSON ({exc})",
+                            _recreate_fix(artifact, None)) from exc
+    except (ValueError, RecursionError) as exc:  # e.g. a number too long to convert, nesting too deep
+        raise ManifestError(f"{path.name} is not a trtc manifest: it cannot be parsed as JSON "
+                            f"({type(exc).__name__}: {exc})", _recreate_fix(artifact, None)) from exc
+    manifest = Manifest.from_dict(data, artifact)
     if verify_hash:
         actual = sha256_file(artifact)
         if actual != manifest.artifact.get("sha256"):
