@@ -115,6 +115,8 @@ def run_video(sources, model, *, device: str = "auto", batch: int | None = None,
     if not sources:
         raise UsageProblem("no video sources given", "trtc run clip.mp4 --model model.onnx")
     out_path = Path(output) if output and output != "-" else None
+    if out_path is not None:
+        _refuse_writing_over_inputs(out_path, model, sources)
     if resume and out_path is None:
         raise UsageProblem("--resume continues an output file", "give the file of the earlier run with -o")
     done: dict = {}
@@ -125,6 +127,9 @@ def run_video(sources, model, *, device: str = "auto", batch: int | None = None,
             raise UsageProblem(f"{out_path} already exists", "add --resume to skip the videos it holds complete "
                                                              "and go on, or --force to start over")
         check_output_path(out_path, force or (resume and out_path.exists()), suffix=None)
+        if ray is not None and done_file(out_path).is_dir():
+            raise UsageProblem(f"{done_file(out_path)} is a folder, where --ray keeps the list of the videos "
+                               f"{out_path.name} holds complete", "move the folder away, or give another -o")
         if resume and out_path.exists():
             done, kept_lines, kept_bytes = read_progress(out_path)
             foreign = sorted(set(done) - set(sources))
@@ -222,7 +227,7 @@ def run_video(sources, model, *, device: str = "auto", batch: int | None = None,
             lat = {"p50": round(float(np.percentile(a, 50)), 2), "p99": round(float(np.percentile(a, 99)), 2),
                    "max": round(float(a.max()), 2)}
         per_source = {s: stats["per_source"].get(s, 0) for s in sources}
-        return RunSummary(model=str(model), device=device, decoder=stats["path"].split(" ")[0], sources=sources,
+        return RunSummary(model=str(model), device=device, decoder=stats.get("decoder") or "?", sources=sources,
                           frames=stats["frames"], batches=stats["batches"], seconds=stats["seconds"],
                           fps=stats["fps"], mean_batch=stats["mean_batch"], per_source=per_source,
                           problems=[{"source": p.source, "reason": p.reason, "frames": p.frames}
@@ -275,10 +280,11 @@ VIDEO_SUFFIXES = {".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".ts", ".mts"
 
 
 def is_ray_address(text: str) -> bool:
-    """"local", "auto", "ray://HOST:PORT" or "HOST:PORT" (what ``--ray`` takes; anything else is a source)."""
+    """"local", "auto", "ray://HOST:PORT" or "HOST:PORT", HOST also "[IPv6]" (what ``--ray`` takes; anything else is
+    a source)."""
     import re
 
-    return bool(re.fullmatch(r"local|auto|ray://\S+|[A-Za-z0-9.\-]+:\d{1,5}", text))
+    return bool(re.fullmatch(r"local|auto|ray://\S+|([A-Za-z0-9.\-]+|\[[0-9A-Fa-f:.]+\]):\d{1,5}", text))
 
 
 def batch_sources(sources: list[str]) -> list[str]:
@@ -289,9 +295,21 @@ def batch_sources(sources: list[str]) -> list[str]:
     for s in sources:
         if s.startswith("@"):
             path = Path(s[1:])
+            if path.is_dir():
+                raise UsageProblem(f"@{path} is a folder, not a list of sources",
+                                   f"give the folder without @ ({path}), or @FILE with one video path or URL a line")
             if not path.is_file():
                 raise UsageProblem(f"list of sources {path} not found", "give @FILE with one video path or URL a line")
-            for line in path.read_text().splitlines():
+            try:
+                text = path.read_text(encoding="utf-8")
+            except UnicodeDecodeError:
+                raise UsageProblem(f"@{path} is not a text file (a list of sources has one video path or URL a line)",
+                                   f"give the video itself without @ ({path})" if path.suffix.lower() in VIDEO_SUFFIXES
+                                   else "give @FILE with one video path or URL a line") from None
+            except OSError as exc:
+                raise UsageProblem(f"cannot read the list of sources {path}: {exc.strerror or exc}",
+                                   "give @FILE with one video path or URL a line") from None
+            for line in text.splitlines():
                 line = line.strip()
                 if line and not line.startswith("#"):
                     out.append(line if "://" in line or os.path.isabs(line) else str(path.parent / line))
@@ -310,6 +328,20 @@ def batch_sources(sources: list[str]) -> list[str]:
     return out
 
 
+def _refuse_writing_over_inputs(out_path: Path, model, sources: list[str]) -> None:
+    """-o naming the model, its manifest or one of the videos would destroy an input: refused even with --force."""
+    from engines import split_engine
+
+    model_path = Path(split_engine(os.fspath(model))[1])
+    inputs = [(model_path, "the model"), (model_path.with_name(model_path.name + ".json"), "the model's manifest")]
+    inputs += [(Path(s), "a source video") for s in sources if "://" not in s]
+    target = out_path.resolve()
+    for path, what in inputs:
+        if path.exists() and path.resolve() == target:
+            raise UsageProblem(f"-o {out_path} is {what}: the predictions would be written over it",
+                               "give -o another file, e.g. preds.jsonl")
+
+
 def _no_batch(sources: list[str]) -> list[str]:
     for s in sources:
         if s.startswith("@") or ("://" not in s and Path(s).is_dir()):
@@ -325,7 +357,11 @@ def done_file(out_path: Path) -> Path:
 
 def read_complete(out_path: Path) -> set:
     f = done_file(out_path)
-    return set(f.read_text().splitlines()) - {""} if f.exists() else set()
+    try:
+        return set(f.read_text(encoding="utf-8").splitlines()) - {""} if f.exists() else set()
+    except UnicodeDecodeError:
+        raise UsageProblem(f"{f} is not the list of complete videos trtc run --ray writes (not text)",
+                           f"delete it to resume from {out_path.name} alone, or give another -o") from None
 
 
 def _ray_run(model, address, device, actors, streams, sources, complete, options, finished, reporter):

@@ -127,13 +127,44 @@ class RayRun(VideoRun):
         self.retried: list[str] = []
 
 
+def _host_port(address: str) -> tuple[str, int] | None:
+    """"host:port" (also "ray://host:port") -> (host, port); None for anything else ("auto", a bad form)."""
+    rest = address[len("ray://"):] if address.startswith("ray://") else address
+    host, sep, port = rest.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        return None
+    return host.strip("[]"), int(port)
+
+
+def _check_reachable(address: str, timeout: float = 5.0) -> None:
+    """Before ray.init: a TCP connection to host:port, so that a wrong address or a cluster that is not running is
+    a one-line error at once (Ray itself keeps retrying the head node's GCS for minutes, printing its own logs)."""
+    import socket
+
+    hp = _host_port(address)
+    if hp is None:
+        raise UsageProblem(f"--ray {address}: not a Ray address",
+                           "use --ray (a local instance), --ray auto (the cluster of this node) or --ray HOST:PORT")
+    try:
+        socket.create_connection(hp, timeout=timeout).close()
+    except OSError as exc:
+        why = "nothing listens there" if isinstance(exc, ConnectionRefusedError) else (
+            "no answer" if isinstance(exc, TimeoutError | socket.timeout) else (exc.strerror or str(exc)))
+        raise EngineError(f"no Ray cluster answers at {address} ({why})",
+                          "check the address (`ray status` on the head node), or start the head there with "
+                          f"`ray start --head --port={hp[1]}`; --ray alone starts a local instance") from None
+
+
 def connect(address: str | None = None, **init_options) -> bool:
     """Join the Ray cluster at ``address`` ("auto", "host:port", "ray://host:port") or start a local instance
     (None/"local"); returns True when this call started or joined it (and so should shut it down). A Ray already
-    initialised in this process is used as it is."""
+    initialised in this process is used as it is. "host:port" and "ray://host:port" must answer a TCP connection
+    within 5 s first."""
     ray = _ray()
     if ray.is_initialized():
         return False
+    if address not in LOCAL and address != "auto":
+        _check_reachable(address)
     kw = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.WARNING}
     kw.update(init_options)
     try:
@@ -143,7 +174,15 @@ def connect(address: str | None = None, **init_options) -> bool:
             ray.init(address=address, **kw)
     except (ConnectionError, TimeoutError, RuntimeError, ValueError) as exc:
         where = "a local Ray instance" if address in LOCAL else f"the Ray cluster at {address}"
-        raise EngineError(f"could not start or join {where}: {str(exc).splitlines()[0] if str(exc) else exc}",
+        first = str(exc).splitlines()[0] if str(exc) else repr(exc)
+        if "ray[client]" in str(exc):
+            from .._deps import dist_version
+
+            version = dist_version("ray")
+            raise EngineError(f"could not join {where}: a ray:// address needs Ray Client, which is not installed",
+                              f'pip install "ray[client]{"==" + version if version else ""}", or run on a node of '
+                              "the cluster with --ray auto") from exc
+        raise EngineError(f"could not start or join {where}: {first}",
                           "start it with `ray start --head` (then `ray start --address=HEAD:6379` on each other "
                           "node) and use --ray auto on a node of the cluster") from exc
     return True
@@ -350,8 +389,7 @@ class RayPool:
                         continue
                     del busy[gen]
                     _, probs, wstats, failure = msg
-                    stats.batches += int(wstats.get("batches", 0))
-                    stats.batch_sizes += wstats.get("batch_sizes") or []
+                    stats.merge_from(wstats)
                     for k, v in (wstats.get("decoded") or {}).items():
                         stats.decoded[back.get(k, k)] = stats.decoded.get(back.get(k, k), 0) + v
                     if failure:

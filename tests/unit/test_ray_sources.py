@@ -12,8 +12,12 @@ from toolchain.run import _no_batch, batch_sources, is_ray_address
 
 
 def test_ray_addresses_and_sources_are_told_apart():
-    for a in ("local", "auto", "10.0.0.5:6379", "head-node.lan:6379", "ray://head:10001"):
+    for a in ("local", "auto", "10.0.0.5:6379", "head-node.lan:6379", "ray://head:10001", "[fd00::5]:6379"):
         assert is_ray_address(a), a
+    from engines.video.ray_cluster import _host_port
+
+    assert _host_port("10.0.0.5:6379") == ("10.0.0.5", 6379) and _host_port("ray://head:10001") == ("head", 10001)
+    assert _host_port("[fd00::5]:6379") == ("fd00::5", 6379) and _host_port("head") is None
     for s in ("clip.mp4", "/data/archive", "@list.txt", "rtsp://cam/live", "archive/", "auto.mp4"):
         assert not is_ray_address(s), s
 
