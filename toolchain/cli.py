@@ -107,6 +107,28 @@ def cli(ctx: click.Context, verbose: int, quiet: bool, debug: bool):
     ctx.obj = state
 
 
+class FiniteFloat(click.ParamType):
+    """A float that is a real number (nan and inf make loops never end and checks always pass), above ``low``."""
+
+    name = "float"
+
+    def __init__(self, low: float | None = None, above: bool = False):
+        self.low, self.above = low, above
+
+    def convert(self, value, param, ctx):
+        import math
+
+        try:
+            v = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        if not math.isfinite(v):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        if self.low is not None and (v < self.low or (self.above and v == self.low)):
+            self.fail(f"{v:g} is not {'above' if self.above else 'at least'} {self.low:g}", param, ctx)
+        return v
+
+
 def _floats3(ctx, param, value):
     if value is None:
         return None
@@ -114,6 +136,10 @@ def _floats3(ctx, param, value):
         vals = tuple(float(v) for v in value.replace(" ", "").split(","))
     except ValueError:
         raise click.BadParameter("give three comma-separated numbers, e.g. 0.485,0.456,0.406") from None
+    import math
+
+    if not all(math.isfinite(v) for v in vals):
+        raise click.BadParameter(f"{value!r} holds a number that is not finite")
     if len(vals) != 3:
         raise click.BadParameter(f"needs 3 values (one per channel), got {len(vals)}")
     return vals
@@ -168,7 +194,7 @@ def _show(state: State, report, as_json: bool, renderer: str) -> None:
               "on; default: random inputs.")
 @click.option("--check-samples", type=click.IntRange(1, 1024), default=8, show_default=True,
               help="Random inputs when no --check-data.")
-@click.option("--atol", type=float, default=1e-3, show_default=True, help="Max abs logit difference allowed.")
+@click.option("--atol", type=FiniteFloat(0), default=1e-3, show_default=True, help="Max abs logit difference allowed.")
 @click.option("--name", help="Model name for the manifest (default: from the source).")
 @click.option("--force", is_flag=True, help="Overwrite an existing output.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
@@ -207,7 +233,7 @@ def export(state: State, source, output, weights, num_classes, input_size, batch
               help="Samples to calibrate on; the rest of the data is held out for the check.")
 @click.option("--calib-method", type=click.Choice(["percentile", "entropy", "minmax"]), default="percentile",
               show_default=True, help="How activation ranges are chosen (README: Calibration methods).")
-@click.option("--percentile", type=float, default=99.99, show_default=True, help="For --calib-method percentile.")
+@click.option("--percentile", type=FiniteFloat(0, above=True), default=99.99, show_default=True, help="For --calib-method percentile.")
 @click.option("--keep-fp32", multiple=True, metavar="OP_OR_NODE",
               help="Op type or node name to keep in FP32 (repeatable); added to the default list.")
 @click.option("--high-precision", type=click.Choice(["fp16", "fp32"]), default="fp16", show_default=True,
@@ -216,7 +242,7 @@ def export(state: State, source, output, weights, num_classes, input_size, batch
               help="int8: who will run it. any/onnxruntime: Q/DQ in FP32 with a Cast to FP16 after each "
                    "DequantizeLinear, right in every runtime; tensorrt: FP16 scales, wrong in a default ONNX "
                    "Runtime session (README: The INT8 graph form).")
-@click.option("--target-agreement", type=float, metavar="X",
+@click.option("--target-agreement", type=FiniteFloat(), metavar="X",
               help="int8: keep the layers INT8 hurts most out of INT8 until top-1 agreement with the parent "
                    "reaches X (e.g. 0.97) on held-out data.")
 @click.option("--no-bias-correction", is_flag=True, help="int8: leave the biases as they are (by default each "
@@ -293,7 +319,7 @@ def quantize(state: State, model, precision, output, calib, calib_count, calib_m
               help="TensorRT-RTX: build ahead of time for SM75/SM80/SM86/SM89/SM120 ... (repeatable).")
 @click.option("--calib", multiple=True, metavar="PATH", help="int8: calibration data (see trtc quantize).")
 @click.option("--calib-count", type=click.IntRange(1), help="int8: see trtc quantize.")
-@click.option("--target-agreement", type=float, help="int8: see trtc quantize.")
+@click.option("--target-agreement", type=FiniteFloat(), help="int8: see trtc quantize.")
 @click.option("--keep-fp32", multiple=True, metavar="OP_OR_NODE", help="fp16/int8: see trtc quantize.")
 @click.option("--allow-random-check", is_flag=True, help="int8: see trtc quantize.")
 @click.option("--force", is_flag=True, help="Overwrite existing outputs.")
@@ -355,9 +381,9 @@ def inspect(state: State, artifact, as_json):
               "videos (frames sampled evenly) or .npy/.npz (with 'labels'); repeatable.")
 @click.option("--count", type=click.IntRange(1), default=512, show_default=True, help="Samples per source at most.")
 @click.option("--device", default="cpu", show_default=True, help="cpu or cuda:N (ONNX Runtime and PyTorch).")
-@click.option("--min-top1-agreement", type=float, help="Override the per-precision default.")
-@click.option("--min-cosine", type=float, help="Override the per-precision default.")
-@click.option("--max-accuracy-drop", type=float, help="Override the per-precision default (a fraction: 0.01 = 1 pp).")
+@click.option("--min-top1-agreement", type=FiniteFloat(), help="Override the per-precision default.")
+@click.option("--min-cosine", type=FiniteFloat(), help="Override the per-precision default.")
+@click.option("--max-accuracy-drop", type=FiniteFloat(), help="Override the per-precision default (a fraction: 0.01 = 1 pp).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the JSON report here ('-' for "
               "stdout instead of the table).")
 @click.option("--html", "html_path", type=click.Path(dir_okay=False), help="Write an HTML report with plots here.")
@@ -437,7 +463,7 @@ def _int_list(ctx, param, value):
 @click.option("--device", default=None, help="cpu or cuda:N [default: cpu; a video: cuda:0].")
 @click.option("--warmup", type=click.IntRange(0), default=5, show_default=True, help="Untimed runs first.")
 @click.option("--iterations", type=click.IntRange(1), help="Timed runs per batch size (instead of --duration).")
-@click.option("--duration", type=float, default=3.0, show_default=True, help="Seconds of timed runs per batch size.")
+@click.option("--duration", type=FiniteFloat(0, above=True), default=3.0, show_default=True, help="Seconds of timed runs per batch size.")
 @click.option("--model", "video_model", type=click.Path(dir_okay=False),
               help="A video benchmark: the model to run on the VIDEO given as the argument.")
 @click.option("--streams", callback=_int_list, default="1,8,16,32", show_default=True,
@@ -524,7 +550,7 @@ def bench(state: State, models, batches, device, warmup, iterations, duration, v
                    "metadata, else BT.709 for HD and BT.601 below, limited.")
 @click.option("--scores", type=click.Choice(["auto", "softmax", "raw"]), default="auto", show_default=True,
               help="softmax probabilities, the model's raw outputs, or auto (raw when they already sum to 1).")
-@click.option("--max-wait-ms", type=click.FloatRange(0), default=100.0, show_default=True,
+@click.option("--max-wait-ms", type=FiniteFloat(0), default=100.0, show_default=True,
               help="How long a partly filled batch waits for frames before it runs.")
 @click.option("--loop", type=click.IntRange(1), default=1, show_default=True, help="Read each source N times.")
 @click.option("--realtime", is_flag=True, help="Feed packets at the stream's frame rate (as a live camera would).")
@@ -577,6 +603,9 @@ def run(state: State, sources, model, engine, device, batch, top_k, stride, outp
         raise UsageProblem("--ray-actors and --ray-streams go with --ray", "add --ray (or --ray auto)")
 
     if summary_path:
+        if output and output != "-" and os.path.abspath(output) == os.path.abspath(summary_path):
+            raise UsageProblem(f"-o and --summary are the same file ({output}): the summary would replace the "
+                               "predictions", "give --summary another file, e.g. summary.json")
         check_output_path(summary_path, force, suffix=None, option="--summary")
     if engine != "auto":
         from engines import split_engine

@@ -80,6 +80,14 @@ class RunStats:
     decoded: dict = field(default_factory=dict)  # frames each source's decoder produced (before the stride)
     infer_stage: dict = field(default_factory=dict)  # GPU path: the inference thread's host seconds, by activity
     decode_stage: dict = field(default_factory=dict)  # GPU path: the decoder threads' seconds, summed, by activity
+    decoder: str = ""  # nvdec or pyav; several pools' workers or actors: each one used, e.g. "nvdec" or "nvdec,pyav"
+
+    def merge_from(self, other: dict) -> None:
+        """Add a worker's or actor's ``to_dict()`` (with its ``batch_sizes``) to these pool-wide stats."""
+        self.batches += int(other.get("batches", 0))
+        self.batch_sizes += other.get("batch_sizes") or []
+        used = {d for d in (self.decoder.split(",") if self.decoder else []) + [other.get("decoder") or ""] if d}
+        self.decoder = ",".join(sorted(used))
 
     @property
     def fps(self) -> float:
@@ -89,6 +97,7 @@ class RunStats:
         mean_batch = float(np.mean(self.batch_sizes)) if self.batch_sizes else 0.0
         return {"frames": self.frames, "batches": self.batches, "seconds": round(self.seconds, 3),
                 "fps": round(self.fps, 1), "mean_batch": round(mean_batch, 2), "path": self.path,
+                "decoder": self.decoder,
                 "per_source": self.per_source, "decoded": self.decoded,
                 "infer_stage": {k: round(v, 3) for k, v in self.infer_stage.items()},
                 "decode_stage": {k: round(v, 3) for k, v in self.decode_stage.items()}}
@@ -148,6 +157,13 @@ def classify(sources, engine, *, batch: int | None = None, top_k: int = 5, strid
         raise UsageProblem(f"--stride must be at least 1, got {stride}")
     if buffers is not None and buffers < 2:
         raise UsageProblem(f"at least two input buffers are needed (got {buffers})")
+    if not 0 <= max_wait_ms <= 3_600_000:  # also refuses nan
+        raise UsageProblem(f"--max-wait-ms must be between 0 and 3600000 (an hour), got {max_wait_ms}",
+                           "e.g. --max-wait-ms 100")
+    if colorspace and colorspace != "auto":
+        from ..preprocess import ColorSpace
+
+        ColorSpace.parse(colorspace)  # a bad name is the caller's mistake, said once, not a problem of each source
     manifest = _manifest_of(engine)
     spec = preprocess or (manifest.preprocess if manifest is not None else PreprocessSpec())
     labels = labels if labels is not None else (manifest.labels if manifest is not None else None)
@@ -179,7 +195,8 @@ def classify(sources, engine, *, batch: int | None = None, top_k: int = 5, strid
     gpu_index = getattr(engine, "device_id", 0)
     srcs = make_sources(sources, decoder, gpu_index, colorspace, loop, realtime, latency)
     topk = TopK(top_k, scores)
-    stats = RunStats(path=f"{decoder} -> {type(engine).__name__} ({getattr(engine, 'device', 'cpu')})")
+    stats = RunStats(path=f"{decoder} -> {type(engine).__name__} ({getattr(engine, 'device', 'cpu')})",
+                     decoder=decoder)
     problems: list[SourceProblem] = []
     lock = threading.Lock()
     size = _input_shape(engine, spec)

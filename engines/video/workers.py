@@ -138,6 +138,7 @@ def _worker_main(conn, model: str, device: str, engine_options: dict, pin: bool 
             conn.send(("preds", out))
         problems = [(q.source, q.reason, q.frames) for q in run.problems] if run is not None else []
         stats = run.stats.to_dict() if run is not None else {}
+        stats["batch_sizes"] = list(run.stats.batch_sizes) if run is not None else []
         conn.send(("end", problems, stats, failure))
 
 
@@ -301,7 +302,7 @@ class WorkerPool:
                             for s in share:
                                 problems.append(SourceProblem(s, f"{s}: the worker on {w.device} failed: {failure}",
                                                               counts.get(s, 0)))
-                        stats.batches += int(wstats.get("batches", 0))
+                        stats.merge_from(wstats)
                         for k, v in (wstats.get("decoded") or {}).items():
                             stats.decoded[k] = stats.decoded.get(k, 0) + v
         finally:

@@ -166,3 +166,60 @@ def test_data_copies_the_samples_and_prints_their_paths(tmp_path, bikes, photos)
     code, text = _invoke(["data", str(tmp_path / "d")])
     assert code == 2 and "differs from the sample" in _error_lines(text)
     assert (folder / "coffee.png").read_bytes() == b"mine"
+
+
+def test_run_refuses_to_write_over_its_inputs_and_non_finite_numbers(tmp_path, bikes):
+    """Mistakes found by a sweep of the CLI (they overwrote inputs, hung, or ended in an internal error). All are
+    refused before any model is opened, so an empty model file is enough."""
+    model = tmp_path / "m.onnx"
+    model.write_bytes(b"")
+    (tmp_path / "m.onnx.json").write_text("{}")
+    clip = tmp_path / "clip.mp4"
+    clip.write_bytes(Path(bikes).read_bytes())
+    before = clip.read_bytes()
+
+    def run(*args):
+        return CliRunner().invoke(cli, ["run", str(clip), "--model", str(model), "--device", "cpu", *args])
+
+    r = run("-o", str(clip), "--force")
+    assert r.exit_code == 2 and "is a source video: the predictions would be written over it" in r.output
+    assert clip.read_bytes() == before
+    r = run("-o", str(tmp_path / "m.onnx.json"), "--force")
+    assert r.exit_code == 2 and "is the model's manifest" in r.output
+    r = run("-o", str(model), "--force")
+    assert r.exit_code == 2 and "is the model:" in r.output
+    r = run("-o", str(tmp_path / "p.json"), "--summary", str(tmp_path / "p.json"))
+    assert r.exit_code == 2 and "-o and --summary are the same file" in r.output
+    for bad in ("nan", "inf"):
+        r = run("--max-wait-ms", bad)
+        assert r.exit_code == 2 and "is not a finite number" in r.output, r.output
+    r = CliRunner().invoke(cli, ["bench", str(model), "--duration", "nan"])
+    assert r.exit_code == 2 and "is not a finite number" in r.output
+    r = CliRunner().invoke(cli, ["bench", str(model), "--duration", "0"])
+    assert r.exit_code == 2 and "0 is not above 0" in r.output
+
+
+def test_run_ray_batch_input_mistakes(tmp_path, bikes):
+    """--ray's own inputs: a binary file given as @list, a folder given as @list, a folder where the .done record
+    goes, and an address where no Ray listens (Ray itself retried for minutes): one-line errors, nothing started."""
+    import socket
+
+    model = tmp_path / "m.onnx"
+    model.write_bytes(b"")
+
+    def run(*args):
+        return CliRunner().invoke(cli, ["run", *args, "--model", str(model), "--device", "cpu"])
+
+    r = run(f"@{bikes}", "--ray")
+    assert r.exit_code == 2 and "is not a text file" in r.output and "without @" in r.output, r.output
+    r = run(f"@{tmp_path}", "--ray")
+    assert r.exit_code == 2 and "is a folder, not a list of sources" in r.output
+    (tmp_path / "p.jsonl.done").mkdir()
+    r = run(str(bikes), "--ray", "-o", str(tmp_path / "p.jsonl"))
+    assert r.exit_code == 2 and "p.jsonl.done is a folder" in r.output
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens there now
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = run(str(bikes), "--ray", f"127.0.0.1:{port}", "-o", str(tmp_path / "q.jsonl"))
+    assert r.exit_code == 1 and f"no Ray cluster answers at 127.0.0.1:{port} (nothing listens there)" in r.output
+    assert f"ray start --head --port={port}" in r.output

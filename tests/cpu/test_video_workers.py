@@ -49,6 +49,10 @@ def test_pool_results_equal_the_single_process_run(pool, lite0_onnx, clips):
         assert [i[0] for _, i, _ in by_source[c]] == [i[0] for _, i, _ in single]
         assert by_source[c][0][2] is not None  # labels from the manifest came through
     assert devices == {"cpu"} and run.stats.frames == 150
+    # the pool's stats merge the workers': their decoder and batch sizes (the summary said decoder "2", mean batch 0)
+    s = run.stats.to_dict()
+    assert s["decoder"] == "pyav" and sum(run.stats.batch_sizes) == 150 and s["batches"] == len(run.stats.batch_sizes)
+    assert 0 < s["mean_batch"] <= 16
 
 
 def test_a_bad_source_is_reported_and_the_others_complete(pool, clips, tmp_path):
@@ -83,9 +87,11 @@ def test_trtc_run_on_two_devices_writes_a_device_per_line(lite0_onnx, clips, tmp
 
     out = tmp_path / "preds.jsonl"
     r = subprocess.run([sys.executable, "-m", "toolchain", "-q", "run", *clips[:2], "--model", str(lite0_onnx[0]),
-                        "--device", "cpu,cpu", "--stride", "25", "-o", str(out)], capture_output=True, text=True,
-                       timeout=300)
+                        "--device", "cpu,cpu", "--stride", "25", "-o", str(out), "--summary",
+                        str(tmp_path / "s.json")], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert summary["decoder"] == "pyav" and summary["mean_batch"] > 0 and summary["device"] == "cpu,cpu"
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     assert sorted((d["source"], d["frame"]) for d in lines) == sorted((c, f) for c in clips[:2]
                                                                       for f in range(0, 250, 25))
