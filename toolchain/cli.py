@@ -68,6 +68,7 @@ class TrtcGroup(click.Group):
                 _fail(ctx, f"{where}{exc.strerror}", "check the path, its permissions and the free space "
                       "(ls -ld FOLDER, df -h)", 1)
             _fail(ctx, f"internal error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+                  "this is a bug in trtc; report the traceback above" if _debug(ctx) else
                   "this is a bug in trtc; run again with --debug and report the traceback", 1)
 
 

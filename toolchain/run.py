@@ -111,6 +111,8 @@ def run_video(sources, model, *, device: str = "auto", batch: int | None = None,
 
     reporter = reporter or Reporter()
     sources = [os.fspath(s) for s in sources]
+    if not str(device).strip():
+        raise UsageProblem("--device is empty", "use auto, cpu, cuda:N, a list such as cuda:0,cuda:1, or cuda:all")
     sources = batch_sources(sources) if ray is not None else _no_batch(sources)
     if not sources:
         raise UsageProblem("no video sources given", "trtc run clip.mp4 --model model.onnx")
@@ -347,6 +349,10 @@ def _no_batch(sources: list[str]) -> list[str]:
         if s.startswith("@") or ("://" not in s and Path(s).is_dir()):
             raise UsageProblem(f"{s} is a batch of videos (a folder or a list)",
                                "run batches with --ray (a local Ray instance by default; pip install 'trtc[ray]')")
+    seen: set = set()
+    twice = [s for s in sources if s in seen or seen.add(s)]
+    if twice:  # its lines could not be told apart: results are keyed by source and frame
+        raise UsageProblem(f"{twice[0]} is listed twice", "give each source once; --loop N reads each one N times")
     return sources
 
 

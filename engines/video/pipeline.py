@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -199,7 +200,8 @@ def classify(sources, engine, *, batch: int | None = None, top_k: int = 5, strid
                      decoder=decoder)
     problems: list[SourceProblem] = []
     lock = threading.Lock()
-    size = _input_shape(engine, spec)
+    size = _input_shape(engine, spec, "the preprocess argument" if preprocess is not None else
+                        ("manifest" if manifest is not None else None))
     done = {str(k): int(v) for k, v in (done or {}).items()}
 
     def report_problem(source, reason, frames):
@@ -263,12 +265,26 @@ def _check_batch(engine, manifest, batch: int) -> None:
                            f"use --batch {manifest.batch.max} or less")
 
 
-def _input_shape(engine, spec: PreprocessSpec) -> tuple[int, int]:
+def _input_shape(engine, spec: PreprocessSpec, origin: str | None) -> tuple[int, int]:
+    """The model's fixed input H, W must be what the preprocessing makes. ``origin``: where ``spec`` came from
+    ("manifest", "the preprocess argument", or None: no manifest, so the ImageNet defaults)."""
     shape = engine.inputs[0].shape
     if len(shape) == 4 and all(isinstance(d, int) for d in shape[2:]):
         if tuple(shape[2:]) != tuple(spec.size):
-            raise UsageProblem(f"the model takes {shape[2]}x{shape[3]} inputs but the preprocessing makes "
-                               f"{spec.size[0]}x{spec.size[1]}", "fix the manifest's preprocess size")
+            takes = f"the model takes {shape[2]}x{shape[3]} inputs"
+            makes = f"{spec.size[0]}x{spec.size[1]}"
+            name = Path(str(getattr(engine, "path", "the model"))).name
+            python = (f"in Python, classify(..., preprocess=PreprocessSpec(size=({shape[2]}, {shape[3]}), mean=..., "
+                      "std=...))")
+            if origin is None:
+                raise UsageProblem(f"{name} has no manifest, so its frames get the ImageNet default preprocessing "
+                                   f"({makes}), but {takes}", "make the model with trtc export, which writes its "
+                                   f"manifest (preprocessing, labels) beside it; or {python}")
+            if origin == "manifest":
+                raise UsageProblem(f"{takes}, but its manifest's preprocessing makes {makes}",
+                                   "re-create the manifest with the trtc command that made the model; or " + python)
+            raise UsageProblem(f"{takes}, but the preprocess argument makes {makes}",
+                               f"give PreprocessSpec(size=({shape[2]}, {shape[3]}), ...)")
     return spec.size
 
 

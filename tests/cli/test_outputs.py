@@ -193,6 +193,10 @@ def test_run_refuses_to_write_over_its_inputs_and_non_finite_numbers(tmp_path, b
     for bad in ("nan", "inf"):
         r = run("--max-wait-ms", bad)
         assert r.exit_code == 2 and "is not a finite number" in r.output, r.output
+    r = CliRunner().invoke(cli, ["run", str(clip), str(clip), "--model", str(model), "--device", "cpu"])
+    assert r.exit_code == 2 and "is listed twice" in r.output and "--loop" in r.output  # lines keyed by source
+    r = CliRunner().invoke(cli, ["run", str(clip), "--model", str(model), "--device", ""])
+    assert r.exit_code == 2 and "--device is empty" in r.output
     r = CliRunner().invoke(cli, ["bench", str(model), "--duration", "nan"])
     assert r.exit_code == 2 and "is not a finite number" in r.output
     r = CliRunner().invoke(cli, ["bench", str(model), "--duration", "0"])
@@ -223,3 +227,22 @@ def test_run_ray_batch_input_mistakes(tmp_path, bikes):
     r = run(str(bikes), "--ray", f"127.0.0.1:{port}", "-o", str(tmp_path / "q.jsonl"))
     assert r.exit_code == 1 and f"no Ray cluster answers at 127.0.0.1:{port} (nothing listens there)" in r.output
     assert f"ray start --head --port={port}" in r.output
+
+
+def test_run_a_model_without_manifest_whose_input_is_not_imagenets(tmp_path, bikes):
+    """An ONNX from elsewhere (no manifest) that takes 32x32: the message says the 224x224 came from the defaults,
+    not from a manifest there is none of (it said "fix the manifest's preprocess size")."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, 32, 32])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3])
+    node = helper.make_node("ReduceMean", ["x"], ["y"], axes=[2, 3], keepdims=0)
+    model = helper.make_model(helper.make_graph([node], "tiny", [x], [y]), opset_imports=[helper.make_opsetid("", 13)])
+    path = tmp_path / "foreign.onnx"
+    onnx.save(model, str(path))
+    r = CliRunner().invoke(cli, ["run", str(bikes), "--model", str(path), "--device", "cpu"])
+    assert r.exit_code == 2, r.output
+    assert "foreign.onnx has no manifest, so its frames get the ImageNet default preprocessing (224x224), but the " \
+           "model takes 32x32 inputs" in r.output
+    assert "trtc export" in r.output and "manifest's preprocess size" not in r.output

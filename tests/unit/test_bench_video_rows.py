@@ -92,3 +92,17 @@ def test_bench_devices_must_be_several_gpus():
     with pytest.raises(UsageProblem, match="is one") as err:
         bench_video("clip.mp4", "m.onnx", devices=["cuda:0"])
     assert "leave --devices out" in err.value.fix
+
+
+def test_the_video_bench_on_a_machine_without_gpu_says_what_to_run_instead(monkeypatch):
+    """It used to fail on ONNX Runtime's CUDA provider with the fix "use --device cpu", which the video bench then
+    refused ("compares GPU pipelines"): two fixes that sent the user in a circle."""
+    import pytest
+
+    from engines.errors import UsageProblem
+    from toolchain.bench_video import bench_video
+
+    monkeypatch.setattr("engines._gpu.gpus", lambda: {"devices": [], "reason": "nvidia-smi not found"})
+    with pytest.raises(UsageProblem, match="has no NVIDIA GPU") as err:
+        bench_video("clip.mp4", "m.onnx")
+    assert "--device cpu" in err.value.fix and "trtc run" in err.value.fix
