@@ -23,7 +23,7 @@ from engines.manifest import Manifest, read_manifest_if_any
 
 from . import parity
 from ._ui import Reporter, model_label
-from .errors import UsageProblem
+from .errors import TrtcError, UsageProblem
 from .precision import calibration as cal
 
 log = logging.getLogger("trtc")
@@ -141,10 +141,15 @@ class Runner:
             self.shape = tuple(first[1:])
             self.fn = lambda x: self.engine.infer(x)[0]  # host in, host out: synchronised when it returns
 
-    def logits(self, x: np.ndarray, bar) -> np.ndarray:
+    def logits(self, x: np.ndarray, bar, first=None) -> np.ndarray:
+        """The model's outputs on ``x``; ``first(y)``, when given, sees the first batch's output before the rest
+        runs (to stop early on outputs that cannot be compared)."""
         out = []
         for _, n, y in cal.run_batches(self.fn, x, self.batch, self.fixed):
-            out.append(np.asarray(y)[:n])
+            y = np.asarray(y)
+            if first is not None and not out:
+                first(y)
+            out.append(y[:n])
             bar.advance(n)
         return np.concatenate(out)
 
@@ -200,20 +205,25 @@ def validate(reference: str, candidates: list[str], data: list[str], *, device: 
     if spec_from is None:
         raise UsageProblem("no model has a manifest, so the preprocessing is unknown",
                            "validate models made by trtc export/quantize/build")
+    data_from = next(m for m in [*cands, ref] if m.manifest is spec_from)
+    _check_declared(ref, cands)  # from the manifests: before any data is read or any model runs
     dims = [1, *[d if isinstance(d, int) else 1 for d in spec_from.inputs[0].shape[1:]]]
     warnings = []
     dataset = _load(data, spec_from, dims, count, seed, reporter, warnings)
     x = dataset.x
 
     with reporter.phase(f"reference {model_label(ref.spec)} on {len(x)} samples", total=len(x)) as bar:
-        ref_logits = Runner(ref, device).logits(x, bar)
+        runner = Runner(ref, device)
+        _check_runner(runner, ref, x, data_from, ref, cands)
+        ref_logits = _run_checked(runner, ref, x, bar, data_from, ref, cands)
     label_names = spec_from.labels
     results = []
     for c in cands:
         t0 = time.perf_counter()
         with reporter.phase(f"candidate {model_label(c.spec)} ({c.precision})", total=len(x)) as bar:
             runner = Runner(c, device)
-            got = runner.logits(x, bar)
+            _check_runner(runner, c, x, data_from, ref, [c], ref_logits.shape[1])
+            got = _run_checked(runner, c, x, bar, data_from, ref, [c], ref_logits.shape[1])
         results.append(_result(c, ref_logits, got, dataset, label_names, thresholds, time.perf_counter() - t0))
         if c.kind == "onnx":
             _default_session_check(results[-1], c, runner, got, x, device, reporter, warnings)
@@ -221,6 +231,143 @@ def validate(reference: str, candidates: list[str], data: list[str], *, device: 
                           data={"sources": dataset.sources, "samples": len(x), "labelled": dataset.labels is not None,
                                 "skipped": dataset.skipped, "device": device},
                           candidates=results, passed=all(r.passed for r in results), warnings=warnings)
+
+
+# Reference and candidates must classify the same classes from the same inputs; a mismatch is the user's (two
+# unrelated models), found as early as what is known allows: the manifests' declared shapes before anything runs,
+# a loaded model's declared shapes before it runs, and the first batch's output before the rest of the data.
+
+
+def _fixed(shape) -> tuple | None:
+    """``shape`` as ints, or None when a dimension is symbolic (a dynamic size: anything goes)."""
+    dims = tuple(shape)
+    return dims if all(isinstance(d, int) and d > 0 for d in dims) else None
+
+
+def _size(shape) -> str:
+    return "x".join(str(d) for d in shape)
+
+
+def _role(m: ModelRef, ref: ModelRef) -> str:
+    return "reference" if m is ref else "candidate"
+
+
+def _classes_of(outputs) -> int | None:
+    """The class count of a first output declared as (batch, classes), or None where it is not known."""
+    if not outputs:
+        return None
+    shape = tuple(outputs[0].shape)
+    return shape[1] if len(shape) == 2 and isinstance(shape[1], int) and shape[1] > 0 else None
+
+
+def _fix(ref: ModelRef, c: ModelRef, ref_classes: int | None = None) -> str:
+    """How to pick two models that can be compared: a model and its own export, build or quantized copy."""
+    base = "compare a model with its own export, build or quantized copy"
+    parent = (c.manifest.parent or {}) if c.manifest is not None else {}
+    name = parent.get("file")
+    if name and parent.get("role") != "weights":
+        path = Path(c.spec.split(":", 1)[1] if c.kind == "opencv" else c.spec).parent / name
+        if path.is_file() and str(path) != ref.spec:
+            return f"{base}: {model_label(c.spec)} was made from {path}, so give --reference {path}"
+    if ref.kind == "pytorch" and ref.spec.split(":", 1)[0] in ("torchvision", "timm"):
+        head = f"{ref_classes}-class" if ref_classes else "standard"
+        return (f"{base}: {ref.spec} is built with its {head} head and random weights, so give your own model as "
+                "--reference (its fp32 .onnx, or a TorchScript .pt or .pt2 file of it)")
+    return f"{base} (e.g. --reference model.onnx --candidate model.int8.onnx)"
+
+
+def _classes_problem(ref: ModelRef, ref_classes: int, c: ModelRef, classes: int) -> UsageProblem:
+    return UsageProblem(f"the reference {model_label(ref.spec)} gives {ref_classes} classes and the candidate "
+                        f"{model_label(c.spec)} gives {classes}: they do not classify the same classes",
+                        _fix(ref, c, ref_classes))
+
+
+def _input_problem(m: ModelRef, shape, other: ModelRef, other_shape, ref: ModelRef, cands) -> UsageProblem:
+    if m is other:  # the model itself disagrees with its manifest, which set the data
+        what = (f"the {_role(m, ref)} {model_label(m.spec)} takes {_size(shape)} inputs but its manifest says "
+                f"{_size(other_shape)}")
+        return UsageProblem(what, "re-export the model so that the model and its manifest are written together")
+    c = m if m is not ref else (other if other is not ref else cands[0])
+    first, second = ((m, shape), (other, other_shape)) if m is ref else ((other, other_shape), (m, shape))
+    return UsageProblem(f"the {_role(first[0], ref)} {model_label(first[0].spec)} takes {_size(first[1])} inputs "
+                        f"and the {_role(second[0], ref)} {model_label(second[0].spec)} takes {_size(second[1])}: "
+                        "they cannot run on the same data", _fix(ref, c))
+
+
+def _check_declared(ref: ModelRef, cands: list[ModelRef]) -> None:
+    """Input sizes and class counts that the manifests declare, before any data is read or any model runs."""
+    def declared(m: ModelRef):
+        if m.manifest is None:
+            return None, None
+        inputs = m.manifest.inputs
+        return (_fixed(inputs[0].shape[1:]) if inputs else None), _classes_of(m.manifest.outputs)
+
+    ref_shape, ref_classes = declared(ref)
+    first_shape = (ref, ref_shape) if ref_shape else None
+    for c in cands:
+        shape, classes = declared(c)
+        if ref_classes and classes and classes != ref_classes:
+            raise _classes_problem(ref, ref_classes, c, classes)
+        if shape and first_shape is None:
+            first_shape = (c, shape)
+        elif shape and shape != first_shape[1]:
+            raise _input_problem(c, shape, first_shape[0], first_shape[1], ref, cands)
+
+
+def _check_runner(runner: Runner, m: ModelRef, x: np.ndarray, data_from: ModelRef, ref: ModelRef,
+                  cands: list[ModelRef], ref_classes: int | None = None) -> None:
+    """A loaded model's declared input size and class count, before it runs. A PyTorch model declares neither
+    (its source's default size is no limit: most classifiers pool to any size)."""
+    if m.kind == "pytorch":
+        return
+    shape = _fixed(runner.shape)
+    if shape and shape != tuple(x.shape[1:]):
+        raise _input_problem(m, shape, data_from, tuple(x.shape[1:]), ref, cands)
+    classes = _classes_of(getattr(runner.engine, "outputs", None))
+    if classes:
+        _check_classes(m, classes, ref, cands, ref_classes)
+
+
+def _check_classes(m: ModelRef, classes: int, ref: ModelRef, cands: list[ModelRef], ref_classes) -> None:
+    """``m`` gives ``classes`` classes: against the reference's (m a candidate), or the candidates' that their
+    manifests declare (m the reference)."""
+    if m is not ref:
+        if ref_classes and classes != ref_classes:
+            raise _classes_problem(ref, ref_classes, m, classes)
+        return
+    for c in cands:
+        declared = _classes_of(c.manifest.outputs) if c.manifest is not None else None
+        if declared and declared != classes:
+            raise _classes_problem(ref, classes, c, declared)
+
+
+def _run_checked(runner: Runner, m: ModelRef, x: np.ndarray, bar, data_from: ModelRef, ref: ModelRef,
+                 cands: list[ModelRef], ref_classes: int | None = None) -> np.ndarray:
+    """``runner.logits`` that stops after the first batch when its output is no (batch, classes) array that
+    matches the other side, and turns a PyTorch model's failure on inputs of another size than its source's
+    default into the user's problem it is."""
+    seen = []
+
+    def first(y: np.ndarray) -> None:
+        seen.append(y.shape)
+        if y.ndim != 2:
+            raise UsageProblem(f"the {_role(m, ref)} {model_label(m.spec)} gives outputs of shape "
+                               f"{_size(y.shape[1:])} per sample, not one logit per class: validate compares "
+                               "classifiers", "give models whose first output is (batch, classes) logits")
+        _check_classes(m, y.shape[1], ref, cands, ref_classes)
+
+    try:
+        return runner.logits(x, bar, first=first)
+    except TrtcError:
+        raise
+    except Exception as exc:
+        if seen or m.kind != "pytorch" or tuple(runner.shape) == tuple(x.shape[1:]):
+            raise
+        msg = (str(exc).strip().splitlines() or [""])[0]
+        raise UsageProblem(f"the {_role(m, ref)} {model_label(m.spec)} cannot run on {_size(x.shape[1:])} inputs "
+                           f"(the size in {model_label(data_from.spec)}'s manifest; its default is "
+                           f"{_size(runner.shape)}): {type(exc).__name__}: {msg}",
+                           _fix(ref, cands[0] if m is ref else m)) from exc
 
 
 def _default_session_check(result: CandidateResult, c: ModelRef, runner: Runner, got, x, device, reporter,

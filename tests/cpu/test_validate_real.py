@@ -111,3 +111,102 @@ def test_bad_validate_input(tmp_path, mnist):
     assert r.exit_code == 2 and "no model has a manifest" in r.output
     r = run(["validate", "--reference", "resnet", "--candidate", str(model), "--data", str(npz)])
     assert r.exit_code == 2 and "unknown model source" in r.output
+
+
+def _tiny_classifier(path, classes: int, size: int, fixed: bool = True):
+    """A real ONNX classifier (global average pool, then a dense layer) with a trtc manifest beside it."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    from engines.base import TensorSpec
+    from engines.manifest import BatchProfile, Manifest, write_manifest
+    from engines.preprocess import PreprocessSpec
+
+    hw = [size, size] if fixed else ["h", "w"]
+    w = np.random.default_rng(classes).normal(size=(3, classes)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("GlobalAveragePool", ["input"], ["pooled"]),
+         helper.make_node("Flatten", ["pooled"], ["flat"]),
+         helper.make_node("MatMul", ["flat", "w"], ["logits"])],
+        "tiny", [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 3, *hw])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", classes])],
+        [numpy_helper.from_array(w, "w")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+    write_manifest(path, Manifest(
+        kind="onnx", model={"name": path.stem, "source": "tiny", "num_classes": classes},
+        preprocess=PreprocessSpec(size=(size, size), resize=None, input="input"),
+        inputs=[TensorSpec("input", "float32", ("batch", 3, *hw))],
+        outputs=[TensorSpec("logits", "float32", ("batch", classes))], batch=BatchProfile(1, 8, 32)))
+    return path
+
+
+def test_models_that_do_not_classify_the_same_classes_or_sizes_are_a_usage_problem(tmp_path, monkeypatch):
+    """A 1000-class reference against a 10-class candidate (or 224 against 32 pixels) is the user's mistake: a
+    UsageProblem naming both models, before the whole data set runs; never parity's internal ValueError."""
+    from toolchain import validate as v
+    from toolchain.errors import UsageProblem
+
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).random((40, 3, 32, 32), dtype=np.float32))
+    big = _tiny_classifier(tmp_path / "big.onnx", 1000, 32)
+    small = _tiny_classifier(tmp_path / "small.onnx", 10, 32)
+    wide = _tiny_classifier(tmp_path / "wide.onnx", 10, 224)
+    data = ["--data", str(tmp_path / "x.npy")]
+
+    # declared by both manifests: refused before any model runs
+    batches = []
+    monkeypatch.setattr(v.Runner, "logits", lambda self, x, bar, first=None: batches.append(self.ref.spec))
+    with pytest.raises(UsageProblem) as e:
+        v.validate(str(big), [str(small)], [str(tmp_path / "x.npy")])
+    assert e.value.reason == ("the reference big.onnx gives 1000 classes and the candidate small.onnx gives 10: "
+                              "they do not classify the same classes")
+    assert e.value.fix.startswith("compare a model with its own export, build or quantized copy")
+    assert batches == []
+    monkeypatch.undo()
+
+    # not declared (the reference's manifest is gone): found from the loaded model, before it runs
+    (tmp_path / "big.onnx.json").unlink()
+    r = run(["validate", "--reference", str(big), "--candidate", str(small), *data])
+    assert r.exit_code == 2, r.output
+    assert ("error: the reference big.onnx gives 1000 classes and the candidate small.onnx gives 10: they do not "
+            "classify the same classes") in r.output
+    assert "  fix: compare a model with its own export" in r.output
+    assert "internal error" not in r.output and "ValueError" not in r.output and "✓ reference" not in r.output
+
+    # only seen in the output (an ONNX without declared classes): after the first batch, not the whole data set
+    calls = []
+    real = v.Runner.__init__
+
+    def undeclared(self, ref, device):
+        real(self, ref, device)
+        if self.ref.spec == str(big):
+            from engines.base import TensorSpec
+
+            self.engine.outputs = [TensorSpec("logits", "float32", ("batch", "classes"))]
+            self.batch, fn = 8, self.fn
+            self.fn = lambda x: calls.append(len(x)) or fn(x)
+
+    monkeypatch.setattr(v.Runner, "__init__", undeclared)
+    with pytest.raises(UsageProblem, match="gives 1000 classes and the candidate small.onnx gives 10"):
+        v.validate(str(big), [str(small)], [str(tmp_path / "x.npy")])
+    assert calls == [8]  # one batch of the 40 samples
+    monkeypatch.undo()
+
+    # input sizes differ (224x224 against 32x32): a usage problem too, not ONNX Runtime's error
+    r = run(["validate", "--reference", str(wide), "--candidate", str(small), *data])
+    assert r.exit_code == 2, r.output
+    assert ("error: the reference wide.onnx takes 3x224x224 inputs and the candidate small.onnx takes 3x32x32: "
+            "they cannot run on the same data") in r.output
+    assert "  fix: compare a model with its own export" in r.output and "internal error" not in r.output
+    (tmp_path / "wide.onnx.json").unlink()  # the data then follow the candidate's manifest; the reference says 224
+    r = run(["validate", "--reference", str(wide), "--candidate", str(small), *data])
+    assert r.exit_code == 2 and "takes 3x224x224 inputs and the candidate small.onnx takes 3x32x32" in r.output
+
+    # the same classes and sizes still validate
+    twin = tmp_path / "twin.onnx"
+    shutil.copy(small, twin)
+    shutil.copy(f"{small}.json", f"{twin}.json")
+    meta = json.loads((tmp_path / "twin.onnx.json").read_text())
+    meta["artifact"]["file"] = "twin.onnx"
+    (tmp_path / "twin.onnx.json").write_text(json.dumps(meta))
+    r = run(["validate", "--reference", str(small), "--candidate", str(twin), *data])
+    assert r.exit_code == 0, r.output
