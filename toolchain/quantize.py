@@ -395,6 +395,9 @@ def _ranges(prepared, src, parent_sha, tensors, calib_set, method, percentile, b
         path = cal.cache_dir() / f"{key}.json"
     else:
         path = Path(calib_cache)
+        if path.exists() and not cal.is_cache_file(path):  # another file: a stale cache is replaced, this is not
+            raise UsageProblem(f"--calib-cache {path} is not a trtc calibration cache, and recalibrating would "
+                               "write over it", "give a new file name (or an earlier cache), or move that file away")
     stats = cal.read_cache(path, key, tensors) if path is not None and path.exists() else None
     cached = stats is not None
     if stats is None:

@@ -196,3 +196,17 @@ def test_int8_refuses_a_check_on_random_inputs_when_no_data_is_left(mnist_copy, 
     r = run([*base, "--check", str(small), "--force", "--json"])
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["check"]["samples"] == 40
+
+
+def test_a_calib_cache_path_holding_another_file_is_not_overwritten(mnist_copy, tmp_path):
+    """--calib-cache naming a file that is not a calibration cache (binary, or JSON of something else): refused
+    before calibrating over it (it was overwritten, or the binary one ended in an internal UnicodeDecodeError). A
+    cache of other data is still replaced, as documented."""
+    m, npz = mnist_copy
+    for name, content in (("bin.cache", bytes(range(256)) * 4), ("notes.json", b'{"my": "notes"}\n')):
+        other = tmp_path / name
+        other.write_bytes(content)
+        r = run(["quantize", str(m), "--precision", "int8", "--calib", str(npz), "--calib-cache", str(other),
+                 "-o", str(tmp_path / "q.int8.onnx")])
+        assert r.exit_code == 2 and "is not a trtc calibration cache" in r.output, r.output
+        assert other.read_bytes() == content and not (tmp_path / "q.int8.onnx").exists()

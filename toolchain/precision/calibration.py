@@ -411,10 +411,21 @@ def cache_key(model_sha256: str, digest: str, method: str, percentile: float, te
     return hashlib.sha256(recipe.encode()).hexdigest()
 
 
+def is_cache_file(path: Path) -> bool:
+    """Whether ``path`` holds a calibration cache as :func:`write_cache` writes it (of any model or data)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # unreadable, not UTF-8, not JSON
+        return False
+    return isinstance(data, dict) and isinstance(data.get("key"), str) and isinstance(data.get("ranges"), dict)
+
+
 def read_cache(path: Path, key: str, tensors: list[str]) -> Stats | None:
     try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # unreadable, not UTF-8, not JSON
+        return None
+    if not isinstance(data, dict):
         return None
     ranges = data.get("ranges") or {}
     if data.get("key") != key or set(ranges) != set(tensors):
