@@ -37,6 +37,8 @@ def copy_sample_data(folder: str | Path, force: bool = False) -> dict[str, Path]
     from .errors import UsageProblem
 
     folder = Path(folder)
+    if folder.exists() and not folder.is_dir():  # --force overwrites sample files inside FOLDER, never FOLDER itself
+        raise UsageProblem(f"{folder} is a file, and the samples go into a folder", "give a folder (new or existing)")
     if not folder.is_dir():
         check_output_path(folder, force=False, suffix=None, option="FOLDER")
         folder.mkdir()

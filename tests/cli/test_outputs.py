@@ -166,6 +166,11 @@ def test_data_copies_the_samples_and_prints_their_paths(tmp_path, bikes, photos)
     code, text = _invoke(["data", str(tmp_path / "d")])
     assert code == 2 and "differs from the sample" in _error_lines(text)
     assert (folder / "coffee.png").read_bytes() == b"mine"
+    (tmp_path / "f.txt").write_text("mine")
+    for extra in ([], ["--force"]):  # a file named as FOLDER: never overwritten, and not "add --force" when given
+        code, text = _invoke(["data", str(tmp_path / "f.txt"), *extra])
+        assert code == 2 and "is a file, and the samples go into a folder" in text, text
+    assert (tmp_path / "f.txt").read_text() == "mine"
 
 
 def test_run_refuses_to_write_over_its_inputs_and_non_finite_numbers(tmp_path, bikes):
