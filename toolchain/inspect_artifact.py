@@ -91,13 +91,20 @@ def _load_onnx(path: Path):
     from engines._deps import require
 
     onnx = require("onnx", "Inspecting ONNX files", extra="export")
+    if path.stat().st_size == 0:  # protobuf parses no bytes as an empty ModelProto, which "runs" nothing
+        raise TrtcError(f"{path} is empty (0 bytes), not an ONNX model",
+                        "give an .onnx file made by trtc export/quantize (or re-export it: the file may be cut short)")
     try:
-        return onnx.load(str(path), load_external_data=False)
+        model = onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError and friends: the file is not an ONNX model
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise TrtcError(f"{path} is not a readable ONNX model ({first})",
                         "give an .onnx file made by trtc export/quantize (or re-export it: the file may be cut "
                         "short or corrupt)") from exc
+    if not model.graph.node or not model.graph.input:
+        raise TrtcError(f"{path} holds no ONNX graph (no nodes or no inputs)",
+                        "give an .onnx file made by trtc export/quantize (or re-export it)")
+    return model
 
 
 def _bare_onnx(path: Path) -> dict:

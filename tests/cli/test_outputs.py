@@ -151,6 +151,10 @@ def test_inspect_corrupt_and_foreign_files(tmp_path):
     txt.write_text("hello")
     code, text = _invoke(["inspect", str(txt)])
     assert code == 1 and "notes.txt" in _error_lines(text), text
+    empty = tmp_path / "empty.onnx"
+    empty.write_bytes(b"")  # protobuf reads no bytes as an empty model: inspect said "runs here: yes"
+    code, text = _invoke(["inspect", str(empty)])
+    assert code == 1 and "is empty (0 bytes), not an ONNX model" in _error_lines(text), text
 
 
 def test_data_copies_the_samples_and_prints_their_paths(tmp_path, bikes, photos):
