@@ -12,9 +12,12 @@ Nothing is ever downloaded: architectures are built with random weights and load
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib.util
 import sys
+import warnings
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,6 +36,11 @@ PRETRAINED = {
 }
 CHECKPOINT_KEYS = ("state_dict", "model_state_dict", "model", "net", "module", "model_ema", "ema", "weights", "params")
 TORCHSCRIPT_SUFFIXES = (".pt", ".pth", ".ts", ".torchscript", ".jit")
+# what a file given as a model source may be instead (named in the message, so that the fix fits it)
+VIDEO_SUFFIXES = (".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".ts", ".mts", ".m2ts", ".flv", ".mpg", ".mpeg",
+                  ".264", ".h264", ".265", ".hevc", ".y4m")
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff")
+PLAN_SUFFIXES = (".plan", ".engine")
 
 
 @dataclass
@@ -41,6 +49,7 @@ class SourceRef:
     value: str  # architecture name, or file path
     factory: str | None = None
     text: str = ""
+    use: str | None = None  # the command resolving it (see _use), for messages whose fix fits that command
 
 
 @dataclass
@@ -53,8 +62,13 @@ class LoadedModel:
     labels: list[str] | None = None
 
 
-def parse_source(text: str) -> SourceRef:
-    """Recognise the form of SOURCE and check that files exist. Imports nothing heavy."""
+def parse_source(text: str, use: str | None = None) -> SourceRef:
+    """Recognise the form of SOURCE and check that files exist. Imports nothing heavy.
+
+    A file or folder that is something else (a video, an ONNX model, PyTorch weights, a folder ...) is refused here,
+    by its name and first bytes, with a fix for the command resolving it: ``use`` is "export", "bench",
+    "validate --reference" or "validate --candidate"; by default it is read from the running trtc command, if any.
+    """
     t = text.strip()
     for scheme in ("torchvision", "timm", "pretrained"):
         if t.startswith(scheme + ":"):
@@ -71,17 +85,234 @@ def parse_source(text: str) -> SourceRef:
             raise UsageProblem(f"{factory!r} is not a Python function name", "use path/to/file.py:function_name")
         return SourceRef("pyfile", path, factory, text=t)
     p = Path(t)
-    if p.suffix == ".pt2":
+    if p.is_dir():
+        raise _not_a_model(p, "folder", _use(text, use))
+    if p.suffix == ".pt2" or p.suffix in TORCHSCRIPT_SUFFIXES or p.exists():
         if not p.is_file():
             raise UsageProblem(f"source file not found: {p}", _SOURCE_FIX)
-        return SourceRef("exported", t, text=t)
-    if p.suffix in TORCHSCRIPT_SUFFIXES or p.exists():
-        if not p.is_file():
-            raise UsageProblem(f"source file not found: {p}", _SOURCE_FIX)
-        return SourceRef("torchscript", t, text=t)
+        kind = sniff(p)
+        if kind in ("torchscript", "exported"):
+            return SourceRef(kind, t, text=t, use=_use(text, use))
+        if kind in ("text", "empty", "zip", "unknown") and (p.suffix == ".pt2" or p.suffix in TORCHSCRIPT_SUFFIXES):
+            # named as a model: loading it says what is wrong with it
+            return SourceRef("exported" if p.suffix == ".pt2" else "torchscript", t, text=t, use=_use(text, use))
+        raise _not_a_model(p, kind, _use(text, use))
     raise UsageProblem(f"unknown model source {text!r}",
                        "use torchvision:ARCH, timm:NAME, pretrained:efficientnet-lite0, file.py:factory, a TorchScript "
                        ".pt file or a torch.export .pt2 file")
+
+
+def sniff(path: Path) -> str:
+    """What a file holds, from its name and first bytes (nothing is loaded): torchscript, exported (torch.export),
+    checkpoint (torch.save), onnx, plan, video, image, numpy, manifest (a trtc manifest beside its model), json, zip,
+    text, empty or unknown."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    try:
+        with open(path, "rb") as f:
+            head = f.read(512)
+    except OSError:
+        return "unknown"
+    if not head:
+        return "empty"
+    if head.startswith(b"PK\x03\x04"):
+        try:
+            with zipfile.ZipFile(path) as z:
+                names = z.namelist()
+        except (zipfile.BadZipFile, OSError, ValueError):
+            return "unknown"
+        if any(n.endswith("/constants.pkl") or "/code/" in n for n in names):
+            return "torchscript"
+        if any(n.endswith("/archive_format") for n in names):
+            return "exported"
+        if any(n.endswith("/data.pkl") for n in names):
+            return "checkpoint"
+        if names and all(n.endswith(".npy") for n in names):
+            return "numpy"
+        return "zip"
+    if head[:1] == b"\x80" and suffix not in VIDEO_SUFFIXES + IMAGE_SUFFIXES:
+        return "checkpoint"  # a pickle: torch.save before PyTorch 1.6
+    if head.startswith(b"\x93NUMPY"):
+        return "numpy"
+    if (head[4:8] == b"ftyp" or head.startswith((b"\x1aE\xdf\xa3", b"FLV", b"YUV4MPEG2", b"\x00\x00\x01\xba"))
+            or (head.startswith(b"RIFF") and head[8:12] == b"AVI ")
+            or (len(head) > 376 and head[0] == head[188] == head[376] == 0x47)):  # MPEG-TS packets
+        return "image" if suffix in IMAGE_SUFFIXES else "video"
+    if head.startswith((b"\xff\xd8\xff", b"\x89PNG", b"GIF8", b"II*\x00", b"MM\x00*")) or (
+            head.startswith(b"RIFF") and head[8:12] == b"WEBP"):
+        return "image"
+    # ONNX: a protobuf ModelProto opens with ir_version (field 1, a small varint), then another known field
+    if suffix == ".onnx" or (len(head) > 2 and head[0] == 0x08 and head[1] < 0x80
+                             and head[2] in (0x12, 0x1a, 0x22, 0x28, 0x32, 0x3a, 0x42)):
+        return "onnx"
+    if suffix in PLAN_SUFFIXES:
+        return "plan"
+    if suffix in VIDEO_SUFFIXES and suffix != ".ts":
+        return "video"
+    if suffix in IMAGE_SUFFIXES:
+        return "image"
+    if suffix in (".npy", ".npz"):
+        return "numpy"
+    if suffix == ".json":
+        return "manifest" if path.with_suffix("").suffix.lower() in (".onnx", *PLAN_SUFFIXES) and \
+            path.with_suffix("").is_file() else "json"
+    try:
+        chars = head[:256].decode("utf-8", errors="strict") if len(head) < 256 else head[:253].decode("utf-8")
+    except UnicodeDecodeError:  # a character cut at the end of the 253 bytes is rare; binary data is the rest
+        chars = None
+    if chars is not None and all(c.isprintable() or c in "\t\n\r" for c in chars):
+        return "text"
+    return "unknown"
+
+
+def _use(text: str, use: str | None = None) -> str | None:
+    """The command resolving TEXT: "export", "bench", "validate --reference", "validate --candidate", or None (a
+    library call). Read from the running trtc (click) command unless given."""
+    if use is not None:
+        return use
+    click = sys.modules.get("click")  # only a running CLI has a context; never imported here for it
+    ctx = click.get_current_context(silent=True) if click is not None else None
+    name = getattr(getattr(ctx, "command", None), "name", None)
+    if name in ("export", "bench"):
+        return name
+    if name == "validate":
+        params = ctx.params or {}
+        if text != params.get("reference") and text in (params.get("candidates") or ()):
+            return "validate --candidate"
+        return "validate --reference"
+    return None
+
+
+_WHAT = {
+    "folder": "is a folder, not a model",
+    "checkpoint": "holds PyTorch weights (torch.save: a state_dict, a checkpoint or a pickled model), not a "
+                  "TorchScript model",
+    "onnx": "is an ONNX model, not a PyTorch model",
+    "plan": "is a TensorRT plan, not a PyTorch model",
+    "video": "is a video, not a model",
+    "image": "is an image, not a model",
+    "numpy": "is NumPy data, not a model",
+    "manifest": "is a trtc manifest (JSON), not a model",
+    "json": "is a JSON file, not a model",
+    "zip": "is a zip archive, not a model",
+    "text": "is a text file, not a model",
+    "empty": "is an empty file, not a model",
+    "unknown": "is not a model file",
+}
+_PYTORCH_SOURCES = ("torchvision:ARCH, timm:NAME, pretrained:efficientnet-lite0, file.py:factory, a TorchScript .pt "
+                    "or a torch.export .pt2")
+_EXPORT_SOURCES = ("torchvision:ARCH --weights FILE, timm:NAME --weights FILE, pretrained:efficientnet-lite0, "
+                   "file.py:factory, a TorchScript .pt or a torch.export .pt2")
+_BENCH_MODELS = f"an .onnx, a .plan, opencv:M.onnx or a PyTorch source ({_PYTORCH_SOURCES})"
+# validate compares outputs, so its PyTorch sources must carry their weights (it has no --weights)
+_VALIDATE_MODELS = ("an .onnx, a .plan, opencv:M.onnx or a PyTorch model with its weights (a TorchScript .pt, a "
+                    "torch.export .pt2, file.py:factory or pretrained:efficientnet-lite0)")
+
+
+def _models_in(folder: Path, use: str | None) -> list[str]:
+    """Up to three files in FOLDER (not below) that the command would take as a model."""
+    found = []
+    try:
+        entries = sorted(folder.iterdir())[:500]
+    except OSError:
+        return found
+    for q in entries:
+        if len(found) == 3:
+            break
+        if not q.is_file():
+            continue
+        if use not in ("export", None) and q.suffix.lower() in (".onnx", *PLAN_SUFFIXES):
+            found.append(str(q))
+        elif q.suffix.lower() in (*TORCHSCRIPT_SUFFIXES, ".pt2") and sniff(q) in ("torchscript", "exported"):
+            found.append(str(q))
+    return found
+
+
+def _holds_images(folder: Path) -> bool:
+    try:
+        entries = list(folder.iterdir())[:500]
+    except OSError:
+        return False
+    return any(q.is_dir() or q.suffix.lower() in IMAGE_SUFFIXES for q in entries)
+
+
+def _not_a_model(p: Path, kind: str, use: str | None) -> UsageProblem:
+    """The UsageProblem for P, a KIND (see sniff, or "folder") given where the command USE wants a model."""
+    opt = use.split(" ", 1)[1] if use and use.startswith("validate ") else None
+    what = f"{p} ({opt}) {_WHAT[kind]}" if opt else f"{p} {_WHAT[kind]}"
+    if kind == "manifest":  # what is said of the model it describes fits better
+        model = p.with_suffix("")
+        if use == "export" and sniff(model) == "onnx":
+            return UsageProblem(f"{p} is the manifest of {model}, an ONNX model already exported",
+                                _not_a_model(model, "onnx", use).fix)
+        give = {"bench": f"trtc bench {model}", "export": None}.get(use, f"{opt} {model}" if opt else str(model))
+        if give:
+            return UsageProblem(what, f"give the model it describes: {give}")
+    if kind == "onnx" and use == "export":
+        what = f"{p} is an ONNX model already: trtc export makes one from a PyTorch model"
+    if kind == "plan" and use == "export":
+        what = f"{p} is a TensorRT plan, built already: trtc export makes an ONNX from a PyTorch model"
+    return UsageProblem(what, _fix_for(p, kind, use, opt))
+
+
+def _fix_for(p: Path, kind: str, use: str | None, opt: str | None) -> str:
+    found = _models_in(p, use) if kind == "folder" else []
+    images = kind == "folder" and _holds_images(p)
+    if use == "export":
+        if kind == "onnx":
+            return (f"nothing to export: use it as it is (trtc quantize {p} --precision fp16, trtc build {p}, "
+                    f"trtc inspect {p})")
+        if kind == "plan":
+            return f"nothing to export: use it as it is (trtc inspect {p}, trtc bench {p})"
+        if kind == "checkpoint":
+            return (f"give its architecture with these weights: trtc export torchvision:ARCH --weights {p} -o M.onnx "
+                    "(or timm:NAME / file.py:factory with --weights)")
+        if found:
+            return f"give the model file, e.g. trtc export {found[0]} -o M.onnx"
+        give = f"export takes a PyTorch model: {_EXPORT_SOURCES}"
+        if kind == "video":
+            return f"{give}; to classify the video with an exported model: trtc run {p} --model M.onnx"
+        if kind == "image" or images:
+            return f"{give}; images to check the export on go to --check-data"
+        return give
+    if use == "bench":
+        if kind == "video":
+            return (f"to time the video pipelines, give the model with --model: trtc bench {p} --model M.onnx; to "
+                    f"time a model, give {_BENCH_MODELS}")
+        if kind == "checkpoint":
+            return ("bench times a model, not its weights: give the architecture (e.g. torchvision:ARCH; the weights "
+                    f"do not change the speed), or export it first (trtc export torchvision:ARCH --weights {p} -o "
+                    "M.onnx) and bench M.onnx")
+        if kind in ("onnx", "plan"):
+            ext = ".onnx" if kind == "onnx" else ".plan"
+            return f"bench knows it by its name: copy it to a {ext} file (cp {p} model{ext}) and bench that"
+        if found:
+            return f"give the model files, e.g. trtc bench {' '.join(found)}"
+        return f"give a model: {_BENCH_MODELS}"
+    if opt:  # validate --reference / --candidate
+        give = f"give {opt} a model: {_VALIDATE_MODELS}"
+        if kind == "video":
+            return f"videos go to --data (frames are sampled evenly); {give}"
+        if kind == "image":
+            return f"images go to --data; {give}"
+        if kind == "numpy":
+            return f".npy/.npz data goes to --data; {give}"
+        if kind == "checkpoint":
+            return (f"validate takes no weights file: export the model first (trtc export torchvision:ARCH --weights "
+                    f"{p} -o M.onnx) and give {opt} M.onnx")
+        if kind in ("onnx", "plan"):
+            ext = ".onnx" if kind == "onnx" else ".plan"
+            return f"validate knows it by its name: copy it to a {ext} file (cp {p} model{ext}) and give {opt} that"
+        if found:
+            return f"give the model file, e.g. {opt} {found[0]}"
+        if images:
+            return f"image folders go to --data (class subfolders give labels); {give}"
+        return give
+    if kind == "checkpoint":
+        return f"load it into its architecture: torchvision:ARCH, timm:NAME or file.py:factory with weights={str(p)!r}"
+    if found:
+        return f"give the model file, e.g. {found[0]}"
+    return f"give a PyTorch model: {_PYTORCH_SOURCES}"
 
 
 def imagenet_labels() -> list[str]:
@@ -95,8 +326,10 @@ _SOURCE_FIX = ("check the path (relative paths start in the current folder), or 
                "pretrained:efficientnet-lite0 or file.py:factory")
 
 
-def load_model(source: str | SourceRef, weights: str | None = None, num_classes: int | None = None) -> LoadedModel:
-    ref = parse_source(source) if isinstance(source, str) else source
+def load_model(source: str | SourceRef, weights: str | None = None, num_classes: int | None = None,
+               use: str | None = None) -> LoadedModel:
+    """Build or load the model of SOURCE; ``use``: the command, for messages (see parse_source)."""
+    ref = parse_source(source, use=use) if isinstance(source, str) else source
     torch = require("torch", "Exporting PyTorch models")
     if weights is not None and not Path(weights).is_file():
         raise UsageProblem(f"weights file not found: {weights}", "check the --weights path")
@@ -207,11 +440,26 @@ def _torchscript(ref: SourceRef, num_classes, torch) -> LoadedModel:
     if num_classes:
         raise UsageProblem("--num-classes cannot change a TorchScript model", "drop --num-classes")
     try:
-        module = torch.jit.load(ref.value, map_location="cpu")
+        with _quiet_probe():
+            module = torch.jit.load(ref.value, map_location="cpu")
     except Exception as exc:
-        raise UsageProblem(f"{ref.value} is not a TorchScript file ({_one_sentence(exc)})",
-                           "for a state_dict or checkpoint use torchvision:ARCH --weights FILE (or timm:NAME, "
-                           "file.py:factory)") from exc
+        kind = sniff(Path(ref.value))
+        if kind in ("text", "empty", "zip"):
+            what = f"{ref.value} {_WHAT[kind].replace('not a model', 'not a TorchScript model')}"
+        else:
+            what = f"{ref.value} is not a TorchScript file ({_one_sentence(exc)})"
+        save = "save the model with torch.jit.save(torch.jit.trace(model, example), path)"
+        use = ref.use or _use(ref.text)
+        if use == "export":
+            fix = f"{save}; for a state_dict or checkpoint use torchvision:ARCH --weights FILE (or timm:NAME, " \
+                  "file.py:factory)"
+        elif use in ("bench", "validate --reference", "validate --candidate"):
+            fix = f"{save}; for a state_dict or checkpoint export the model first (trtc export torchvision:ARCH " \
+                  "--weights FILE -o M.onnx) and give M.onnx"
+        else:
+            fix = f"{save}; for a state_dict or checkpoint use torchvision:ARCH, timm:NAME or file.py:factory with " \
+                  "weights=FILE"
+        raise UsageProblem(what, fix) from exc
     return LoadedModel(module, Path(ref.value).stem, ref.text, "script",
                        dict(size=224, resize=256, mean=IMAGENET_MEAN, std=IMAGENET_STD))
 
@@ -220,12 +468,22 @@ def _exported(ref: SourceRef, num_classes, torch) -> LoadedModel:
     if num_classes:
         raise UsageProblem("--num-classes cannot change an ExportedProgram", "drop --num-classes")
     try:
-        ep = torch.export.load(ref.value)
+        with _quiet_probe():
+            ep = torch.export.load(ref.value)
     except Exception as exc:
         raise UsageProblem(f"{ref.value} is not a torch.export program ({_one_sentence(exc)})",
                            "save it with torch.export.save(torch.export.export(model, args), 'model.pt2')") from exc
     return LoadedModel(ep, Path(ref.value).stem, ref.text, "exported",
                        dict(size=224, resize=256, mean=IMAGENET_MEAN, std=IMAGENET_STD))
+
+
+@contextlib.contextmanager
+def _quiet_probe():
+    """Around loading a file that may not be what its name says: torch's FutureWarnings (torch.jit.load is
+    deprecated, ...) are not the user's business, whatever the file turns out to be."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        yield
 
 
 def extract_state_dict(obj, path: str) -> dict:
