@@ -77,16 +77,22 @@ class ExportReport:
 
 def read_labels(path: str | Path) -> list[str]:
     p = Path(path)
+    fix = "give a text file with one class name a line, or a JSON list of strings"
+    if p.is_dir():
+        raise UsageProblem(f"--labels {p} is a folder, not a labels file", fix)
     if not p.is_file():
-        raise UsageProblem(f"labels file not found: {p}")
-    text = p.read_text(encoding="utf-8")
+        raise UsageProblem(f"labels file not found: {p}", fix)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise UsageProblem(f"labels file {p} is not text (UTF-8)", fix) from None
     if p.suffix.lower() == ".json":
         try:
             labels = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise UsageProblem(f"labels file {p} is not valid JSON: {exc}") from exc
+            raise UsageProblem(f"labels file {p} is not valid JSON: {exc}", fix) from exc
         if not isinstance(labels, list) or not all(isinstance(x, str) for x in labels):
-            raise UsageProblem(f"labels file {p} must hold a JSON list of strings")
+            raise UsageProblem(f"labels file {p} must hold a JSON list of strings", fix)
         return labels
     return [line.strip() for line in text.splitlines() if line.strip()]
 

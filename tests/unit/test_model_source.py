@@ -273,3 +273,17 @@ def test_torchscript_probe_is_quiet_and_says_what_the_file_is(tmp_path):
         warnings.simplefilter("always")
         assert load_model(str(scripted)).kind == "script"
     assert not [w for w in seen if issubclass(w.category, FutureWarning)], [str(w.message) for w in seen]
+
+
+def test_labels_files_that_are_not_labels(tmp_path):
+    """export --labels with a folder or a binary file: a usage error with a fix (a video gave an internal
+    UnicodeDecodeError; a folder was "not found")."""
+    from toolchain.export import read_labels
+
+    (tmp_path / "l.txt").write_text("cat\n\ndog\n")
+    assert read_labels(tmp_path / "l.txt") == ["cat", "dog"]
+    (tmp_path / "b.txt").write_bytes(bytes(range(128, 256)))
+    for bad, match in ((tmp_path, "is a folder, not a labels file"), (tmp_path / "b.txt", "is not text")):
+        with pytest.raises(UsageProblem, match=match) as err:
+            read_labels(bad)
+        assert "one class name a line" in err.value.fix
