@@ -61,10 +61,13 @@ def pick_device(device: str) -> str:
     return default_device()
 
 
-def read_progress(path: Path) -> tuple[dict, int, int]:
+def read_progress(path: Path) -> tuple[dict, int, int, set]:
     """What a kept (e.g. interrupted) output already holds: ({source: last frame index}, complete lines, bytes of
-    complete lines). A last line cut short is not counted (it is dropped when the run resumes)."""
+    complete lines, the strides seen: the gap between the first two frames of each source with two). A last line
+    cut short is not counted (it is dropped when the run resumes)."""
     last: dict = {}
+    first: dict = {}
+    strides: set = set()
     lines = 0
     good = 0
     with path.open("rb") as f:
@@ -78,9 +81,14 @@ def read_progress(path: Path) -> tuple[dict, int, int]:
                 raise UsageProblem(f"{path} line {lines + 1} is not a trtc run prediction ({exc})",
                                    "--resume continues a file written by trtc run -o; give another -o") from None
             last[src] = max(frame, last.get(src, -1))
+            if src not in first:
+                first[src] = frame
+            elif first[src] is not None:
+                strides.add(frame - first[src])
+                first[src] = None
             lines += 1
             good += len(raw)
-    return last, lines, good
+    return last, lines, good, strides
 
 
 def run_video(sources, model, *, device: str = "auto", batch: int | None = None, top_k: int = 5, stride: int = 1,
@@ -133,7 +141,12 @@ def run_video(sources, model, *, device: str = "auto", batch: int | None = None,
             raise UsageProblem(f"{done_file(out_path)} is a folder, where --ray keeps the list of the videos "
                                f"{out_path.name} holds complete", "move the folder away, or give another -o")
         if resume and out_path.exists():
-            done, kept_lines, kept_bytes = read_progress(out_path)
+            done, kept_lines, kept_bytes, strides = read_progress(out_path)
+            if strides and strides != {stride}:
+                was = ", ".join(str(s) for s in sorted(strides))
+                raise UsageProblem(f"{out_path} was written with --stride {was}, and this run asks for --stride "
+                                   f"{stride}: resuming would mix the two", f"resume with --stride {was}, or give "
+                                   "another -o" if len(strides) == 1 else "give another -o")
             foreign = sorted(set(done) - set(sources))
             if foreign:
                 raise UsageProblem(f"{out_path} holds predictions of other sources ({', '.join(foreign[:3])})",

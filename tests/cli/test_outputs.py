@@ -255,3 +255,21 @@ def test_run_a_model_without_manifest_whose_input_is_not_imagenets(tmp_path, bik
     assert "foreign.onnx has no manifest, so its frames get the ImageNet default preprocessing (224x224), but the " \
            "model takes 32x32 inputs" in r.output
     assert "trtc export" in r.output and "manifest's preprocess size" not in r.output
+
+
+def test_resume_with_another_stride_is_refused(tmp_path, bikes):
+    """--resume of an output written every 5th frame, asked to go on every 10th: the file would mix the two (it did,
+    silently). The same stride goes on to the model (here an empty file, so the run then fails on it)."""
+    import json as _json
+
+    model = tmp_path / "m.onnx"
+    model.write_bytes(b"")
+    out = tmp_path / "p.jsonl"
+    out.write_text("".join(_json.dumps({"source": str(bikes), "frame": f, "top_k": []}) + "\n" for f in (0, 5, 10)))
+    r = CliRunner().invoke(cli, ["run", str(bikes), "--model", str(model), "--device", "cpu", "-o", str(out),
+                                 "--resume", "--stride", "10"])
+    assert r.exit_code == 2 and "was written with --stride 5, and this run asks for --stride 10" in r.output, r.output
+    assert "resume with --stride 5" in r.output
+    r = CliRunner().invoke(cli, ["run", str(bikes), "--model", str(model), "--device", "cpu", "-o", str(out),
+                                 "--resume", "--stride", "5"])
+    assert "--stride" not in r.output, r.output
