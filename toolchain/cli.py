@@ -234,7 +234,8 @@ def export(state: State, source, output, weights, num_classes, input_size, batch
               help="Samples to calibrate on; the rest of the data is held out for the check.")
 @click.option("--calib-method", type=click.Choice(["percentile", "entropy", "minmax"]), default="percentile",
               show_default=True, help="How activation ranges are chosen (README: Calibration methods).")
-@click.option("--percentile", type=FiniteFloat(0, above=True), default=99.99, show_default=True, help="For --calib-method percentile.")
+@click.option("--percentile", type=FiniteFloat(0, above=True), default=99.99, show_default=True,
+              help="For --calib-method percentile.")
 @click.option("--keep-fp32", multiple=True, metavar="OP_OR_NODE",
               help="Op type or node name to keep in FP32 (repeatable); added to the default list.")
 @click.option("--high-precision", type=click.Choice(["fp16", "fp32"]), default="fp16", show_default=True,
@@ -384,7 +385,8 @@ def inspect(state: State, artifact, as_json):
 @click.option("--device", default="cpu", show_default=True, help="cpu or cuda:N (ONNX Runtime and PyTorch).")
 @click.option("--min-top1-agreement", type=FiniteFloat(), help="Override the per-precision default.")
 @click.option("--min-cosine", type=FiniteFloat(), help="Override the per-precision default.")
-@click.option("--max-accuracy-drop", type=FiniteFloat(), help="Override the per-precision default (a fraction: 0.01 = 1 pp).")
+@click.option("--max-accuracy-drop", type=FiniteFloat(),
+              help="Override the per-precision default (a fraction: 0.01 = 1 pp).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the JSON report here ('-' for "
               "stdout instead of the table).")
 @click.option("--html", "html_path", type=click.Path(dir_okay=False), help="Write an HTML report with plots here.")
@@ -464,7 +466,8 @@ def _int_list(ctx, param, value):
 @click.option("--device", default=None, help="cpu or cuda:N [default: cpu; a video: cuda:0].")
 @click.option("--warmup", type=click.IntRange(0), default=5, show_default=True, help="Untimed runs first.")
 @click.option("--iterations", type=click.IntRange(1), help="Timed runs per batch size (instead of --duration).")
-@click.option("--duration", type=FiniteFloat(0, above=True), default=3.0, show_default=True, help="Seconds of timed runs per batch size.")
+@click.option("--duration", type=FiniteFloat(0, above=True), default=3.0, show_default=True,
+              help="Seconds of timed runs per batch size.")
 @click.option("--model", "video_model", type=click.Path(dir_okay=False),
               help="A video benchmark: the model to run on the VIDEO given as the argument.")
 @click.option("--streams", callback=_int_list, default="1,8,16,32", show_default=True,
@@ -478,9 +481,9 @@ def _int_list(ctx, param, value):
               help="A video benchmark: NVDEC output latency for the latency run (low: streams without B-frames).")
 @click.option("--memory-loops", type=click.IntRange(0), default=0, show_default=True,
               help="A video benchmark: also run the clip N times and report GPU memory growth.")
-@click.option("--devices", help="A video benchmark: also run decode-only and trtc on several GPUs at once (cuda:0,cuda:1 "
-                                "or cuda:all; a process per GPU), the same streams per GPU, against one GPU in the "
-                                "same run.")
+@click.option("--devices", help="A video benchmark: also run decode-only and trtc on several GPUs at once "
+                                "(cuda:0,cuda:1 or cuda:all; a process per GPU), the same streams per GPU, against "
+                                "one GPU in the same run.")
 @click.option("--repeat", type=click.IntRange(1), default=3, show_default=True,
               help="A video benchmark: run decode-only and trtc this many times, interleaved, and show the median.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")

@@ -81,7 +81,7 @@ class RunStats:
     decoded: dict = field(default_factory=dict)  # frames each source's decoder produced (before the stride)
     infer_stage: dict = field(default_factory=dict)  # GPU path: the inference thread's host seconds, by activity
     decode_stage: dict = field(default_factory=dict)  # GPU path: the decoder threads' seconds, summed, by activity
-    decoder: str = ""  # nvdec or pyav; several pools' workers or actors: each one used, e.g. "nvdec" or "nvdec,pyav"
+    decoder: str = ""  # nvdec or pyav; a pool's stats: those its workers or actors used, e.g. "nvdec,pyav"
 
     def merge_from(self, other: dict) -> None:
         """Add a worker's or actor's ``to_dict()`` (with its ``batch_sizes``) to these pool-wide stats."""
