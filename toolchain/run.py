@@ -17,6 +17,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from engines.errors import TrtcError
 from engines.video import default_device
 from engines.video.workers import WorkerPool, parse_devices
 
@@ -61,13 +62,14 @@ def pick_device(device: str) -> str:
     return default_device()
 
 
-def read_progress(path: Path) -> tuple[dict, int, int, set]:
+def read_progress(path: Path) -> tuple[dict, int, int, set, set]:
     """What a kept (e.g. interrupted) output already holds: ({source: last frame index}, complete lines, bytes of
-    complete lines, the strides seen: the gap between the first two frames of each source with two). A last line
-    cut short is not counted (it is dropped when the run resumes)."""
+    complete lines, the strides seen (the gap between the first two frames of each source with two), the top-k
+    lengths seen). A last line cut short is not counted (it is dropped when the run resumes)."""
     last: dict = {}
     first: dict = {}
     strides: set = set()
+    ks: set = set()
     lines = 0
     good = 0
     with path.open("rb") as f:
@@ -81,6 +83,8 @@ def read_progress(path: Path) -> tuple[dict, int, int, set]:
                 raise UsageProblem(f"{path} line {lines + 1} is not a trtc run prediction ({exc})",
                                    "--resume continues a file written by trtc run -o; give another -o") from None
             last[src] = max(frame, last.get(src, -1))
+            if isinstance(d.get("top_k"), list):
+                ks.add(len(d["top_k"]))
             if src not in first:
                 first[src] = frame
             elif first[src] is not None:
@@ -88,7 +92,35 @@ def read_progress(path: Path) -> tuple[dict, int, int, set]:
                 first[src] = None
             lines += 1
             good += len(raw)
-    return last, lines, good, strides
+    return last, lines, good, strides, ks
+
+
+def _check_resumed_options(out_path: Path, model, strides: set, ks: set, stride: int, top_k: int) -> None:
+    """A resumed output must go on as it was written: the same --stride (from its frame gaps) and --top-k (from its
+    lines' lengths; a model with fewer classes than k writes them all, so its class count is read from the
+    manifest when there is one)."""
+    def refuse(option, was, now):
+        was_text = ", ".join(str(s) for s in sorted(was))
+        raise UsageProblem(f"{out_path} was written with {option} {was_text}, and this run asks for {option} {now}: "
+                           "resuming would mix the two", f"resume with {option} {was_text}, or give another -o"
+                           if len(was) == 1 else "give another -o")
+
+    if strides and strides != {stride}:
+        refuse("--stride", strides, stride)
+    if not ks:
+        return
+    from engines import split_engine
+    from engines.manifest import read_manifest_if_any
+
+    try:
+        manifest = read_manifest_if_any(split_engine(os.fspath(model))[1], verify_hash=False)
+        shape = manifest.outputs[0].shape if manifest is not None and manifest.outputs else ()
+        classes = shape[1] if len(shape) == 2 and isinstance(shape[1], int) else None
+    except TrtcError:  # a bad manifest is reported when the model is opened
+        classes = None
+    expected = min(top_k, classes) if classes else None
+    if (expected is not None and ks != {expected}) or (expected is None and max(ks) > top_k):
+        refuse("--top-k", ks, top_k)
 
 
 def run_video(sources, model, *, device: str = "auto", batch: int | None = None, top_k: int = 5, stride: int = 1,
@@ -141,12 +173,8 @@ def run_video(sources, model, *, device: str = "auto", batch: int | None = None,
             raise UsageProblem(f"{done_file(out_path)} is a folder, where --ray keeps the list of the videos "
                                f"{out_path.name} holds complete", "move the folder away, or give another -o")
         if resume and out_path.exists():
-            done, kept_lines, kept_bytes, strides = read_progress(out_path)
-            if strides and strides != {stride}:
-                was = ", ".join(str(s) for s in sorted(strides))
-                raise UsageProblem(f"{out_path} was written with --stride {was}, and this run asks for --stride "
-                                   f"{stride}: resuming would mix the two", f"resume with --stride {was}, or give "
-                                   "another -o" if len(strides) == 1 else "give another -o")
+            done, kept_lines, kept_bytes, strides, ks = read_progress(out_path)
+            _check_resumed_options(out_path, model, strides, ks, stride, top_k)
             foreign = sorted(set(done) - set(sources))
             if foreign:
                 raise UsageProblem(f"{out_path} holds predictions of other sources ({', '.join(foreign[:3])})",

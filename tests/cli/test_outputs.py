@@ -273,3 +273,27 @@ def test_resume_with_another_stride_is_refused(tmp_path, bikes):
     r = CliRunner().invoke(cli, ["run", str(bikes), "--model", str(model), "--device", "cpu", "-o", str(out),
                                  "--resume", "--stride", "5"])
     assert "--stride" not in r.output, r.output
+
+
+def test_resume_with_another_top_k_is_refused(tmp_path, bikes, monkeypatch):
+    """Lines with 5 labels each, resumed with --top-k 3: refused. A model with fewer classes than k writes all of
+    them, so a 10-class model's lines of 10 go on with --top-k 20 (its class count comes from its manifest)."""
+    import json as _json
+    import types
+
+    from engines.errors import UsageProblem
+    from toolchain.run import _check_resumed_options
+
+    model = tmp_path / "m.onnx"
+    model.write_bytes(b"")
+    out = tmp_path / "p.jsonl"
+    out.write_text("".join(_json.dumps({"source": str(bikes), "frame": f, "top_k": [{}] * 5}) + "\n" for f in (0, 1)))
+    r = CliRunner().invoke(cli, ["run", str(bikes), "--device", "cpu", "-o", str(out), "--resume", "--model",
+                                 str(model), "--top-k", "3"])
+    assert r.exit_code == 2 and "was written with --top-k 5, and this run asks for --top-k 3" in r.output, r.output
+    assert "resume with --top-k 5" in r.output
+    ten = types.SimpleNamespace(outputs=[types.SimpleNamespace(shape=("batch", 10))])
+    monkeypatch.setattr("engines.manifest.read_manifest_if_any", lambda *a, **k: ten)
+    _check_resumed_options(out, model, {1}, {10}, 1, 20)  # 10 classes: k=20 writes 10, as before
+    with pytest.raises(UsageProblem, match="written with --top-k 10, and this run asks for --top-k 5"):
+        _check_resumed_options(out, model, {1}, {10}, 1, 5)
