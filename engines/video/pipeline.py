@@ -83,12 +83,22 @@ class RunStats:
     decode_stage: dict = field(default_factory=dict)  # GPU path: the decoder threads' seconds, summed, by activity
     decoder: str = ""  # nvdec or pyav; a pool's stats: those its workers or actors used, e.g. "nvdec,pyav"
 
-    def merge_from(self, other: dict) -> None:
-        """Add a worker's or actor's ``to_dict()`` (with its ``batch_sizes``) to these pool-wide stats."""
+    def for_pool(self) -> dict:
+        """What a worker process or Ray actor sends back at the end of a job: :meth:`to_dict` with the batch sizes,
+        for :meth:`merge_from` on the pool's side."""
+        return {**self.to_dict(), "batch_sizes": list(self.batch_sizes)}
+
+    def merge_from(self, other: dict, names: dict | None = None) -> None:
+        """Add a worker's or actor's :meth:`for_pool` to these pool-wide stats; ``names`` maps the source names it
+        used back to the caller's."""
+        names = names or {}
         self.batches += int(other.get("batches", 0))
         self.batch_sizes += other.get("batch_sizes") or []
         used = {d for d in (self.decoder.split(",") if self.decoder else []) + [other.get("decoder") or ""] if d}
         self.decoder = ",".join(sorted(used))
+        for k, v in (other.get("decoded") or {}).items():
+            k = names.get(k, k)
+            self.decoded[k] = self.decoded.get(k, 0) + v
 
     @property
     def fps(self) -> float:

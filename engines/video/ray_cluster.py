@@ -96,9 +96,7 @@ class _EngineActor:
         if out:
             yield ("preds", out)
         problems = [(q.source, q.reason, q.frames) for q in run.problems] if run is not None else []
-        stats = run.stats.to_dict() if run is not None else {}
-        stats["batch_sizes"] = list(run.stats.batch_sizes) if run is not None else []
-        yield ("end", problems, stats, failure)
+        yield ("end", problems, run.stats.for_pool() if run is not None else {}, failure)
 
 
 class _Actor:
@@ -389,9 +387,7 @@ class RayPool:
                         continue
                     del busy[gen]
                     _, probs, wstats, failure = msg
-                    stats.merge_from(wstats)
-                    for k, v in (wstats.get("decoded") or {}).items():
-                        stats.decoded[back.get(k, k)] = stats.decoded.get(back.get(k, k), 0) + v
+                    stats.merge_from(wstats, names=back)
                     if failure:
                         retry_or_give_up(actor, job, f"failed: {failure}")
                         continue

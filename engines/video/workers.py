@@ -137,9 +137,7 @@ def _worker_main(conn, model: str, device: str, engine_options: dict, pin: bool 
         if out:
             conn.send(("preds", out))
         problems = [(q.source, q.reason, q.frames) for q in run.problems] if run is not None else []
-        stats = run.stats.to_dict() if run is not None else {}
-        stats["batch_sizes"] = list(run.stats.batch_sizes) if run is not None else []
-        conn.send(("end", problems, stats, failure))
+        conn.send(("end", problems, run.stats.for_pool() if run is not None else {}, failure))
 
 
 def parse_devices(text: str) -> list[str]:
@@ -303,8 +301,6 @@ class WorkerPool:
                                 problems.append(SourceProblem(s, f"{s}: the worker on {w.device} failed: {failure}",
                                                               counts.get(s, 0)))
                         stats.merge_from(wstats)
-                        for k, v in (wstats.get("decoded") or {}).items():
-                            stats.decoded[k] = stats.decoded.get(k, 0) + v
         finally:
             stats.seconds = time.perf_counter() - start
             stats.per_source = {s: counts.get(s, 0) for s in sources}

@@ -97,6 +97,8 @@ def test_results_equal_the_single_process_run(pool, clips, single):
     assert [len(single[c]) for c in clips] == [50, 20, 15]
     assert len(set(run.placement.values())) == 2, run.placement  # both actors worked
     assert run.stats.frames == 85 and run.stats.per_source == {c: len(single[c]) for c in clips}
+    # the actors' stats come back under the caller's source names: every frame decoded, 5x what was classified
+    assert run.stats.decoded == {c: 5 * len(single[c]) for c in clips} and run.stats.decoder == "pyav"
 
 
 def test_a_bad_source_is_reported_and_the_others_complete(pool, clips, single, tmp_path):

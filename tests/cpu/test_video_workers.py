@@ -53,6 +53,7 @@ def test_pool_results_equal_the_single_process_run(pool, lite0_onnx, clips):
     s = run.stats.to_dict()
     assert s["decoder"] == "pyav" and sum(run.stats.batch_sizes) == 150 and s["batches"] == len(run.stats.batch_sizes)
     assert 0 < s["mean_batch"] <= 16
+    assert run.stats.decoded == {c: 250 for c in clips}  # every frame decoded, every 5th classified
 
 
 def test_a_bad_source_is_reported_and_the_others_complete(pool, clips, tmp_path):
