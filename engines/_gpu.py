@@ -75,6 +75,14 @@ def visible_gpus(found: list[dict] | None = None) -> list[dict] | None:
     return out
 
 
+def cuda_gpus(listed: list[dict]) -> list[dict]:
+    """``listed`` (nvidia-smi's GPUs) as this process numbers them cuda:0, cuda:1, ...: :func:`visible_gpus`, or
+    ``listed`` itself where CUDA_VISIBLE_DEVICES cannot be mapped (a MIG instance: nvidia-smi's order is the best
+    guess there is)."""
+    found = visible_gpus(listed)
+    return listed if found is None else found
+
+
 def check_gpu_index(index: int) -> None:
     """Refuse cuda:``index`` when this process has no such GPU, naming those it has (before CUDA, ONNX Runtime or
     TensorRT fail on it with an error of their own). Silent when nvidia-smi cannot say."""
@@ -112,7 +120,7 @@ def device(index: int = 0) -> dict | None:
     """This process's cuda:``index`` (CUDA_VISIBLE_DEVICES applied) with the driver and CUDA version, or None
     without one. ``index`` is the CUDA index; nvidia-smi's own number for the GPU is not kept."""
     info = gpus()
-    found = visible_gpus(info["devices"]) or []
+    found = cuda_gpus(info["devices"])
     if index >= len(found):
         return None
     return {**found[index], "driver": info.get("driver"), "cuda": info.get("cuda"), "index": index}

@@ -285,7 +285,7 @@ def run_video(sources, model, *, device: str = "auto", batch: int | None = None,
 def check_devices_can_run(model, devices: list[str]) -> None:
     """A plan is tied to its GPU: refuse the devices whose GPU the manifest rules out, naming those that can run it
     (ONNX models run anywhere)."""
-    from engines._gpu import gpus, visible_gpus
+    from engines._gpu import cuda_gpus, gpus
     from engines.manifest import read_manifest_if_any
 
     manifest = read_manifest_if_any(model, verify_hash=False)
@@ -293,9 +293,7 @@ def check_devices_can_run(model, devices: list[str]) -> None:
         return
     from engines.tensorrt_engine import plan_problems
 
-    listed = gpus()["devices"]
-    found = visible_gpus(listed)  # cuda:N as this process numbers them
-    found = listed if found is None else found
+    found = cuda_gpus(gpus()["devices"])  # cuda:N as this process numbers them
     built_on = dict((manifest.builder or {}).get("gpu") or {})
     # what the manifest says about the runtime is the same for every device: keep only what differs by GPU
     common = set(plan_problems(manifest, None, built_on or None))

@@ -144,7 +144,7 @@ def parse_devices(text: str) -> list[str]:
     """"cuda:0,cuda:1" -> ["cuda:0", "cuda:1"]; "cuda:all" -> every GPU this process sees (nvidia-smi's list,
     CUDA_VISIBLE_DEVICES applied); "cpu,cpu" is allowed (two CPU workers). A GPU index that does not exist is
     refused naming the GPUs there are."""
-    from .._gpu import gpus, visible_gpus
+    from .._gpu import cuda_gpus, gpus
 
     parts = [p.strip() for p in str(text).split(",") if p.strip()]
     if not parts:
@@ -158,9 +158,7 @@ def parse_devices(text: str) -> list[str]:
         if not p.startswith("cuda:"):
             raise UsageProblem(f"unknown device {p!r}", "use cpu, cuda:N, a comma-separated list, or cuda:all")
         if found is None:
-            listed = gpus()["devices"]
-            found = visible_gpus(listed)
-            found = listed if found is None else found  # None: CUDA_VISIBLE_DEVICES names a MIG instance or such
+            found = cuda_gpus(gpus()["devices"])
         if p == "cuda:all":
             if not found:
                 raise UsageProblem("cuda:all: no NVIDIA GPU found here", "use --device cpu")

@@ -162,6 +162,7 @@ def test_cuda_n_is_numbered_as_cuda_visible_devices_says(monkeypatch):
     monkeypatch.setattr(g, "_listed", lambda: (UUIDS, "580", None))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-5d7c")
     g.check_gpu_index(0)  # a MIG instance: not refused on a guess
+    assert g.device(0)["name"] == "NVIDIA H100"  # and nvidia-smi's order stands for cuda:N, as before
 
 
 def test_an_engine_on_a_missing_gpu_is_a_usage_problem(monkeypatch, lite0_onnx):
