@@ -17,6 +17,9 @@ __version__ = "0.1.0"
 
 
 PLAN_SUFFIXES = (".plan", ".engine", ".trt")
+# files a video source or batch folder may be (trtc run --ray folders; telling a video from a model)
+VIDEO_SUFFIXES = frozenset({".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".ts", ".mts", ".m2ts", ".flv", ".mpg",
+                            ".mpeg", ".wmv", ".3gp", ".h264", ".264", ".h265", ".265", ".hevc", ".ivf", ".y4m"})
 # "opencv:model.onnx" runs an ONNX model with OpenCV dnn instead of ONNX Runtime; the options each prefix implies
 ENGINE_PREFIXES = {"opencv": {}, "opencv-fp16": {"fp16": True}}
 

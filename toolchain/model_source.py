@@ -21,6 +21,7 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engines import PLAN_SUFFIXES, VIDEO_SUFFIXES
 from engines._deps import package_dir, require
 
 from .errors import ExportError, UsageProblem
@@ -37,10 +38,7 @@ PRETRAINED = {
 CHECKPOINT_KEYS = ("state_dict", "model_state_dict", "model", "net", "module", "model_ema", "ema", "weights", "params")
 TORCHSCRIPT_SUFFIXES = (".pt", ".pth", ".ts", ".torchscript", ".jit")
 # what a file given as a model source may be instead (named in the message, so that the fix fits it)
-VIDEO_SUFFIXES = (".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".ts", ".mts", ".m2ts", ".flv", ".mpg", ".mpeg",
-                  ".264", ".h264", ".265", ".hevc", ".y4m")
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff")
-PLAN_SUFFIXES = (".plan", ".engine")
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff")  # wider than what --data reads
 
 
 @dataclass
@@ -130,7 +128,7 @@ def sniff(path: Path) -> str:
         if names and all(n.endswith(".npy") for n in names):
             return "numpy"
         return "zip"
-    if head[:1] == b"\x80" and suffix not in VIDEO_SUFFIXES + IMAGE_SUFFIXES:
+    if head[:1] == b"\x80" and suffix not in VIDEO_SUFFIXES | set(IMAGE_SUFFIXES):
         return "checkpoint"  # a pickle: torch.save before PyTorch 1.6
     if head.startswith(b"\x93NUMPY"):
         return "numpy"

@@ -17,6 +17,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from engines import VIDEO_SUFFIXES
 from engines.errors import TrtcError
 from engines.video import default_device
 from engines.video.workers import WorkerPool, parse_devices
@@ -316,8 +317,6 @@ def check_devices_can_run(model, devices: list[str]) -> None:
 
 
 # ------------------------------------------------------------------------------------------------------ --ray
-VIDEO_SUFFIXES = {".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".ts", ".mts", ".m2ts", ".flv", ".mpg", ".mpeg",
-                  ".wmv", ".3gp", ".h264", ".264", ".h265", ".265", ".hevc", ".ivf", ".y4m"}
 
 
 def is_ray_address(text: str) -> bool:
