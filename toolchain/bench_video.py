@@ -55,8 +55,6 @@ from engines._gpu import memory_used_mib
 from ._ui import Reporter
 from .errors import UsageProblem
 
-VIDEO_SUFFIXES = (".mp4", ".mkv", ".mov", ".avi", ".ts", ".webm", ".m4v", ".h264", ".hevc", ".265", ".264")
-
 
 @dataclass
 class VideoBenchRow:

@@ -114,11 +114,12 @@ def test_corrupt_image_in_a_folder_is_skipped_and_reported(orient_copy, tmp_path
     assert r.exit_code == 1 and "none of the 1 images" in r.output and not (tmp_path / "z.onnx").exists()
 
 
-def test_unreadable_video_is_named(orient_copy, tmp_path):
-    v = tmp_path / "clip.mp4"
+@pytest.mark.parametrize("name", ["clip.mp4", "clip.wmv"])  # .wmv: calibration knows every suffix trtc run does
+def test_unreadable_video_is_named(orient_copy, tmp_path, name):
+    v = tmp_path / name
     v.write_bytes(b"\x00" * 4096)
     r = run(["quantize", str(orient_copy), "--precision", "int8", "--calib", str(v)])
-    assert r.exit_code == 1 and "cannot open video" in r.output and "clip.mp4" in r.output
+    assert r.exit_code == 1 and "cannot open video" in r.output and name in r.output
 
 
 @pytest.mark.parametrize("args,code,match", [

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from engines import VIDEO_SUFFIXES
 from engines._deps import require
 from engines._io import atomic_write_text
 from engines.preprocess import IMAGE_SUFFIXES, PreprocessSpec, load_rgb, preprocess_rgb
@@ -35,7 +36,6 @@ from .._ui import Reporter
 from ..errors import QuantizeError, TrtcError, UsageProblem
 
 log = logging.getLogger("trtc")
-VIDEO_SUFFIXES = (".mp4", ".mkv", ".mov", ".avi", ".webm", ".ts", ".m4v", ".264", ".h264", ".265", ".hevc", ".y4m")
 TENSOR_SUFFIXES = (".npy", ".npz")
 METHODS = ("percentile", "entropy", "minmax")
 DEFAULT_METHOD = "percentile"
@@ -76,7 +76,7 @@ def classify_path(path: str | Path) -> str:
         return "video"
     if suffix in IMAGE_SUFFIXES:
         return "image"
-    raise UsageProblem(f"{p}: not an image folder, image, video ({', '.join(VIDEO_SUFFIXES[:5])}, ...) or "
+    raise UsageProblem(f"{p}: not an image folder, image, video (.mp4, .mkv, .mov, .avi, .webm, ...) or "
                        ".npy/.npz file", "give a folder of images, a video file or a tensor file")
 
 
