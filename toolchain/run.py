@@ -63,14 +63,16 @@ def pick_device(device: str) -> str:
     return default_device()
 
 
-def read_progress(path: Path) -> tuple[dict, int, int, set, set]:
+def read_progress(path: Path) -> tuple[dict, int, int, set, set, dict]:
     """What a kept (e.g. interrupted) output already holds: ({source: last frame index}, complete lines, bytes of
     complete lines, the strides seen (the gap between the first two frames of each source with two), the top-k
-    lengths seen). A last line cut short is not counted (it is dropped when the run resumes)."""
+    lengths seen, {class index: the label first written for it}). A last line cut short is not counted (it is
+    dropped when the run resumes)."""
     last: dict = {}
     first: dict = {}
     strides: set = set()
     ks: set = set()
+    names: dict = {}
     lines = 0
     good = 0
     with path.open("rb") as f:
@@ -86,6 +88,9 @@ def read_progress(path: Path) -> tuple[dict, int, int, set, set]:
             last[src] = max(frame, last.get(src, -1))
             if isinstance(d.get("top_k"), list):
                 ks.add(len(d["top_k"]))
+                for item in d["top_k"]:
+                    if isinstance(item, dict) and isinstance(item.get("index"), int):
+                        names.setdefault(item["index"], item.get("label"))
             if src not in first:
                 first[src] = frame
             elif first[src] is not None:
@@ -93,13 +98,15 @@ def read_progress(path: Path) -> tuple[dict, int, int, set, set]:
                 first[src] = None
             lines += 1
             good += len(raw)
-    return last, lines, good, strides, ks
+    return last, lines, good, strides, ks, names
 
 
-def _check_resumed_options(out_path: Path, model, strides: set, ks: set, stride: int, top_k: int) -> None:
-    """A resumed output must go on as it was written: the same --stride (from its frame gaps) and --top-k (from its
+def _check_resumed_options(out_path: Path, model, strides: set, ks: set, stride: int, top_k: int,
+                           names: dict | None = None) -> None:
+    """A resumed output must go on as it was written: the same --stride (from its frame gaps), --top-k (from its
     lines' lengths; a model with fewer classes than k writes them all, so its class count is read from the
-    manifest when there is one)."""
+    manifest when there is one) and model labels (``names``: {class index: label} as the lines wrote them, against
+    the labels of ``model``'s manifest). Two models with the same labels cannot be told apart from the lines."""
     def refuse(option, was, now):
         was_text = ", ".join(str(s) for s in sorted(was))
         raise UsageProblem(f"{out_path} was written with {option} {was_text}, and this run asks for {option} {now}: "
@@ -112,13 +119,23 @@ def _check_resumed_options(out_path: Path, model, strides: set, ks: set, stride:
         return
     from engines import split_engine
     from engines.manifest import read_manifest_if_any
+    from engines.video.pipeline import label_names
 
     try:
         manifest = read_manifest_if_any(split_engine(os.fspath(model))[1], verify_hash=False)
         shape = manifest.outputs[0].shape if manifest is not None and manifest.outputs else ()
         classes = shape[1] if len(shape) == 2 and isinstance(shape[1], int) else None
+        labels = manifest.labels if manifest is not None else None
     except TrtcError:  # a bad manifest is reported when the model is opened
-        classes = None
+        classes = labels = None
+    else:
+        for index, was in sorted((names or {}).items()):
+            now = label_names(labels, [index])[0] if labels else None
+            if was != now:
+                raise UsageProblem(f"{out_path} was written by a model with other labels (class {index} is "
+                                   f"{json.dumps(was)} there, {json.dumps(now)} for {Path(str(model)).name}): resuming "
+                                   "would mix two models", "resume with the model of the earlier run, or give "
+                                   "another -o")
     expected = min(top_k, classes) if classes else None
     if (expected is not None and ks != {expected}) or (expected is None and max(ks) > top_k):
         refuse("--top-k", ks, top_k)
@@ -174,8 +191,8 @@ def run_video(sources, model, *, device: str = "auto", batch: int | None = None,
             raise UsageProblem(f"{done_file(out_path)} is a folder, where --ray keeps the list of the videos "
                                f"{out_path.name} holds complete", "move the folder away, or give another -o")
         if resume and out_path.exists():
-            done, kept_lines, kept_bytes, strides, ks = read_progress(out_path)
-            _check_resumed_options(out_path, model, strides, ks, stride, top_k)
+            done, kept_lines, kept_bytes, strides, ks, names = read_progress(out_path)
+            _check_resumed_options(out_path, model, strides, ks, stride, top_k, names)
             foreign = sorted(set(done) - set(sources))
             if foreign:
                 raise UsageProblem(f"{out_path} holds predictions of other sources ({', '.join(foreign[:3])})",

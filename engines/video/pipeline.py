@@ -218,7 +218,7 @@ def classify(sources, engine, *, batch: int | None = None, top_k: int = 5, strid
         _problem(problems, lock, source, reason, frames)
 
     def make_prediction(name, index, pts, t, indices, scores, latency_ms, decode_ms):
-        return Prediction(name, index, pts, t, indices, scores, _names(labels, indices), latency_ms, decode_ms)
+        return Prediction(name, index, pts, t, indices, scores, label_names(labels, indices), latency_ms, decode_ms)
 
     if decoder == "nvdec":
         from .gpu_pipeline import GpuPipeline
@@ -304,7 +304,8 @@ def _problem(problems, lock, source, reason, frames):
     log.warning("%s (after %d frames)", reason, frames)
 
 
-def _names(labels, idx):
+def label_names(labels, idx) -> list | None:
+    """The labels written for class indices ``idx``: None without labels, the index as text past their end."""
     if not labels:
         return None
     return [labels[int(i)] if 0 <= int(i) < len(labels) else str(int(i)) for i in idx]

@@ -34,7 +34,7 @@ import time
 from collections import deque
 
 from ..errors import EngineError, UsageProblem
-from .pipeline import Prediction, RunStats, SourceProblem, VideoRun, _names
+from .pipeline import Prediction, RunStats, SourceProblem, VideoRun, label_names
 
 log = logging.getLogger("trtc")
 
@@ -382,7 +382,7 @@ class RayPool:
                             last[source] = frame
                             counts[source] += 1
                             stats.frames += 1
-                            yield Prediction(source, frame, pts, t, idx, sc, _names(actor.labels, idx), lat, dec)
+                            yield Prediction(source, frame, pts, t, idx, sc, label_names(actor.labels, idx), lat, dec)
                         stats.seconds = time.perf_counter() - start
                         continue
                     del busy[gen]

@@ -26,7 +26,7 @@ import time
 from multiprocessing.connection import wait as wait_for
 
 from ..errors import EngineError, UsageProblem
-from .pipeline import Prediction, RunStats, SourceProblem, VideoRun, _names
+from .pipeline import Prediction, RunStats, SourceProblem, VideoRun, label_names
 from .sources import pixel_rate
 
 log = logging.getLogger("trtc")
@@ -287,7 +287,7 @@ class WorkerPool:
                         for source, frame, pts, t, idx, sc, lat, dec in msg[1]:
                             counts[source] = counts.get(source, 0) + 1
                             stats.frames += 1
-                            yield Prediction(source, frame, pts, t, idx, sc, _names(w.labels, idx), lat, dec,
+                            yield Prediction(source, frame, pts, t, idx, sc, label_names(w.labels, idx), lat, dec,
                                              device=w.device)
                         stats.seconds = time.perf_counter() - start
                     elif msg[0] == "end":

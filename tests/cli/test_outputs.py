@@ -292,7 +292,7 @@ def test_resume_with_another_top_k_is_refused(tmp_path, bikes, monkeypatch):
                                  str(model), "--top-k", "3"])
     assert r.exit_code == 2 and "was written with --top-k 5, and this run asks for --top-k 3" in r.output, r.output
     assert "resume with --top-k 5" in r.output
-    ten = types.SimpleNamespace(outputs=[types.SimpleNamespace(shape=("batch", 10))])
+    ten = types.SimpleNamespace(outputs=[types.SimpleNamespace(shape=("batch", 10))], labels=None)
     monkeypatch.setattr("engines.manifest.read_manifest_if_any", lambda *a, **k: ten)
     _check_resumed_options(out, model, {1}, {10}, 1, 20)  # 10 classes: k=20 writes 10, as before
     with pytest.raises(UsageProblem, match="written with --top-k 10, and this run asks for --top-k 5"):

