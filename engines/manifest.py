@@ -229,6 +229,10 @@ def _shape_problem(d: dict) -> str | None:
     extra = sorted(set(d["batch"]) - {"min", "opt", "max"})
     if extra:
         return f"its batch has an unknown field '{extra[0]}'"
+    shape = d["outputs"][0]["shape"] if d["outputs"] else []
+    classes = shape[1] if len(shape) == 2 and _is_int(shape[1]) else None
+    if d.get("labels") and classes is not None and len(d["labels"]) != classes:
+        return f"its 'labels' names {len(d['labels'])} classes, but its output has {classes}"
     for key, fields, nullable in (("precision", {"mode": _STRING}, ()), ("producer", {"tool": _STRING}, ("tool",)),
                                   ("parent", {"file": _STRING}, ()), ("builder", _BUILDER, ("gpu",))):
         if isinstance(d.get(key), dict):

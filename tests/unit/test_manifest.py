@@ -151,6 +151,7 @@ def test_field_of_the_wrong_type_is_refused(tmp_path, field, value, what):
     (lambda d: d.update(builder={"flags": "version_compatible"}), "its builder.flags is a string, not an object"),
     (lambda d: d.update(parent={"file": 5}), "its parent.file is a number, not a string"),
     (lambda d: d.pop("kind"), "it has no 'kind'"),
+    (lambda d: d.update(labels=["cat", "dog", "bird"]), "its 'labels' names 3 classes, but its output has 2"),
 ])
 def test_nested_field_of_the_wrong_type_is_refused(tmp_path, change, what):
     art, data = _written(tmp_path)
