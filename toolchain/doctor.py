@@ -31,6 +31,7 @@ PACKAGES = [
     ("opencv (cv2)", "cv2", ["opencv-python", "opencv-python-headless", "opencv-contrib-python",
                              "opencv-contrib-python-headless"]),
     ("timm", "timm", ["timm"]),
+    ("ray", "ray", ["ray"]),
 ]
 # the TensorRT flavours: module shown -> engines._trt flavour (imported to read the version: loads the libraries,
 # makes no CUDA call, so it answers on a machine without a GPU too)
@@ -150,6 +151,14 @@ def features(pk: dict, gpu: dict) -> list[dict]:
         "NVIDIA GPU missing" if not have_gpu else "PyNvVideoCodec not installed",
         'pip install "trtc[gpu]"' if have_gpu else "needs an NVIDIA GPU")
     row("CPU video decode (PyAV)", has["av (PyAV)"], "av not installed", 'pip install "trtc[video-cpu]"')
+    n_gpus = len(gpu.get("devices", []))
+    stack = has["cupy"] and has["PyNvVideoCodec"]
+    row("Several GPUs of this host (run --device cuda:all, bench --devices)", n_gpus >= 2 and stack,
+        "no NVIDIA GPU" if not n_gpus else "this host has 1 GPU" if n_gpus == 1 else "cupy or PyNvVideoCodec not "
+        "installed", 'pip install "trtc[gpu]"' if n_gpus >= 2 else "needs a host with two or more NVIDIA GPUs; "
+        "trtc run --ray spreads sources over the GPUs of several hosts")
+    row("Ray: trtc run --ray (a local instance or a cluster)", has["ray"], "ray not installed",
+        'pip install "trtc[ray]" (the same Ray version on every node)')
     cv = pk.get("opencv (cv2)", {})
     row("OpenCV dnn engine on CPU (opencv:model.onnx)", has["opencv (cv2)"], "cv2 not installed",
         'pip install "trtc[opencv]"')

@@ -61,3 +61,28 @@ def test_nvdec_caps_lookup_with_a_stand_in_module(monkeypatch):
     assert caps["H264 420 8-bit"] == "up to 4096x2304, 7 engine(s)"
     assert caps["HEVC 420 10-bit"].startswith("up to") and caps["AV1 420 8-bit"] == "not supported"
     assert ("hevc", 1, 10) in calls and all(c[1] == 1 for c in calls)
+
+
+def test_several_gpus_and_ray_rows():
+    """The rows for issue 12's features: several GPUs of one host need two GPUs and the GPU video stack; Ray needs
+    the ray package. Package and GPU reports are this machine's, with the GPU list and installs varied."""
+    from toolchain import doctor
+
+    pk = doctor.packages()
+    assert pk["ray"]["module"] == "ray"
+
+    def rows(n_gpus, cupy=True, nvc=True, ray=True):
+        p = {k: dict(v) for k, v in pk.items()}
+        for name, on in (("cupy", cupy), ("PyNvVideoCodec", nvc), ("ray", ray)):
+            p[name].update(version="1.0" if on else None, import_error=None)
+        gpu = {"devices": [{"index": i, "name": "NVIDIA H200", "compute_capability": "9.0"} for i in range(n_gpus)]}
+        return {f["feature"].split(" (")[0]: f for f in doctor.features(p, gpu)}
+
+    several = "Several GPUs of this host"
+    assert rows(2)[several]["ok"] and rows(8)[several]["ok"]
+    assert rows(1)[several]["reason"] == "this host has 1 GPU" and "--ray" in rows(1)[several]["fix"]
+    assert rows(0)[several]["reason"] == "no NVIDIA GPU"
+    assert not rows(2, nvc=False)[several]["ok"] and rows(2, nvc=False)[several]["fix"] == 'pip install "trtc[gpu]"'
+    assert rows(0)["Ray: trtc run --ray"]["ok"]
+    no_ray = rows(2, ray=False)["Ray: trtc run --ray"]
+    assert not no_ray["ok"] and no_ray["fix"].startswith('pip install "trtc[ray]"')
