@@ -89,11 +89,19 @@ def check_gpu_index(index: int) -> None:
     found = visible_gpus()
     if found is None or index < len(found):
         return
-    have = ", ".join(f"cuda:{i} ({d['name']})" for i, d in enumerate(found)) or "none"
+    raise no_such_gpu(f"cuda:{index}", found)
+
+
+def no_such_gpu(name: str, found: list, other: str = "") -> UsageProblem:
+    """The error for GPU ``name`` (e.g. "cuda:2") when this process sees the GPUs ``found``: those it has, or, with
+    none, --device cpu (and CUDA_VISIBLE_DEVICES when it is what hides them). ``other``: more to the fix."""
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
     where = f" with CUDA_VISIBLE_DEVICES={env!r}" if env is not None else ""
-    raise UsageProblem(f"no GPU cuda:{index} here{where} (GPUs: {have})",
-                       "give one of the GPUs listed" if found else "unset CUDA_VISIBLE_DEVICES, or use --device cpu")
+    if not found:
+        return UsageProblem(f"{name}: no NVIDIA GPU found here{where}",
+                            "unset CUDA_VISIBLE_DEVICES, or use --device cpu" if env is not None else "use --device cpu")
+    have = ", ".join(f"cuda:{i} ({d['name']})" for i, d in enumerate(found))
+    return UsageProblem(f"no GPU {name} here{where} (GPUs: {have})", "give one of the GPUs listed" + other)
 
 
 def _smi_id(index: int) -> str:

@@ -393,6 +393,16 @@ def bench_video(video: str, model: str, *, streams=(1, 8, 16, 32), device: str =
         raise UsageProblem("the video benchmark compares GPU pipelines", "use --device cuda:0")
     if repeat < 1:
         raise UsageProblem(f"--repeat must be at least 1, got {repeat}")
+    from engines._gpu import gpus
+
+    if not gpus()["devices"]:
+        raise UsageProblem("the video benchmark measures NVDEC and GPU pipelines, and this machine has no NVIDIA GPU",
+                           "run it on a machine with one; here, trtc run VIDEO --model M --device cpu prints the "
+                           "CPU pipeline's fps")
+    if isinstance(devices, str):  # "cuda:0,cuda:1" or "cuda:all", as --devices gives it
+        from engines.video.workers import parse_devices
+
+        devices = parse_devices(devices)
     if devices is not None:
         if any(not d.startswith("cuda") for d in devices):
             raise UsageProblem(f"--devices lists GPUs to compare, and {', '.join(devices)} is not all GPUs",
@@ -400,12 +410,6 @@ def bench_video(video: str, model: str, *, streams=(1, 8, 16, 32), device: str =
         if len(devices) < 2:
             raise UsageProblem(f"--devices compares several GPUs with one, and {', '.join(devices) or 'nothing'} is "
                                "one", "list two or more (cuda:0,cuda:1), or leave --devices out on a one-GPU machine")
-    from engines._gpu import gpus
-
-    if not gpus()["devices"]:
-        raise UsageProblem("the video benchmark measures NVDEC and GPU pipelines, and this machine has no NVIDIA GPU",
-                           "run it on a machine with one; here, trtc run VIDEO --model M --device cpu prints the "
-                           "CPU pipeline's fps")
     engine = engines.open_engine(model, device=device)
     spec = engines.read_manifest(model).preprocess
     gpu = engine.device_id

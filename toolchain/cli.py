@@ -510,8 +510,6 @@ def bench(state: State, models, batches, device, warmup, iterations, duration, v
       trtc bench clip1080.mp4 --model resnet50.fp16.onnx --streams 1,8,16,32 --json
     """
     if video_model:
-        from engines.video.workers import parse_devices
-
         from .bench_video import bench_video
 
         if len(models) != 1:
@@ -520,7 +518,7 @@ def bench(state: State, models, batches, device, warmup, iterations, duration, v
                              batch=(batches or [64])[0], latency_frames=latency_frames,
                              latency_video=latency_video, decode_latency=decode_latency,
                              memory_loops=memory_loops, reporter=state.reporter(), repeat=repeat,
-                             devices=parse_devices(devices) if devices else None)
+                             devices=devices or None)
         _show(state, report, as_json, "render_bench_video")
         return
     from .bench import bench as run_bench

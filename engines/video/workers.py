@@ -144,7 +144,7 @@ def parse_devices(text: str) -> list[str]:
     """"cuda:0,cuda:1" -> ["cuda:0", "cuda:1"]; "cuda:all" -> every GPU this process sees (nvidia-smi's list,
     CUDA_VISIBLE_DEVICES applied); "cpu,cpu" is allowed (two CPU workers). A GPU index that does not exist is
     refused naming the GPUs there are."""
-    from .._gpu import cuda_gpus, gpus
+    from .._gpu import cuda_gpus, gpus, no_such_gpu
 
     parts = [p.strip() for p in str(text).split(",") if p.strip()]
     if not parts:
@@ -161,13 +161,14 @@ def parse_devices(text: str) -> list[str]:
             found = cuda_gpus(gpus()["devices"])
         if p == "cuda:all":
             if not found:
-                raise UsageProblem("cuda:all: no NVIDIA GPU found here", "use --device cpu")
+                raise no_such_gpu(p, found)
             out += [f"cuda:{i}" for i in range(len(found))]
             continue
         index = p[5:]
-        if not index.isdigit() or int(index) >= len(found):
-            have = ", ".join(f"cuda:{i} ({d['name']})" for i, d in enumerate(found)) or "none"
-            raise UsageProblem(f"no GPU {p} here (GPUs: {have})", "give one of the GPUs listed, or cuda:all")
+        if not index.isdigit():
+            raise UsageProblem(f"unknown device {p!r}", "use cpu, cuda:N, a comma-separated list, or cuda:all")
+        if int(index) >= len(found):
+            raise no_such_gpu(p, found, ", or cuda:all")
         out.append(p)
     return out
 

@@ -81,12 +81,16 @@ def test_several_gpus_rows_divide_by_their_own_pipeline_on_one_gpu():
     assert dec.cores_per_stream is None and multi.cores_per_stream is None  # their work is in other processes
 
 
-def test_bench_devices_must_be_several_gpus():
+def test_bench_devices_must_be_several_gpus(monkeypatch):
     import pytest
 
     from engines.errors import UsageProblem
     from toolchain.bench_video import bench_video
 
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr("engines._gpu.gpus", lambda: {"devices": [{"index": 0, "name": "NVIDIA H200"}]})
+    with pytest.raises(UsageProblem, match=r"no GPU cuda:1 here \(GPUs: cuda:0 \(NVIDIA H200\)\)"):
+        bench_video("clip.mp4", "m.onnx", devices="cuda:0,cuda:1")  # as --devices gives it
     with pytest.raises(UsageProblem, match="is not all GPUs"):
         bench_video("clip.mp4", "m.onnx", devices=["cpu", "cpu"])
     with pytest.raises(UsageProblem, match="is one") as err:
@@ -106,3 +110,10 @@ def test_the_video_bench_on_a_machine_without_gpu_says_what_to_run_instead(monke
     with pytest.raises(UsageProblem, match="has no NVIDIA GPU") as err:
         bench_video("clip.mp4", "m.onnx")
     assert "--device cpu" in err.value.fix and "trtc run" in err.value.fix
+    # with --devices too (it was parsed first, and said "no GPU cuda:0 here (GPUs: none)")
+    from click.testing import CliRunner
+
+    from toolchain.cli import cli
+
+    r = CliRunner().invoke(cli, ["bench", "clip.mp4", "--model", "m.onnx", "--devices", "cuda:0,cuda:1"])
+    assert r.exit_code == 2 and "has no NVIDIA GPU" in r.output and "GPUs: none" not in r.output, r.output

@@ -32,6 +32,12 @@ def test_parse_devices(monkeypatch):
     monkeypatch.setattr("engines._gpu.gpus", lambda: {"devices": [], "reason": "nvidia-smi not found"})
     with pytest.raises(UsageProblem, match="cuda:all: no NVIDIA GPU found here"):
         parse_devices("cuda:all")
+    # a GPU index with no GPU at all: --device cpu is the fix (it used to say "(GPUs: none)", "give one listed")
+    with pytest.raises(UsageProblem, match=r"^cuda:0: no NVIDIA GPU found here \(fix") as err:
+        parse_devices("cpu,cuda:0")
+    assert err.value.fix == "use --device cpu"
+    with pytest.raises(UsageProblem, match="unknown device 'cuda:x'"):
+        parse_devices("cpu,cuda:x")
 
 
 def test_a_plan_is_refused_on_the_gpus_it_was_not_built_for(monkeypatch, tmp_path):
@@ -150,9 +156,9 @@ def test_cuda_n_is_numbered_as_cuda_visible_devices_says(monkeypatch):
         g.check_gpu_index(1)
     assert err.value.fix == "give one of the GPUs listed"
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    with pytest.raises(UsageProblem, match="GPUs: none") as err:
+    with pytest.raises(UsageProblem, match="cuda:0: no NVIDIA GPU found here with CUDA_VISIBLE_DEVICES=''") as err:
         g.check_gpu_index(0)
-    assert "unset CUDA_VISIBLE_DEVICES" in err.value.fix
+    assert err.value.fix == "unset CUDA_VISIBLE_DEVICES, or use --device cpu"
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     assert g._smi_id(1) == "1"
     with pytest.raises(UsageProblem, match=r"no GPU cuda:2 here \(GPUs: cuda:0 \(NVIDIA H100\), cuda:1 \(NVIDIA L4\)\)"):
