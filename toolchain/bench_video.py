@@ -20,7 +20,8 @@ with the median fps (all runs' fps in ``fps_runs``): on the H200 one run in thre
 other two.
 - ``usual``: what people write by hand: OpenCV ``cv2.VideoCapture`` decodes on the CPU (one thread per stream),
   frames are stacked on the host, copied to the GPU with torch, resized (bilinear, short side), centre-cropped and
-  normalised with torch ops, and run by the same engine as ours (ONNX Runtime CUDA EP, device pointers), batch 32.
+  normalised with torch ops, and run by the same engine as ours (ONNX Runtime CUDA EP, device pointers), batch 32
+  (or the model's largest when smaller).
 - ``trtc``: :func:`engines.video.classify`: NVDEC -> CuPy kernel into the engine's input buffer -> engine ->
   top-k, zero-copy.
 
@@ -379,13 +380,33 @@ def _several_gpus(pool, dec_pool, video: str, n: int, k: int, batch: int, repeat
     return [dec, multi]
 
 
-def bench_video(video: str, model: str, *, streams=(1, 8, 16, 32), device: str = "cuda:0", batch: int = 64,
+def _batches(engine, manifest, batch: int | None, usual_batch: int, latency_batch: int) -> tuple[int, int, int]:
+    """The batch sizes to run, known before any warm-up: ``batch`` None is 64, or the model's largest when that is
+    smaller (its only one when its batch is fixed); a given ``batch`` is checked against the model. The usual
+    pipeline's and the latency run's are cut to what the model takes."""
+    from engines.video.pipeline import _check_batch, _fixed_batch
+
+    fixed = _fixed_batch(engine)
+    largest = fixed or (manifest.batch.max if manifest.batch is not None and manifest.batch.max else None)
+
+    def fit(b: int) -> int:
+        return fixed or (min(b, largest) if largest else b)
+
+    if batch is None:
+        batch = fit(64)
+    else:
+        _check_batch(engine, manifest, batch)
+    return batch, fit(usual_batch), fit(latency_batch)
+
+
+def bench_video(video: str, model: str, *, streams=(1, 8, 16, 32), device: str = "cuda:0", batch: int | None = None,
                 usual_batch: int = 32, latency_frames: int = 300, latency_video: str | None = None,
                 latency_batch: int = 8, decode_latency: str = "native", memory_loops: int = 0,
                 devices: list[str] | None = None, repeat: int = 3,
                 reporter: Reporter | None = None) -> VideoBenchReport:
-    """See the module docstring. The latency run uses ``latency_video`` (default: ``video``) at batch
-    ``latency_batch`` with NVDEC's ``decode_latency`` mode ("low" only for streams without B-frames)."""
+    """See the module docstring. ``batch``: trtc's batch (default 64, or the model's largest when smaller). The
+    latency run uses ``latency_video`` (default: ``video``) at batch ``latency_batch`` with NVDEC's
+    ``decode_latency`` mode ("low" only for streams without B-frames)."""
     import engines
 
     reporter = reporter or Reporter()
@@ -411,95 +432,96 @@ def bench_video(video: str, model: str, *, streams=(1, 8, 16, 32), device: str =
             raise UsageProblem(f"--devices compares several GPUs with one, and {', '.join(devices) or 'nothing'} is "
                                "one", "list two or more (cuda:0,cuda:1), or leave --devices out on a one-GPU machine")
     engine = engines.open_engine(model, device=device)
-    spec = engines.read_manifest(model).preprocess
+    manifest = engines.read_manifest(model)
+    spec = manifest.preprocess
+    batch, usual_batch, latency_batch = _batches(engine, manifest, batch, usual_batch, latency_batch)
     gpu = engine.device_id
     rows: list[VideoBenchRow] = []
     warnings: list[str] = []
     most = max(streams)
-    with reporter.phase(f"warm-up (each pipeline once; {most} decoders to reuse)"):
-        clip_frames, _ = _decode_only(video, 1, gpu)
-        _decode_only_batched(video, most, gpu)  # leaves `most` decoders for both SimpleDecoder pipelines
-        pool = dec_pool = None
-        if devices and len(devices) > 1:  # a process per GPU for each pipeline, started and warmed before any clock
-            from engines.video import WorkerPool
+    pool = dec_pool = None  # the several-GPU processes, closed whatever ends the run
+    try:
+        with reporter.phase(f"warm-up (each pipeline once; {most} decoders to reuse)"):
+            clip_frames, _ = _decode_only(video, 1, gpu)
+            _decode_only_batched(video, most, gpu)  # leaves `most` decoders for both SimpleDecoder pipelines
+            if devices and len(devices) > 1:  # a process per GPU for each pipeline, started and warmed before a clock
+                from engines.video import WorkerPool
 
-            pool = WorkerPool(model, devices=devices)
-            try:
+                pool = WorkerPool(model, devices=devices)
                 list(pool.classify([video] * (most * len(devices)), batch=batch))  # each worker keeps its decoders
                 dec_pool = DecodeOnlyOnGpus(video, devices, most)
-            except BaseException:
-                pool.close()
-                raise
-        _ours(video, 1, engine, batch)  # to the end: a source stopped early does not keep its decoder
-        _usual_ok = True
-        try:
-            _usual(video, 1, engine, spec, usual_batch)
-        except ImportError as exc:
-            _usual_ok = False
-            warnings.append(f"usual pipeline skipped: {exc}")
-    for n in streams:
-        runs = []
-        for r in range(repeat):
-            again = f" (run {r + 1} of {repeat})" if repeat > 1 else ""
-            with reporter.phase(f"{n} stream(s): decode-only (core decoder loop){again}"):
-                dec = _timed_row("decode-only (NVDEC, core decoder loop, new decoders)", n,
-                                 lambda: _decode_only(video, n, gpu))
-            with reporter.phase(f"{n} stream(s): decode-only (SimpleDecoder batches){again}"):
-                dec_b = _timed_row("decode-only (NVDEC, SimpleDecoder batches of 16, reused)", n,
-                                   lambda: _decode_only_batched(video, n, gpu))
-            with reporter.phase(f"{n} stream(s): trtc{again}"):
-                ours = _timed_row(f"trtc (NVDEC + kernel + engine, bs {batch})", n,
-                                  lambda: _ours(video, n, engine, batch))
-            runs.append([dec, dec_b, ours])
-        dec, dec_b, ours = _median_rows(runs, ceilings=(0, 1))
-        usual = None
-        if _usual_ok:
-            with reporter.phase(f"{n} stream(s): usual (OpenCV CPU decode + torch)"):
-                usual = _timed_row(f"usual (cv2 + torch, bs {usual_batch})", n,
-                                   lambda: _usual(video, n, engine, spec, usual_batch))
-        ours.vs_decode = round(ours.fps / max(dec.fps, dec_b.fps), 3)
-        if usual is not None:
-            ours.vs_usual = round(ours.fps / usual.fps, 2)
-        rows += [dec, dec_b] + ([usual] if usual else []) + [ours]
+            _ours(video, 1, engine, batch)  # to the end: a source stopped early does not keep its decoder
+            _usual_ok = True
+            try:
+                _usual(video, 1, engine, spec, usual_batch)
+            except ImportError as exc:
+                _usual_ok = False
+                warnings.append(f"usual pipeline skipped: {exc}")
+        for n in streams:
+            runs = []
+            for r in range(repeat):
+                again = f" (run {r + 1} of {repeat})" if repeat > 1 else ""
+                with reporter.phase(f"{n} stream(s): decode-only (core decoder loop){again}"):
+                    dec = _timed_row("decode-only (NVDEC, core decoder loop, new decoders)", n,
+                                     lambda: _decode_only(video, n, gpu))
+                with reporter.phase(f"{n} stream(s): decode-only (SimpleDecoder batches){again}"):
+                    dec_b = _timed_row("decode-only (NVDEC, SimpleDecoder batches of 16, reused)", n,
+                                       lambda: _decode_only_batched(video, n, gpu))
+                with reporter.phase(f"{n} stream(s): trtc{again}"):
+                    ours = _timed_row(f"trtc (NVDEC + kernel + engine, bs {batch})", n,
+                                      lambda: _ours(video, n, engine, batch))
+                runs.append([dec, dec_b, ours])
+            dec, dec_b, ours = _median_rows(runs, ceilings=(0, 1))
+            usual = None
+            if _usual_ok:
+                with reporter.phase(f"{n} stream(s): usual (OpenCV CPU decode + torch)"):
+                    usual = _timed_row(f"usual (cv2 + torch, bs {usual_batch})", n,
+                                       lambda: _usual(video, n, engine, spec, usual_batch))
+            ours.vs_decode = round(ours.fps / max(dec.fps, dec_b.fps), 3)
+            if usual is not None:
+                ours.vs_usual = round(ours.fps / usual.fps, 2)
+            rows += [dec, dec_b] + ([usual] if usual else []) + [ours]
+            if pool is not None:
+                rows += _several_gpus(pool, dec_pool, video, n, len(devices), batch, repeat, reporter, dec_b, ours)
+        latency = {}
+        if latency_frames:
+            lat_video = latency_video or video
+            with reporter.phase("latency: warm-up (30 frames)"):  # the batch shape's first run is not a camera's
+                _ours(lat_video, 1, engine, latency_batch, limit=30, max_wait_ms=0.0, latency=decode_latency)
+            with reporter.phase(f"latency: 1 stream at the file's frame rate, {latency_frames} frames"):
+                _, _, lat = _ours(lat_video, 1, engine, latency_batch, limit=latency_frames, realtime=True,
+                                  max_wait_ms=0.0, latency=decode_latency)
+            a = np.asarray(lat)
+            total, dec = a[:, 0], a[:, 1]
+            after = total - dec
+
+            def pct(x, q):
+                return round(float(np.percentile(x, q)), 2)
+
+            latency = {"frames": int(len(a)), "p50_ms": pct(total, 50), "p99_ms": pct(total, 99),
+                       "max_ms": round(float(total.max()), 2), "decoder_p50_ms": pct(dec, 50),
+                       "decoder_p99_ms": pct(dec, 99), "after_decoder_p50_ms": pct(after, 50),
+                       "after_decoder_p99_ms": pct(after, 99), "video": lat_video, "batch": latency_batch,
+                       "input": f"paced at the file's frame rate, NVDEC {decode_latency} latency, batches run at once"}
+        memory = {}
+        if memory_loops:
+            with reporter.phase(f"memory: 1 stream, the clip {memory_loops} times"):
+                from engines.video import classify
+
+                samples = []
+                run = classify([video], engine, batch=batch, loop=memory_loops)
+                for i, _pred in enumerate(run, 1):
+                    if i % clip_frames == 0:  # after each pass over the clip
+                        samples.append(memory_used_mib(gpu))
+                samples = [x for x in samples if x is not None]
+                if samples:
+                    memory = {"loops": memory_loops, "used_mb_after_first": samples[0], "used_mb_at_end": samples[-1],
+                              "growth_mb": round(samples[-1] - samples[0], 1), "samples": samples}
+    finally:
+        if dec_pool is not None:
+            dec_pool.close()
         if pool is not None:
-            rows += _several_gpus(pool, dec_pool, video, n, len(devices), batch, repeat, reporter, dec_b, ours)
-    latency = {}
-    if latency_frames:
-        lat_video = latency_video or video
-        with reporter.phase("latency: warm-up (30 frames)"):  # the batch shape's first run is not a camera's
-            _ours(lat_video, 1, engine, latency_batch, limit=30, max_wait_ms=0.0, latency=decode_latency)
-        with reporter.phase(f"latency: 1 stream at the file's frame rate, {latency_frames} frames"):
-            _, _, lat = _ours(lat_video, 1, engine, latency_batch, limit=latency_frames, realtime=True,
-                              max_wait_ms=0.0, latency=decode_latency)
-        a = np.asarray(lat)
-        total, dec = a[:, 0], a[:, 1]
-        after = total - dec
-
-        def pct(x, q):
-            return round(float(np.percentile(x, q)), 2)
-
-        latency = {"frames": int(len(a)), "p50_ms": pct(total, 50), "p99_ms": pct(total, 99),
-                   "max_ms": round(float(total.max()), 2), "decoder_p50_ms": pct(dec, 50),
-                   "decoder_p99_ms": pct(dec, 99), "after_decoder_p50_ms": pct(after, 50),
-                   "after_decoder_p99_ms": pct(after, 99), "video": lat_video, "batch": latency_batch,
-                   "input": f"paced at the file's frame rate, NVDEC {decode_latency} latency, batches run at once"}
-    memory = {}
-    if memory_loops:
-        with reporter.phase(f"memory: 1 stream, the clip {memory_loops} times"):
-            from engines.video import classify
-
-            samples = []
-            run = classify([video], engine, batch=batch, loop=memory_loops)
-            for i, _pred in enumerate(run, 1):
-                if i % clip_frames == 0:  # after each pass over the clip
-                    samples.append(memory_used_mib(gpu))
-            samples = [x for x in samples if x is not None]
-            if samples:
-                memory = {"loops": memory_loops, "used_mb_after_first": samples[0], "used_mb_at_end": samples[-1],
-                          "growth_mb": round(samples[-1] - samples[0], 1), "samples": samples}
-    if pool is not None:
-        pool.close()
-        dec_pool.close()
+            pool.close()
     g = gpu_device(gpu) or {}
     import datetime
 

@@ -462,7 +462,8 @@ def _int_list(ctx, param, value):
 @cli.command(context_settings=CONTEXT)
 @click.argument("models", nargs=-1, required=True)
 @click.option("--batch", "batches", callback=_int_list, default=None,
-              help="Batch sizes to time, comma-separated [default: 1,8,32; a video: 64].")
+              help="Batch sizes to time, comma-separated [default: 1,8,32; a video: 64, or the model's largest if "
+                   "smaller].")
 @click.option("--device", default=None, help="cpu or cuda:N [default: cpu; a video: cuda:0].")
 @click.option("--warmup", type=click.IntRange(0), default=5, show_default=True, help="Untimed runs first.")
 @click.option("--iterations", type=click.IntRange(1), help="Timed runs per batch size (instead of --duration).")
@@ -515,7 +516,7 @@ def bench(state: State, models, batches, device, warmup, iterations, duration, v
         if len(models) != 1:
             raise UsageProblem("a video benchmark takes one VIDEO argument", "trtc bench clip.mp4 --model m.onnx")
         report = bench_video(models[0], video_model, streams=streams, device=device or "cuda:0",
-                             batch=(batches or [64])[0], latency_frames=latency_frames,
+                             batch=(batches or [None])[0], latency_frames=latency_frames,
                              latency_video=latency_video, decode_latency=decode_latency,
                              memory_loops=memory_loops, reporter=state.reporter(), repeat=repeat,
                              devices=devices or None)

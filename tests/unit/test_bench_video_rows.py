@@ -117,3 +117,32 @@ def test_the_video_bench_on_a_machine_without_gpu_says_what_to_run_instead(monke
 
     r = CliRunner().invoke(cli, ["bench", "clip.mp4", "--model", "m.onnx", "--devices", "cuda:0,cuda:1"])
     assert r.exit_code == 2 and "has no NVIDIA GPU" in r.output and "GPUs: none" not in r.output, r.output
+
+
+def test_bench_batches_fit_the_model():
+    """A default export takes batches up to 32: `trtc bench clip.mp4 --model lite0.onnx` refused it with "--batch 64
+    is above the model's largest batch (32)" (a --batch the user never gave), after starting the several-GPU
+    processes. The default is now 64 or the model's largest; a given --batch is checked before any warm-up."""
+    import types
+
+    import pytest
+
+    from engines.errors import UsageProblem
+    from toolchain.bench_video import _batches
+
+    def engine(first_dim):
+        return types.SimpleNamespace(inputs=[types.SimpleNamespace(shape=(first_dim, 3, 224, 224))])
+
+    def manifest(largest):
+        return types.SimpleNamespace(batch=types.SimpleNamespace(min=1, opt=8, max=largest))
+
+    assert _batches(engine("batch"), manifest(32), None, 32, 8) == (32, 32, 8)
+    assert _batches(engine("batch"), manifest(64), None, 32, 8) == (64, 32, 8)
+    assert _batches(engine("batch"), manifest(256), None, 32, 8) == (64, 32, 8)
+    assert _batches(engine("batch"), manifest(4), None, 32, 8) == (4, 4, 4)
+    assert _batches(engine(1), manifest(1), None, 32, 8) == (1, 1, 1)  # a fixed batch of 1
+    assert _batches(engine("batch"), manifest(32), 16, 32, 8) == (16, 32, 8)
+    with pytest.raises(UsageProblem, match=r"--batch 64 is above the model's largest batch \(32\)"):
+        _batches(engine("batch"), manifest(32), 64, 32, 8)
+    with pytest.raises(UsageProblem, match="the model takes batches of exactly 1, not 8"):
+        _batches(engine(1), manifest(1), 8, 32, 8)
