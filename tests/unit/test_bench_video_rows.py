@@ -146,3 +146,37 @@ def test_bench_batches_fit_the_model():
         _batches(engine("batch"), manifest(32), 64, 32, 8)
     with pytest.raises(UsageProblem, match="the model takes batches of exactly 1, not 8"):
         _batches(engine(1), manifest(1), 8, 32, 8)
+
+
+def test_the_usual_pipeline_runs_on_a_session_of_its_own(monkeypatch):
+    """The usual pipeline's partial batches change the input shape; sharing trtc's session, the next trtc run then
+    paid ONNX Runtime's cuDNN search again (915 fps against 7186-7215 in the runs after, Lite0 on an H100). The
+    bench's own order is kept here, with the pipelines replaced by recorders (the GPU figures: docs/BENCHMARKS.md)."""
+    import types
+
+    import engines
+    import toolchain.bench_video as bv
+
+    opened, closed, used = [], [], {"ours": set(), "usual": set()}
+
+    def open_engine(model, device="cpu"):
+        e = types.SimpleNamespace(device_id=0, inputs=[types.SimpleNamespace(shape=("batch", 3, 224, 224))])
+        e.close = lambda: closed.append(e)
+        opened.append(e)
+        return e
+
+    monkeypatch.setattr("engines._gpu.gpus", lambda: {"devices": [{"index": 0, "name": "NVIDIA H100"}]})
+    monkeypatch.setattr(engines, "open_engine", open_engine)
+    monkeypatch.setattr(engines, "read_manifest", lambda m: types.SimpleNamespace(
+        preprocess=None, batch=types.SimpleNamespace(min=1, opt=8, max=64)))
+    monkeypatch.setattr(bv, "_decode_only", lambda video, n, gpu: (250 * n, 0.1))
+    monkeypatch.setattr(bv, "_decode_only_batched", lambda video, n, gpu: (250 * n, 0.1))
+    monkeypatch.setattr(bv, "_ours", lambda video, n, e, batch, **kw: used["ours"].add(id(e)) or (250 * n, 0.2, []))
+    monkeypatch.setattr(bv, "_usual", lambda video, n, e, spec, batch: used["usual"].add(id(e)) or (250 * n, 1.0))
+    monkeypatch.setattr(bv, "gpu_device", lambda gpu: {})
+    report = bv.bench_video("clip.mp4", "m.onnx", streams=(1, 4), latency_frames=0, repeat=2)
+    assert len(opened) == 2 and len(used["ours"]) == 1 and len(used["usual"]) == 1
+    assert used["ours"] != used["usual"]
+    assert [id(e) for e in closed] == list(used["usual"])  # the bench's own session, closed at the end
+    assert report.batch == 64 and [r.pipeline.split()[0] for r in report.rows[:4]] == ["decode-only", "decode-only",
+                                                                                       "usual", "trtc"]
