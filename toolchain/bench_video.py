@@ -21,9 +21,7 @@ other two.
 - ``usual``: what people write by hand: OpenCV ``cv2.VideoCapture`` decodes on the CPU (one thread per stream),
   frames are stacked on the host, copied to the GPU with torch, resized (bilinear, short side), centre-cropped and
   normalised with torch ops, and run by the same model as ours in a session of its own (ONNX Runtime CUDA EP,
-  device pointers), batch 32 (or the model's largest when smaller). Its batches are full but the last; that
-  session runs the last one's size once before the clock, so ONNX Runtime's one-off search for a new input shape
-  is left out of its time as it is of trtc's (whose batch shape never changes).
+  device pointers), batch 32 (or the model's largest when smaller).
 - ``trtc``: :func:`engines.video.classify`: NVDEC -> CuPy kernel into the engine's input buffer -> engine ->
   top-k, zero-copy.
 
@@ -279,20 +277,6 @@ def _median_rows(runs: list[list[VideoBenchRow]], ceilings: tuple[int, ...] = ()
     return out
 
 
-def _warm_shape(engine, spec, rows: int) -> None:
-    """Run ``engine`` once, untimed, on ``rows`` frames of zeros: the first run of an input shape carries ONNX
-    Runtime's one-off cuDNN algorithm search (0.2-1.7 s a shape for ResNet-50 and Lite0 on an H100), which must not
-    land in a timed run. Only the usual pipeline needs it: trtc always runs its full batch."""
-    if rows <= 0:
-        return
-    import cupy as cp
-
-    with cp.cuda.Device(engine.device_id):
-        x = cp.zeros((rows, 3, *spec.size), dtype=engine.inputs[0].numpy_dtype)
-        engine.infer(x)
-        cp.cuda.Device(engine.device_id).synchronize()
-
-
 def _usual(video: str, streams: int, engine, spec, batch: int = 32) -> tuple[int, float]:
     """OpenCV CPU decode -> torch preprocessing on the GPU -> the same engine (device pointers)."""
     import cv2
@@ -495,7 +479,6 @@ def bench_video(video: str, model: str, *, streams=(1, 8, 16, 32), device: str =
             dec, dec_b, ours = _median_rows(runs, ceilings=(0, 1))
             usual = None
             if _usual_ok:
-                _warm_shape(usual_engine, spec, (n * clip_frames) % usual_batch)  # its last batch, a partial one
                 with reporter.phase(f"{n} stream(s): usual (OpenCV CPU decode + torch)"):
                     usual = _timed_row(f"usual (cv2 + torch, bs {usual_batch})", n,
                                        lambda: _usual(video, n, usual_engine, spec, usual_batch))

@@ -174,11 +174,7 @@ def test_the_usual_pipeline_runs_on_a_session_of_its_own(monkeypatch):
     monkeypatch.setattr(bv, "_ours", lambda video, n, e, batch, **kw: used["ours"].add(id(e)) or (250 * n, 0.2, []))
     monkeypatch.setattr(bv, "_usual", lambda video, n, e, spec, batch: used["usual"].add(id(e)) or (250 * n, 1.0))
     monkeypatch.setattr(bv, "gpu_device", lambda gpu: {})
-    warmed = []
-    monkeypatch.setattr(bv, "_warm_shape", lambda e, spec, rows: warmed.append((id(e), rows)))
     report = bv.bench_video("clip.mp4", "m.onnx", streams=(1, 4), latency_frames=0, repeat=2)
-    # before each usual row, its session runs the size of its last batch once: 250 % 32 and 1000 % 32 frames
-    assert warmed == [(next(iter(used["usual"])), 250 % 32), (next(iter(used["usual"])), 1000 % 32)]
     assert len(opened) == 2 and len(used["ours"]) == 1 and len(used["usual"]) == 1
     assert used["ours"] != used["usual"]
     assert [id(e) for e in closed] == list(used["usual"])  # the bench's own session, closed at the end
