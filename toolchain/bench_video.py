@@ -21,7 +21,10 @@ other two.
 - ``usual``: what people write by hand: OpenCV ``cv2.VideoCapture`` decodes on the CPU (one thread per stream),
   frames are stacked on the host, copied to the GPU with torch, resized (bilinear, short side), centre-cropped and
   normalised with torch ops, and run by the same model as ours in a session of its own (ONNX Runtime CUDA EP,
-  device pointers), batch 32 (or the model's largest when smaller).
+  device pointers), batch 32 (or the model's largest when smaller). Its last batch is padded to the full size, as
+  trtc's are: ONNX Runtime 1.31's CUDA EP searches cuDNN algorithms again whenever the input shape changes, also
+  back to a shape it ran before (0.2-1.3 s a switch for ResNet-50 and Lite0 on an H100), and neither pipeline
+  should be timed on that.
 - ``trtc``: :func:`engines.video.classify`: NVDEC -> CuPy kernel into the engine's input buffer -> engine ->
   top-k, zero-copy.
 
@@ -303,6 +306,9 @@ def _usual(video: str, streams: int, engine, spec, batch: int = 32) -> tuple[int
     h, w = spec.size
 
     def run(frames):
+        n = len(frames)
+        if n < batch:  # the last batch, padded: ONNX Runtime's CUDA EP searches cuDNN again at each new shape
+            frames = frames + [frames[-1]] * (batch - n)
         x = torch.from_numpy(np.stack(frames)).to(dev)  # N, H, W, 3 uint8 BGR
         x = x[..., [2, 1, 0]].permute(0, 3, 1, 2).float() / 255.0
         sh, sw = x.shape[2:]
@@ -312,7 +318,7 @@ def _usual(video: str, streams: int, engine, spec, batch: int = 32) -> tuple[int
         x = ((x[:, :, top:top + h, left:left + w] - mean) / std).contiguous()
         x = x.half() if half else x
         out = engine.infer(x, stream=torch.cuda.current_stream().cuda_stream)[0]
-        top1 = out.argmax(axis=1)
+        top1 = out[:n].argmax(axis=1)
         return int(top1.shape[0])
 
     threads = [threading.Thread(target=read, args=(i,), daemon=True) for i in range(streams)]
@@ -454,9 +460,9 @@ def bench_video(video: str, model: str, *, streams=(1, 8, 16, 32), device: str =
             _ours(video, 1, engine, batch)  # to the end: a source stopped early does not keep its decoder
             _usual_ok = True
             try:
-                # the usual pipeline gets a session of its own, as a hand-written one has: its partial batches
-                # change the input shape, and back on the full batch ONNX Runtime's CUDA EP searched cuDNN
-                # algorithms again, which cost the next trtc run ~1.2 s (Lite0, H100) when they shared one
+                # the usual pipeline gets a session of its own, as a hand-written one has: sharing trtc's, it
+                # left the session on another input shape, and back on the full batch ONNX Runtime's CUDA EP
+                # searched cuDNN algorithms again, which cost the next trtc run ~1.2 s (Lite0, H100)
                 usual_engine = engines.open_engine(model, device=device)
                 _usual(video, 1, usual_engine, spec, usual_batch)
             except ImportError as exc:
