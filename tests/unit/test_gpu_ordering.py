@@ -338,3 +338,27 @@ def test_the_number_of_kept_decoders_comes_from_the_environment(monkeypatch):
     assert off.limit == 0 and off.idle() == 0  # nothing kept: every source opens its own decoder
     monkeypatch.setenv("TRTC_KEEP_DECODERS", "many")
     assert DecoderCache().limit == DEFAULT_LIMIT
+
+
+def test_the_warm_up_runs_again_after_the_engine_ran_another_batch_size():
+    """ONNX Runtime's CUDA EP searches cuDNN algorithms again at every change of input shape, also back to one it
+    ran before (measured on an H100: docs/BENCHMARKS.md). A pipeline therefore warms its batch up unless the
+    engine's last pipeline ran the same size: 64 then 64 warms once, then 8, then 64 again warms each time."""
+    from engines.video.gpu_pipeline import GpuPipeline
+
+    runs = []
+    engine = types.SimpleNamespace(infer=lambda data, stream=None: runs.append(data.shape[0]))
+
+    class Stream:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+        def synchronize(self):
+            pass
+
+    for batch in (64, 64, 8, 64, 64):
+        GpuPipeline._warm_up(types.SimpleNamespace(engine=engine, batch=batch), np.ones((batch, 3, 4, 4)), Stream())
+    assert runs == [64, 8, 64]
