@@ -262,6 +262,15 @@ def _recreate_fix(artifact: str | os.PathLike | None, data) -> str:
             "ImageNet preprocessing)")
 
 
+def classes_of(outputs) -> int | None:
+    """The class count of a first output declared as (batch, classes) (a manifest's or an engine's tensor specs),
+    or None where it is not known."""
+    if not outputs:
+        return None
+    shape = tuple(outputs[0].shape)
+    return shape[1] if len(shape) == 2 and isinstance(shape[1], int) and shape[1] > 0 else None
+
+
 def manifest_path(artifact: str | os.PathLike) -> Path:
     return Path(f"{os.fspath(artifact)}.json")
 

@@ -118,13 +118,12 @@ def _check_resumed_options(out_path: Path, model, strides: set, ks: set, stride:
     if not ks:
         return
     from engines import split_engine
-    from engines.manifest import read_manifest_if_any
+    from engines.manifest import classes_of, read_manifest_if_any
     from engines.video.pipeline import label_names
 
     try:
         manifest = read_manifest_if_any(split_engine(os.fspath(model))[1], verify_hash=False)
-        shape = manifest.outputs[0].shape if manifest is not None and manifest.outputs else ()
-        classes = shape[1] if len(shape) == 2 and isinstance(shape[1], int) else None
+        classes = classes_of(manifest.outputs) if manifest is not None else None
         labels = manifest.labels if manifest is not None else None
     except TrtcError:  # a bad manifest is reported when the model is opened
         classes = labels = None
@@ -388,9 +387,10 @@ def batch_sources(sources: list[str]) -> list[str]:
 def _refuse_writing_over_inputs(out_path: Path, model, sources: list[str]) -> None:
     """-o naming the model, its manifest or one of the videos would destroy an input: refused even with --force."""
     from engines import split_engine
+    from engines.manifest import manifest_path
 
     model_path = Path(split_engine(os.fspath(model))[1])
-    inputs = [(model_path, "the model"), (model_path.with_name(model_path.name + ".json"), "the model's manifest")]
+    inputs = [(model_path, "the model"), (manifest_path(model_path), "the model's manifest")]
     inputs += [(Path(s), "a source video") for s in sources if "://" not in s]
     target = out_path.resolve()
     for path, what in inputs:

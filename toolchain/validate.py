@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from engines._deps import require
-from engines.manifest import Manifest, read_manifest_if_any
+from engines.manifest import Manifest, classes_of, read_manifest_if_any
 
 from . import parity
 from ._ui import Reporter, model_label
@@ -252,14 +252,6 @@ def _role(m: ModelRef, ref: ModelRef) -> str:
     return "reference" if m is ref else "candidate"
 
 
-def _classes_of(outputs) -> int | None:
-    """The class count of a first output declared as (batch, classes), or None where it is not known."""
-    if not outputs:
-        return None
-    shape = tuple(outputs[0].shape)
-    return shape[1] if len(shape) == 2 and isinstance(shape[1], int) and shape[1] > 0 else None
-
-
 def _fix(ref: ModelRef, c: ModelRef, ref_classes: int | None = None) -> str:
     """How to pick two models that can be compared: a model and its own export, build or quantized copy."""
     base = "compare a model with its own export, build or quantized copy"
@@ -300,7 +292,7 @@ def _check_declared(ref: ModelRef, cands: list[ModelRef]) -> None:
         if m.manifest is None:
             return None, None
         inputs = m.manifest.inputs
-        return (_fixed(inputs[0].shape[1:]) if inputs else None), _classes_of(m.manifest.outputs)
+        return (_fixed(inputs[0].shape[1:]) if inputs else None), classes_of(m.manifest.outputs)
 
     ref_shape, ref_classes = declared(ref)
     first_shape = (ref, ref_shape) if ref_shape else None
@@ -323,7 +315,7 @@ def _check_runner(runner: Runner, m: ModelRef, x: np.ndarray, data_from: ModelRe
     shape = _fixed(runner.shape)
     if shape and shape != tuple(x.shape[1:]):
         raise _input_problem(m, shape, data_from, tuple(x.shape[1:]), ref, cands)
-    classes = _classes_of(getattr(runner.engine, "outputs", None))
+    classes = classes_of(getattr(runner.engine, "outputs", None))
     if classes:
         _check_classes(m, classes, ref, cands, ref_classes)
 
@@ -336,7 +328,7 @@ def _check_classes(m: ModelRef, classes: int, ref: ModelRef, cands: list[ModelRe
             raise _classes_problem(ref, ref_classes, m, classes)
         return
     for c in cands:
-        declared = _classes_of(c.manifest.outputs) if c.manifest is not None else None
+        declared = classes_of(c.manifest.outputs) if c.manifest is not None else None
         if declared and declared != classes:
             raise _classes_problem(ref, classes, c, declared)
 
