@@ -34,6 +34,22 @@ def split_engine(spec: str | os.PathLike) -> tuple[str | None, str, dict]:
     return None, text, {}
 
 
+def model_not_found_fix(path: str | os.PathLike) -> str:
+    """The fix line of a model path that does not exist: the folder's models when there are any, else how to make
+    one."""
+    p = Path(path)
+    folder = p.parent if os.fspath(p.parent) else Path(".")
+    try:
+        found = sorted(f.name for f in folder.iterdir() if f.suffix.lower() in (".onnx", *PLAN_SUFFIXES))
+    except OSError:
+        found = []
+    if found:
+        shown = ", ".join(found[:5]) + (f" (+{len(found) - 5} more)" if len(found) > 5 else "")
+        return f"check the path; {folder} has {shown}"
+    return ("check the path, or make the model first: trtc export pretrained:efficientnet-lite0 -o lite0.onnx "
+            "(or trtc build model.onnx for a plan)")
+
+
 def open_engine(path: str | os.PathLike, device: str = "cpu", **options) -> Engine:
     """Open ``path`` with the backend its artifact calls for.
 
@@ -45,16 +61,18 @@ def open_engine(path: str | os.PathLike, device: str = "cpu", **options) -> Engi
     engine, path, implied = split_engine(path)
     p = Path(path)
     if not p.exists():
-        raise UsageProblem(f"model not found: {p}")
+        raise UsageProblem(f"model not found: {p}", model_not_found_fix(p))
+    if engine is not None and p.suffix.lower() != ".onnx":
+        raise UsageProblem(f"{engine}: runs ONNX models, not {p.name}", f"give a .onnx file: {engine}:model.onnx")
+    from .manifest import read_manifest_if_any
+
+    # the manifest says how to feed the model (labels, preprocessing): a manifest of another file is refused here,
+    # as every trtc command refuses it (hashed once per process and file; see engines._io.sha256_verified)
+    manifest = read_manifest_if_any(p)
     if engine is not None:
-        if p.suffix.lower() != ".onnx":
-            raise UsageProblem(f"{engine}: runs ONNX models, not {p.name}", f"give a .onnx file: {engine}:model.onnx")
         from .opencv_engine import OpenCVEngine
 
         return OpenCVEngine(p, device=device, **{**implied, **options})
-    from .manifest import read_manifest_if_any
-
-    manifest = read_manifest_if_any(p, verify_hash=False)
     kind = manifest.kind if manifest is not None else None
     if kind == "plan" or (kind is None and p.suffix.lower() in PLAN_SUFFIXES):
         from .tensorrt_engine import TensorRTEngine

@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ._io import atomic_write_text, defer_until_placed, sha256_file
+from ._io import atomic_write_text, defer_until_placed, sha256_file, sha256_verified
 from .base import TensorSpec
 from .errors import ManifestError, UsageProblem
 from .preprocess import PreprocessSpec
@@ -320,7 +320,7 @@ def read_manifest(artifact: str | os.PathLike, verify_hash: bool = True) -> Mani
                             f"({type(exc).__name__}: {exc})", _recreate_fix(artifact, None)) from exc
     manifest = Manifest.from_dict(data, artifact)
     if verify_hash:
-        actual = sha256_file(artifact)
+        actual = sha256_verified(artifact)
         if actual != manifest.artifact.get("sha256"):
             raise ManifestError(f"{artifact.name} does not match its manifest (sha256 {actual[:12]}... vs "
                                 f"{str(manifest.artifact.get('sha256'))[:12]}...): the file was changed or replaced",
