@@ -70,6 +70,7 @@ class ExportReport:
     timings: dict
     predictions: list[dict] = field(default_factory=list)  # per check image: file and top-5 (label, prob)
     warnings: list[str] = field(default_factory=list)
+    weights: str = ""  # where the weights came from: file, random, pretrained or source (see weights_origin)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -344,16 +345,50 @@ def top_k(logits: np.ndarray, labels: list[str] | None, k: int = 5) -> list[tupl
     return [((labels[i] if labels and i < len(labels) else str(int(i))), float(p[i])) for i in idx]
 
 
+def weights_origin(ref, weights: str | None, random_weights: bool) -> str:
+    """Where the exported weights come from, as the manifest records it (``model.weights``): "file" (--weights),
+    "random" (--random-weights: an untrained network, for tests), "pretrained" (pretrained:NAME's package) or
+    "source" (a TorchScript or .pt2 file, or a file.py factory, carries or builds its own). An architecture
+    (torchvision:, timm:) without either flag is refused: it would be exported untrained without a word."""
+    check_weights_flags(ref, weights, random_weights)
+    if weights is not None:
+        return "file"
+    if ref.kind in ("torchvision", "timm"):
+        if random_weights:
+            return "random"
+        raise UsageProblem(f"{ref.text} has no trained weights without --weights: the export would be an untrained "
+                           "network", f"give them: --weights FILE (a state_dict or checkpoint of {ref.value}); for a "
+                           "test export of the untrained network add --random-weights")
+    return "pretrained" if ref.kind == "pretrained" else "source"
+
+
+def check_weights_flags(ref, weights: str | None, random_weights: bool) -> None:
+    """--random-weights with --weights, or with a source that has weights of its own, is a usage error (checked
+    before the model is loaded)."""
+    if weights is not None and random_weights:
+        raise UsageProblem("--weights and --random-weights contradict each other", "give one of them")
+    if random_weights and ref.kind not in ("torchvision", "timm"):
+        own = "pretrained:NAME brings its own" if ref.kind == "pretrained" else "the source carries or builds its own"
+        raise UsageProblem(f"--random-weights applies to torchvision:ARCH and timm:NAME only ({own} weights)",
+                           "drop --random-weights")
+
+
 def export_onnx(source: str, output: str | Path, *, weights: str | None = None, num_classes: int | None = None,
                 input_size: int | tuple[int, int] | None = None, batch: str | BatchProfile = "1:8:32",
                 opset: int | None = None, exporter: str = "auto", labels: str | list[str] | None = None,
                 mean=None, std=None, color: str | None = None, resize: int | None = None,
                 check_data: str | Path | list | None = None, check_samples: int = 8, atol: float = 1e-3,
-                force: bool = False, name: str | None = None, reporter: Reporter | None = None) -> ExportReport:
-    """Export a PyTorch classifier to ONNX with its manifest; see the module docstring."""
+                force: bool = False, name: str | None = None, reporter: Reporter | None = None,
+                random_weights: bool = False) -> ExportReport:
+    """Export a PyTorch classifier to ONNX with its manifest; see the module docstring.
+
+    ``torchvision:``/``timm:`` sources need ``weights`` (a state_dict or checkpoint file), or ``random_weights=True``
+    to export the untrained network on purpose (tests, speed measurements); the manifest records which
+    (``model.weights``: file, random, pretrained or source)."""
     reporter = reporter or Reporter()
     out = check_output_path(output, force)
     ref = parse_source(source)
+    check_weights_flags(ref, weights, random_weights)
     profile = batch if isinstance(batch, BatchProfile) else BatchProfile.parse(batch)
     if exporter not in ("auto", "dynamo", "torchscript"):
         raise UsageProblem(f"unknown exporter {exporter!r}", "use auto, dynamo or torchscript")
@@ -366,6 +401,8 @@ def export_onnx(source: str, output: str | Path, *, weights: str | None = None, 
     t0 = time.perf_counter()
     with reporter.phase(f"loading {ref.text}"):
         loaded = load_model(ref, weights=weights, num_classes=num_classes)
+    # after the load, so that a mistyped architecture is named first (the load builds it, nothing slower)
+    origin = weights_origin(ref, weights, random_weights)
     timings["load_s"] = time.perf_counter() - t0
     spec = build_spec(loaded, input_size, resize, mean, std, color)
 
@@ -401,7 +438,7 @@ def export_onnx(source: str, output: str | Path, *, weights: str | None = None, 
             parent = {"file": Path(weights).name, "sha256": sha256_file(weights), "role": "weights"}
         manifest = Manifest(
             kind="onnx",
-            model={"name": name or loaded.name, "source": loaded.source, "num_classes": num},
+            model={"name": name or loaded.name, "source": loaded.source, "num_classes": num, "weights": origin},
             preprocess=spec, inputs=[in_t], outputs=[out_t], batch=profile, labels=labels_final,
             precision={"mode": "fp32"},
             producer={"tool": "trtc export", "trtc": __version__, "exporter": used, "opset": opset_used,
@@ -414,7 +451,8 @@ def export_onnx(source: str, output: str | Path, *, weights: str | None = None, 
     return ExportReport(output=str(out), manifest=str(mpath), source=loaded.source, exporter=used, opset=opset_used,
                         bytes=size, sha256=manifest.artifact["sha256"], input_shape=list(in_t.shape),
                         num_classes=num, batch=profile.to_dict(), preprocess=spec.to_dict(), check=check,
-                        timings={k: round(v, 3) for k, v in timings.items()}, predictions=predictions)
+                        timings={k: round(v, 3) for k, v in timings.items()}, predictions=predictions,
+                        weights=origin)
 
 
 __all__ = ["export_onnx", "ExportReport", "ParityCheck", "check_output_path", "read_labels", "top_k",

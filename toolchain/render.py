@@ -43,6 +43,11 @@ def _mb(n: int) -> str:
     return f"{n / 1e6:.1f} MB"
 
 
+# the manifest's model.weights in words (trtc export, trtc inspect)
+WEIGHTS_TEXT = {"file": "from --weights", "random": "[yellow]RANDOM[/] (--random-weights: an untrained network)",
+                "pretrained": "the package's pretrained weights", "source": "the source's own"}
+
+
 def render_export(console, report) -> None:
     from rich.markup import escape
     from rich.table import Table
@@ -52,6 +57,8 @@ def render_export(console, report) -> None:
     t.add_column(style="bold")
     t.add_column()
     t.add_row("source", escape(report.source))
+    if report.weights:
+        t.add_row("weights", WEIGHTS_TEXT.get(report.weights, report.weights))
     t.add_row("exporter / opset", f"{report.exporter} / {report.opset}")
     t.add_row("input", f"{report.input_shape}  batch {report.batch['min']}:{report.batch['opt']}:{report.batch['max']}")
     t.add_row("classes", str(report.num_classes))
@@ -176,6 +183,8 @@ def render_inspect(console, report: dict) -> None:
     t.add_column(style="bold")
     t.add_column()
     t.add_row("model", escape(f"{report['model'].get('name')} ({report['model'].get('source')})"))
+    if report["model"].get("weights"):
+        t.add_row("weights", WEIGHTS_TEXT.get(report["model"]["weights"], escape(str(report["model"]["weights"]))))
     p = report["precision"] or {}
     t.add_row("precision", escape(p.get("mode", "fp32") + (f", rest {p['high_precision']}" if p.get("high_precision")
                                                           else "")))
@@ -306,19 +315,34 @@ def render_run(console, summary) -> None:
     t.add_column("source")
     t.add_column("frames", justify="right")
     t.add_column("last frame", justify="right")
-    t.add_column("status")
     problems = {p["source"]: p for p in summary.problems}
     last = getattr(summary, "last_frame", {}) or {}
+    dropped = getattr(summary, "dropped", {}) or {}
+    missing = getattr(summary, "missing", {}) or {}
+    damaged = getattr(summary, "damaged", {}) or {}
+    if dropped:
+        t.add_column("dropped", justify="right")
+    t.add_column("status")
     shown = summary.sources
     if len(shown) > 40:  # a batch (--ray over a folder or a list): only the sources with a problem get a row
         shown = [s for s in summary.sources if s in problems]
         t.caption = f"{len(summary.sources) - len(shown)} other source(s) ok" if not summary.interrupted else None
     for src in shown:
         p = problems.get(src)
-        status = ("[green]ok[/]" if not summary.interrupted else "[yellow]interrupted[/]") if p is None \
-            else f"[red]{escape(p['reason'])}[/]"
+        if p is None:
+            status = "[green]ok[/]" if not summary.interrupted else "[yellow]interrupted[/]"
+        else:  # what happened, without the source's name again (it is in the first column)
+            reason = p["reason"][len(src) + 2:] if p["reason"].startswith(f"{src}: ") else p["reason"]
+            status = f"[red]{escape(reason)}[/]"
+        notes = [f"{n} {what}" for n, what in ((missing.get(src), "missing in the stream"),
+                                                (damaged.get(src), "damaged")) if n]
+        if notes:
+            status += f" [dim]({escape(', '.join(notes))})[/]"
         f = last.get(src)
-        t.add_row(escape(short_path(src)), str(summary.per_source.get(src, 0)), "-" if f is None else str(f), status)
+        row = [escape(short_path(src)), str(summary.per_source.get(src, 0)), "-" if f is None else str(f)]
+        if dropped:
+            row.append(str(dropped.get(src, 0)))
+        t.add_row(*row, status)
     if shown:
         _print(console, t)
     elif t.caption:
@@ -331,7 +355,8 @@ def render_run(console, summary) -> None:
         console.print(f"[yellow]ray: {escape(line)}[/]", soft_wrap=True)
     if summary.latency_ms:
         lat = summary.latency_ms
-        console.print(f"latency packet->result: p50 {lat['p50']:.1f} ms, p99 {lat['p99']:.1f} ms, max {lat['max']:.1f} ms",
+        console.print(f"latency (frame in -> result): p50 {lat['p50']:.1f} ms, p99 {lat['p99']:.1f} ms, "
+                      f"max {lat['max']:.1f} ms",
                       soft_wrap=True)
     if summary.output:
         kept = getattr(summary, "resumed_lines", 0)

@@ -61,7 +61,7 @@ def test_existing_output_needs_force(tmp_path):
     (["--check-data", "/no/such/photos"], "check data not found"),
 ])
 def test_bad_options_are_usage_errors(tmp_path, args, match):
-    r = run(["export", "torchvision:resnet18", "-o", str(tmp_path / "m.onnx"), *args])
+    r = run(["export", "torchvision:resnet18", "--random-weights", "-o", str(tmp_path / "m.onnx"), *args])
     assert r.exit_code == 2, r.output
     assert match in r.output
     assert_nothing_written(tmp_path)
@@ -205,3 +205,33 @@ def test_ctrl_c_during_export_leaves_nothing(tmp_path, monkeypatch):
     r = run(["export", f"{src}:build", "--input-size", "32", "-o", str(out_dir / "m.onnx")])
     assert r.exit_code == 130 and "nothing partial was left" in r.output
     assert_nothing_written(out_dir)
+
+
+@needs_export
+@pytest.mark.parametrize("source", ["torchvision:resnet18", "timm:resnet10t"])
+def test_an_architecture_without_weights_is_refused(tmp_path, source):
+    """Issue 25: `trtc export torchvision:resnet18 -o r.onnx` exported an untrained network, exit 0."""
+    r = run(["export", source, "-o", str(tmp_path / "r.onnx")])
+    assert r.exit_code == 2, r.output
+    lines = r.output.splitlines()[-2:]  # after the load's progress line: a mistyped architecture is named first
+    assert lines[0] == f"error: {source} has no trained weights without --weights: the export would be an " \
+                       "untrained network", r.output
+    assert lines[1].startswith("  fix: give them: --weights FILE") and lines[1].endswith("add --random-weights")
+    assert r.output.count("error:") == 1, r.output
+    assert_nothing_written(tmp_path)
+
+
+@needs_export
+@pytest.mark.parametrize("args,match", [
+    (["torchvision:resnet18", "--random-weights", "--weights", "W"], "--weights and --random-weights contradict"),
+    (["pretrained:efficientnet-lite0", "--random-weights"], "--random-weights applies to torchvision:ARCH and timm"),
+])
+def test_random_weights_only_where_it_means_something(tmp_path, args, match):
+    w = tmp_path / "w.pth"
+    w.write_bytes(b"")
+    args = [str(w) if a == "W" else a for a in args]
+    out = tmp_path / "out"
+    out.mkdir()
+    r = run(["export", *args, "-o", str(out / "m.onnx")])
+    assert r.exit_code == 2 and match in r.output, r.output
+    assert_nothing_written(out)

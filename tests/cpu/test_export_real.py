@@ -190,3 +190,16 @@ def test_parity_failure_writes_nothing(tmp_path, monkeypatch):
     with pytest.raises(ExportError, match="disagrees with PyTorch"):
         export_onnx(f"{src}:build", out_dir / "m.onnx", input_size=64)
     assert list(out_dir.iterdir()) == []
+
+
+def test_random_weights_are_asked_for_and_recorded(tmp_path):
+    """--random-weights exports the untrained network on purpose, and the manifest and inspect say so."""
+    out = tmp_path / "sq.onnx"
+    r = CliRunner().invoke(cli, ["-q", "export", "torchvision:squeezenet1_1", "--random-weights", "--input-size", "64",
+                                 "--batch", "1", "--check-samples", "1", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "RANDOM (--random-weights: an untrained network)" in r.output
+    m = read_manifest(out)
+    assert m.model["weights"] == "random" and m.parent is None
+    shown = CliRunner().invoke(cli, ["inspect", str(out)])
+    assert shown.exit_code == 0 and "RANDOM (--random-weights: an untrained network)" in shown.output, shown.output
