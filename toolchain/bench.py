@@ -23,9 +23,11 @@ import numpy as np
 
 from engines._deps import dist_version
 from engines._gpu import device as gpu_device
+from engines.manifest import BatchProfile
 
 from ._ui import Reporter, model_label
-from .errors import UsageProblem
+from .errors import TrtcError, UsageProblem
+from .resources import check_input_fits
 from .validate import Runner, _classify
 
 
@@ -75,11 +77,54 @@ def _time(fn, x, warmup: int, iterations: int | None, duration: float | None) ->
     return times
 
 
+def _manifest_range(ref) -> tuple[int, int] | None:
+    """(min, max) of the batch range the model's manifest gives (an export's --batch, a plan's profile), or None
+    (no manifest, or a fixed batch: the graph says that one)."""
+    m = ref.manifest
+    if m is None or m.batch is None or m.batch.min == m.batch.max:
+        return None
+    return m.batch.min, m.batch.max
+
+
+def _check_given_batches(ref, batches: list[int]) -> None:
+    """A --batch size outside the model's batch range is a usage error, said before anything is timed."""
+    span = _manifest_range(ref)
+    if span is None:
+        return
+    lo, hi = span
+    outside = [b for b in batches if not lo <= b <= hi]
+    if not outside:
+        return
+    remake = "build it again" if ref.kind == "plan" else "export it again"
+    b = max(outside, key=lambda n: n > hi)  # one above the range first, else one below
+    where = "above" if b > hi else "below"
+    wider = BatchProfile(min(lo, *outside), min(max(lo, ref.manifest.batch.opt), max(hi, *outside)), max(hi, *outside))
+    raise UsageProblem(f"--batch {b} is {where} the batch range of {model_label(ref.spec)}, {lo}..{hi} (its "
+                       f"manifest's {ref.manifest.batch})",
+                       f"give --batch sizes from {lo} to {hi}, or {remake} with --batch {wider}")
+
+
+def _random_input(rng, shape: tuple, dtype) -> np.ndarray:
+    """Random normal input made in the model's dtype (float64 first took twice the memory of a float32 model's)."""
+    dtype = np.dtype(dtype)
+    if dtype in (np.dtype(np.float32), np.dtype(np.float64)):
+        return rng.standard_normal(shape, dtype=dtype)
+    return rng.standard_normal(shape, dtype=np.float32).astype(dtype)
+
+
+def _input_dtype(runner) -> np.dtype:
+    inputs = getattr(runner.engine, "inputs", None)
+    return inputs[0].numpy_dtype if inputs else np.dtype(np.float32)
+
+
 def bench(models: list[str], batches: list[int] | None = None, *, device: str = "cpu", warmup: int = 5,
           iterations: int | None = None, duration: float | None = 3.0, reporter: Reporter | None = None) -> BenchReport:
+    """``batches`` None: 1, 8 and 32, each model timed at those its batch range holds (a warning names the others);
+    given ``batches`` outside a model's range are refused before anything runs."""
     reporter = reporter or Reporter()
     if not models:
         raise UsageProblem("no model to benchmark", "give one or more .onnx files or PyTorch sources")
+    given = batches is not None
     batches = batches or [1, 8, 32]
     if any(b < 1 for b in batches):
         raise UsageProblem(f"batch sizes must be at least 1, got {batches}", "e.g. --batch 1,8,32")
@@ -91,9 +136,13 @@ def bench(models: list[str], batches: list[int] | None = None, *, device: str = 
     warnings: list[str] = []
     base: dict[int, float] = {}
     rng = np.random.default_rng(0)
-    for spec in models:
-        runner = Runner(_classify(spec), device)
-        fn, ref, shape = runner.fn, runner.ref, runner.shape
+    refs = [_classify(spec) for spec in models]  # each manifest read (and its hash checked) before any timing
+    if given:
+        for ref in refs:
+            _check_given_batches(ref, batches)
+    for spec, ref in zip(models, refs):
+        runner = Runner(ref, device)
+        fn, shape = runner.fn, runner.shape
         fixed = runner.batch if runner.fixed else None
         if any(not isinstance(d, int) for d in shape):
             raise UsageProblem(f"{spec}: input shape {shape} is not fixed", "export with a fixed input size")
@@ -102,16 +151,26 @@ def bench(models: list[str], batches: list[int] | None = None, *, device: str = 
             if set(batches) != {fixed}:
                 warnings.append(f"{model_label(spec)} has a fixed batch of {fixed}: timed at that batch only")
             sizes = [fixed]
-        if runner.batch_range is not None:
-            lo, hi = runner.batch_range
+        span = runner.batch_range or (_manifest_range(ref) if fixed is None else None)
+        if span is not None:
+            lo, hi = span
             if [b for b in sizes if not lo <= b <= hi]:
-                warnings.append(f"{model_label(spec)} was built for batches {lo}..{hi}: "
+                warnings.append(f"{model_label(spec)} takes batches {lo}..{hi} (its manifest): "
                                 f"{', '.join(str(b) for b in sizes if not lo <= b <= hi)} not timed")
             sizes = [b for b in sizes if lo <= b <= hi]
+        dtype = _input_dtype(runner)
+        for b in sizes:  # before the input of the largest batch is made
+            check_input_fits(b, shape, dtype.itemsize, f"timing {model_label(spec)}",
+                             "give --batch {most} or less (its input then stays under 1/16 of the available memory)")
         for b in sizes:
-            x = rng.standard_normal((b, *shape)).astype(np.float32)
-            with reporter.phase(f"timing {model_label(spec)} at batch {b}"):
-                t = np.asarray(_time(fn, x, warmup, iterations, duration)) * 1000.0
+            try:
+                x = _random_input(rng, (b, *shape), dtype)
+                with reporter.phase(f"timing {model_label(spec)} at batch {b}"):
+                    t = np.asarray(_time(fn, x, warmup, iterations, duration)) * 1000.0
+            except MemoryError:
+                raise TrtcError(f"ran out of memory timing {model_label(spec)} at batch {b}",
+                                "give a smaller --batch") from None
+            del x
             mean = float(t.mean())
             row = BenchRow(model=spec, kind=ref.kind, precision=ref.precision, batch=b, iterations=len(t),
                            p50_ms=float(np.percentile(t, 50)), p90_ms=float(np.percentile(t, 90)),

@@ -32,6 +32,7 @@ from engines.preprocess import PreprocessSpec, batch_from_images, list_images
 
 from ._ui import Reporter
 from .errors import ExportError, UsageProblem
+from .resources import check_input_fits
 from .model_source import LoadedModel, load_model, parse_source
 from .outputs import check_output_path  # noqa: F401 - quantize and build import it from here
 
@@ -278,7 +279,7 @@ def _check(tmp: Path, loaded: LoadedModel, spec: PreprocessSpec, batch: BatchPro
     if files:
         x = batch_from_images(files, spec)
     else:
-        x = np.random.default_rng(0).standard_normal((samples, 3, *spec.size)).astype(np.float32)
+        x = np.random.default_rng(0).standard_normal((samples, 3, *spec.size), dtype=np.float32)
     fn = loaded.module.module() if loaded.kind == "exported" else loaded.module
     chunk = max(1, batch.max)
     engine = OnnxRuntimeEngine(tmp, device="cpu")
@@ -409,6 +410,10 @@ def export_onnx(source: str, output: str | Path, *, weights: str | None = None, 
     import torch
 
     example_batch = profile.min if not profile.dynamic else max(2, min(profile.opt, profile.max))
+    # the largest batch the export runs (the trace's example, the check's smallest batch), before it is made
+    check_input_fits(max(example_batch, profile.min), (3, *spec.size), 4, f"exporting {ref.text}",
+                     f"--batch 1:8:{profile.max} keeps {profile.max} as the largest batch but traces and checks at 8"
+                     if profile.max > 8 else "give a smaller --batch", given=f"--batch {batch}")
     example = torch.from_numpy(np.random.default_rng(1).standard_normal((example_batch, 3, *spec.size),
                                                                          dtype=np.float32))
     with atomic_path(out) as tmp:
