@@ -26,6 +26,8 @@ class Reporter:
 
 
 class _Bar:
+    failed: str | None = None  # set by the caller when the phase's work failed: the done line says so
+
     def advance(self, n: int = 1) -> None:
         pass
 
@@ -57,15 +59,20 @@ class RichReporter(Reporter):
                       disable=not self.console.is_terminal) as progress:
             task = progress.add_task(description, total=total)
 
-            class Bar:
+            class Bar(_Bar):
                 def advance(self, n: int = 1) -> None:
                     progress.advance(task, n)
 
                 def describe(self, text: str) -> None:
                     progress.update(task, description=f"{description}: {text}")
 
-            yield Bar()
-        self.console.print(f"[green]✓[/] {description} [dim]({time.perf_counter() - t0:.1f} s)[/]")
+            bar = Bar()
+            yield bar
+        if bar.failed:
+            self.console.print(f"[red]✗[/] {description}: {bar.failed} [dim]({time.perf_counter() - t0:.1f} s)[/]",
+                               markup=True, highlight=False)
+        else:
+            self.console.print(f"[green]✓[/] {description} [dim]({time.perf_counter() - t0:.1f} s)[/]")
 
 
 def setup_logging(console, verbosity: int) -> None:

@@ -48,6 +48,19 @@ def _fail(ctx: click.Context, reason: str, fix: str | None, code: int) -> None:
 class TrtcGroup(click.Group):
     """Turns TrtcError into a one-line message and its exit code; other exceptions into 'internal error'."""
 
+    def main(self, *args, **kwargs):
+        try:
+            return super().main(*args, **kwargs)
+        except SystemExit as exc:
+            # rich's console (tables) and click (help, usage text) meet a closed stdout with SystemExit(1), after
+            # pointing stdout at the null device (rich) or wrapping it so that its flush at exit is silent (click's
+            # _PacifyFlushWrapper, a private name: should it change, such an exit stays 1, quiet as before). The same
+            # code as a BrokenPipeError in a command (see invoke)
+            if exc.code == 1 and (isinstance(exc.__context__, BrokenPipeError)
+                                  or type(sys.stdout).__name__ == "_PacifyFlushWrapper"):
+                sys.exit(EXIT_PIPE)
+            raise
+
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
@@ -56,11 +69,17 @@ class TrtcGroup(click.Group):
                 traceback.print_exc()
             _fail(ctx, exc.reason, exc.fix, exc.exit_code)
         except KeyboardInterrupt:
-            click.echo("interrupted: nothing partial was left (trtc writes files whole or not at all)", err=True)
-            ctx.exit(130)
+            from ._signals import exit_code, stop_signal
+
+            what = "stopped by SIGTERM" if stop_signal() else "interrupted"
+            click.echo(f"{what}: nothing partial was left (trtc writes files whole or not at all)", err=True)
+            ctx.exit(exit_code())
         except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
             raise
         except Exception as exc:  # a bug: say so, briefly
+            if isinstance(exc, BrokenPipeError) and _stdout_reader_gone():  # `trtc run ... | head -3`
+                _quiet_stdout()
+                ctx.exit(EXIT_PIPE)
             if _debug(ctx):
                 traceback.print_exc()
             if isinstance(exc, OSError) and exc.errno in _USER_OS_ERRORS:  # the user's file system, not a bug
@@ -70,6 +89,40 @@ class TrtcGroup(click.Group):
             _fail(ctx, f"internal error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
                   "this is a bug in trtc; report the traceback above" if _debug(ctx) else
                   "this is a bug in trtc; run again with --debug and report the traceback", 1)
+
+
+# stdout's reader went away (`trtc run ... | head -3`): the shell's code for a process ended by SIGPIPE, as `yes | head`
+# gives; trtc stops quietly (no message: the reader asked for no more), and whatever an -o file holds is kept as after
+# Ctrl-C, while `set -o pipefail` scripts can still tell that the output was cut short
+EXIT_PIPE = 141
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether the BrokenPipeError came from stdout: a pipe whose reading end is closed polls as an error (Linux).
+    A pipe to another process (a worker, FFmpeg) that broke stays an internal error. Where this cannot be told
+    (no poll, no file descriptor) it is taken to be stdout, the usual case."""
+    import select
+
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return True
+    if not hasattr(select, "poll"):
+        return True
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0))
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at the null device, so that Python's flush of what is still buffered at exit does not fail
+    again with 'Exception ignored ... BrokenPipeError' on stderr."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (AttributeError, OSError, ValueError):
+        pass
 
 
 # errors of the user's file system, not of trtc: permission denied, read-only, full, quota
@@ -177,7 +230,10 @@ def _show(state: State, report, as_json: bool, renderer: str) -> None:
 @cli.command(context_settings=CONTEXT)
 @click.argument("source")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="The .onnx file to write.")
-@click.option("--weights", type=click.Path(), help="State dict or checkpoint for torchvision:/timm:/file.py: sources.")
+@click.option("--weights", type=click.Path(), help="State dict or checkpoint for torchvision:/timm:/file.py: sources "
+              "(torchvision:/timm: need it, or --random-weights).")
+@click.option("--random-weights", is_flag=True, help="torchvision:/timm: export the untrained network (tests, speed "
+              "measurements); the manifest says weights: random.")
 @click.option("--num-classes", type=click.IntRange(1), help="Replace the classifier head with N classes.")
 @click.option("--input-size", "--crop", "input_size", callback=_size, help="Model input (= crop) size, N or HxW. "
               "Default: the source's own (224 for most).")
@@ -200,8 +256,8 @@ def _show(state: State, report, as_json: bool, renderer: str) -> None:
 @click.option("--force", is_flag=True, help="Overwrite an existing output.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 @click.pass_obj
-def export(state: State, source, output, weights, num_classes, input_size, batch, opset, exporter, labels, mean, std,
-           color, resize, check_data, check_samples, atol, name, force, as_json):
+def export(state: State, source, output, weights, random_weights, num_classes, input_size, batch, opset, exporter,
+           labels, mean, std, color, resize, check_data, check_samples, atol, name, force, as_json):
     """Export a PyTorch classifier to ONNX, with OUTPUT.json (the manifest) beside it.
 
     SOURCE is torchvision:ARCH, timm:NAME, pretrained:efficientnet-lite0, path/to/file.py:factory, a TorchScript
@@ -212,13 +268,15 @@ def export(state: State, source, output, weights, num_classes, input_size, batch
     Examples:
       trtc export pretrained:efficientnet-lite0 -o lite0.onnx
       trtc export torchvision:resnet18 --weights w.pth --num-classes 10 -o r18.onnx --check-data photos/
+      trtc export torchvision:resnet50 --random-weights -o r50.onnx     # untrained: for speed measurements
     """
     from .export import export_onnx
 
     report = export_onnx(source, output, weights=weights, num_classes=num_classes, input_size=input_size,
                          batch=batch, opset=opset, exporter=exporter, labels=labels, mean=mean, std=std,
                          color=color.upper() if color else None, resize=resize, check_data=check_data,
-                         check_samples=check_samples, atol=atol, force=force, name=name, reporter=state.reporter())
+                         check_samples=check_samples, atol=atol, force=force, name=name, reporter=state.reporter(),
+                         random_weights=random_weights)
     _show(state, report, as_json, "render_export")
 
 
@@ -524,7 +582,7 @@ def bench(state: State, models, batches, device, warmup, iterations, duration, v
         return
     from .bench import bench as run_bench
 
-    report = run_bench(list(models), batches or [1, 8, 32], device=device or "cpu", warmup=warmup,
+    report = run_bench(list(models), batches, device=device or "cpu", warmup=warmup,
                        iterations=iterations, duration=duration, reporter=state.reporter())
     _show(state, report, as_json, "render_bench")
 
@@ -554,7 +612,7 @@ def bench(state: State, models, batches, device, warmup, iterations, duration, v
 @click.option("--scores", type=click.Choice(["auto", "softmax", "raw"]), default="auto", show_default=True,
               help="softmax probabilities, the model's raw outputs, or auto (raw when they already sum to 1).")
 @click.option("--max-wait-ms", type=FiniteFloat(0), default=100.0, show_default=True,
-              help="How long a partly filled batch waits for frames before it runs.")
+              help="A batch's age limit: a partly filled batch runs once its oldest frame has waited this long.")
 @click.option("--loop", type=click.IntRange(1), default=1, show_default=True, help="Read each source N times.")
 @click.option("--realtime", is_flag=True, help="Feed packets at the stream's frame rate (as a live camera would).")
 @click.option("--latency", "with_latency", is_flag=True,
@@ -577,16 +635,35 @@ def bench(state: State, models, batches, device, warmup, iterations, duration, v
               "of the cluster; on CPUs one per node].")
 @click.option("--ray-streams", type=click.IntRange(1), help="With --ray: sources one actor runs at once "
               "[default: 8 on a GPU, 1 on a CPU].")
+@click.option("--live", is_flag=True, help="Treat every source as live (network URLs always are): reconnect when it "
+              "fails or ends, never wait on inference, event lines for outages. See docs/LIVE.md.")
+@click.option("--reconnect-for", type=FiniteFloat(0), default=300.0, show_default=True, metavar="SECONDS",
+              help="Live sources: give up after this long without a frame (0: never reconnect).")
+@click.option("--reconnect-attempts", type=click.IntRange(0), metavar="N",
+              help="Live sources: also give up after N attempts in one outage [default: no limit].")
+@click.option("--on-lag", type=click.Choice(["drop-oldest", "block"], case_sensitive=False), default="drop-oldest",
+              show_default=True, help="Live sources, when inference is slower than the camera: drop the oldest "
+              "waiting frame (counted; bounded latency), or block (keep every frame; for recording).")
+@click.option("--rtsp-transport", type=click.Choice(["tcp", "udp"], case_sensitive=False), default="tcp",
+              show_default=True, help="RTSP's transport: tcp (in the RTSP connection; no loss) or udp.")
+@click.option("--open-timeout", type=FiniteFloat(0, above=True), default=10.0, show_default=True, metavar="SECONDS",
+              help="Network sources: how long connecting may take.")
+@click.option("--read-timeout", type=FiniteFloat(0, above=True), default=10.0, show_default=True, metavar="SECONDS",
+              help="Network sources: how long a connected stream may stay silent before it counts as lost.")
 @click.pass_obj
 def run(state: State, sources, model, engine, device, batch, top_k, stride, output, decoder, colorspace, scores,
         max_wait_ms, loop, realtime, with_latency, decode_latency, summary_path, force, resume, ray_address, ray_actors,
-        ray_streams):
+        ray_streams, live, reconnect_for, reconnect_attempts, on_lag, rtsp_transport, open_timeout, read_timeout):
     """Classify the frames of video SOURCES (files, or URLs such as rtsp://) and print one JSON line per frame:
     source, frame index, pts, time in seconds, and the top-k labels with scores.
 
     A source that cannot be read (missing, corrupt, cut off, not supported by NVDEC) is reported with its name;
-    the others go on, every result is kept, and the exit code is 1 at the end. Ctrl-C keeps every complete line
-    of -o and says how far each source got; --resume goes on from there.
+    the others go on, every result is kept, and the exit code is 1 at the end. Ctrl-C (exit 130) and SIGTERM
+    (exit 143) keep every complete line of -o and say how far each source got; --resume goes on from there.
+
+    Live sources (rtsp:// and other URLs, or --live) reconnect with back-off, write event lines
+    ({"event": "disconnected", ...}) among the predictions, and count the frames dropped when inference lags; a
+    live source that is given up on is a failure (exit 1).
 
     \b
     Examples:
@@ -594,6 +671,7 @@ def run(state: State, sources, model, engine, device, batch, top_k, stride, outp
       trtc run cam1.mp4 cam2.mp4 --model resnet50.fp16.onnx --device cuda:0 --batch 32 -o preds.jsonl
       trtc run clip.mp4 --model lite0.onnx --device cpu --engine opencv
       trtc run /archive/ --ray auto --model resnet50.fp16.onnx -o archive.jsonl --resume
+      trtc run rtsp://cam1/stream rtsp://cam2/stream --model lite0.onnx --reconnect-for 600 -o live.jsonl
     """
     from .outputs import check_output_path
     from .run import is_ray_address, run_video
@@ -617,11 +695,17 @@ def run(state: State, sources, model, engine, device, batch, top_k, stride, outp
             raise UsageProblem(f"--engine {engine} and the model's own prefix ({model}) both pick an engine",
                                "give one of them")
         model = f"{engine}:{model}"
+    from engines.video.live import LiveOptions
+
+    live_options = LiveOptions(transport=rtsp_transport.lower(), open_timeout=open_timeout, read_timeout=read_timeout,
+                               reconnect_for=reconnect_for, reconnect_attempts=reconnect_attempts,
+                               policy=on_lag.lower()).check()
     summary = run_video(list(sources), model, device=device, batch=batch, top_k=top_k, stride=stride,
                         output=output, decoder=decoder, colorspace=None if colorspace == "auto" else colorspace,
                         scores=scores, max_wait_ms=max_wait_ms, loop=loop, realtime=realtime,
                         latency=decode_latency, with_latency=with_latency, force=force, resume=resume,
-                        reporter=state.reporter(), ray=ray_address, ray_actors=ray_actors, ray_streams=ray_streams)
+                        reporter=state.reporter(), ray=ray_address, ray_actors=ray_actors, ray_streams=ray_streams,
+                        live=live, live_options=live_options)
     if summary_path:
         from engines._io import atomic_write_text
 
@@ -632,12 +716,17 @@ def run(state: State, sources, model, engine, device, batch, top_k, stride, outp
     if summary.interrupted:
         where = ", ".join(f"{s} {'nothing' if f is None else f'up to frame {f}'}"
                           for s, f in summary.last_frame.items())
-        if summary.output:
-            click.echo(f"interrupted: {summary.output} keeps every frame classified ({where}); continue with the "
+        what = "stopped by SIGTERM" if summary.signal else "interrupted"
+        if summary.output and summary.live:  # a camera's missed frames are gone: nothing to resume
+            click.echo(f"{what}: {summary.output} keeps every frame classified ({where})", err=True)
+        elif summary.output:
+            click.echo(f"{what}: {summary.output} keeps every frame classified ({where}); continue with the "
                        "same command and --resume", err=True)
         else:
-            click.echo(f"interrupted: the lines printed above are complete ({where})", err=True)
-        sys.exit(130)
+            click.echo(f"{what}: the lines printed above are complete ({where})", err=True)
+        from ._signals import exit_code
+
+        sys.exit(exit_code())
     if not summary.ok:
         sys.exit(1)
 
@@ -679,7 +768,25 @@ def data(state: State, folder, force, as_json):
     click.echo(f"next:   cd {folder} && trtc export pretrained:efficientnet-lite0 -o lite0.onnx --check-data photos/")
 
 
+def keep_stdout_for_results() -> None:
+    """Results on stdout, nothing else: native libraries (PyNvVideoCodec's decoder, FFmpeg) print to file
+    descriptor 1 directly, which would mix their text into JSON lines. Python's ``sys.stdout`` is moved to a
+    duplicate of the original stdout, and descriptor 1 then points at stderr, where such prints belong."""
+    try:
+        sys.stdout.flush()
+        results = os.dup(1)
+        os.dup2(2, 1)
+    except OSError:  # no stdout or stderr to work with (a closed descriptor): leave things as they are
+        return
+    sys.stdout = os.fdopen(results, "w", buffering=1, encoding=sys.stdout.encoding or "utf-8",
+                           errors=getattr(sys.stdout, "errors", None) or "strict")
+
+
 def main() -> None:
+    from ._signals import install
+
+    install()
+    keep_stdout_for_results()
     cli(prog_name="trtc")
 
 

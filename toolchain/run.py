@@ -45,6 +45,12 @@ class RunSummary:
     last_frame: dict = field(default_factory=dict)  # source -> last frame index in the output (None: none yet)
     resumed_lines: int = 0  # lines kept from the earlier run (--resume)
     ray: dict = field(default_factory=dict)  # --ray: address, actors, failures, retried sources, skipped videos
+    dropped: dict = field(default_factory=dict)  # live sources: frames dropped because inference lagged
+    missing: dict = field(default_factory=dict)  # live sources: frames their timestamps say never arrived
+    damaged: dict = field(default_factory=dict)  # packets or frames the decoder could not read
+    events: int = 0  # live sources' event records (disconnected, reconnected, gave_up) written with the lines
+    signal: str | None = None  # "SIGTERM" when a stop signal (not Ctrl-C) ended the run
+    live: list = field(default_factory=list)  # the sources read as live (they cannot be resumed)
 
     @property
     def ok(self) -> bool:
@@ -145,7 +151,7 @@ def run_video(sources, model, *, device: str = "auto", batch: int | None = None,
               max_wait_ms: float = 100.0, loop: int = 1, realtime: bool = False, latency: str = "native",
               with_latency: bool = False, force: bool = False, resume: bool = False, reporter: Reporter | None = None,
               stream=None, ray: str | None = None, ray_actors: int | None = None,
-              ray_streams: int | None = None) -> RunSummary:
+              ray_streams: int | None = None, live: bool = False, live_options=None) -> RunSummary:
     """Classify ``sources`` with ``model``; predictions go to ``output`` (a .jsonl path) or ``stream``.
 
     With ``output``, every complete line is kept whatever happens (a source fails, Ctrl-C): the lines go to a
@@ -158,6 +164,10 @@ def run_video(sources, model, *, device: str = "auto", batch: int | None = None,
     many), ``ray_streams`` sources per actor at once. Sources may then be folders (their videos) and ``@list.txt``
     files (one source a line); with ``resume`` the videos that ``output`` holds complete are skipped (see
     :func:`batch_sources`).
+
+    Live sources (network URLs; every source with ``live``) reconnect as ``live_options``
+    (:class:`engines.video.LiveOptions`) say; their outages and recoveries are written as event lines
+    (``{"event": "disconnected", ...}``) among the predictions, and they cannot be resumed.
     """
     import numpy as np
 
@@ -178,6 +188,14 @@ def run_video(sources, model, *, device: str = "auto", batch: int | None = None,
         _refuse_writing_over_inputs(out_path, model, sources)
     if resume and out_path is None:
         raise UsageProblem("--resume continues an output file", "give the file of the earlier run with -o")
+    from engines.video.live import is_network
+
+    live_sources = [s for s in sources if live or is_network(s)]
+    if resume and live_sources:
+        raise UsageProblem(f"--resume cannot continue a live source ({live_sources[0]}): a camera sends new frames, "
+                           "not the ones the earlier run missed", "run live sources without --resume, into a new -o")
+    if out_path is not None:
+        _orphans(out_path, resume, reporter)
     done: dict = {}
     kept_lines = kept_bytes = 0
     complete: set = set()  # --ray --resume: videos the output holds complete (skipped)
@@ -201,7 +219,8 @@ def run_video(sources, model, *, device: str = "auto", batch: int | None = None,
         if ray is not None and not resume:
             done_file(out_path).unlink(missing_ok=True)  # a stale record must not outlive its output
     options = dict(batch=batch, top_k=top_k, stride=stride, decoder=decoder, colorspace=colorspace, scores=scores,
-                   max_wait_ms=max_wait_ms, loop=loop, realtime=realtime, latency=latency, done=done)
+                   max_wait_ms=max_wait_ms, loop=loop, realtime=realtime, latency=latency, done=done,
+                   live=True if live else None, live_options=live_options)
     ray_info: dict = {}
     finished: list = []  # --ray: (source, ok) of the sources that ended, in order
     devices = [] if ray is not None else (parse_devices(device) if ("," in device or device.endswith(":all"))
@@ -218,7 +237,7 @@ def run_video(sources, model, *, device: str = "auto", batch: int | None = None,
     else:
         engine = engines.open_engine(model, device=devices[0])
         closer = engine.close
-        run = classify(sources, engine, **options)
+        run = classify(sources, engine, events=True, **options)
     device = device if ray is not None else ",".join(devices)
     try:
         tmp = None
@@ -237,6 +256,8 @@ def run_video(sources, model, *, device: str = "auto", batch: int | None = None,
         latencies = []
         last = dict(done)
         interrupted = False
+        written = 0  # lines this run wrote (predictions and events)
+        n_events = 0
         t0 = time.perf_counter()
         preds = iter(run)
         try:
@@ -246,9 +267,18 @@ def run_video(sources, model, *, device: str = "auto", batch: int | None = None,
                 if ray is not None:  # the bar counts videos: the skipped ones are done
                     bar.advance(len(complete))
                     getattr(run, "hooks", {})["done"] = lambda _s, _ok: bar.advance()
-                for i, pred in enumerate(preds, 1):
-                    line = json.dumps(pred.to_dict(latency=with_latency)) + "\n"
+                i = 0
+                for pred in preds:
+                    if not hasattr(pred, "frame"):  # a live source's event: a line of its own among the predictions
+                        line = json.dumps(pred.to_dict(), allow_nan=False) + "\n"
+                        sink.write(line.encode() if tmp is not None else line)
+                        written += 1
+                        n_events += 1
+                        continue
+                    i += 1
+                    line = json.dumps(pred.to_dict(latency=with_latency), allow_nan=False) + "\n"
                     sink.write(line.encode() if tmp is not None else line)  # one whole line per call
+                    written += 1
                     last[pred.source] = pred.frame
                     if pred.latency_ms is not None:
                         latencies.append(pred.latency_ms)
@@ -264,6 +294,8 @@ def run_video(sources, model, *, device: str = "auto", batch: int | None = None,
                                      f"{len(finished) + len(complete)}/{len(sources)} videos, {i} frames, "
                                      f"{i / max(now - t0, 1e-9):.0f} fps")
                         shown = now
+                if run.problems and len({p.source for p in run.problems}) >= len(sources):
+                    bar.failed = "every source failed"
         except KeyboardInterrupt:
             interrupted = True
         finally:
@@ -272,8 +304,12 @@ def run_video(sources, model, *, device: str = "auto", batch: int | None = None,
                 sink.flush()
                 os.fsync(sink.fileno())
                 sink.close()
-                os.replace(tmp, out_path)
-                if ray is not None:  # which videos the output now holds complete (a rerun with --resume skips them)
+                if written or kept_bytes:
+                    os.replace(tmp, out_path)
+                else:  # nothing to keep: no file is made (an empty one would block the corrected command)
+                    tmp.unlink(missing_ok=True)
+                    out_path = None
+                if ray is not None and out_path is not None:  # which videos the output now holds complete (a rerun with --resume skips them)
                     from engines._io import atomic_write_text
 
                     whole = sorted(complete | {s for s, ok in finished if ok})
@@ -287,16 +323,63 @@ def run_video(sources, model, *, device: str = "auto", batch: int | None = None,
             lat = {"p50": round(float(np.percentile(a, 50)), 2), "p99": round(float(np.percentile(a, 99)), 2),
                    "max": round(float(a.max()), 2)}
         per_source = {s: stats["per_source"].get(s, 0) for s in sources}
+        from ._signals import stop_signal
+
         return RunSummary(model=str(model), device=device, decoder=stats.get("decoder") or "?", sources=sources,
                           frames=stats["frames"], batches=stats["batches"], seconds=stats["seconds"],
                           fps=stats["fps"], mean_batch=stats["mean_batch"], per_source=per_source,
-                          problems=[{"source": p.source, "reason": p.reason, "frames": p.frames}
+                          # the frames of a source with a problem: all it gave, also those still in flight then
+                          problems=[{"source": p.source, "reason": p.reason, "frames": per_source.get(p.source,
+                                                                                                       p.frames)}
                                     for p in run.problems],
                           output=str(out_path) if out_path else None, latency_ms=lat, interrupted=interrupted,
                           last_frame={s: last.get(s) for s in sources}, resumed_lines=kept_lines,
-                          ray=_ray_summary(ray_info, run, complete))
+                          ray=_ray_summary(ray_info, run, complete), dropped=dict(stats.get("dropped") or {}),
+                          missing=dict(stats.get("missing") or {}), damaged=dict(stats.get("damaged") or {}),
+                          events=n_events, signal=stop_signal() if interrupted else None, live=live_sources)
     finally:
         closer()
+
+
+def _orphans(out_path: Path, resume: bool, reporter) -> None:
+    """Temporary files of an earlier run on the same output that was killed (SIGKILL, a power loss) before it could
+    rename its file into place: ``.NAME.PID.tmp`` whose process is gone. With --resume and no output yet, the
+    newest one becomes the output (its complete lines are kept; the last, cut line is dropped on resume); any
+    other is named in a warning, with what to do. A file of a run still going is left alone."""
+    import glob
+    import logging
+
+    log = logging.getLogger("trtc")
+    found = []
+    for f in glob.glob(os.path.join(glob.escape(str(out_path.parent)), f".{glob.escape(out_path.name)}.*.tmp")):
+        pid = f.rsplit(".", 2)[-2]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        found.append(Path(f))
+    if not found:
+        return
+    found.sort(key=lambda p: p.stat().st_mtime)
+    if resume and not out_path.exists():
+        newest = found.pop()
+        os.replace(newest, out_path)
+        log.warning("%s: resuming from %s, left by an earlier run that was killed before it could finish the file",
+                    out_path, newest.name)
+    for f in found:
+        log.warning("%s was left by an earlier trtc run on %s that was killed (%d bytes); it is not used: delete it, "
+                    "or rename it to %s and add --resume to continue from it", f, out_path.name, f.stat().st_size,
+                    out_path.name)
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def check_devices_can_run(model, devices: list[str]) -> None:

@@ -63,12 +63,17 @@ class SlotAssembler:
         self.first_put_at = 0.0
         self.stopped = False
 
-    def reserve(self, metas: list):
+    def reserve(self, metas: list, wait: bool = True):
         """Reserve up to ``len(metas)`` consecutive slots of the current buffer for these frames' metadata.
 
         Returns (buffer, first slot, count). The caller enqueues its writes of those slots on its stream after
-        ``stream.wait_event(buffer.free)``, then calls :meth:`commit` exactly once, also when the launch failed."""
+        ``stream.wait_event(buffer.free)``, then calls :meth:`commit` exactly once, also when the launch failed.
+        ``wait=False`` (a live source that must not wait on inference): None instead of waiting when no buffer is
+        open and none is free, or when a full buffer already waits for inference (so a frame taken now would wait
+        behind it and the one running: a bounded age)."""
         with self.cond:
+            if not wait and self.current is None and (not self.free or self._queued() >= 1):
+                return None
             while self.current is None:  # loop: another source may open a buffer while this one waits
                 if self.stopped:
                     raise Stopped
@@ -129,6 +134,10 @@ class SlotAssembler:
                 else:
                     self.cond.wait(0.5)
             return None
+
+    def _queued(self) -> int:
+        """Closed buffers that inference has not taken yet (call with the lock held)."""
+        return sum(1 for b in self.order if b.closed)
 
     def halt(self) -> None:
         with self.cond:

@@ -1,93 +1,164 @@
 """The CPU path of :func:`engines.video.classify`, one function per stage: ``decode_stage`` (PyAV and the numpy
-preprocessing, a thread per source) feeds host batches to ``infer_and_collect`` (any engine, top-k on the host) in
-the caller's thread."""
+preprocessing, a thread per source) hands frames through a :class:`~engines.video.hub.FrameHub` (files wait when
+it is full; live sources drop their oldest frame, or wait under the ``block`` policy) to ``infer_and_collect``
+(any engine, top-k on the host) in the caller's thread."""
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 
 import numpy as np
 
 from ..preprocess import preprocess_yuv
+from .hub import EVENT, Closed, FrameHub
 from .sources import SourceError
 
-_DONE = object()
 
-
-def decode_stage(src, spec, stride, dtype, q: queue.Queue, stop: threading.Event, report_problem, counts,
+def decode_stage(src, spec, stride, dtype, hub: FrameHub, stop: threading.Event, report_problem, counts,
                  skip_to: int = -1) -> None:
-    """One source: decode with PyAV, preprocess on the host, queue (name, index, pts, t, x). Its own thread.
-    Frames up to ``skip_to`` (a resumed run's last classified frame) are decoded but not classified."""
+    """One source: decode with PyAV, preprocess on the host, hand over (name, index, pts, t, x, received, at).
+    Its own thread. Frames up to ``skip_to`` (a resumed run's last classified frame) are decoded, not classified."""
+    src.stop = stop
+    src.on_event = hub.event
     try:
-        for index, pts, t, planes in src.frames():
-            if stop.is_set():
+        for index, pts, t, planes, received in src.frames():
+            if stop.is_set():  # decoded after the run was left: counted, not classified
+                hub.dropped[src.name] += 1
                 return
             if index % stride or index <= skip_to:
                 continue
-            q.put((src.name, index, pts, t, preprocess_yuv(planes, spec, src.info.colorspace, dtype)))
+            at = time.monotonic()
+            hub.put(src.name, (src.name, index, pts, t, preprocess_yuv(planes, spec, src.info.colorspace, dtype),
+                               received, at))
+    except Closed:
+        hub.dropped[src.name] += 1
+        return
     except SourceError as exc:
-        report_problem(src.name, exc.reason, counts[src.name])
+        if not stop.is_set():
+            report_problem(src.name, exc.reason, counts[src.name])
     except Exception as exc:  # noqa: BLE001 - keep the other sources going
         report_problem(src.name, f"{src.name}: {type(exc).__name__}: {exc}", counts[src.name])
     finally:
-        q.put(_DONE)
+        hub.done(src.name)
+
+
+def queue_sizes(srcs, batch: int, live_frames: int | None) -> dict:
+    """Frames each source may have waiting: files share 4 batches (as the single queue before live sources did);
+    live sources share one batch (``live_frames`` each when given), so a lagging run holds at most about one
+    batch of old frames."""
+    n_live = sum(1 for s in srcs if s.live) or 1
+    n_files = sum(1 for s in srcs if not s.live) or 1
+    out = {}
+    for s in srcs:
+        if s.live:
+            out[s.name] = live_frames or max(2, -(-batch // n_live))
+        else:
+            out[s.name] = max(2, -(-4 * batch // n_files))
+    return out
 
 
 def cpu_pipeline(srcs, engine, spec, batch, stride, topk, max_wait_ms, stats, report_problem, make_prediction,
-                 done: dict | None = None):
-    """Decode threads -> host batches -> ``engine.infer`` -> top-k on the host -> Predictions."""
+                 done: dict | None = None, policy: str = "drop-oldest", live_frames: int | None = None,
+                 events: list | None = None, yield_events: bool = False):
+    """Decode threads -> host batches -> ``engine.infer`` -> top-k on the host -> Predictions (and, with
+    ``yield_events``, the live sources' SourceEvents in order with them; every event is also appended to
+    ``events``)."""
     done = done or {}
     dtype = engine.inputs[0].numpy_dtype
-    q: queue.Queue = queue.Queue(maxsize=4 * batch)
+    hub = FrameHub()
+    sizes = queue_sizes(srcs, batch, live_frames)
+    for s in srcs:
+        hub.add(s.name, sizes[s.name], policy if s.live else "block")
     stop = threading.Event()
     counts = {s.name: 0 for s in srcs}
     threads = [threading.Thread(target=decode_stage, daemon=True, name=f"trtc-decode-{i}",
-                                args=(s, spec, stride, dtype, q, stop, report_problem, counts, done.get(s.name, -1)))
+                                args=(s, spec, stride, dtype, hub, stop, report_problem, counts, done.get(s.name, -1)))
                for i, s in enumerate(srcs)]
     start = time.perf_counter()
     for t in threads:
         t.start()
+    left: dict = {}  # frames taken from the hub but not run when the caller stopped iterating
     try:
-        yield from infer_and_collect(q, len(threads), engine, batch, topk, max_wait_ms, stats, counts, start,
-                                     make_prediction)
+        for item in infer_and_collect(hub, engine, batch, topk, max_wait_ms, stats, counts, start, make_prediction,
+                                      left):
+            if isinstance(item, tuple):  # (EVENT, event)
+                if events is not None:
+                    events.append(item[1])
+                if yield_events:
+                    yield item[1]
+            else:
+                yield item
     finally:
         stop.set()
-        while True:  # unblock workers stuck on a full queue
-            try:
-                q.get_nowait()
-            except queue.Empty:
-                break
+        for name, n in hub.close().items():
+            left[name] = left.get(name, 0) + n
+        for t in threads:  # each notices the stop after its current frame (a network read: its read timeout)
+            t.join(timeout=0.5)
         stats.seconds = time.perf_counter() - start
         stats.per_source = dict(counts)
         for src in srcs:
             stats.decoded[src.name] = stats.decoded.get(src.name, 0) + src.decoded
+            for field, n in (("dropped", hub.dropped.get(src.name, 0) + left.get(src.name, 0)),
+                             ("missing", getattr(src, "missing", 0)),
+                             ("damaged", getattr(src, "damaged", 0))):
+                if n:
+                    d = getattr(stats, field)
+                    d[src.name] = d.get(src.name, 0) + n
 
 
-def infer_and_collect(q, live, engine, batch, topk, max_wait_ms, stats, counts, start, make_prediction):
-    """Queued frames -> batches of ``batch`` (or fewer after ``max_wait_ms``, or at the end) -> Predictions."""
+def infer_and_collect(hub: FrameHub, engine, batch, topk, max_wait_ms, stats, counts, start, make_prediction,
+                      left: dict | None = None):
+    """Frames -> batches of ``batch``, or fewer once the oldest frame waiting has waited ``max_wait_ms`` (a batch's
+    age is bounded, not the gap between frames), or at the end -> Predictions. An event (a live source lost or
+    regained its connection) first runs what is pending, then is passed on as (EVENT, event). Frames pending when
+    the caller stops iterating are counted per source in ``left``."""
     pending: list = []
+    try:
+        yield from _collect(hub, engine, batch, topk, max_wait_ms, stats, counts, start, make_prediction, pending)
+    finally:
+        if left is not None:
+            for item in pending:
+                left[item[0]] = left.get(item[0], 0) + 1
+
+
+def _collect(hub, engine, batch, topk, max_wait_ms, stats, counts, start, make_prediction, pending: list):
     wait = max_wait_ms / 1000.0
-    while live or pending:
-        item = None
-        if live:
-            try:
-                item = q.get(timeout=wait if pending else None)
-            except queue.Empty:
-                item = None
-        if item is _DONE:
-            live -= 1
-        elif item is not None:
-            pending.append(item)
-        if pending and (len(pending) >= batch or item is None or not live):
-            chunk, pending = pending[:batch], pending[batch:]
-            out = engine.infer(np.stack([c[4] for c in chunk]))[0]
-            idx, sc = topk.host(out)
-            stats.batches += 1
-            stats.batch_sizes.append(len(chunk))
-            for (name, index, pts, t, _), i_row, s_row in zip(chunk, idx.tolist(), sc.tolist(), strict=True):
-                counts[name] += 1
-                stats.frames += 1
-                yield make_prediction(name, index, pts, t, i_row, s_row, None, None)
-            stats.seconds = time.perf_counter() - start
+    while True:
+        deadline = pending[0][6] + wait if pending else None
+        got = hub.get(deadline)
+        if got is not None and got[0] == EVENT:
+            if pending:
+                chunk = pending[:]
+                pending.clear()
+                yield from _run(chunk, engine, topk, stats, counts, start, make_prediction, pending)
+            yield got
+            continue
+        if got is not None:
+            pending.append(got[1][1])
+        if pending and (len(pending) >= batch or got is None):
+            chunk = pending[:batch]
+            del pending[:batch]
+            yield from _run(chunk, engine, topk, stats, counts, start, make_prediction, pending)
+        elif got is None and hub.finished:
+            return
+
+
+def _run(chunk, engine, topk, stats, counts, start, make_prediction, pending: list):
+    """One batch -> its Predictions. If the caller stops iterating part-way, the rest of the batch goes back to
+    ``pending`` (so the frames are counted as not delivered, never lost without a number)."""
+    out = engine.infer(np.stack([c[4] for c in chunk]))[0]
+    idx, sc = topk.host(out)
+    now = time.time()
+    stats.batches += 1
+    stats.batch_sizes.append(len(chunk))
+    rows = list(zip(chunk, idx.tolist(), sc.tolist(), strict=True))
+    for n, ((name, index, pts, t, _, received, at), i_row, s_row) in enumerate(rows):
+        counts[name] += 1
+        stats.frames += 1
+        try:
+            yield make_prediction(name, index, pts, t, i_row, s_row, (now - received) * 1000.0, None, received)
+        except GeneratorExit:  # the caller has prediction n and left: the rest were not delivered
+            pending[:0] = chunk[n + 1:]
+            raise
+    stats.seconds = time.perf_counter() - start

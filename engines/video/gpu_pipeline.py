@@ -27,6 +27,7 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 
 import numpy as np
 
@@ -56,7 +57,8 @@ def _gpu_count(cp) -> int:
 
 class GpuPipeline:
     def __init__(self, srcs, engine, spec, batch, stride, topk, labels, buffers, max_wait_ms, stats, problems,
-                 input_shape, report_problem, make_prediction, done: dict | None = None):
+                 input_shape, report_problem, make_prediction, done: dict | None = None, policy: str = "drop-oldest",
+                 event_log: list | None = None, yield_events: bool = False):
         from .._deps import require
 
         self.cp = require("cupy", "The GPU video pipeline")
@@ -70,6 +72,12 @@ class GpuPipeline:
         self.lock = threading.Lock()
         self.counts = {s.name: 0 for s in srcs}
         self.stop = threading.Event()
+        # live sources: frames that find no free input slot are dropped unless the policy is "block"
+        self.policy = policy
+        self.dropped = {s.name: 0 for s in srcs}
+        self.events: deque = deque()  # SourceEvents from the decoder threads, for the caller's thread
+        self.event_log = event_log if event_log is not None else []
+        self.yield_events = yield_events
         self.device_id = getattr(engine, "device_id", 0)
         if self.device_id >= _gpu_count(self.cp):
             raise UsageProblem(f"no NVIDIA GPU {self.device_id} found", "use --device cpu")
@@ -91,12 +99,21 @@ class GpuPipeline:
 
         clock = {"out": time.perf_counter(), "decoder": 0.0, "slots": 0.0, "launch": 0.0}
 
+        drop = getattr(src, "live", False) and self.policy != "block"
+        src.stop = self.stop
+        src.on_event = self.events.append
+
         def write(ptrs, metas, plan):
-            """Enqueue the preprocessing of these surfaces into the next free slots, as few runs as possible."""
+            """Enqueue the preprocessing of these surfaces into the next free slots, as few runs as possible. A
+            live source under drop-oldest never waits for a slot: a frame that finds none is dropped (counted)."""
             pos = 0
             while pos < len(ptrs):
                 t0 = time.perf_counter()
-                buf, start, m = asm.reserve(metas[pos:pos + MAX_FRAMES_PER_LAUNCH])
+                got = asm.reserve(metas[pos:pos + MAX_FRAMES_PER_LAUNCH], wait=not drop)
+                if got is None:
+                    self.dropped[src.name] += len(ptrs) - pos
+                    return
+                buf, start, m = got
                 clock["slots"] += time.perf_counter() - t0
                 ev = None
                 try:
@@ -133,12 +150,14 @@ class GpuPipeline:
                 batch_plan.append(plan_of(frames[0])[0])
             plan = batch_plan[0]
             ptrs, metas = [], []
+            received = time.time()
             for i, frame in enumerate(frames):
                 index = first + i
                 if index % self.stride or index <= skip_to:
                     continue
                 ptrs.append(frame.GetPtrToPlane(0))
-                metas.append((src.name, index, frame.getPTS(), self._seconds(src, index), None, None))
+                pts = frame.getPTS()
+                metas.append((src.name, index, pts, self._seconds(src, index, pts), None, None, received))
             if ptrs:
                 write(ptrs, metas, plan)
             clock["out"] = time.perf_counter()
@@ -152,7 +171,7 @@ class GpuPipeline:
             if index % self.stride or index <= skip_to:
                 return True
             plan, surface = plan_of(frame)
-            write([surface.data.ptr], [(src.name, index, pts, t, fed_at, out_at)], plan)
+            write([surface.data.ptr], [(src.name, index, pts, t, fed_at, out_at, time.time())], plan)
             return True  # surface and frame references die here, before the next Decode
 
         fmt, reused, kept = None, None, None
@@ -174,7 +193,8 @@ class GpuPipeline:
         except Stopped:
             return
         except SourceError as exc:
-            self.report_problem(src.name, exc.reason, self.counts[src.name])
+            if not self.stop.is_set():
+                self.report_problem(src.name, exc.reason, self.counts[src.name])
         except Exception as exc:  # noqa: BLE001 - report, keep the other sources going
             self.report_problem(src.name, f"{src.name}: {type(exc).__name__}: {exc}", self.counts[src.name])
         finally:
@@ -232,11 +252,23 @@ class GpuPipeline:
         finally:
             results.put(None)
 
+    def _events_out(self):
+        while self.events:
+            ev = self.events.popleft()
+            self.event_log.append(ev)
+            if self.yield_events:
+                yield ev
+
     def collect_stage(self, results: queue.Queue, errors: list, start: float):
-        """Batches' top-k -> host -> Predictions, in the caller's thread."""
+        """Batches' top-k -> host -> Predictions (and live sources' events), in the caller's thread."""
         cp = self.cp
         while True:
-            item = results.get()
+            try:  # a short wait, so that a live source's events come out while it has no frames
+                item = results.get(timeout=0.2)
+            except queue.Empty:
+                yield from self._events_out()
+                continue
+            yield from self._events_out()
             if item is None:
                 break
             meta, idx, sc, done = item
@@ -249,20 +281,23 @@ class GpuPipeline:
             for m, i_row, s_row in zip(meta, idx_h.tolist(), sc_h.tolist(), strict=True):
                 if m is None:  # lost in preprocessing (reported by decode_stage)
                     continue
-                name, index, pts, t, fed_at, out_at = m
+                name, index, pts, t, fed_at, out_at, received = m
                 self.counts[name] += 1
                 self.stats.frames += 1
                 latency = decode = None
                 if fed_at is not None:
                     latency, decode = (now - fed_at) * 1000.0, (out_at - fed_at) * 1000.0
-                yield self.make_prediction(name, index, pts, t, i_row, s_row, latency, decode)
+                yield self.make_prediction(name, index, pts, t, i_row, s_row, latency, decode, received)
             self.stats.seconds = time.perf_counter() - start
         if errors:
             raise errors[0]
 
     # ------------------------------------------------------------------------------------------------- wiring
     @staticmethod
-    def _seconds(src, index: int):
+    def _seconds(src, index: int, pts=None):
+        seconds = getattr(src, "seconds", None)
+        if seconds is not None:
+            return seconds(pts, index)
         fps = src.info.fps if src.info is not None else None
         return index / fps if fps else None
 
@@ -319,5 +354,12 @@ class GpuPipeline:
                 t.join(timeout=10)
             self.stats.seconds = time.perf_counter() - start
             self.stats.per_source = dict(self.counts)
+            self.event_log.extend(self.events)
+            self.events.clear()
             for src in self.srcs:
                 self.stats.decoded[src.name] = self.stats.decoded.get(src.name, 0) + src.decoded
+                for field, n in (("dropped", self.dropped.get(src.name, 0)), ("missing", getattr(src, "missing", 0)),
+                                 ("damaged", getattr(src, "damaged", 0))):
+                    if n:
+                        d = getattr(self.stats, field)
+                        d[src.name] = d.get(src.name, 0) + n

@@ -19,6 +19,7 @@ the others go on; every result already computed is still yielded.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,7 @@ from .._gpu import device as gpu_device
 from ..errors import TrtcError, UsageProblem
 from ..preprocess import PreprocessSpec
 from ..topk import TopK
+from .live import LiveOptions
 from .sources import make_sources
 
 log = logging.getLogger("trtc")
@@ -46,18 +48,27 @@ class Prediction:
     latency_ms: float | None = None  # packet into the decoder -> result on the host (GPU path)
     decode_ms: float | None = None  # the decoder's share of it: packet in -> frame out of NVDEC
     device: str | None = None  # the device that classified it, when a WorkerPool spread sources over several
+    received: float | None = None  # wall-clock time (Unix seconds) the frame came out of the decoder
 
     def to_dict(self, latency: bool = False) -> dict:
-        d = {"source": self.source, "frame": self.frame, "pts": self.pts,
-             "time": None if self.time is None else round(self.time, 6),
+        d = {"source": self.source, "frame": self.frame, "pts": self.pts, "time": _finite(self.time, 6),
+             "received": _finite(self.received, 3),
              "top_k": [{"index": int(i), "label": (self.labels[n] if self.labels else None), "score": round(float(s), 6)}
                        for n, (i, s) in enumerate(zip(self.indices, self.scores, strict=True))]}
         if self.device is not None:
             d["device"] = self.device
         if latency and self.latency_ms is not None:
-            d["latency_ms"] = round(self.latency_ms, 3)
-            d["decode_ms"] = round(self.decode_ms, 3)
+            d["latency_ms"] = _finite(self.latency_ms, 3)
+            d["decode_ms"] = _finite(self.decode_ms, 3)
         return d
+
+
+def _finite(x, digits: int):
+    """``x`` rounded, or None when it is missing or not a finite number (JSON has no NaN)."""
+    if x is None:
+        return None
+    x = float(x)
+    return round(x, digits) if math.isfinite(x) else None
 
 
 @dataclass
@@ -82,6 +93,9 @@ class RunStats:
     infer_stage: dict = field(default_factory=dict)  # GPU path: the inference thread's host seconds, by activity
     decode_stage: dict = field(default_factory=dict)  # GPU path: the decoder threads' seconds, summed, by activity
     decoder: str = ""  # nvdec or pyav; a pool's stats: those its workers or actors used, e.g. "nvdec,pyav"
+    dropped: dict = field(default_factory=dict)  # live sources: frames dropped because inference lagged (policy)
+    missing: dict = field(default_factory=dict)  # live sources: frames the stream's timestamps say never arrived
+    damaged: dict = field(default_factory=dict)  # frames or packets the decoder could not read (not classified)
 
     def for_pool(self) -> dict:
         """What a worker process or Ray actor sends back at the end of a job: :meth:`to_dict` with the batch sizes,
@@ -96,9 +110,11 @@ class RunStats:
         self.batch_sizes += other.get("batch_sizes") or []
         used = {d for d in (self.decoder.split(",") if self.decoder else []) + [other.get("decoder") or ""] if d}
         self.decoder = ",".join(sorted(used))
-        for k, v in (other.get("decoded") or {}).items():
-            k = names.get(k, k)
-            self.decoded[k] = self.decoded.get(k, 0) + v
+        for field_name in ("decoded", "dropped", "missing", "damaged"):
+            mine = getattr(self, field_name)
+            for k, v in (other.get(field_name) or {}).items():
+                k = names.get(k, k)
+                mine[k] = mine.get(k, 0) + v
 
     @property
     def fps(self) -> float:
@@ -109,7 +125,8 @@ class RunStats:
         return {"frames": self.frames, "batches": self.batches, "seconds": round(self.seconds, 3),
                 "fps": round(self.fps, 1), "mean_batch": round(mean_batch, 2), "path": self.path,
                 "decoder": self.decoder,
-                "per_source": self.per_source, "decoded": self.decoded,
+                "per_source": self.per_source, "decoded": self.decoded, "dropped": self.dropped,
+                "missing": self.missing, "damaged": self.damaged,
                 "infer_stage": {k: round(v, 3) for k, v in self.infer_stage.items()},
                 "decode_stage": {k: round(v, 3) for k, v in self.decode_stage.items()}}
 
@@ -117,10 +134,11 @@ class RunStats:
 class VideoRun:
     """Iterate for :class:`Prediction` objects; afterwards ``problems``, ``stats`` and ``ok`` say how it went."""
 
-    def __init__(self, gen_factory, stats: RunStats, problems: list):
+    def __init__(self, gen_factory, stats: RunStats, problems: list, events: list | None = None):
         self._factory = gen_factory
         self.stats = stats
         self.problems: list[SourceProblem] = problems
+        self.events: list = events if events is not None else []  # live sources' SourceEvents, in order
         self._started = False
 
     def __iter__(self):
@@ -146,7 +164,8 @@ def default_device(index: int = 0) -> str:
 def classify(sources, engine, *, batch: int | None = None, top_k: int = 5, stride: int = 1, scores: str = "auto",
              preprocess: PreprocessSpec | None = None, labels: list[str] | None = None, decoder: str = "auto",
              colorspace: str | None = None, buffers: int | None = None, max_wait_ms: float = 100.0, loop: int = 1,
-             realtime: bool = False, latency: str = "native", done: dict | None = None) -> VideoRun:
+             realtime: bool = False, latency: str = "native", done: dict | None = None, live: bool | None = None,
+             live_options: LiveOptions | None = None, events: bool = False) -> VideoRun:
     """Classify every ``stride``-th frame of each source with ``engine`` (from :func:`engines.open_engine`).
 
     ``decoder``: "nvdec" (GPU; needs a CUDA engine), "pyav" (CPU), or "auto" (NVDEC when the engine is on a GPU).
@@ -158,6 +177,12 @@ def classify(sources, engine, *, batch: int | None = None, top_k: int = 5, strid
     ``latency``: NVDEC output latency, "native" (display order, a few frames of lag) or "low" (no lag; only for
     streams without B-frames). Preprocessing and labels default to the model's manifest. ``done``: {source: last
     frame index already classified} (a resumed run): those frames are decoded again but not classified.
+
+    Live sources (:mod:`engines.video.live`): network URLs, or every source with ``live=True`` (``live=False``
+    reads URLs as files). ``live_options`` (:class:`~engines.video.live.LiveOptions`): transport, timeouts,
+    reconnection and the policy for frames inference cannot take yet (drop-oldest or block). ``events``: the
+    iterator also yields each live source's :class:`~engines.video.live.SourceEvent` (disconnected, reconnected,
+    gave_up) in order with the predictions; they are always in ``run.events`` too.
     """
     if isinstance(sources, (str, bytes)) or not hasattr(sources, "__iter__"):
         sources = [sources]
@@ -175,6 +200,7 @@ def classify(sources, engine, *, batch: int | None = None, top_k: int = 5, strid
         from ..preprocess import ColorSpace
 
         ColorSpace.parse(colorspace)  # a bad name is the caller's mistake, said once, not a problem of each source
+    live_options = (live_options or LiveOptions()).check()
     manifest = _manifest_of(engine)
     spec = preprocess or (manifest.preprocess if manifest is not None else PreprocessSpec())
     labels = labels if labels is not None else (manifest.labels if manifest is not None else None)
@@ -204,7 +230,10 @@ def classify(sources, engine, *, batch: int | None = None, top_k: int = 5, strid
     else:
         require("av", "Decoding video on the CPU")
     gpu_index = getattr(engine, "device_id", 0)
-    srcs = make_sources(sources, decoder, gpu_index, colorspace, loop, realtime, latency)
+    srcs = make_sources(sources, decoder, gpu_index, colorspace, loop, realtime, latency, live, live_options)
+    if any(s.live for s in srcs) and done:
+        raise UsageProblem("a live source cannot be resumed: its frames are not the ones of the earlier run",
+                           "start a new output for live sources")
     topk = TopK(top_k, scores)
     stats = RunStats(path=f"{decoder} -> {type(engine).__name__} ({getattr(engine, 'device', 'cpu')})",
                      decoder=decoder)
@@ -217,22 +246,27 @@ def classify(sources, engine, *, batch: int | None = None, top_k: int = 5, strid
     def report_problem(source, reason, frames):
         _problem(problems, lock, source, reason, frames)
 
-    def make_prediction(name, index, pts, t, indices, scores, latency_ms, decode_ms):
-        return Prediction(name, index, pts, t, indices, scores, label_names(labels, indices), latency_ms, decode_ms)
+    def make_prediction(name, index, pts, t, indices, scores, latency_ms, decode_ms, received=None):
+        return Prediction(name, index, pts, t, indices, scores, label_names(labels, indices), latency_ms, decode_ms,
+                          received=received)
+
+    event_log: list = []
 
     if decoder == "nvdec":
         from .gpu_pipeline import GpuPipeline
 
         def factory():
             return GpuPipeline(srcs, engine, spec, batch, stride, topk, labels, buffers, max_wait_ms, stats,
-                               problems, size, report_problem, make_prediction, done).run()
+                               problems, size, report_problem, make_prediction, done, live_options.policy,
+                               event_log, events).run()
     else:
         from .cpu_pipeline import cpu_pipeline
 
         def factory():
             return cpu_pipeline(srcs, engine, spec, batch, stride, topk, max_wait_ms, stats, report_problem,
-                                make_prediction, done)
-    return VideoRun(factory, stats, problems)
+                                make_prediction, done, live_options.policy, live_options.queue_frames, event_log,
+                                events)
+    return VideoRun(factory, stats, problems, event_log)
 
 
 def _manifest_of(engine):
@@ -301,7 +335,7 @@ def _input_shape(engine, spec: PreprocessSpec, origin: str | None) -> tuple[int,
 def _problem(problems, lock, source, reason, frames):
     with lock:
         problems.append(SourceProblem(source, reason, frames))
-    log.warning("%s (after %d frames)", reason, frames)
+    log.warning("%s", reason)  # the final frame count is in the summary (frames in flight still arrive)
 
 
 def label_names(labels, idx) -> list | None:

@@ -86,7 +86,8 @@ class _EngineActor:
                 raise EngineError(self.error or "no engine")
             run = classify(sources, self.engine, **options)
             for p in run:
-                out.append((p.source, p.frame, p.pts, p.time, p.indices, p.scores, p.latency_ms, p.decode_ms))
+                out.append((p.source, p.frame, p.pts, p.time, p.indices, p.scores, p.latency_ms, p.decode_ms,
+                            p.received))
                 now = time.perf_counter()
                 if len(out) >= _SEND_EVERY_N or now - last > _SEND_EVERY_S:
                     yield ("preds", out)
@@ -375,14 +376,15 @@ class RayPool:
                         retry_or_give_up(actor, job, f"failed ({_first_line(exc)})")
                         continue
                     if msg[0] == "preds":
-                        for source, frame, pts, t, idx, sc, lat, dec in msg[1]:
+                        for source, frame, pts, t, idx, sc, lat, dec, received in msg[1]:
                             source = back.get(source, source)
                             if frame <= last.get(source, -1):  # a redone source: already with the caller
                                 continue
                             last[source] = frame
                             counts[source] += 1
                             stats.frames += 1
-                            yield Prediction(source, frame, pts, t, idx, sc, label_names(actor.labels, idx), lat, dec)
+                            yield Prediction(source, frame, pts, t, idx, sc, label_names(actor.labels, idx), lat, dec,
+                                             received=received)
                         stats.seconds = time.perf_counter() - start
                         continue
                     del busy[gen]

@@ -9,6 +9,7 @@ per-source report and keeps the other sources going.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -20,6 +21,7 @@ from ..errors import TrtcError
 import numpy as np
 
 from ..preprocess import ColorSpace, YuvPlanes
+from .live import LiveOptions, LiveSource, Reconnector, is_network, network_error
 
 log = logging.getLogger("trtc")
 
@@ -34,6 +36,7 @@ class SourceError(TrtcError):
     def __init__(self, source: str, reason: str, fix: str | None = None):
         super().__init__(f"{source}: {reason}", fix)
         self.source = source
+        self.detail = reason  # the reason without the source's name
 
 
 @dataclass
@@ -98,27 +101,63 @@ def probe_colorspace(name: str, height: int, override: str | None) -> ColorSpace
         return ColorSpace.parse(None, height)
 
 
+def probe_time_base(name: str):
+    """The time base of a file's first video stream (a Fraction) via PyAV, or None (a URL, no PyAV, unreadable)."""
+    if is_url(name) or not is_installed("av"):
+        return None
+    try:
+        av = require("av", "Reading the time base")
+        with av.open(name) as c:
+            return c.streams.video[0].time_base if c.streams.video else None
+    except Exception:  # noqa: BLE001 - times then fall back to index / fps
+        return None
+
+
 # ---------------------------------------------------------------------------------------------------------- PyAV
-class PyAVSource:
-    """CPU decoding with PyAV. ``frames()`` yields (index, pts, seconds, YuvPlanes) with host planes."""
+class PyAVSource(LiveSource):
+    """CPU decoding with PyAV. ``frames()`` yields (index, pts, seconds, YuvPlanes, received) with host planes;
+    ``received`` is the wall-clock time (Unix seconds) the frame came out of the decoder.
+
+    A live source (:mod:`engines.video.live`: a network URL, or ``live=True``) reconnects with back-off when its
+    connection fails or ends, reports each outage and recovery through ``on_event``, numbers its frames on across
+    connections, and ends with a :class:`SourceError` only when it is given up on. ``stop`` (a threading.Event the
+    pipeline sets when it closes) interrupts the waits between attempts."""
 
     backend = "pyav"
 
-    def __init__(self, name: str, colorspace: str | None = None, loop: int = 1, realtime: bool = False):
+    def __init__(self, name: str, colorspace: str | None = None, loop: int = 1, realtime: bool = False,
+                 live: bool | None = None, options: LiveOptions | None = None):
         self.name = str(name)
         self.override = colorspace
         self.loop = max(1, int(loop))
         self.realtime = realtime
+        self.live = is_network(self.name) if live is None else bool(live)
+        self.options = options or LiveOptions()
         self.info: SourceInfo | None = None
         self.decoded = 0
+        self.missing = 0  # live: frames the stream's timestamps say were sent but never arrived
+        self.damaged = 0  # frames the decoder flagged as damaged (not classified)
+        self.stop: threading.Event | None = None
+        self.on_event = None  # callable(SourceEvent), set by the pipeline
 
     def _open(self):
         av = require("av", "Decoding video on the CPU")
         check_exists(self.name)
+        t0 = time.monotonic()
         try:
-            container = av.open(self.name, timeout=10.0) if is_url(self.name) else av.open(self.name)
-        except Exception as exc:  # noqa: BLE001 - av.error.* and OSError
-            raise SourceError(self.name, f"cannot open: {_first_line(exc)}") from exc
+            if is_url(self.name):
+                o = self.options
+                container = av.open(self.name, options=o.av_options(self.name), timeout=(o.open_timeout,
+                                                                                         o.read_timeout))
+            else:
+                container = av.open(self.name)
+        except Exception as exc:  # noqa: BLE001 - av.error.*, OSError
+            if is_url(self.name):
+                reason, fix = network_error(self.name, exc, self.options, opening=True,
+                                            elapsed=time.monotonic() - t0)
+                raise SourceError(self.name, f"cannot connect: {reason}", fix) from exc
+            raise SourceError(self.name, describe_unreadable(self.name, _first_line(exc)),
+                              "check the file: ffprobe FILE shows what it holds") from exc
         if not container.streams.video:
             kinds = sorted({s.type for s in container.streams}) or ["no streams"]
             container.close()
@@ -132,26 +171,29 @@ class PyAVSource:
         return container, stream
 
     def frames(self):
+        if self.live:
+            yield from self._live_frames()
+            return
         index = 0
         for _ in range(self.loop):
             container, stream = self._open()
             start = time.perf_counter()
-            first = True
             skipped: list = []
             corrupt: list = []  # frames the decoder flagged as damaged (it concealed errors in them)
+            clock = Timeline(stream, live=False)
             try:
                 for frame in _decode(container, stream, self.name, skipped):
-                    if first:
+                    if clock.first:
                         self.info.colorspace = _colorspace_from_av(frame, frame.height, self.override)
-                        first = False
-                    t = float(frame.time) if frame.time is not None else None
+                    pts, t = clock.stamp(frame)
                     if self.realtime and t is not None:
                         _sleep_until(start + t)
                     self.decoded += 1
                     if frame.is_corrupt:  # not classified: its picture is partly made up by the decoder
                         corrupt.append(index)
+                        self.damaged += 1
                     else:
-                        yield index, frame.pts, t, host_planes(frame)
+                        yield index, pts, t, host_planes(frame), time.time()
                     index += 1
             finally:
                 container.close()
@@ -165,6 +207,82 @@ class PyAVSource:
             if damage:
                 raise SourceError(self.name, "; ".join(damage) + f"; {self.decoded} frames decoded",
                                   "check or re-encode the file")
+
+    def _live_frames(self):
+        """Connect, decode, and on any failure or end reconnect with back-off until given up (then raise)."""
+        rc = Reconnector(self.options)
+        index = 0
+        while True:
+            try:
+                container, stream = self._open()
+            except SourceError as exc:
+                self._retry_or_give_up(rc, exc.detail, exc.fix)
+                continue
+            back = rc.connected()
+            if back is not None:
+                self._event("reconnected", outage_s=back[0], attempts=back[1])
+            clock = Timeline(stream, live=True)
+            skipped: list = []
+            reason, fix = "the stream ended: the server closed it", "check the camera or server"
+            try:
+                for frame in _decode(container, stream, self.name, skipped):
+                    if clock.first:
+                        self.info.colorspace = _colorspace_from_av(frame, frame.height, self.override)
+                    pts, t = clock.stamp(frame)
+                    self.decoded += 1
+                    if frame.is_corrupt:
+                        self.damaged += 1
+                    else:
+                        yield index, pts, t, host_planes(frame), time.time()
+                    index += 1
+                    if self.stop is not None and self.stop.is_set():
+                        return
+            except SourceError as exc:
+                cause = exc.__cause__ or exc
+                reason, fix = network_error(self.name, cause, self.options, opening=False)
+            finally:
+                container.close()
+                self.missing += clock.missing
+                self.damaged += len(skipped)
+            if self.stop is not None and self.stop.is_set():
+                return
+            self._event("disconnected", reason=reason)
+            self._retry_or_give_up(rc, reason, fix)
+
+
+class Timeline:
+    """A decoded frame's time from the stream's own timestamps: pts x time base, in seconds. A frame without a pts
+    (the first frame of an RTSP session, frames of some damaged streams) gets the previous one's plus one frame
+    period (the first: the stream's start, else 0). For a live stream, jumps of more than one period count the
+    frames that never arrived (``missing``)."""
+
+    def __init__(self, stream, live: bool):
+        self.tb = stream.time_base
+        rate = stream.average_rate or stream.guessed_rate
+        self.step = (1 / (rate * self.tb)) if (rate and self.tb) else None  # one frame period in pts units
+        self.start = stream.start_time if (stream.start_time is not None and not live) else 0
+        self.last = None
+        self.live = live
+        self.missing = 0
+        self.first = True
+
+    def stamp(self, frame) -> tuple[int | None, float | None]:
+        self.first = False
+        tb = frame.time_base or self.tb
+        pts = frame.pts
+        if pts is None:
+            if self.last is None:
+                pts = self.start
+            elif self.step:
+                pts = int(round(self.last + self.step))
+        elif self.live and self.last is not None and self.step and pts - self.last > 1.5 * self.step:
+            self.missing += int(round((pts - self.last) / self.step)) - 1
+        if pts is not None:
+            self.last = pts
+        if pts is None or tb is None:
+            return pts, None
+        t = float(pts * tb)
+        return pts, (t if math.isfinite(t) else None)
 
 
 def _cut_transport_stream(name: str, container) -> bool:
@@ -261,7 +379,7 @@ def decoder_caps(nvc, gpu: int, codec, chroma, depth: int) -> dict:
         return _CAPS[key]
 
 
-class NvdecSource:
+class NvdecSource(LiveSource):
     """NVDEC decoding with PyNvVideoCodec's demuxer and core decoder on a CUDA stream the caller gives.
 
     :meth:`run` calls back with (index, pts, seconds, DecodedFrame, fed_at) per frame; ``fed_at`` is when the
@@ -271,16 +389,45 @@ class NvdecSource:
     backend = "nvdec"
 
     def __init__(self, name: str, gpu: int = 0, colorspace: str | None = None, loop: int = 1,
-                 realtime: bool = False, latency: str = "native"):
+                 realtime: bool = False, latency: str = "native", live: bool | None = None,
+                 options: LiveOptions | None = None):
         self.name = str(name)
         self.gpu = gpu
         self.override = colorspace
         self.loop = max(1, int(loop))
         self.realtime = realtime
         self.latency = latency
+        self.live = is_network(self.name) if live is None else bool(live)
+        self.options = options or LiveOptions()
         self.info: SourceInfo | None = None
         self.decoded = 0
         self.caps: dict = {}
+        self.time_base = None  # the stream's time base (a Fraction) where known: pts x time_base is the time
+        self.missing = 0  # live: frames the stream's timestamps say never arrived
+        self.damaged = 0  # packets NVDEC refused (skipped)
+        self.stop: threading.Event | None = None
+        self.on_event = None  # callable(SourceEvent), set by the pipeline
+
+    def _check_caps(self, nvc, codec, chroma, depth: int, width: int, height: int, codec_name: str) -> None:
+        """NVDEC's capabilities for this stream (a SourceError naming what is not supported); sets ``caps`` and
+        ``_what`` ("h264 4:2:0 8-bit 1920x1080")."""
+        chroma_name = _CHROMA.get(int(chroma), str(chroma).rsplit(".", 1)[-1])
+        what = f"{codec_name} {chroma_name} {depth}-bit {width}x{height}"
+        try:
+            caps = decoder_caps(nvc, self.gpu, codec, chroma, depth)
+        except Exception as exc:  # noqa: BLE001 - e.g. a codec id NVDEC does not know
+            raise SourceError(self.name, f"NVDEC cannot decode {what}: {_first_line(exc)}",
+                              "use --device cpu for this source") from exc
+        self.caps = caps
+        if not caps.get("supported", False):
+            raise SourceError(self.name, f"NVDEC on GPU {self.gpu} does not support {what}",
+                              "transcode to H.264/HEVC 4:2:0, or use --device cpu")
+        wmax, hmax = caps.get("width_max", 0), caps.get("height_max", 0)
+        wmin, hmin = caps.get("width_min", 0), caps.get("height_min", 0)
+        if (wmax and width > wmax) or (hmax and height > hmax) or width < wmin or height < hmin:
+            raise SourceError(self.name, f"{what} is outside NVDEC's range for this codec on GPU {self.gpu} "
+                              f"({wmin}x{hmin} to {wmax}x{hmax})", "scale the video, or use --device cpu")
+        self._what = what
 
     def _open(self, nvc, stream_ptr: int, decoder: bool = True):
         """Open the demuxer, check NVDEC's capabilities for the stream, and (``decoder``) create the core decoder
@@ -300,27 +447,12 @@ class NvdecSource:
         codec_name = str(codec).rsplit(".", 1)[-1]
         if not codec_name.isalnum():  # a codec PyNvVideoCodec has no name for
             codec_name = _codec_name_from_av(self.name) or "an unknown codec"
-        chroma_name = _CHROMA.get(int(chroma), str(chroma).rsplit(".", 1)[-1])
-        what = f"{codec_name} {chroma_name} {depth}-bit {width}x{height}"
-        try:
-            caps = decoder_caps(nvc, self.gpu, codec, chroma, depth)
-        except Exception as exc:  # noqa: BLE001 - e.g. a codec id NVDEC does not know
-            raise SourceError(self.name, f"NVDEC cannot decode {what}: {_first_line(exc)}",
-                              "use --device cpu for this source") from exc
-        self.caps = caps
-        if not caps.get("supported", False):
-            raise SourceError(self.name, f"NVDEC on GPU {self.gpu} does not support {what}",
-                              "transcode to H.264/HEVC 4:2:0, or use --device cpu")
-        wmax, hmax = caps.get("width_max", 0), caps.get("height_max", 0)
-        wmin, hmin = caps.get("width_min", 0), caps.get("height_min", 0)
-        if (wmax and width > wmax) or (hmax and height > hmax) or width < wmin or height < hmin:
-            raise SourceError(self.name, f"{what} is outside NVDEC's range for this codec on GPU {self.gpu} "
-                              f"({wmin}x{hmin} to {wmax}x{hmax})", "scale the video, or use --device cpu")
+        self._check_caps(nvc, codec, chroma, depth, width, height, codec_name)
         fps = float(dmx.FrameRate()) if dmx.FrameRate() else None
         if self.info is None:
             cs = probe_colorspace(self.name, height, self.override)
+            self.time_base = probe_time_base(self.name)
             self.info = SourceInfo(self.name, codec_name, width, height, fps, None, cs)
-        self._what = what
         if not decoder:
             return dmx, None
         latency = {"native": nvc.DisplayDecodeLatencyType.NATIVE, "low": nvc.DisplayDecodeLatencyType.LOW,
@@ -329,7 +461,7 @@ class NvdecSource:
             dec = nvc.CreateDecoder(gpuid=self.gpu, codec=codec, cudacontext=0, cudastream=stream_ptr,
                                     usedevicememory=True, latency=latency)
         except Exception as exc:  # noqa: BLE001
-            raise SourceError(self.name, f"NVDEC decoder for {what} failed: {_first_line(exc)}") from exc
+            raise SourceError(self.name, f"NVDEC decoder for {self._what} failed: {_first_line(exc)}") from exc
         return dmx, dec
 
     def run(self, stream_ptr: int, on_frame) -> None:
@@ -342,6 +474,11 @@ class NvdecSource:
         decoding again. (A frame still referenced during ``Decode`` also makes PyNvVideoCodec grow its pool with
         new allocations, which synchronise the device.)"""
         nvc = require("PyNvVideoCodec", "Decoding video on the GPU")
+        if self.live or is_url(self.name):  # PyAV's demuxer (timeouts, RTSP transport, reconnects) feeds NVDEC
+            from .nvdec_feed import run_fed
+
+            run_fed(self, nvc, stream_ptr, on_frame)
+            return
         index = 0
         for _ in range(self.loop):
             index = self._packet_pass(nvc, stream_ptr, on_frame, index)
@@ -360,23 +497,35 @@ class NvdecSource:
         n_packets = 0
         packets = iter(dmx)
         try:
+            rejected = 0  # packets in a row the decoder refused
             while True:
-                try:  # only the demuxer's and decoder's failures become a SourceError
+                try:  # the demuxer failing ends the source (the file is cut off or unreadable from here)
                     packet = next(packets, None)
-                    if packet is None:
-                        break
-                    if self.realtime and packet.bsl:
-                        _sleep_until(start + n_packets / fps)
-                    n_packets += 1
-                    if low:
-                        packet.decode_flag = nvc.VideoPacketFlag.ENDOFPICTURE
-                    now = time.perf_counter()
-                    if packet.bsl:
-                        fed[packet.pts] = now
+                except Exception as exc:  # noqa: BLE001 - demuxer errors
+                    raise SourceError(self.name, f"stopped while reading: {_first_line(exc)}") from exc
+                if packet is None:
+                    break
+                if self.realtime and packet.bsl:
+                    _sleep_until(start + n_packets / fps)
+                n_packets += 1
+                if low:
+                    packet.decode_flag = nvc.VideoPacketFlag.ENDOFPICTURE
+                now = time.perf_counter()
+                if packet.bsl:
+                    fed[packet.pts] = now
+                try:  # a packet the decoder refuses is skipped and counted, as the CPU path does; the stream goes on
                     frames = dec.Decode(packet)
+                    rejected = 0
+                except Exception as exc:  # noqa: BLE001 - PyNvVCException
+                    self.damaged += 1
+                    rejected += 1
+                    if rejected >= MAX_REJECTED_PACKETS:
+                        raise SourceError(self.name, f"NVDEC refused {rejected} packets in a row "
+                                          f"({_first_line(exc)})", "check or re-encode the file; or --device cpu"
+                                          ) from exc
+                    continue
+                finally:
                     del packet
-                except Exception as exc:  # noqa: BLE001 - PyNvVCException, demuxer errors
-                    raise SourceError(self.name, f"stopped while decoding: {_first_line(exc)}") from exc
                 for i in range(len(frames)):
                     frame = frames[i]
                     pts = frame.getPTS()
@@ -386,7 +535,7 @@ class NvdecSource:
                         del frame
                         continue
                     self.decoded += 1
-                    go = on_frame(index, pts, index / fps, frame, fed.pop(pts, now))
+                    go = on_frame(index, pts, self.seconds(pts, index), frame, fed.pop(pts, now))
                     del frame
                     index += 1
                     if go is False:
@@ -401,6 +550,14 @@ class NvdecSource:
             _synchronize(stream_ptr)
             del packets, dec, dmx
         return index
+
+    def seconds(self, pts, index: int) -> float | None:
+        """A frame's time: pts x the stream's time base where both are known (as the CPU path gives), else the
+        frame's index over the frame rate."""
+        if self.time_base is not None and pts is not None and pts >= 0:
+            return float(pts * self.time_base)
+        fps = self.info.fps if self.info is not None else None
+        return index / fps if fps else None
 
     @property
     def batched(self) -> bool:
@@ -504,6 +661,8 @@ class NvdecSource:
 
 
 BATCHED_SUFFIXES = (".mp4", ".mov", ".m4v")
+# packets in a row NVDEC may refuse before a source is given up (one refused packet is skipped and counted)
+MAX_REJECTED_PACKETS = 100
 
 
 class BatchUnavailable(Exception):
@@ -554,12 +713,13 @@ def _first_line(exc: BaseException) -> str:
 
 
 def make_sources(names, backend: str, gpu: int = 0, colorspace: str | None = None, loop: int = 1,
-                 realtime: bool = False, latency: str = "native"):
+                 realtime: bool = False, latency: str = "native", live: bool | None = None,
+                 live_options: LiveOptions | None = None):
     out = []
     for n in names:
         n = os.fspath(n)
         if backend == "nvdec":
-            out.append(NvdecSource(n, gpu, colorspace, loop, realtime, latency))
+            out.append(NvdecSource(n, gpu, colorspace, loop, realtime, latency, live, live_options))
         else:
-            out.append(PyAVSource(n, colorspace, loop, realtime))
+            out.append(PyAVSource(n, colorspace, loop, realtime, live, live_options))
     return out

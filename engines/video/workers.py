@@ -126,7 +126,8 @@ def _worker_main(conn, model: str, device: str, engine_options: dict, pin: bool 
         try:
             run = classify(sources, engine, **options)
             for p in run:
-                out.append((p.source, p.frame, p.pts, p.time, p.indices, p.scores, p.latency_ms, p.decode_ms))
+                out.append((p.source, p.frame, p.pts, p.time, p.indices, p.scores, p.latency_ms, p.decode_ms,
+                            p.received))
                 now = time.perf_counter()
                 if len(out) >= 256 or now - last > _SEND_EVERY_S:
                     conn.send(("preds", out))
@@ -285,11 +286,11 @@ class WorkerPool:
                                                              f"{w.process.exitcode})", counts.get(s, 0)))
                         continue
                     if msg[0] == "preds":
-                        for source, frame, pts, t, idx, sc, lat, dec in msg[1]:
+                        for source, frame, pts, t, idx, sc, lat, dec, received in msg[1]:
                             counts[source] = counts.get(source, 0) + 1
                             stats.frames += 1
                             yield Prediction(source, frame, pts, t, idx, sc, label_names(w.labels, idx), lat, dec,
-                                             device=w.device)
+                                             device=w.device, received=received)
                         stats.seconds = time.perf_counter() - start
                     elif msg[0] == "end":
                         _, probs, wstats, failure = msg

@@ -1,0 +1,217 @@
+"""NVDEC fed by PyAV's demuxer: the GPU path's reader for URLs and live sources.
+
+PyNvVideoCodec's own demuxer takes no timeouts and no RTSP options (a silent server hangs it). Here PyAV (FFmpeg)
+demuxes, with the open and read timeouts and the RTSP transport of :class:`~engines.video.live.LiveOptions`, and
+each compressed packet goes to PyNvVideoCodec's core decoder as a ``PacketData`` pointing at the packet's bytes.
+NVDEC's parser reads H.264/HEVC as an Annex B byte stream, so those packets pass FFmpeg's ``*_mp4toannexb``
+bitstream filter first (a no-op for streams that are Annex B already, as RTSP's are; for MP4-style streams it
+writes start codes and puts the parameter sets before key frames). A packet the decoder refuses is skipped and
+counted; the stream goes on. A live source reconnects as on the CPU path (:class:`~engines.video.live.LiveSource`).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .._deps import require
+from .live import Reconnector, network_error
+from .sources import MAX_REJECTED_PACKETS, SourceError, SourceInfo, Timeline, _colorspace_from_av, _first_line
+
+# PyAV codec name -> PyNvVideoCodec's cudaVideoCodec member
+AV_TO_NVDEC = {"h264": "H264", "hevc": "HEVC", "av1": "AV1", "vp9": "VP9", "vp8": "VP8", "mpeg2video": "MPEG2",
+               "mpeg1video": "MPEG1", "mpeg4": "MPEG4", "vc1": "VC1", "mjpeg": "JPEG"}
+ANNEXB_FILTERS = {"h264": "h264_mp4toannexb", "hevc": "hevc_mp4toannexb"}
+# pixel format -> (chroma "420"/"422"/"444", bit depth)
+_PIXFMT = {"yuv420p": ("420", 8), "yuvj420p": ("420", 8), "nv12": ("420", 8), "yuv420p10le": ("420", 10),
+           "p010le": ("420", 10), "yuv420p12le": ("420", 12), "yuv422p": ("422", 8), "yuvj422p": ("422", 8),
+           "yuv422p10le": ("422", 10), "yuv444p": ("444", 8), "yuvj444p": ("444", 8), "yuv444p10le": ("444", 10),
+           "gray": ("400", 8)}
+
+
+class AnnexB:
+    """Compressed packets of one stream in the form NVDEC's parser reads: (numpy bytes, pts) per packet."""
+
+    def __init__(self, stream):
+        name = stream.codec_context.name
+        self.bsf = None
+        if name in ANNEXB_FILTERS:
+            from av.bitstream import BitStreamFilterContext
+
+            self.bsf = BitStreamFilterContext(ANNEXB_FILTERS[name], stream)
+
+    def convert(self, packet) -> list:
+        out = self.bsf.filter(packet) if self.bsf is not None else [packet]
+        return [(np.frombuffer(bytes(p), np.uint8), p.pts if p.pts is not None else p.dts) for p in out if p.size]
+
+
+def stream_format(stream) -> tuple[str, str, int]:
+    """(NVDEC codec member name, chroma "420"/"422"/"444", bit depth) of a PyAV video stream; a SourceError-ready
+    text in the first place when NVDEC has no such codec."""
+    cc = stream.codec_context
+    codec = AV_TO_NVDEC.get(cc.name)
+    fmt = cc.pix_fmt or (cc.format.name if cc.format is not None else None) or "yuv420p"
+    chroma, depth = _PIXFMT.get(fmt, ("420", 8))
+    return codec, chroma, depth
+
+
+def open_stream(src, av):
+    """Open ``src.name`` with PyAV and the source's network options; returns (container, stream). Raises
+    SourceError worded for a person (see :func:`engines.video.live.network_error`)."""
+    o = src.options
+    t0 = time.monotonic()
+    try:
+        container = av.open(src.name, options=o.av_options(src.name), timeout=(o.open_timeout, o.read_timeout))
+    except Exception as exc:  # noqa: BLE001 - av.error.*, OSError
+        reason, fix = network_error(src.name, exc, o, opening=True, elapsed=time.monotonic() - t0)
+        raise SourceError(src.name, f"cannot connect: {reason}", fix) from exc
+    if not container.streams.video:
+        container.close()
+        raise SourceError(src.name, "has no video stream", "check the URL")
+    return container, container.streams.video[0]
+
+
+def make_decoder(src, nvc, stream, stream_ptr: int):
+    """Check NVDEC's capabilities for the stream and create the core decoder on ``stream_ptr``."""
+    codec_member, chroma, depth = stream_format(stream)
+    cc = stream.codec_context
+    if codec_member is None:
+        raise SourceError(src.name, f"NVDEC does not decode {cc.name}", "use --device cpu for this source")
+    codec = getattr(nvc.cudaVideoCodec, codec_member)
+    members = getattr(nvc.cudaVideoChromaFormat, "__members__", {})
+    chroma_enum = members.get(chroma) or members.get(f"YUV{chroma}") or members.get("Monochrome")
+    src._check_caps(nvc, codec, chroma_enum, depth, cc.width, cc.height, cc.name)
+    fps = float(stream.average_rate) if stream.average_rate else None
+    if src.info is None:
+        src.info = SourceInfo(src.name, cc.name, cc.width, cc.height, fps, None,
+                              _colorspace_from_av(cc, cc.height, src.override))
+    src.time_base = stream.time_base
+    latency = {"native": nvc.DisplayDecodeLatencyType.NATIVE, "low": nvc.DisplayDecodeLatencyType.LOW,
+               "zero": nvc.DisplayDecodeLatencyType.ZERO}[src.latency]
+    try:
+        return nvc.CreateDecoder(gpuid=src.gpu, codec=codec, cudacontext=0, cudastream=stream_ptr,
+                                 usedevicememory=True, latency=latency)
+    except Exception as exc:  # noqa: BLE001
+        raise SourceError(src.name, f"NVDEC decoder for {src._what} failed: {_first_line(exc)}") from exc
+
+
+class _Lost(Exception):
+    """The demuxer failed mid-stream; ``__cause__`` says why."""
+
+
+def feed_pass(src, nvc, stream_ptr: int, on_frame, index: int, container, stream):
+    """Demux ``stream`` with PyAV, decode with NVDEC, call ``on_frame(index, pts, seconds, frame, fed_at)`` per
+    frame. Returns the next index, or None when ``on_frame`` asked to stop; raises _Lost when reading fails."""
+    dec = make_decoder(src, nvc, stream, stream_ptr)
+    feed = AnnexB(stream)
+    clock = Timeline(stream, live=src.live)
+    low = src.latency in ("low", "zero")
+    fed: dict = {}
+    rejected = 0
+    packets = container.demux(stream)
+    try:
+        while True:
+            try:
+                packet = next(packets, None)
+            except Exception as exc:  # noqa: BLE001 - av.error.*, OSError: the connection or file failed
+                raise _Lost() from exc
+            if packet is None or packet.size == 0:
+                if packet is None:
+                    chunks = [(None, None)]  # end of stream: flush the frames the decoder still holds
+                else:
+                    continue
+            else:
+                chunks = feed.convert(packet)
+            for data, pts in chunks:
+                pkt = nvc.PacketData()
+                if data is not None:
+                    pkt.bsl_data, pkt.bsl = int(data.ctypes.data), int(data.size)
+                    pkt.pts = int(pts) if pts is not None else 0
+                    if low:
+                        pkt.decode_flag = nvc.VideoPacketFlag.ENDOFPICTURE
+                    fed[pkt.pts] = time.perf_counter()
+                else:
+                    pkt.bsl = 0
+                try:
+                    frames = dec.Decode(pkt)
+                    rejected = 0
+                except Exception as exc:  # noqa: BLE001 - a damaged packet: skipped and counted
+                    src.damaged += 1
+                    rejected += 1
+                    if rejected >= MAX_REJECTED_PACKETS:
+                        raise SourceError(src.name, f"NVDEC refused {rejected} packets in a row "
+                                          f"({_first_line(exc)})", "check the stream; or --device cpu") from exc
+                    continue
+                finally:
+                    del pkt
+                now = time.perf_counter()
+                for i in range(len(frames)):
+                    frame = frames[i]
+                    pts, t = clock.stamp(_PtsOnly(frame.getPTS(), stream.time_base))
+                    src.decoded += 1
+                    go = on_frame(index, pts, t, frame, fed.pop(pts, now))
+                    del frame
+                    index += 1
+                    if go is False:
+                        return None
+                del frames, data
+            if packet is None:
+                return index
+            if len(fed) > 64:  # packets whose frames never came out (damaged data): forget them
+                for k in sorted(fed)[:-64]:
+                    fed.pop(k, None)
+    finally:
+        src.missing += clock.missing
+        from .sources import _synchronize
+
+        _synchronize(stream_ptr)  # our kernels' reads of the decoder's surfaces finish before it is freed
+        del dec
+
+
+class _PtsOnly:
+    """What :class:`Timeline` reads of a frame, for NVDEC frames (which carry the pts we fed)."""
+
+    def __init__(self, pts, time_base):
+        self.pts = pts if (pts is not None and pts >= 0) else None
+        self.time_base = time_base
+
+
+def run_fed(src, nvc, stream_ptr: int, on_frame) -> None:
+    """A URL or live source on the GPU path: connect, feed NVDEC, and for a live source reconnect with back-off
+    until given up (SourceError), as :class:`~engines.video.sources.PyAVSource` does on the CPU."""
+    av = require("av", "Reading network and live sources on the GPU path")
+    rc = Reconnector(src.options)
+    index = 0
+    passes = 0
+    while True:
+        try:
+            container, stream = open_stream(src, av)
+        except SourceError as exc:
+            if not src.live:
+                raise
+            src._retry_or_give_up(rc, exc.detail, exc.fix)
+            continue
+        back = rc.connected()
+        if back is not None:
+            src._event("reconnected", outage_s=back[0], attempts=back[1])
+        reason, fix = "the stream ended: the server closed it", "check the camera or server"
+        try:
+            index = feed_pass(src, nvc, stream_ptr, on_frame, index, container, stream)
+            if index is None:
+                return
+        except _Lost as exc:
+            if not src.live:
+                raise SourceError(src.name, f"stopped while reading: {_first_line(exc.__cause__)}") from exc
+            reason, fix = network_error(src.name, exc.__cause__, src.options, opening=False)
+        finally:
+            container.close()
+        passes += 1
+        if not src.live:
+            if passes >= src.loop:
+                return
+            continue
+        if src.stop is not None and src.stop.is_set():
+            return
+        src._event("disconnected", reason=reason)
+        src._retry_or_give_up(rc, reason, fix)

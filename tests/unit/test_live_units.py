@@ -1,0 +1,201 @@
+"""The parts of live-source handling that need no server: back-off, the frame hand-over's policies, the Annex B feed
+NVDEC reads (checked by decoding it with a bare FFmpeg decoder), stdout kept for results, JSON without NaN, and
+run's temporary files of a killed run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from engines.video.hub import EVENT, FRAME, FrameHub
+from engines.video.live import LiveOptions, Reconnector, network_error
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_backoff_doubles_up_to_its_cap_and_gives_up_after_reconnect_for():
+    clock = Clock()
+    rc = Reconnector(LiveOptions(backoff_first=0.5, backoff_max=4, reconnect_for=10), clock)
+    delays = []
+    while (d := rc.lost()) is not None:
+        delays.append(d)
+        clock.t += d
+    assert delays == [0.5, 1, 2, 4, 2.5]  # the last one is cut to end exactly at reconnect_for
+    assert rc.outage_s() == pytest.approx(10)
+    assert rc.connected() == (pytest.approx(10), 5) and not rc.in_outage
+    assert rc.lost() == 0.5  # a new outage starts the schedule again
+
+
+def test_reconnect_attempts_limit_and_zero_means_no_reconnect():
+    rc = Reconnector(LiveOptions(reconnect_attempts=2), Clock())
+    assert [rc.lost(), rc.lost(), rc.lost()] == [0.5, 1, None]
+    assert Reconnector(LiveOptions(reconnect_for=0), Clock()).lost() is None
+
+
+def test_hub_drop_oldest_keeps_the_newest_frames_and_counts_the_rest():
+    hub = FrameHub()
+    hub.add("cam", 3, "drop-oldest")
+    for i in range(10):
+        hub.put("cam", i)  # never waits
+    hub.done("cam")
+    got = []
+    while (item := hub.get(None)) is not None:
+        got.append(item[1][1])
+    assert got == [7, 8, 9] and hub.dropped == {"cam": 7}
+
+
+def test_hub_block_waits_and_loses_nothing_and_takes_sources_in_arrival_order():
+    hub = FrameHub()
+    hub.add("file", 2, "block")
+    hub.add("cam", 2, "drop-oldest")
+
+    def producer():
+        for i in range(6):
+            hub.put("file", i)
+        hub.done("file")
+
+    t = threading.Thread(target=producer)
+    t.start()
+    time.sleep(0.2)
+    assert hub.waiting() == 2  # the file's producer waits for room
+    hub.put("cam", "c0")
+    hub.event("ev")
+    hub.done("cam")
+    got = []
+    while (item := hub.get(time.monotonic() + 5)) is not None:
+        got.append(item[1] if item[0] == EVENT else item[1][1])
+    t.join(5)
+    assert [g for g in got if isinstance(g, int)] == list(range(6)) and hub.dropped == {"file": 0, "cam": 0}
+    assert got.index("c0") < got.index("ev")  # an event comes after the frames that arrived before it
+    assert FRAME == "frame"
+
+
+def test_hub_get_returns_none_at_the_deadline():
+    hub = FrameHub()
+    hub.add("cam", 2, "drop-oldest")
+    t0 = time.monotonic()
+    assert hub.get(t0 + 0.2) is None and 0.15 < time.monotonic() - t0 < 2
+
+
+def test_batch_age_is_bounded_by_max_wait_not_by_the_gap_between_frames():
+    """A frame every 60 ms with --max-wait-ms 100: the old rule (wait between frames) never ran a partial batch;
+    a batch must run once its oldest frame has waited 100 ms."""
+    import numpy as np
+
+    from engines.video.cpu_pipeline import infer_and_collect
+    from engines.video.pipeline import RunStats
+    from engines.topk import TopK
+
+    class Engine:
+        def infer(self, x):
+            return [np.tile(np.arange(5, dtype=np.float32), (len(x), 1))]
+
+    hub = FrameHub()
+    hub.add("cam", 100, "block")
+
+    def producer():
+        for i in range(8):
+            hub.put("cam", ("cam", i, i, i / 25, np.zeros(3, np.float32), time.time(), time.monotonic()))
+            time.sleep(0.06)
+        hub.done("cam")
+
+    threading.Thread(target=producer, daemon=True).start()
+    stats = RunStats()
+    ages = []
+    for p in infer_and_collect(hub, Engine(), 32, TopK(1, "raw"), 100, stats, {"cam": 0}, time.perf_counter(),
+                               lambda *a: a):
+        ages.append(p[6])  # latency_ms
+    assert len(ages) == 8 and max(stats.batch_sizes) <= 3  # about 100 ms / 60 ms + 1 frames a batch
+    assert max(ages) < 100 + 80  # the oldest frame of a batch waited about max_wait, plus scheduling slack
+
+
+def test_annexb_packets_decode_with_a_bare_decoder_exactly_as_the_container(bikes):
+    """What NVDEC's parser is fed on the GPU path (engines.video.nvdec_feed.AnnexB): a decoder without the MP4's
+    codec parameters must decode it to the same pictures as PyAV reading the container."""
+    import av
+    import numpy as np
+
+    from engines.video.nvdec_feed import AnnexB
+
+    with av.open(str(bikes)) as c:
+        ref = [f.to_ndarray(format="gray") for f in c.decode(video=0)]
+    with av.open(str(bikes)) as c:
+        s = c.streams.video[0]
+        feed = AnnexB(s)
+        bare = av.CodecContext.create("h264", "r")
+        got = []
+        for packet in c.demux(s):
+            for data, pts in feed.convert(packet):
+                assert bytes(data[:4]) == b"\x00\x00\x00\x01" or bytes(data[:3]) == b"\x00\x00\x01"
+                p = av.Packet(data.tobytes())
+                p.pts = pts
+                got += [f.to_ndarray(format="gray") for f in bare.decode(p)]
+        got += [f.to_ndarray(format="gray") for f in bare.decode(None)]
+    assert len(got) == len(ref) == 250
+    assert all(np.array_equal(a, b) for a, b in zip(got, ref, strict=True))
+
+
+def test_network_errors_are_said_in_words_with_a_fix():
+    o = LiveOptions(open_timeout=3)
+    reason, fix = network_error("rtsp://cam:554/s", ConnectionRefusedError("Connection refused"), o, True)
+    assert "nothing accepts connections at cam:554" in reason and "running" in fix
+    reason, fix = network_error("rtsp://u:p@cam/s", OSError("Invalid data found when processing input"), o, True,
+                                elapsed=3.1)
+    assert reason.startswith("no answer to the connection within 3 s") and "--open-timeout" in fix
+    reason, _ = network_error("rtsp://cam/s", OSError("Server returned 401 Unauthorized"), o, True, elapsed=0.1)
+    assert "user name and password" in reason and "u:p" not in reason
+
+
+def test_stdout_keeps_only_results_when_a_native_library_prints(tmp_path):
+    """A native print (libc puts, as PyNvVideoCodec's decoder does) goes to stderr once trtc's CLI has moved stdout;
+    Python's prints stay on stdout."""
+    code = ("import ctypes, sys; from toolchain.cli import keep_stdout_for_results; keep_stdout_for_results(); "
+            "libc = ctypes.CDLL(None); libc.puts(b'Decode Error occurred for picture 3'); libc.fflush(None); "
+            "print(json.dumps({'frame': 0}))")
+    r = subprocess.run([sys.executable, "-c", "import json; " + code], capture_output=True, text=True, cwd=ROOT,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == '{"frame": 0}\n' and "Decode Error occurred" in r.stderr
+
+
+def test_prediction_json_has_no_nan():
+    from engines.video.pipeline import Prediction
+
+    p = Prediction("s", 3, None, float("nan"), [1], [0.5], received=float("inf"), latency_ms=float("nan"),
+                   decode_ms=None)
+    d = p.to_dict(latency=True)
+    json.dumps(d, allow_nan=False)
+    assert d["time"] is None and d["received"] is None and d["latency_ms"] is None
+
+
+def test_killed_runs_temporary_file_is_named_or_adopted_by_resume(tmp_path, caplog):
+    from toolchain._ui import Reporter
+    from toolchain.run import _orphans
+
+    out = tmp_path / "preds.jsonl"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    orphan = tmp_path / f".preds.jsonl.{dead.pid}.tmp"
+    orphan.write_text('{"source": "a.mp4", "frame": 0}\n')
+    mine = tmp_path / f".preds.jsonl.{os.getpid()}.tmp"  # a run still going (this process): left alone
+    mine.write_text("")
+    with caplog.at_level("WARNING", logger="trtc"):
+        _orphans(out, resume=False, reporter=Reporter())
+    assert orphan.exists() and str(orphan) in caplog.text and "--resume" in caplog.text
+    _orphans(out, resume=True, reporter=Reporter())
+    assert not orphan.exists() and out.read_text().startswith('{"source": "a.mp4"') and mine.exists()
