@@ -48,6 +48,18 @@ def _fail(ctx: click.Context, reason: str, fix: str | None, code: int) -> None:
 class TrtcGroup(click.Group):
     """Turns TrtcError into a one-line message and its exit code; other exceptions into 'internal error'."""
 
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
+        # every choice takes any case (--precision FP16 as --color rgb did), in every command, given as written in
+        # the option's list
+        for param in cmd.params:
+            if isinstance(param.type, click.Choice):
+                param.type.case_sensitive = False
+        super().add_command(cmd, name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """No second, cut-off "Commands:" list: the group's help text introduces every command in a line (a test
+        holds that list to the commands there are)."""
+
     def main(self, *args, **kwargs):
         try:
             return super().main(*args, **kwargs)
