@@ -56,6 +56,13 @@ def providers_for(device: str) -> list:
             raise EngineError("both onnxruntime and onnxruntime-gpu are installed; they provide the same module and "
                               "the CPU build won, so the CUDA execution provider is missing",
                               "pip uninstall -y onnxruntime onnxruntime-gpu && pip install onnxruntime-gpu")
+        from ._gpu import gpus
+
+        found = gpus()
+        if not found["devices"]:  # installing trtc[gpu] would not give this machine a GPU
+            raise UsageProblem(f"{device}: no NVIDIA GPU found here ({found.get('reason')}), and ONNX Runtime here "
+                               "has no CUDA execution provider", 'use --device cpu (on a machine with an NVIDIA GPU: '
+                               'pip uninstall -y onnxruntime && pip install "trtc[gpu]")')
         raise EngineError(f"ONNX Runtime here has no CUDA execution provider (it has {', '.join(available)})",
                           'pip uninstall -y onnxruntime && pip install "trtc[gpu]", or use --device cpu')
     if hasattr(ort, "preload_dlls"):  # CUDA/cuDNN from the nvidia-* wheels (e.g. torch's) when not on the path
@@ -148,11 +155,11 @@ class OnnxRuntimeEngine(EngineBase):
                 _warn_runtime(self.path)
         self.qdq_fusion = qdq_fusion  # False: runs op by op, unlike a default session (the manifest says why)
         opts = session_options(ort, threads, qdq_fusion)
-        providers = providers_for(device)
-        if kind == "cuda":
+        if kind == "cuda":  # first: without the GPU, a missing CUDA provider is not the problem to fix
             from ._gpu import check_gpu_index
 
             check_gpu_index(self.device_id)  # else CuPy or the CUDA EP fails on a missing GPU with errors of their own
+        providers = providers_for(device)
         self.stream = None
         if kind == "cuda" and (device_buffers or (device_buffers is None and is_installed("cupy"))):
             cp = require("cupy", "Running ONNX models on device buffers")

@@ -212,7 +212,6 @@ def quantize_onnx(model: str | Path, output: str | Path | None = None, *, precis
             calib_set = cal.random_data(dims, calib_count, seed)
             warnings.append("CALIBRATED ON RANDOM DATA: the INT8 ranges mean nothing for real inputs; use this model "
                             "only to test a pipeline")
-            log.warning(warnings[-1])
         else:
             extra = check_count if (not check or target_agreement is not None) else 0  # held out: check/tune
             pool = cal.load_data(calib, spec, dims, input_name, want=calib_count + extra, seed=seed,
@@ -378,7 +377,6 @@ def _default_session_check(path, device, check_set, ref, got, recipe, fusion, ba
                 f"it on {f['metric'].replace('_', ' ')} {f['value']:.4g} (threshold {f['threshold']})")
         if "onnxruntime" not in recipe.get("runtimes", RUNTIMES_ALL):
             warnings.append(what + f"; the model is for --target {recipe.get('target')} only (manifest: runtimes)")
-            log.warning(warnings[-1])
         else:
             raise QuantizeError(what, "use the default graph form (--target any); if it is the default, report it "
                                 "with the model")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from click.testing import CliRunner
 
 from tests.conftest import needs_export
@@ -47,3 +48,32 @@ def test_text_file_as_weights_is_named_whole(tmp_path):
     err = [ln for ln in r.output.splitlines() if ln.startswith("error:")]
     assert err == [f"error: {w} is not a PyTorch weights file (it looks like a text file)"], r.output
     assert "torch.save(model.state_dict(), path)" in r.output
+
+
+def test_a_report_warning_goes_to_stderr_and_q_hides_it(lite0_onnx, photos, tmp_path):
+    """Issue 25 item 10: quantize's FP16 warning was printed on stdout under the table, even with -q."""
+    args = ["quantize", str(lite0_onnx[0]), "--precision", "fp16", "--check", str(photos[0])]
+    r = CliRunner().invoke(cli, [*args, "-o", str(tmp_path / "a.onnx")])
+    assert r.exit_code == 0, r.output
+    assert "became 0 in FP16" in r.stderr and "became 0" not in r.stdout, r.output
+    assert "warning:" not in r.stdout.lower()
+    q = CliRunner().invoke(cli, ["-q", *args, "-o", str(tmp_path / "b.onnx")])
+    assert q.exit_code == 0 and q.stderr == "", q.output
+    assert "became 0" not in q.stdout and "FP16 model" in q.stdout
+
+
+def test_cuda_on_a_machine_without_a_gpu_says_so_first(lite0_onnx, monkeypatch):
+    """Issue 25 item 10: run --device cuda:0 on a machine with no GPU suggested installing trtc[gpu] (which gives no
+    GPU). Without nvidia-smi and without ONNX Runtime's CUDA provider, the missing GPU comes first."""
+    import onnxruntime
+
+    import engines
+    from engines import _gpu
+
+    monkeypatch.setattr(_gpu.shutil, "which", lambda name: None)
+    monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: ["CPUExecutionProvider"])
+    with pytest.raises(engines.UsageProblem) as e:
+        engines.open_engine(lite0_onnx[0], device="cuda:0")
+    assert e.value.reason == ("cuda:0: no NVIDIA GPU found here (nvidia-smi not found (no NVIDIA driver)), and ONNX "
+                              "Runtime here has no CUDA execution provider")
+    assert e.value.fix.startswith("use --device cpu (on a machine with an NVIDIA GPU: ")
