@@ -56,7 +56,33 @@ def rebuild_command(manifest: Manifest, plan: str | Path, problems: list[str] | 
     cmd = f"trtc build {parent} -o {Path(plan).name} --force --backend {b.get('flavor', 'auto')}"
     if mode != "fp32" and not str(parent).endswith(f".{mode}.onnx"):
         cmd += f" --precision {mode}"
+    cmd += _build_flags(b)
+    if any(p == NO_GPU for p in problems or []):  # rebuilt here, it would still have no GPU to run on
+        where = ", ".join(t for t in b.get("compute_capabilities", []) if t.upper() != "CURRENT")
+        return (f"run it on a machine with an NVIDIA GPU{f' it was built for ({where})' if where else ''}; "
+                f"to build it again: {cmd}")
     return cmd + " (on this machine)"
+
+
+NO_GPU = "no NVIDIA GPU found here"
+
+
+def _build_flags(builder: dict) -> str:
+    """The options of `trtc build` that the manifest records and a rebuild needs again: TensorRT-RTX's compute
+    capabilities (without them a GPU-less machine cannot build at all), the compatibility flags."""
+    flags = builder.get("flags") or {}
+    out = ""
+    if builder.get("flavor") == "tensorrt-rtx":
+        for cc in builder.get("compute_capabilities") or []:
+            if str(cc).upper() != "CURRENT":
+                out += f" --compute-capability {cc}"
+    if flags.get("version_compatible"):
+        out += " --version-compatible"
+        if flags.get("exclude_lean_runtime"):
+            out += " --exclude-lean-runtime"
+    if flags.get("hardware_compatibility") not in (None, "none"):
+        out += f" --hardware-compatibility {flags['hardware_compatibility']}"
+    return out
 
 
 def _version_tuple(v: str) -> tuple:
@@ -96,13 +122,13 @@ def plan_problems(manifest: Manifest, backend: Backend | None, gpu: dict | None)
             problems.append(f"the plan was built with {flavor} {built}; this machine has {flavor} {backend.version}"
                             + (" (only a newer runtime can load a version-compatible plan)" if compatible else ""))
     if gpu is None:
-        problems.append("no NVIDIA GPU found here")
+        problems.append(NO_GPU)
     else:
         cc = str(gpu.get("compute_capability"))
         if flavor == "tensorrt-rtx":
             targets = [t.upper() for t in b.get("compute_capabilities", [])]
             if "CURRENT" in targets:
-                targets = [sm_name(b.get("gpu", {}).get("compute_capability", "0.0"))]
+                targets = [sm_name((b.get("gpu") or {}).get("compute_capability", "0.0"))]
             if targets and sm_name(cc) not in targets:
                 problems.append(f"the plan was built for {', '.join(targets)}; this GPU ({gpu.get('name')}) is "
                                 f"{sm_name(cc)}")
@@ -111,15 +137,16 @@ def plan_problems(manifest: Manifest, backend: Backend | None, gpu: dict | None)
                                 f"({gpu.get('name')}); it supports {', '.join(rtx_targets(backend.module))}")
         else:
             level = b.get("flags", {}).get("hardware_compatibility", "none")
-            built_cc = str(b.get("gpu", {}).get("compute_capability", "?"))
+            built_gpu = b.get("gpu") or {}
+            built_cc = str(built_gpu.get("compute_capability", "?"))
             if level == "none" and built_cc != cc:
                 problems.append(f"the plan was built on a GPU of compute capability {built_cc} "
-                                f"({b.get('gpu', {}).get('name', '?')}); this one is {cc} ({gpu.get('name')})")
+                                f"({built_gpu.get('name', '?')}); this one is {cc} ({gpu.get('name')})")
             if level == "ampere+" and _version_tuple(cc) < (8, 0):
                 problems.append(f"an Ampere-or-newer plan cannot run on compute capability {cc}")
             if level == "same-cc" and _version_tuple(built_cc) != _version_tuple(cc):
                 problems.append(f"a same-compute-capability plan built on {built_cc} "
-                                f"({b.get('gpu', {}).get('name', '?')}) cannot run on compute capability {cc} "
+                                f"({built_gpu.get('name', '?')}) cannot run on compute capability {cc} "
                                 f"({gpu.get('name')})")
     return problems
 

@@ -28,7 +28,7 @@ from engines import __version__
 from engines._deps import dist_version, require
 from engines._io import atomic_path, sha256_file
 from engines.manifest import BatchProfile, Manifest, manifest_path, write_manifest
-from engines.preprocess import PreprocessSpec, batch_from_images, list_images
+from engines.preprocess import PreprocessSpec, list_images
 
 from ._ui import Reporter
 from .errors import ExportError, UsageProblem
@@ -265,7 +265,7 @@ def _run_exporters(loaded: LoadedModel, exporter: str, example, batch, path: Pat
     raise ExportError(f"export failed: {detail}", "run with --debug for the full trace")
 
 
-def _check(tmp: Path, loaded: LoadedModel, spec: PreprocessSpec, batch: BatchProfile, files: list[Path],
+def _check(tmp: Path, loaded: LoadedModel, spec: PreprocessSpec, batch: BatchProfile, images: np.ndarray | None,
            data_name: str, samples: int, atol: float, reporter: Reporter):
     import torch
 
@@ -276,8 +276,8 @@ def _check(tmp: Path, loaded: LoadedModel, spec: PreprocessSpec, batch: BatchPro
         onnx.checker.check_model(str(tmp), full_check=True)
     except Exception as exc:
         raise ExportError(f"the exported ONNX fails onnx.checker: {_first_line(exc)}", "report this model") from exc
-    if files:
-        x = batch_from_images(files, spec)
+    if images is not None:
+        x = images
     else:
         x = np.random.default_rng(0).standard_normal((samples, 3, *spec.size), dtype=np.float32)
     fn = loaded.module.module() if loaded.kind == "exported" else loaded.module
@@ -321,7 +321,30 @@ def _check(tmp: Path, loaded: LoadedModel, spec: PreprocessSpec, batch: BatchPro
                         max_abs_diff=max_diff, mean_abs_diff=float(diff.mean()),
                         top1_agreement=float(np.mean(r1 == g1)), flips=flips, atol=atol,
                         passed=bool(max_diff <= atol and flips == 0), batch_sizes=sorted(set(sizes)))
-    return check, got_all[:len(files)], out_spec[0], engine.inputs[0]
+    return check, got_all[:0 if images is None else len(images)], out_spec[0], engine.inputs[0]
+
+
+def _read_check_images(files: list[Path], spec: PreprocessSpec, data_name: str):
+    """The --check-data images as model inputs, read before the export (it takes the longest), by the rule every
+    image folder follows: one that cannot be decoded is skipped with a warning, none readable is an error.
+    Returns (inputs or None, the files kept, warnings)."""
+    from .precision.calibration import image_or_skip, none_readable
+
+    if not files:
+        return None, [], []
+    skipped: list = []
+    xs, kept = [], []
+    for f in files:
+        x = image_or_skip(f, spec, skipped)
+        if x is not None:
+            xs.append(x)
+            kept.append(f)
+    if not kept:
+        raise ExportError(*none_readable(len(files), "the files listed" if "listed images" in data_name else data_name,
+                                        skipped))
+    warnings_ = [f"skipped {len(skipped)} unreadable check image(s): "
+                 + ", ".join(Path(s["file"]).name for s in skipped[:5])] if skipped else []
+    return np.stack(xs), kept, warnings_
 
 
 def _check_files(check_data) -> tuple[list[Path], str]:
@@ -406,6 +429,7 @@ def export_onnx(source: str, output: str | Path, *, weights: str | None = None, 
     origin = weights_origin(ref, weights, random_weights)
     timings["load_s"] = time.perf_counter() - t0
     spec = build_spec(loaded, input_size, resize, mean, std, color)
+    check_x, check_files, warnings_ = _read_check_images(check_files, spec, data_name)  # before the slow work
 
     import torch
 
@@ -423,7 +447,7 @@ def export_onnx(source: str, output: str | Path, *, weights: str | None = None, 
         timings["export_s"] = time.perf_counter() - t0
         size = tmp.stat().st_size
         t0 = time.perf_counter()
-        check, logits, out_t, in_t = _check(tmp, loaded, spec, profile, check_files, data_name, check_samples, atol,
+        check, logits, out_t, in_t = _check(tmp, loaded, spec, profile, check_x, data_name, check_samples, atol,
                                             reporter)
         timings["check_s"] = time.perf_counter() - t0
         num = out_t.shape[-1] if isinstance(out_t.shape[-1], int) else None
@@ -457,7 +481,7 @@ def export_onnx(source: str, output: str | Path, *, weights: str | None = None, 
                         bytes=size, sha256=manifest.artifact["sha256"], input_shape=list(in_t.shape),
                         num_classes=num, batch=profile.to_dict(), preprocess=spec.to_dict(), check=check,
                         timings={k: round(v, 3) for k, v in timings.items()}, predictions=predictions,
-                        weights=origin)
+                        weights=origin, warnings=warnings_)
 
 
 __all__ = ["export_onnx", "ExportReport", "ParityCheck", "check_output_path", "read_labels", "top_k",

@@ -12,9 +12,15 @@ def _print(console, table) -> None:
     wider than the console (the terminal then wraps its lines, and nothing is lost)."""
     from rich.measure import Measurement
 
+    wide = console.options.update_width(10_000)
     if table.columns:  # the first column names the row (model, source, feature): it never wraps or shrinks
-        table.columns[0].no_wrap = True
-    need = Measurement.get(console, console.options.update_width(10_000), table).minimum
+        first = table.columns[0]
+        first.no_wrap = True
+        # rich measures even a no_wrap column by its longest word, and then cut its cells to fit ("Several G…"):
+        # its minimum is its widest cell
+        first.min_width = max([first.min_width or 0, *(Measurement.get(console, wide, cell).maximum
+                                                       for cell in first.cells)])
+    need = Measurement.get(console, wide, table).minimum
     if need <= console.width:
         console.print(table)
         return
@@ -24,6 +30,16 @@ def _print(console, table) -> None:
         console.print(table)
     finally:
         console.width = old
+
+
+def _warn(warnings) -> None:
+    """A report's warnings go to stderr as log lines after its table (hidden by -q), never onto stdout with the
+    results (they mixed into piped tables and were printed even with -q); --json keeps them in the report."""
+    import logging
+
+    log = logging.getLogger("trtc")
+    for w in warnings or ():
+        log.warning(w)
 
 
 def short_path(path: str, width: int = 48) -> str:
@@ -82,6 +98,7 @@ def render_export(console, report) -> None:
         for p in report.predictions:
             pt.add_row(escape(p["file"].rsplit("/", 1)[-1]), escape(", ".join(f"{lab} {prob:.2f}" for lab, prob in p["top5"])))
         _print(console, pt)
+    _warn(report.warnings)
 
 
 def render_quantize(console, report) -> None:
@@ -137,8 +154,7 @@ def render_quantize(console, report) -> None:
     t.add_row("time", ", ".join(f"{k[:-2]} {v:.1f} s" for k, v in tm.items()))
     t.add_row("manifest", escape(report.manifest))
     _print(console, t)
-    for w in report.warnings:
-        console.print(f"[yellow]warning:[/] {escape(w)}")
+    _warn(report.warnings)
 
 
 def render_build(console, report) -> None:
@@ -171,8 +187,24 @@ def render_build(console, report) -> None:
     t.add_row("time", ", ".join(f"{k[:-2]} {v:.1f} s" for k, v in report.timings.items()))
     t.add_row("manifest", escape(report.manifest))
     _print(console, t)
-    for w in report.warnings:
-        console.print(f"[yellow]warning:[/] {escape(w)}")
+    _warn(report.warnings)
+
+
+def built_with(builder: dict) -> str:
+    """A plan's builder in words, saying only what the manifest knows: "tensorrt-rtx 1.7.1 without a GPU, for
+    SM89" (TensorRT-RTX builds ahead of time on a machine without one), "tensorrt 10.13.0 on NVIDIA H100 (cc 9.0),
+    CUDA 13.0, driver 580.1"."""
+    text = f"{builder.get('flavor')} {builder.get('version')}"
+    gpu = builder.get("gpu") or {}
+    if gpu.get("name"):
+        text += f" on {gpu['name']}" + (f" (cc {gpu['compute_capability']})" if gpu.get("compute_capability") else "")
+    else:
+        text += " without a GPU"
+    targets = [str(t) for t in builder.get("compute_capabilities") or [] if str(t).upper() != "CURRENT"]
+    if targets:
+        text += f", for {', '.join(targets)}"
+    known = [f"{k} {builder[key]}" for k, key in (("CUDA", "cuda"), ("driver", "driver")) if builder.get(key)]
+    return ", ".join([text, *known])
 
 
 def render_inspect(console, report: dict) -> None:
@@ -195,10 +227,7 @@ def render_inspect(console, report: dict) -> None:
             t.add_row(io[:-1], escape(f"{s['name']} {s['dtype']} {s['shape']}"))
     if report.get("builder"):
         bd = report["builder"]
-        gpu = bd.get("gpu") or {}
-        t.add_row("built with", escape(f"{bd.get('flavor')} {bd.get('version')} on {gpu.get('name')} "
-                                       f"(cc {gpu.get('compute_capability')}), CUDA {bd.get('cuda')}, driver "
-                                       f"{bd.get('driver')}"))
+        t.add_row("built with", escape(built_with(bd)))
         lp = bd.get("layer_precisions") or {}
         if lp.get("counts"):
             t.add_row("compute layers", escape(", ".join(f"{n} {k}" for k, n in sorted(lp["counts"].items()))
@@ -240,8 +269,7 @@ def render_validate(console, report: dict) -> None:
             shown = ", ".join(f"{f['sample']} ({f['reference']} -> {f['candidate']})" for f in c["flips"][:5])
             console.print(f"{escape(model_label(c['model']))}: {len(c['flips'])} flips: {escape(shown)}"
                           + (" ..." if len(c["flips"]) > 5 else ""))
-    for w in report.get("warnings", []):
-        console.print(f"[yellow]warning:[/] {escape(w)}")
+    _warn(report.get("warnings", []))
 
 
 def render_bench(console, report) -> None:
@@ -257,8 +285,7 @@ def render_bench(console, report) -> None:
         t.add_row(escape(model_label(r.model)), r.precision, str(r.batch), f"{r.p50_ms:.2f}", f"{r.p90_ms:.2f}",
                   f"{r.p99_ms:.2f}", f"{r.cv:.0%}", f"{r.throughput:.1f}", f"{r.speedup:.2f}x")
     _print(console, t)
-    for w in report.warnings:
-        console.print(f"[yellow]warning:[/] {escape(w)}")
+    _warn(report.warnings)
 
 
 def render_doctor(console, report: dict) -> None:
@@ -292,14 +319,50 @@ def render_doctor(console, report: dict) -> None:
     for codec, caps in (gpu.get("nvdec") or {}).items():
         g.add_row(f"NVDEC {codec}", caps)
     _print(console, g)
+    if console.width < DOCTOR_TABLE_WIDTH:
+        _doctor_list(console, report["features"])
+        return
     ft = Table(title="what trtc can do here", title_justify="left")
     ft.add_column("feature")
     ft.add_column("status")
     ft.add_column("fix")
     for f in report["features"]:
-        ft.add_row(f["feature"], "[green]yes[/]" if f["ok"] else f"[red]no[/][dim]: {escape(f['reason'])}[/]",
+        ft.add_row(escape(f["feature"]), "[green]yes[/]" if f["ok"] else f"[red]no[/][dim]: {escape(f['reason'])}[/]",
                    escape(f.get("fix") or ""))
     _print(console, ft)
+
+
+# below this many columns (80 in a pipe) the features are a list: a table left the fixes a few letters wide
+DOCTOR_TABLE_WIDTH = 100
+
+
+def _doctor_list(console, features) -> None:
+    """The features as a list wrapped between words to the console's width: "yes|no  feature: reason", then the
+    fix on a line of its own; continuation lines are indented under the text they continue."""
+    from rich.text import Text
+
+    console.print("what trtc can do here", soft_wrap=True, markup=False, highlight=False)
+    for f in features:
+        if f["ok"]:
+            _wrapped(console, Text.assemble("  ", ("yes", "green"), " "), f["feature"], 6)
+            continue
+        _wrapped(console, Text.assemble("  ", ("no", "red"), "  "), f"{f['feature']}: {f['reason']}", 6)
+        if f.get("fix"):
+            _wrapped(console, Text("      fix: "), f["fix"], 11)
+
+
+def _wrapped(console, head, body: str, indent: int) -> None:
+    """``head`` then ``body`` wrapped between words (a word longer than the line stays whole), continuation lines
+    indented by ``indent``; no line is cut or padded."""
+    import textwrap
+
+    from rich.text import Text
+
+    lines = textwrap.wrap(body, width=max(20, console.width - indent), break_long_words=False,
+                          break_on_hyphens=False) or [""]
+    console.print(Text.assemble(head, lines[0]), soft_wrap=True, highlight=False)
+    for line in lines[1:]:
+        console.print(Text(" " * indent + line), soft_wrap=True, highlight=False)
 
 
 def render_run(console, summary) -> None:
@@ -400,5 +463,4 @@ def render_bench_video(console, report) -> None:
         m = report.memory
         console.print(f"GPU memory over {m['loops']} passes: {m['used_mb_after_first']:.0f} MB after the first, "
                       f"{m['used_mb_at_end']:.0f} MB at the end (growth {m['growth_mb']:+.0f} MB)")
-    for w in report.warnings:
-        console.print(f"[yellow]warning:[/] {escape(w)}")
+    _warn(report.warnings)

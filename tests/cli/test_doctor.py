@@ -86,3 +86,50 @@ def test_several_gpus_and_ray_rows():
     assert rows(0)["Ray: trtc run --ray"]["ok"]
     no_ray = rows(2, ray=False)["Ray: trtc run --ray"]
     assert not no_ray["ok"] and no_ray["fix"].startswith('pip install "trtc[ray]"')
+
+
+def _words(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_doctor_in_a_pipe_shows_every_fix_whole():
+    """Issue 25 item 8: piped (80 columns) the feature column took the width and the fixes shrank to "n...". Below
+    100 columns the features are a list, wrapped between words; every reason and fix is there in full."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    piped = subprocess.run([sys.executable, "-m", "toolchain", "doctor"], capture_output=True, text=True, env=env,
+                           timeout=120)
+    assert piped.returncode == 0, piped.stderr
+    report = json.loads(subprocess.run([sys.executable, "-m", "toolchain", "doctor", "--json"], capture_output=True,
+                                       text=True, env=env, timeout=120).stdout)
+    text = piped.stdout
+    assert "…" not in text and "..." not in text, text
+    listed = _words(text.split("what trtc can do here", 1)[1])
+    for f in report["features"]:
+        assert _words(f"{'yes' if f['ok'] else 'no'} {f['feature']}") in listed, f
+        if not f["ok"]:
+            assert _words(f"{f['feature']}: {f['reason']}") in listed and _words(f"fix: {f['fix']}") in listed, f
+    for line in text.split("what trtc can do here", 1)[1].splitlines():
+        assert len(line) <= 80 or " " not in line.strip()[60:], line  # wrapped, unless one word is longer
+
+
+def test_doctor_on_a_wide_console_is_a_table_that_cuts_no_fix():
+    import io
+
+    from rich.console import Console
+
+    from toolchain import render
+
+    report = {"system": {}, "packages": {}, "gpu": {"devices": [], "reason": "none"},
+              "features": [{"feature": "Several GPUs of this host (run --device cuda:all, bench --devices)",
+                            "ok": False, "reason": "no NVIDIA GPU",
+                            "fix": "needs a host with two or more NVIDIA GPUs; trtc run --ray spreads sources"}]}
+    c = Console(file=io.StringIO(), width=render.DOCTOR_TABLE_WIDTH, highlight=False, color_system=None)
+    render.render_doctor(c, report)
+    out = c.file.getvalue()
+    assert "…" not in out and "Several GPUs of this host (run --device cuda:all, bench --devices)" in out, out
+    cells = _words(" ".join(ln.split("│")[3] for ln in out.splitlines() if ln.count("│") == 4))
+    assert "needs a host with two or more NVIDIA GPUs; trtc run --ray spreads sources" in cells, out

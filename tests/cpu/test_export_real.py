@@ -4,6 +4,7 @@ ResNet-18 with a 10-class head from a saved checkpoint, and the other source for
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -203,3 +204,35 @@ def test_random_weights_are_asked_for_and_recorded(tmp_path):
     assert m.model["weights"] == "random" and m.parent is None
     shown = CliRunner().invoke(cli, ["inspect", str(out)])
     assert shown.exit_code == 0 and "RANDOM (--random-weights: an untrained network)" in shown.output, shown.output
+
+
+def test_check_data_skips_an_undecodable_image_as_every_folder_does(tmp_path, photos):
+    """Issue 25 item 7: one undecodable image stopped the export after its work, while quantize and validate skip
+    it with a warning. One rule, applied before the export."""
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    for p in photos:
+        shutil.copy(p, folder / p.name)
+    (folder / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a JPEG")
+    out = tmp_path / "l.onnx"
+    r = CliRunner().invoke(cli, ["export", "pretrained:efficientnet-lite0", "-o", str(out), "--check-data",
+                                 str(folder), "--batch", "1:2:4"])
+    assert r.exit_code == 0, r.output
+    err = "".join(r.stderr.split())  # the log's lines wrap the long path anywhere
+    assert f"skipping{folder / 'broken.jpg'}:cannotdecodeimage" in err, r.stderr
+    assert "skipped1unreadablecheckimage(s):broken.jpg" in err
+    assert "broken.jpg" not in r.stdout  # warnings are not results
+    assert read_manifest(out).producer["check"]["samples"] == len(photos)
+
+
+def test_check_data_with_no_readable_image_fails_before_the_export(tmp_path):
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    (folder / "broken.png").write_bytes(b"\x89PNG cut short")
+    out = tmp_path / "l.onnx"
+    r = CliRunner().invoke(cli, ["export", "pretrained:efficientnet-lite0", "-o", str(out), "--check-data",
+                                 str(folder)])
+    assert r.exit_code == 1, r.output
+    assert f"error: none of the 1 images in {folder} could be read (first: cannot decode image" in r.output
+    assert "exporting to ONNX" not in r.output  # refused before the slow work
+    assert list(tmp_path.iterdir()) == [folder]

@@ -285,3 +285,29 @@ def test_tensorrt_engine_calls_per_stream_contexts_addresses_and_graphs(monkeypa
     assert fake_cupy.Graph.launches == [s1.ptr, s1.ptr]
     with pytest.raises(UsageProblem, match="runs on a GPU"):
         open_engine(tmp_path / "m.plan", device="cpu")
+
+
+def test_inspect_of_an_rtx_plan_built_without_a_gpu(monkeypatch, mnist, tmp_path):
+    """Issue 25 item 9: inspect showed 'on None (cc None), CUDA None, driver None' and a rebuild command without
+    --compute-capability, which a machine without a GPU refuses (exit 2)."""
+    model, _, _, _ = mnist
+    shutil.copy(model, tmp_path / "m.onnx")
+    fake = fake_tensorrt.install(monkeypatch, fake_tensorrt.make("1.7.1.116", rtx=True), None)
+    r = run(["build", str(tmp_path / "m.onnx"), "--backend", "tensorrt-rtx", "--compute-capability", "SM89",
+             "--compute-capability", "SM86"])
+    assert r.exit_code == 0, r.output
+    shown = run(["inspect", str(tmp_path / "m.plan")])
+    assert shown.exit_code == 0, shown.output
+    text = " ".join(" ".join(ln.strip("│ ") for ln in shown.output.splitlines()).split())
+    assert "None" not in shown.output, shown.output
+    assert "tensorrt-rtx 1.7.1.116 without a GPU, for SM89, SM86" in text, shown.output
+    rebuild = json.loads(run(["inspect", str(tmp_path / "m.plan"), "--json"]).output)["rebuild"]
+    cmd = ("trtc build m.onnx -o m.plan --force --backend tensorrt-rtx --compute-capability SM89 "
+           "--compute-capability SM86")
+    assert rebuild == f"run it on a machine with an NVIDIA GPU it was built for (SM89, SM86); to build it again: {cmd}"
+    # the suggested command works on this same machine (run from the plan's folder, as its relative names say)
+    monkeypatch.chdir(tmp_path)
+    fake.calls.clear()
+    again = run(cmd.split()[1:])
+    assert again.exit_code == 0, again.output
+    assert ("IBuilderConfig.set_compute_capability", "SM86", 1) in fake.calls

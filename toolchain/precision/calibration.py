@@ -175,6 +175,24 @@ def _tensor_file(path: Path, model_shape: list, input_name: str):
     return x.astype(np.float32, copy=False), labels
 
 
+def image_or_skip(path: Path, spec: PreprocessSpec, skipped: list) -> np.ndarray | None:
+    """The one rule for the images of a folder (quantize --calib/--check, validate --data, export --check-data): an
+    image that cannot be decoded is skipped with a warning naming it, and listed in ``skipped`` ({"file",
+    "reason"}); the caller refuses the data when none could be read (:func:`none_readable`)."""
+    try:
+        return preprocess_rgb(load_rgb(path), spec)
+    except TrtcError as exc:
+        skipped.append({"file": str(path), "reason": exc.reason})
+        log.warning("skipping %s: %s", path, exc.reason)
+        return None
+
+
+def none_readable(count: int, where, skipped: list) -> tuple[str, str]:
+    """The reason and fix when none of ``count`` images in ``where`` could be read."""
+    return (f"none of the {count} images in {where} could be read (first: {skipped[0]['reason']})",
+            "replace the corrupt files or point at another folder")
+
+
 def load_data(paths, spec: PreprocessSpec | None, model_shape: list, input_name: str, want: int, seed: int = 0,
               reporter: Reporter | None = None, what: str = "calibration") -> DataSet:
     """Up to ``want`` samples from each source (images chosen with ``seed``, frames evenly across each video)."""
@@ -217,18 +235,15 @@ def load_data(paths, spec: PreprocessSpec | None, model_shape: list, input_name:
         got = 0
         with reporter.phase(f"reading {what} images from {p.name}", total=len(files)) as bar:
             for f in files:
-                try:
-                    xs.append(preprocess_rgb(load_rgb(f), spec))
+                x = image_or_skip(f, spec, skipped)
+                if x is not None:
+                    xs.append(x)
                     origins.append(str(f))
                     labels_all.append(None)
                     got += 1
-                except TrtcError as exc:
-                    skipped.append({"file": str(f), "reason": exc.reason})
-                    log.warning("skipping %s: %s", f, exc.reason)
                 bar.advance()
         if not got:
-            raise QuantizeError(f"none of the {len(files)} images in {p} could be read (first: {skipped[-1]['reason']})",
-                                "replace the corrupt files or point at another folder")
+            raise QuantizeError(*none_readable(len(files), p, skipped))
     if not xs:
         raise QuantizeError(f"no usable {what} data in {', '.join(map(str, paths))}", "give other data")
     labels = None
