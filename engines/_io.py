@@ -4,6 +4,10 @@ An artifact is either there, whole, or not there: writers produce a temporary fi
 it is fsynced, ``os.replace``d into place, and the directory is fsynced (so a power cut after the call returns
 cannot lose the rename). Nothing is ever half-written, even on Ctrl-C.
 
+A temporary file's name carries its writer (host and process id): the next writer of the same target removes
+those of a process of this host that is gone (killed by SIGKILL or a power cut, which skip every clean-up) and
+names the ones it cannot judge (:func:`clear_orphans`).
+
 Files that describe an artifact still at its temporary path (its manifest, ``defer_until_placed``) are written
 to temporaries of their own and moved into place only after the artifact: an interruption never leaves a
 manifest without its artifact.
@@ -13,11 +17,15 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
+import re
+import socket
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+log = logging.getLogger("trtc")
 # temporary artifact path -> [(temporary file, target)] to move into place after that artifact
 _PENDING: dict[Path, list[tuple[Path, Path]]] = {}
 # (real path, device, inode, size, mtime_ns, ctime_ns) -> sha256 of the files this process has hashed (see
@@ -46,8 +54,66 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+def _host() -> str:
+    return "".join(c for c in socket.gethostname() if c.isalnum())[:24] or "host"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):  # another user's process, or cannot tell: alive
+        return True
+    return True
+
+
+def orphans(target: Path) -> tuple[list[Path], list[Path]]:
+    """Temporary files of ``target`` that earlier writers left (a SIGKILL or a power cut skips their clean-up):
+    (those of a process of this host that is gone, safe to remove; those trtc cannot judge: written before the
+    names carried their writer, or on another host, whose writer may still be at work)."""
+    gone, unsure = [], []
+    mine = re.compile(r"trtc-([A-Za-z0-9]*)-(\d+)-[A-Za-z0-9_]+\.tmp" + re.escape(target.suffix) + "$")
+    older = re.compile(r"[a-z0-9_]{8}\.tmp" + re.escape(target.suffix) + "$")
+    head = f".{target.name}."
+    try:
+        entries = list(os.scandir(target.parent))
+    except OSError:
+        return gone, unsure
+    here = _host()
+    for e in entries:
+        if not e.name.startswith(head):
+            continue
+        rest = e.name[len(head):]
+        m = mine.match(rest)
+        if m:
+            pid = int(m.group(2))
+            if m.group(1) == here and pid != os.getpid() and not _pid_alive(pid):
+                gone.append(Path(e.path))
+            elif m.group(1) != here:
+                unsure.append(Path(e.path))
+        elif older.match(rest):
+            unsure.append(Path(e.path))
+    return gone, unsure
+
+
+def clear_orphans(target: Path) -> None:
+    """Remove what a killed earlier writer of ``target`` left, saying so; name what cannot be judged."""
+    gone, unsure = orphans(target)
+    for path in gone:
+        with contextlib.suppress(OSError):
+            path.unlink()
+            log.warning("removed %s: a temporary file of %s left by an earlier trtc run that was killed",
+                        path.name, target.name)
+    for path in unsure:
+        log.warning("%s looks like a temporary file of %s left by an earlier run (killed, or still running on "
+                    "another machine); remove it if no other trtc is writing %s", path.name, target.name, target.name)
+
+
 def _temporary(target: Path) -> Path:
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=f".tmp{target.suffix}", dir=target.parent)
+    clear_orphans(target)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.trtc-{_host()}-{os.getpid()}-", suffix=f".tmp{target.suffix}",
+                               dir=target.parent)
     os.close(fd)
     umask = os.umask(0)
     os.umask(umask)
