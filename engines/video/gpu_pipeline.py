@@ -156,8 +156,9 @@ class GpuPipeline:
                 if index % self.stride or index <= skip_to:
                     continue
                 ptrs.append(frame.GetPtrToPlane(0))
-                pts = frame.getPTS()
-                metas.append((src.name, index, pts, self._seconds(src, index, pts), None, None, received))
+                pts, t = src.stamp_index(index) if hasattr(src, "stamp_index") else (frame.getPTS(), None)
+                metas.append((src.name, index, pts, t if t is not None else self._seconds(src, index), None, None,
+                              received))
             if ptrs:
                 write(ptrs, metas, plan)
             clock["out"] = time.perf_counter()

@@ -102,15 +102,19 @@ def probe_colorspace(name: str, height: int, override: str | None) -> ColorSpace
 
 
 def probe_time_base(name: str):
-    """The time base of a file's first video stream (a Fraction) via PyAV, or None (a URL, no PyAV, unreadable)."""
+    """(time base as a Fraction, start time in its units) of a file's first video stream via PyAV, or (None, 0)
+    (a URL, no PyAV, unreadable)."""
     if is_url(name) or not is_installed("av"):
-        return None
+        return None, 0
     try:
         av = require("av", "Reading the time base")
         with av.open(name) as c:
-            return c.streams.video[0].time_base if c.streams.video else None
+            if not c.streams.video:
+                return None, 0
+            s = c.streams.video[0]
+            return s.time_base, int(s.start_time or 0)
     except Exception:  # noqa: BLE001 - times then fall back to index / fps
-        return None
+        return None, 0
 
 
 # ---------------------------------------------------------------------------------------------------------- PyAV
@@ -253,8 +257,9 @@ class PyAVSource(LiveSource):
 class Timeline:
     """A decoded frame's time from the stream's own timestamps: pts x time base, in seconds. A frame without a pts
     (the first frame of an RTSP session, frames of some damaged streams) gets the previous one's plus one frame
-    period (the first: the stream's start, else 0). For a live stream, jumps of more than one period count the
-    frames that never arrived (``missing``)."""
+    period (the first: the stream's start, else 0). For a live stream, ``missing`` counts the frames that never
+    arrived: the frames the span of timestamps seen holds at the frame rate, less the frames seen (robust to
+    servers that stamp frames out of display order)."""
 
     def __init__(self, stream, live: bool):
         self.tb = stream.time_base
@@ -263,8 +268,15 @@ class Timeline:
         self.start = stream.start_time if (stream.start_time is not None and not live) else 0
         self.last = None
         self.live = live
-        self.missing = 0
+        self.low = self.high = None  # the span of timestamps seen
+        self.seen = 0
         self.first = True
+
+    @property
+    def missing(self) -> int:
+        if not self.live or not self.step or self.low is None:
+            return 0
+        return max(0, int(round((self.high - self.low) / self.step)) + 1 - self.seen)
 
     def stamp(self, frame) -> tuple[int | None, float | None]:
         self.first = False
@@ -275,10 +287,11 @@ class Timeline:
                 pts = self.start
             elif self.step:
                 pts = int(round(self.last + self.step))
-        elif self.live and self.last is not None and self.step and pts - self.last > 1.5 * self.step:
-            self.missing += int(round((pts - self.last) / self.step)) - 1
         if pts is not None:
             self.last = pts
+            self.seen += 1
+            self.low = pts if self.low is None else min(self.low, pts)
+            self.high = pts if self.high is None else max(self.high, pts)
         if pts is None or tb is None:
             return pts, None
         t = float(pts * tb)
@@ -403,6 +416,7 @@ class NvdecSource(LiveSource):
         self.decoded = 0
         self.caps: dict = {}
         self.time_base = None  # the stream's time base (a Fraction) where known: pts x time_base is the time
+        self.start_pts = 0  # the container's start time in time_base units (a file's first frame's pts)
         self.missing = 0  # live: frames the stream's timestamps say never arrived
         self.damaged = 0  # packets NVDEC refused (skipped)
         self.stop: threading.Event | None = None
@@ -451,7 +465,7 @@ class NvdecSource(LiveSource):
         fps = float(dmx.FrameRate()) if dmx.FrameRate() else None
         if self.info is None:
             cs = probe_colorspace(self.name, height, self.override)
-            self.time_base = probe_time_base(self.name)
+            self.time_base, self.start_pts = probe_time_base(self.name)
             self.info = SourceInfo(self.name, codec_name, width, height, fps, None, cs)
         if not decoder:
             return dmx, None
@@ -550,6 +564,19 @@ class NvdecSource(LiveSource):
             _synchronize(stream_ptr)
             del packets, dec, dmx
         return index
+
+    def stamp_index(self, index: int) -> tuple[int | None, float | None]:
+        """(pts, seconds) of a file's frame from its display index, for the SimpleDecoder path: its frames'
+        getPTS() are not display timestamps (on bikes.mp4 with PyNvVideoCodec 2.2.4: -1024, -512, 0, 512 where the
+        container's are 0, 512, 1024, 1536; H100), so the time is the container's start plus index / frame rate,
+        in the stream's time base where known - the CPU path's figures for a constant-rate file."""
+        fps = self.info.fps if self.info is not None else None
+        if not fps:
+            return None, None
+        if self.time_base is None:
+            return None, index / fps
+        pts = self.start_pts + int(round(index / (fps * self.time_base)))
+        return pts, float(pts * self.time_base)
 
     def seconds(self, pts, index: int) -> float | None:
         """A frame's time: pts x the stream's time base where both are known (as the CPU path gives), else the

@@ -199,3 +199,26 @@ def test_killed_runs_temporary_file_is_named_or_adopted_by_resume(tmp_path, capl
     assert orphan.exists() and str(orphan) in caplog.text and "--resume" in caplog.text
     _orphans(out, resume=True, reporter=Reporter())
     assert not orphan.exists() and out.read_text().startswith('{"source": "a.mp4"') and mine.exists()
+
+
+def test_missing_frames_are_counted_from_the_span_of_timestamps_even_out_of_order():
+    from fractions import Fraction
+    from types import SimpleNamespace
+
+    from engines.video.sources import Timeline
+
+    stream = SimpleNamespace(time_base=Fraction(1, 90000), average_rate=Fraction(25), guessed_rate=None,
+                             start_time=None)
+
+    def feed(pts_list):
+        tl = Timeline(stream, live=True)
+        for p in pts_list:
+            tl.stamp(SimpleNamespace(pts=p, time_base=None))
+        return tl
+
+    step = 3600
+    decode_order = [0, 2 * step, step, 4 * step, 3 * step, 6 * step, 5 * step]  # B-frames stamped in decode order
+    assert feed(decode_order).missing == 0
+    assert feed([0, step, 5 * step, 6 * step]).missing == 3  # frames 2, 3 and 4 never came
+    tl = feed([None, step, 2 * step])  # an RTSP session's first frame has no pts
+    assert tl.missing == 0 and tl.low == 0

@@ -1,0 +1,217 @@
+"""The GPU path on damaged files and live streams: it decodes past damage as the CPU path does (a seeded fuzz of
+flipped bytes, zeroed ranges, cut packets and truncation, MP4 and MPEG-TS), gives the CPU path's pts-based times,
+and reconnects to an RTSP server that is killed and restarted. Skipped without an NVIDIA GPU."""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests import rtsp_server
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not all(importlib.util.find_spec(m) for m in ("cupy", "PyNvVideoCodec", "av")),
+                                 reason="needs the gpu extra (cupy, PyNvVideoCodec) and PyAV")]
+
+
+@pytest.fixture(scope="module")
+def cuda_lite0(lite0_onnx):
+    import engines
+
+    with engines.open_engine(lite0_onnx[0], device="cuda:0") as eng:
+        yield eng
+
+
+@pytest.fixture(scope="module")
+def cpu_lite0(lite0_onnx):
+    import engines
+
+    with engines.open_engine(lite0_onnx[0], device="cpu") as eng:
+        yield eng
+
+
+def _remux_ts(src: Path, out: Path) -> Path:
+    """bikes.mp4's H.264 stream copied into MPEG-TS (no re-encoding): a container the packet loop reads."""
+    import av
+
+    with av.open(str(src)) as i, av.open(str(out), "w", format="mpegts") as o:
+        s = i.streams.video[0]
+        t = o.add_stream_from_template(s)
+        for p in i.demux(s):
+            if p.dts is None:
+                continue
+            p.stream = t
+            o.mux(p)
+    return out
+
+
+def _damage(data: bytes, kind: str, rng: random.Random) -> bytes:
+    b = bytearray(data)
+    lo = len(b) // 10  # leave the container's header alone: damage in the coded pictures
+    if kind == "flip":
+        for _ in range(rng.randint(5, 40)):
+            b[rng.randrange(lo, len(b))] ^= 1 << rng.randrange(8)
+    elif kind == "zero":
+        at, n = rng.randrange(lo, len(b) - 4096), rng.randint(512, 4096)
+        b[at:at + n] = bytes(n)
+    elif kind == "cut":
+        at = rng.randrange(lo, len(b) - 4096)
+        del b[at:at + rng.randint(100, 3000)]
+    elif kind == "truncate":
+        del b[rng.randrange(len(b) // 2, len(b)):]
+    return bytes(b)
+
+
+def _pyav_decodable(path: Path) -> int:
+    """Frames FFmpeg decodes from the file, skipping packets it rejects (the reference count)."""
+    import av
+
+    n = 0
+    try:
+        with av.open(str(path)) as c:
+            s = c.streams.video[0]
+            for p in c.demux(s):
+                try:
+                    n += len(p.decode())
+                except av.error.FFmpegError:
+                    continue
+    except (av.error.FFmpegError, OSError, IndexError):
+        pass
+    return n
+
+
+def _classified(paths, engine, timeout=120) -> dict:
+    """{path: frames classified} with one classify() call per file, each bounded in time (a hang fails)."""
+    from engines.video import classify
+
+    out = {}
+    for p in paths:
+        got = {}
+
+        def work():
+            got["n"] = sum(1 for _ in classify([str(p)], engine, batch=16, top_k=1))
+
+        t = threading.Thread(target=work, daemon=True)
+        t.start()
+        t.join(timeout)
+        assert not t.is_alive(), f"{p.name}: classify hung for {timeout} s"
+        out[p] = got.get("n", 0)
+    return out
+
+
+def test_gpu_decodes_past_damage_like_the_cpu_fuzz(bikes, cuda_lite0, cpu_lite0, tmp_path):
+    rng = random.Random(24)
+    clean_ts = _remux_ts(bikes, tmp_path / "bikes.ts")
+    cases = []
+    for base in (Path(bikes), clean_ts):
+        data = base.read_bytes()
+        for kind in ("flip", "zero", "cut", "truncate"):
+            for k in range(3):
+                p = tmp_path / f"{base.stem}-{kind}{k}{base.suffix}"
+                p.write_bytes(_damage(data, kind, rng))
+                cases.append(p)
+    assert len(cases) >= 20
+    gpu = _classified(cases, cuda_lite0)
+    cpu = _classified(cases, cpu_lite0)
+    rows, bad = [], []
+    for p in cases:
+        ref = _pyav_decodable(p)
+        rows.append((p.name, ref, cpu[p], gpu[p]))
+        if gpu[p] < 0.95 * ref or gpu[p] < cpu[p]:
+            bad.append(rows[-1])
+    print("\ncase                      pyav  cpu  gpu")
+    for name, ref, c, g in rows:
+        print(f"{name:25s} {ref:5d} {c:4d} {g:4d}")
+    assert not bad, f"the GPU path classified fewer frames: {bad}"
+
+
+def test_gpu_and_cpu_paths_give_the_same_pts_times(bikes, cuda_lite0, cpu_lite0, tmp_path):
+    from engines.video import classify
+
+    ts = _remux_ts(bikes, tmp_path / "bikes.ts")
+    for path in (bikes, ts):  # SimpleDecoder (MP4) and the packet loop (MPEG-TS)
+        g = {p.frame: p for p in classify([str(path)], cuda_lite0, batch=16, top_k=1)}
+        c = {p.frame: p for p in classify([str(path)], cpu_lite0, batch=16, top_k=1)}
+        assert sorted(g) == sorted(c) == list(range(250)), path
+        print(f"\n{path.name}: GPU (pts, time) {[(g[i].pts, g[i].time) for i in range(4)]}, "
+              f"CPU {[(c[i].pts, c[i].time) for i in range(4)]}")
+        assert max(abs(g[i].time - c[i].time) for i in g) < 1e-6, path
+        assert [g[i].pts for i in g] == [c[i].pts for i in g], path
+        assert g[0].received is not None
+
+
+def _server(tmp_path, bikes):
+    """gst-rtsp-server where it runs (tests/rtsp_server.py), else aio-rtsp-toolkit's file server (pure Python, for
+    a GPU machine without Debian's GStreamer), serving bikes.mp4 in a loop."""
+    if rtsp_server.available() is None:
+        return rtsp_server.start(pattern=True), None
+    if importlib.util.find_spec("aio_rtsp_toolkit") is None:
+        pytest.skip("no RTSP server here: gst-rtsp-server (apt) or aio-rtsp-toolkit (pip)")
+    media = tmp_path / "media"
+    media.mkdir()
+    shutil.copy(bikes, media / "bikes.mp4")
+    port = rtsp_server.free_port()
+
+    class Aio:
+        url = f"rtsp://127.0.0.1:{port}/bikes.mp4?play_count=0"
+
+        def start(self):
+            code = ("import asyncio, sys; import aio_rtsp_toolkit.server as s; "
+                    f"asyncio.run(s.serve({str(media)!r}, host='127.0.0.1', port={port}))")
+            self.proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL,
+                                         stderr=subprocess.DEVNULL)
+            import socket
+
+            for _ in range(100):
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    return self
+                except OSError:
+                    time.sleep(0.1)
+            raise RuntimeError("aio-rtsp-toolkit's server did not start")
+
+        def kill(self):
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait(10)
+
+    return Aio().start(), "aio"
+
+
+def test_gpu_live_source_reconnects_after_the_server_is_killed(bikes, cuda_lite0, tmp_path):
+    from engines.video import LiveOptions, SourceEvent, classify
+
+    srv, kind = _server(tmp_path, bikes)
+    try:
+        run = classify([srv.url], cuda_lite0, batch=8, top_k=1, events=True,
+                       live_options=LiveOptions(reconnect_for=60, read_timeout=5))
+        frames, events = [], []
+        t0 = time.monotonic()
+        killed = restarted = None
+        for item in run:
+            if isinstance(item, SourceEvent):
+                events.append(item)
+            else:
+                frames.append(item.frame)
+            if killed is None and len(frames) >= 60:
+                srv.kill()
+                killed = time.monotonic()
+                restarted = threading.Timer(2.0, srv.start)  # the camera comes back 2 s later
+                restarted.start()
+            if "reconnected" in [e.event for e in events] and len(frames) >= 150:
+                break
+            assert time.monotonic() - t0 < 120, "no reconnection within 120 s"
+    finally:
+        srv.kill()
+    kinds = [e.event for e in events]
+    print(f"\nGPU live ({kind or 'gst'}): {len(frames)} frames, events {kinds}, decoder {run.stats.decoder}")
+    assert kinds[:2] == ["disconnected", "reconnected"]
+    assert frames == sorted(set(frames)) and run.stats.decoder == "nvdec"
