@@ -56,11 +56,28 @@ def real_model_skip(item, report) -> str | None:
             f"{reason}")
 
 
+# On a GPU machine, TRTC_REQUIRE_GPU=1 turns every skip of a `gpu` test into a failure (with the gpu extra broken,
+# every GPU test would otherwise skip and the run look green), except skips for what the machine or the gpu extra
+# cannot have: a second GPU, TensorRT (not on PyPI as full wheels; tests marked `tensorrt`), OpenCV's CUDA build,
+# GPUs on separate NUMA nodes. Matched case-insensitively in the skip's reason.
+GPU_SKIPS_ALLOWED = ("needs two nvidia gpus", "tensorrt", "opencv", "different numa nodes")
+
+
+def gpu_skip(item, report) -> str | None:
+    """The reason to fail ``report`` (a skip of a GPU test under TRTC_REQUIRE_GPU=1), or None."""
+    if not os.environ.get("TRTC_REQUIRE_GPU") or not report.skipped or "gpu" not in item.keywords:
+        return None
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    if "tensorrt" in item.keywords or any(a in reason.lower() for a in GPU_SKIPS_ALLOWED):
+        return None
+    return f"a GPU test was skipped with TRTC_REQUIRE_GPU=1: {reason}"
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
-    why = real_model_skip(item, report)
+    why = real_model_skip(item, report) or gpu_skip(item, report)
     if why:
         report.outcome, report.longrepr = "failed", why
 

@@ -42,3 +42,45 @@ def test_the_photos_fixture_does_not_turn_errors_into_skips(monkeypatch):
     monkeypatch.setattr(toolchain.datasets, "sample_photos", broken)
     with pytest.raises(OSError, match="unreadable"):  # was: pytest.skip(...), i.e. Skipped
         conftest.photos.__wrapped__()
+
+
+def test_require_gpu_turns_gpu_skips_into_failures(monkeypatch):
+    """Issue 32: with TRTC_REQUIRE_GPU=1 (the GPU runs in docs/GPU.md) a GPU test that skips fails, so a broken gpu
+    extra cannot turn the GPU suite into a row of skips; skips for hardware or packages outside the extra stay."""
+    monkeypatch.delenv("TRTC_REQUIRE_REAL", raising=False)
+    monkeypatch.setenv("TRTC_REQUIRE_GPU", "1")
+    gpu = _item(["bikes"], {"gpu"})
+    why = conftest.gpu_skip(gpu, _report(reason="needs the gpu extra (cupy, PyNvVideoCodec) and PyAV"))
+    assert why and "TRTC_REQUIRE_GPU=1" in why and "cupy" in why
+    assert conftest.gpu_skip(gpu, _report(reason="needs an NVIDIA GPU (run on the GPU machine)"))
+    assert conftest.gpu_skip(gpu, _report(reason="needs two NVIDIA GPUs")) is None
+    assert conftest.gpu_skip(_item([], {"gpu", "tensorrt"}), _report(reason="no TensorRT")) is None
+    assert conftest.gpu_skip(gpu, _report(skipped=False)) is None
+    assert conftest.gpu_skip(_item(["bikes"]), _report()) is None  # not a GPU test
+    monkeypatch.delenv("TRTC_REQUIRE_GPU")
+    assert conftest.gpu_skip(gpu, _report()) is None
+
+
+def test_require_gpu_fails_a_real_run_without_a_gpu(tmp_path):
+    """End to end: a GPU-marked test, collected on this machine (no GPU: skipped) with TRTC_REQUIRE_GPU=1, fails."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    (tmp_path / "tests").mkdir()
+    shutil.copy(root / "tests" / "conftest.py", tmp_path / "tests" / "conftest.py")
+    (tmp_path / "tests" / "__init__.py").write_text("")
+    (tmp_path / "tests" / "test_g.py").write_text(
+        "import pytest\n\n@pytest.mark.gpu\ndef test_g():\n    pytest.skip('needs the gpu extra (cupy)')\n")
+    env = {**os.environ, "TRTC_REQUIRE_GPU": "1", "PYTHONPATH": str(root)}
+    env.pop("TRTC_REQUIRE_REAL", None)
+    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "markers=gpu: gpu",
+            "--rootdir", str(tmp_path), str(tmp_path / "tests" / "test_g.py")]
+    r = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "TRTC_REQUIRE_GPU=1" in r.stdout, r.stdout
+    env.pop("TRTC_REQUIRE_GPU")
+    r = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "1 skipped" in r.stdout, r.stdout
