@@ -233,7 +233,7 @@ def run_video(sources, model, *, device: str = "auto", batch: int | None = None,
         with reporter.phase(f"starting {len(devices)} workers ({', '.join(devices)})"):
             pool = WorkerPool(model, devices=devices)
         closer = pool.close
-        run = pool.classify(sources, **options)
+        run = pool.classify(sources, events=True, **options)
     else:
         engine = engines.open_engine(model, device=devices[0])
         closer = engine.close
@@ -529,7 +529,7 @@ def _ray_run(model, address, device, actors, streams, sources, complete, options
         finished.append((source, ok))
         hooks["done"](source, ok)
 
-    run = pool.classify(todo, on_source_done=ended, **options)
+    run = pool.classify(todo, on_source_done=ended, events=True, **options)
     run.hooks = hooks
     return run, pool.close, f"ray ({address}): {len(info['actors'])} {pool.kind} actor(s)", info
 

@@ -105,6 +105,13 @@ class SourceEvent:
         d.update(self.extra)
         return d
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "SourceEvent":
+        """The inverse of :meth:`to_dict` (an event sent over a pipe by a worker process)."""
+        known = {"event", "source", "received", "frames", "reason", "outage_s", "attempts"}
+        return cls(d["source"], d["event"], d["received"], d["frames"], d.get("reason"), d.get("outage_s"),
+                   d.get("attempts"), {k: v for k, v in d.items() if k not in known})
+
     def line(self) -> str:
         """The stderr line for this event."""
         if self.event == "disconnected":

@@ -84,8 +84,14 @@ class _EngineActor:
         try:
             if self.engine is None:
                 raise EngineError(self.error or "no engine")
-            run = classify(sources, self.engine, **options)
+            run = classify(sources, self.engine, events=True, **options)
             for p in run:
+                if not hasattr(p, "frame"):  # a live source's SourceEvent: after the predictions before it
+                    if out:
+                        yield ("preds", out)
+                        out, last = [], time.perf_counter()
+                    yield ("event", p.to_dict())
+                    continue
                 out.append((p.source, p.frame, p.pts, p.time, p.indices, p.scores, p.latency_ms, p.decode_ms,
                             p.received))
                 now = time.perf_counter()
@@ -267,9 +273,10 @@ class RayPool:
         self.start_errors = errors
 
     # -------------------------------------------------------------------------------------------------- jobs
-    def classify(self, sources, on_source_done=None, **options) -> RayRun:
+    def classify(self, sources, on_source_done=None, events: bool = False, **options) -> RayRun:
         """Like :func:`engines.video.classify` (same options, minus the engine), spread over the actors.
-        ``on_source_done(source, ok)`` is called in the caller's thread as each source ends."""
+        ``on_source_done(source, ok)`` is called in the caller's thread as each source ends. ``events``: live
+        sources' SourceEvents come through too (always in ``run.events``)."""
         if isinstance(sources, (str, bytes)) or not hasattr(sources, "__iter__"):
             sources = [sources]
         sources = [str(s) for s in sources]
@@ -282,10 +289,10 @@ class RayPool:
                               "each at a time")
         problems: list[SourceProblem] = []
         run = RayRun(None, stats, problems)
-        run._factory = lambda: self._run(sources, options, run, on_source_done)
+        run._factory = lambda: self._run(sources, options, run, on_source_done, events)
         return run
 
-    def _run(self, sources, options, run: RayRun, on_done):
+    def _run(self, sources, options, run: RayRun, on_done, yield_events: bool = False):
         ray = _ray()
         if not self._lock.acquire(blocking=False):
             raise UsageProblem("this Ray pool is already running a classify() call", "iterate it to the end first")
@@ -374,6 +381,14 @@ class RayPool:
                     except ray.exceptions.RayError as exc:
                         del busy[gen]
                         retry_or_give_up(actor, job, f"failed ({_first_line(exc)})")
+                        continue
+                    if msg[0] == "event":
+                        from .live import SourceEvent
+
+                        ev = SourceEvent.from_dict(dict(msg[1], source=back.get(msg[1]["source"], msg[1]["source"])))
+                        run.events.append(ev)
+                        if yield_events:
+                            yield ev
                         continue
                     if msg[0] == "preds":
                         for source, frame, pts, t, idx, sc, lat, dec, received in msg[1]:

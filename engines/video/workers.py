@@ -26,6 +26,7 @@ import time
 from multiprocessing.connection import wait as wait_for
 
 from ..errors import EngineError, UsageProblem
+from .live import SourceEvent
 from .pipeline import Prediction, RunStats, SourceProblem, VideoRun, label_names
 from .sources import pixel_rate
 
@@ -124,8 +125,14 @@ def _worker_main(conn, model: str, device: str, engine_options: dict, pin: bool 
         out, last = [], time.perf_counter()
         run = None
         try:
-            run = classify(sources, engine, **options)
+            run = classify(sources, engine, events=True, **options)
             for p in run:
+                if isinstance(p, SourceEvent):  # a live source's event: after the predictions before it
+                    if out:
+                        conn.send(("preds", out))
+                        out = []
+                    conn.send(("event", p.to_dict()))
+                    continue
                 out.append((p.source, p.frame, p.pts, p.time, p.indices, p.scores, p.latency_ms, p.decode_ms,
                             p.received))
                 now = time.perf_counter()
@@ -241,8 +248,9 @@ class WorkerPool:
             load[j] += weights[i] or typical
         return [[sources[i] for i in sorted(share)] for share in shares]
 
-    def classify(self, sources, **options) -> VideoRun:
-        """Like :func:`engines.video.classify` (same options, minus the engine), spread over the workers."""
+    def classify(self, sources, events: bool = False, **options) -> VideoRun:
+        """Like :func:`engines.video.classify` (same options, minus the engine), spread over the workers; with
+        ``events`` the live sources' SourceEvents come through too, in order with each worker's predictions."""
         if isinstance(sources, (str, bytes)) or not hasattr(sources, "__iter__"):
             sources = [sources]
         sources = [str(s) for s in sources]
@@ -251,9 +259,12 @@ class WorkerPool:
         on = ", ".join(sorted({w.device for w in self.workers}))
         stats = RunStats(path=f"{len(self.workers)} worker process(es) on {on}")
         problems: list[SourceProblem] = []
-        return VideoRun(lambda: self._run(sources, options, stats, problems), stats, problems)
+        event_log: list = []
+        return VideoRun(lambda: self._run(sources, options, stats, problems, event_log, events), stats, problems,
+                        event_log)
 
-    def _run(self, sources, options, stats: RunStats, problems: list):
+    def _run(self, sources, options, stats: RunStats, problems: list, event_log: list | None = None,
+             yield_events: bool = False):
         if not self._lock.acquire(blocking=False):
             raise UsageProblem("this worker pool is already running a classify() call", "iterate it to the end first")
         start = time.perf_counter()
@@ -292,6 +303,12 @@ class WorkerPool:
                             yield Prediction(source, frame, pts, t, idx, sc, label_names(w.labels, idx), lat, dec,
                                              device=w.device, received=received)
                         stats.seconds = time.perf_counter() - start
+                    elif msg[0] == "event":
+                        ev = SourceEvent.from_dict(msg[1])
+                        if event_log is not None:
+                            event_log.append(ev)
+                        if yield_events:
+                            yield ev
                     elif msg[0] == "end":
                         _, probs, wstats, failure = msg
                         del busy[conn]

@@ -194,6 +194,31 @@ def test_slow_inference_drops_oldest_counts_every_frame_and_bounds_latency(rtsp,
     assert np.percentile(ages, 99) < 2 * (max_wait + per_batch)
 
 
+def test_worker_pool_passes_live_events_through_in_order(rtsp, lite0_onnx):
+    """Live sources in worker processes (--device cuda:0,cuda:1 runs them so; here two CPU workers): the events come
+    back to the caller among the predictions, after the frames before them."""
+    from engines.video import LiveOptions, SourceEvent, WorkerPool
+
+    with rtsp.start(pattern=True) as a, rtsp.start(pattern=True) as b, \
+            WorkerPool(lite0_onnx[0], devices=["cpu", "cpu"]) as pool:
+        run = pool.classify([a.url, b.url], events=True, batch=4, top_k=1,
+                            live_options=LiveOptions(reconnect_attempts=0))
+        items, t0 = [], time.monotonic()
+        for item in run:
+            items.append(item)
+            if len([i for i in items if not isinstance(i, SourceEvent) and i.source == a.url]) == 30:
+                a.kill()  # camera a goes away for good; b goes on
+            if any(isinstance(i, SourceEvent) and i.event == "gave_up" for i in items) and \
+                    sum(1 for i in items if not isinstance(i, SourceEvent) and i.source == b.url) >= 90:
+                break
+            assert time.monotonic() - t0 < 90
+    events = [(i.source, i.event) for i in items if isinstance(i, SourceEvent)]
+    assert events == [(a.url, "disconnected"), (a.url, "gave_up")]
+    at = next(n for n, i in enumerate(items) if isinstance(i, SourceEvent))  # disconnected: a's frames all before
+    assert not [i for i in items[at:] if not isinstance(i, SourceEvent) and i.source == a.url]
+    assert run.events and run.events[0].event == "disconnected"
+
+
 def test_resume_refuses_live_sources(lite0_onnx, tmp_path):
     from click.testing import CliRunner
 
