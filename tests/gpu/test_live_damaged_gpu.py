@@ -215,3 +215,60 @@ def test_gpu_live_source_reconnects_after_the_server_is_killed(bikes, cuda_lite0
     print(f"\nGPU live ({kind or 'gst'}): {len(frames)} frames, events {kinds}, decoder {run.stats.decoder}")
     assert kinds[:2] == ["disconnected", "reconnected"]
     assert frames == sorted(set(frames)) and run.stats.decoder == "nvdec"
+
+
+class _Slow:
+    """The real CUDA engine slowed to a fixed host time per batch (inference slower than the camera)."""
+
+    def __init__(self, engine, seconds: float):
+        self._engine, self._seconds = engine, seconds
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    def infer(self, x, stream=None):
+        t0 = time.perf_counter()
+        out = self._engine.infer(x, stream=stream)
+        time.sleep(max(0.0, self._seconds - (time.perf_counter() - t0)))
+        return out
+
+
+def test_gpu_live_source_under_a_slow_engine_drops_and_bounds_latency(bikes, cuda_lite0, tmp_path):
+    """The GPU path's policy: a live frame that finds no free slot (or a full batch already waiting) is dropped on
+    arrival and counted; frame age stays bounded (here under 2 x (max wait + one batch) + the decoder's hold)."""
+    from engines.video import LiveOptions, classify
+
+    srv, kind = _server(tmp_path, bikes)
+    batch, per_batch, max_wait = 8, 8 / 12, 0.1  # 12 fps of inference against a 25 fps stream
+    try:
+        run = classify([srv.url], _Slow(cuda_lite0, per_batch), batch=batch, top_k=1, max_wait_ms=max_wait * 1000,
+                       buffers=2, live_options=LiveOptions(reconnect_attempts=0))
+        ages, t0 = [], time.monotonic()
+        for p in run:
+            ages.append(p.latency_ms / 1000)
+            if time.monotonic() - t0 > 8:
+                break
+    finally:
+        srv.kill()
+    s = run.stats
+    decoded, dropped, classified = s.decoded[srv.url], s.dropped.get(srv.url, 0), s.per_source[srv.url]
+    print(f"\nGPU slow engine ({kind or 'gst'}): {decoded} decoded, {classified} classified, {dropped} dropped; "
+          f"age p50 {sorted(ages)[len(ages) // 2]:.3f} s, max {max(ages):.3f} s")
+    assert dropped > 0 and classified >= 40
+    assert decoded - classified - dropped <= 3 * batch  # in slots or in flight when the run was left
+    assert sorted(ages)[int(0.99 * (len(ages) - 1))] < 2 * (max_wait + per_batch) + 0.5
+
+
+def test_gpu_cli_stdout_is_only_json_on_a_damaged_clip(bikes, lite0_onnx, tmp_path):
+    """PyNvVideoCodec prints "Decode Error occurred for picture N" on file descriptor 1; trtc run's stdout must
+    still be JSON lines only (the prints go to stderr)."""
+    import json
+
+    ts = _remux_ts(bikes, tmp_path / "bikes.ts")
+    bad = tmp_path / "bad.ts"
+    bad.write_bytes(_damage(ts.read_bytes(), "flip", random.Random(5)))
+    r = subprocess.run([sys.executable, "-m", "toolchain", "run", str(bad), "--model", str(lite0_onnx[0]),
+                        "--device", "cuda:0", "--top-k", "1"], capture_output=True, text=True, timeout=300)
+    lines = r.stdout.splitlines()
+    assert len(lines) >= 240 and all(json.loads(line)["source"] == str(bad) for line in lines), r.stderr[-2000:]
+    print(f"\nstdout: {len(lines)} JSON lines; stderr: {r.stderr.count('Decode Error')} 'Decode Error' lines")
