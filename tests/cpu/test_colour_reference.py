@@ -80,17 +80,19 @@ def rgb_to_ycbcr(rgb: np.ndarray, matrix: str, rng: str, bits: int, subsample: b
     return q
 
 
-def encode_lossless(path, planes, pix_fmt: str, colorspace: int, color_range: int, frames: int = 2) -> None:
-    """Write the planes as a lossless H.264 stream (libx264 -qp 0) whose VUI carries the matrix and range."""
+def encode_lossless(path, planes, pix_fmt: str, colorspace: int, color_range: int, frames: int = 2,
+                    codec: str = "libx264") -> None:
+    """Write the planes as a lossless H.264 (libx264 -qp 0) or HEVC (libx265 lossless=1, which NVDEC decodes)
+    stream whose VUI carries the matrix and range."""
     import av
 
     h, w = planes[0].shape
     with av.open(str(path), "w") as c:
-        s = c.add_stream("libx264", rate=25)
+        s = c.add_stream(codec, rate=25)
         s.width, s.height, s.pix_fmt = w, h, pix_fmt
         s.codec_context.colorspace = colorspace
         s.codec_context.color_range = color_range
-        s.options = {"qp": "0"}
+        s.options = {"qp": "0"} if codec == "libx264" else {"x265-params": "lossless=1:log-level=error"}
         for i in range(frames):
             f = av.VideoFrame(w, h, pix_fmt)
             for plane, a in zip(f.planes, planes):

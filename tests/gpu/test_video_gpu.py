@@ -106,17 +106,21 @@ def test_one_launch_for_many_frames_matches_numpy_reference(test_videos, name):
 
 
 def test_gpu_pipeline_agrees_with_cpu_pipeline(bikes, cuda_lite0, cpu_lite0):
-    """Same frames, same maths: NVDEC + kernel + ORT CUDA vs PyAV + numpy + ORT CPU."""
+    """Same frames, same maths: NVDEC + kernel + ORT CUDA vs PyAV + numpy + ORT CPU. H.264 decoding is bit-exact
+    and the kernel matches numpy to 1e-6, so what is left is ONNX Runtime CUDA vs CPU arithmetic in FP32: every
+    frame's top-1 equal (the README's 100%) and every top-1 score within 1e-3 (it was 97% and 0.02, which a swapped
+    plane or a wrong coefficient in one path passed)."""
     from engines.video import classify
 
     gpu = {p.frame: p for p in classify([bikes], cuda_lite0, batch=32)}
     cpu = {p.frame: p for p in classify([bikes], cpu_lite0, batch=32)}
     assert sorted(gpu) == sorted(cpu) == list(range(250))
-    agree = np.mean([gpu[i].indices[0] == cpu[i].indices[0] for i in gpu])
+    flips = [i for i in gpu if gpu[i].indices[0] != cpu[i].indices[0]]
     score = max(abs(gpu[i].scores[0] - cpu[i].scores[0]) for i in gpu)
-    print(f"GPU vs CPU pipeline on bikes.mp4: top-1 agreement {agree:.2%}, max top-1 score diff {score:.4f}")
-    assert agree >= 0.97
-    assert score < 0.02
+    print(f"GPU vs CPU pipeline on bikes.mp4: top-1 agreement {1 - len(flips) / 250:.2%}, "
+          f"max top-1 score diff {score:.2e}")
+    assert not flips, f"top-1 differs on frames {flips[:10]} ({len(flips)} of 250)"
+    assert score < 1e-3
 
 
 def test_zero_copy(bikes, cuda_lite0, monkeypatch, tmp_path):
@@ -133,6 +137,8 @@ def test_zero_copy(bikes, cuda_lite0, monkeypatch, tmp_path):
     def nbytes(r):
         if isinstance(r, (list, tuple)):
             return sum(nbytes(x) for x in r)
+        if isinstance(r, (int, float, bool, complex)):  # .item(), float(), .tolist()'s elements
+            return 8
         return int(getattr(r, "nbytes", 0) or 0)
 
     def watch(owner, name, to_host):
@@ -147,6 +153,37 @@ def test_zero_copy(bikes, cuda_lite0, monkeypatch, tmp_path):
             return r
         monkeypatch.setattr(owner, name, wrapper)
 
+    # where the byte count sits among a raw copy's arguments (self first for MemoryPointer's methods)
+    size_of = {"memcpy": lambda a: a[2], "memcpyAsync": lambda a: a[2], "memcpy2D": lambda a: a[4] * a[5],
+               "memcpy2DAsync": lambda a: a[4] * a[5], "memcpyPeer": lambda a: a[4], "memcpyPeerAsync": lambda a: a[4]}
+
+    def watch_raw(owner, name):
+        """A raw copy, either direction (frames must not go up or down): its byte count from its arguments."""
+        real = getattr(owner, name)
+
+        def wrapper(*a, **k):
+            try:
+                n = int(k["size"]) if "size" in k else int(size_of.get(name, lambda a: a[2])(a))
+            except (IndexError, TypeError, ValueError):
+                n = 1 << 30  # not understood: counted as frame-sized, so the test says so
+            moved.append((name, n))
+            return real(*a, **k)
+        try:
+            monkeypatch.setattr(owner, name, wrapper)
+        except (TypeError, AttributeError):  # an extension type's method: cannot be replaced from Python
+            unwatchable.append(f"{getattr(owner, '__name__', owner)}.{name}")
+
+    def watch_host_bind(owner, name):
+        real = getattr(owner, name)
+
+        def wrapper(self, *a, **k):
+            device = k.get("device_type", a[1] if len(a) > 1 else "cpu")  # ORT's default is the host
+            if isinstance(device, str) and device.lower() == "cpu":
+                moved.append((f"{name}(cpu)", 1 << 30))  # counted as frame-sized: it must not happen
+            return real(self, *a, **k)
+        monkeypatch.setattr(owner, name, wrapper)
+
+    unwatchable: list = []
     watch(cp, "asnumpy", True)
     watch(cp, "asarray", False)
     watch(cp, "array", False)
@@ -156,6 +193,24 @@ def test_zero_copy(bikes, cuda_lite0, monkeypatch, tmp_path):
     watch(ort.OrtValue, "numpy", True)
     watch(ort.IOBinding, "copy_outputs_to_cpu", True)
     watch(ort.IOBinding, "bind_cpu_input", False)
+    # scalars and lists out of device arrays, and raw copies (issue 32): each is a device -> host transfer too.
+    # A call from Python code is seen; CuPy's own Cython internals calling the runtime directly are not (they are
+    # what asnumpy/get, watched above, do).
+    for name in ("item", "tolist", "__float__", "__int__", "__bool__", "__index__"):
+        try:
+            watch(cp.ndarray, name, True)
+        except (TypeError, AttributeError):
+            unwatchable.append(f"ndarray.{name}")
+    rt = cp.cuda.runtime
+    for name in ("memcpy", "memcpyAsync", "memcpy2D", "memcpy2DAsync", "memcpyPeer", "memcpyPeerAsync"):
+        if hasattr(rt, name):
+            watch_raw(rt, name)
+    for name in ("copy_from_device", "copy_to_host", "copy_from_host", "copy_to_host_async",
+                 "copy_from_device_async", "copy_from_host_async"):
+        watch_raw(cp.cuda.MemoryPointer, name)
+    # a host buffer bound as an ONNX Runtime output or input ("cpu" device) would copy every batch
+    for name in ("bind_output", "bind_input"):
+        watch_host_bind(ort.IOBinding, name)
 
     def no_host_run(*a, **k):
         raise AssertionError("InferenceSession.run (host copies) was called")
@@ -168,7 +223,10 @@ def test_zero_copy(bikes, cuda_lite0, monkeypatch, tmp_path):
     names = sorted({n for n, _ in moved})
     print(f"zero copy: {len(moved)} recorded transfers ({', '.join(names)}), largest {biggest} B, total {total} B "
           f"for 250 frames (one NV12 frame is {frame_bytes * 3 // 2} B)")
+    if unwatchable:
+        print(f"zero copy: not watchable from Python here: {', '.join(unwatchable)}")
     assert "asnumpy" in names, "the watch saw no transfer at all: it is not watching the pipeline"
+    assert not [n for n in names if n.endswith("(cpu)")], f"a host buffer was bound to ONNX Runtime: {names}"
     assert biggest < frame_bytes // 4
     assert total < 250 * 5 * 8 * 4  # results plus the one-off sampling grid, far below one frame per frame
 
@@ -180,6 +238,66 @@ def test_zero_copy(bikes, cuda_lite0, monkeypatch, tmp_path):
 
     ops = {n.op_type for n in onnx.load(so.optimized_model_filepath).graph.node}
     assert not {o for o in ops if o.startswith("Memcpy")}, ops
+
+
+def _count_host_syncs(monkeypatch):
+    """Record every host synchronisation made through Python (stream, event or device synchronize, the runtime's
+    *Synchronize calls, ONNX Runtime's IOBinding syncs, and device -> host reads, which wait for the stream): a list
+    of (thread name, what) that fills while the patches are in place."""
+    import threading
+
+    import cupy as cp
+    import onnxruntime as ort
+
+    calls: list = []
+    unwatchable: list = []
+
+    def watch(owner, name):
+        real = getattr(owner, name)
+
+        def wrapper(*a, **k):
+            calls.append((threading.current_thread().name, f"{getattr(owner, '__name__', owner)}.{name}"))
+            return real(*a, **k)
+        try:
+            monkeypatch.setattr(owner, name, wrapper)
+        except (TypeError, AttributeError):
+            unwatchable.append(f"{getattr(owner, '__name__', owner)}.{name}")
+
+    for owner, names in ((cp.cuda.Stream, ("synchronize",)),
+                         (getattr(cp.cuda, "ExternalStream", cp.cuda.Stream), ("synchronize",)),
+                         (cp.cuda.Event, ("synchronize",)), (cp.cuda.Device, ("synchronize",)),
+                         (cp.cuda.runtime, ("streamSynchronize", "eventSynchronize", "deviceSynchronize")),
+                         (cp, ("asnumpy",)), (cp.ndarray, ("get", "item", "tolist", "__float__", "__int__",
+                                                           "__bool__")),
+                         (ort.IOBinding, ("synchronize_inputs", "synchronize_outputs", "copy_outputs_to_cpu"))):
+        for name in names:
+            if hasattr(owner, name):
+                watch(owner, name)
+    return calls, unwatchable
+
+
+@pytest.mark.parametrize("scores", ["softmax", "auto"])
+def test_inference_stage_makes_no_host_synchronisation(bikes, cuda_lite0, monkeypatch, scores):
+    """The inference thread ("trtc-infer") only enqueues: engine, top-k, events. Every host synchronisation made
+    through Python while 4 sources run is counted per thread: none in the inference stage (with --scores auto, the
+    one read of the first batch's first row that decides on a softmax, documented in engines/topk.py, and no more).
+    The watch is checked to be live: the collect stage's waits for finished results are seen."""
+    from engines.video import classify
+
+    calls, unwatchable = _count_host_syncs(monkeypatch)
+    preds = list(classify([bikes] * 4, cuda_lite0, batch=32, top_k=5, scores=scores))
+    assert len(preds) == 1000
+    infer = [what for thread, what in calls if thread == "trtc-infer"]
+    per_thread: dict = {}
+    for thread, what in calls:
+        per_thread.setdefault(thread.split("-")[0] if thread.startswith("trtc-nvdec") else thread, set()).add(what)
+    print(f"host synchronisations ({scores}): {len(calls)} in all, by thread {per_thread}; inference stage "
+          f"{len(infer)}: {infer[:5]}; not watchable: {unwatchable}")
+    assert calls, "the watch saw no synchronisation at all (the collect stage waits for results): it is not live"
+    if scores == "softmax":
+        assert infer == [], f"the inference stage synchronised with the host {len(infer)} times: {infer[:10]}"
+    else:
+        assert len(infer) <= 1 and all("asnumpy" in w for w in infer), infer
 
 
 def test_many_sources_at_once(bikes, test_videos, cuda_lite0):
