@@ -88,7 +88,9 @@ def test_lite0_int8_accuracy_aware(lite0_int8, lite0_onnx, photos):
     assert r.bytes < 0.5 * r.parent["bytes"]  # INT8 weights where quantized, FP16 elsewhere: at most the FP16 size
 
 
-def test_qdq_model_structure_is_what_tensorrt_fuses(lite0_int8):
+def test_qdq_graph_form_symmetric_int8_qdq_on_each_quantized_layer_only(lite0_int8):
+    """The ONNX graph's form (the one TensorRT's Q/DQ fusion expects), checked on the graph only: whether TensorRT
+    fuses it is tests/gpu/test_int8_form_gpu.py's, on a machine with TensorRT."""
     onnx = pytest.importorskip("onnx")
     from onnx import numpy_helper
 

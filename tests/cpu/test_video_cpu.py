@@ -43,7 +43,10 @@ def direct_top1(lite0_onnx, bikes):
     return logits.argmax(1)
 
 
-def test_cpu_pipeline_agrees_with_a_direct_onnxruntime_run(engine, bikes, direct_top1):
+def test_cpu_pipeline_threads_and_batching_match_a_frame_by_frame_run_of_the_same_maths(engine, bikes, direct_top1):
+    """Not an independent check of the colour maths: the reference uses the same host_planes / preprocess_yuv /
+    colour-space code (tests/cpu/test_colour_reference.py checks those against RGB made outside trtc). This holds the
+    threads, queues, batching and result order of the pipeline to a plain frame-by-frame loop."""
     from engines.video import classify
 
     run = classify([bikes], engine, batch=16, top_k=5)

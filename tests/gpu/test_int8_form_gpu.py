@@ -55,7 +55,7 @@ def test_cuda_ep_default_session_agrees(which, lite0_fp16, lite0_int8, lite0_onn
 
 @pytest.mark.gpu
 @pytest.mark.tensorrt
-def test_int8_network_is_int8_convs_and_fp16_rest(lite0_int8, tmp_path):
+def test_int8_plan_has_the_onnx_int8_layer_count_and_no_fp32_compute_layer(lite0_int8, tmp_path):
     """Parse + build (RTX: ahead of time for SM89); the network's compute layers by type."""
     from toolchain.build import build_engine
 

@@ -88,7 +88,7 @@ def test_batch_override_timing_cache_and_flags(monkeypatch, lite0, tmp_path):
         any(c[0] == "IBuilderConfig.create_timing_cache" and c[1].startswith(b"TC:") for c in fake.calls)
 
 
-def test_fp16_and_int8_build_quantize_first_and_earn_their_name(monkeypatch, mnist, tmp_path):
+def test_fp16_and_int8_build_quantize_first_and_the_fake_tensorrt_reports_their_layer_precision(monkeypatch, mnist, tmp_path):
     from toolchain.build import build_engine
 
     model, npz, _, _ = mnist
