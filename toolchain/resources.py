@@ -72,6 +72,7 @@ def check_input_fits(batch: int, sample_shape, itemsize: int, what: str, fix: st
     if need <= INPUT_SHARE * avail:
         return
     most = max(1, int(INPUT_SHARE * avail // per_sample))
-    raise UsageProblem(f"{given or f'--batch {batch}'} is too large for this machine: {what} at batch {batch} needs {_gib(need)} "
+    given = given or f"--batch {batch}"
+    raise UsageProblem(f"{given} is too large for this machine: {what} at batch {batch} needs {_gib(need)} "
                        f"for its input alone, and its activations several times that; {_gib(avail)} of memory is "
                        "available", fix.format(most=most))
