@@ -300,10 +300,57 @@ def build_engine(model: str | Path, output: str | Path | None = None, *, precisi
                  hardware_compatibility: str = "none",
                  compute_capability: list[str] | tuple[str, ...] | None = None, quantize: dict | None = None,
                  force: bool = False, reporter: Reporter | None = None) -> BuildReport:
-    """Build a TensorRT plan from an ONNX model; see the module docstring."""
+    """Build a TensorRT plan from an ONNX model; see the module docstring.
+
+    The steps: check the request, load the backend (before a long quantize), make the ONNX to build, parse it with
+    its profile, configure the builder (flags, timing cache), build, check the layers' precisions, write the plan
+    and its manifest."""
     reporter = reporter or Reporter()
     warnings: list[str] = []
     timings: dict[str, float] = {}
+    src, out, ws, profile_arg = _check_request(model, output, precision, batch, workspace, opt_level,
+                                               hardware_compatibility, force)
+    be, gpu, targets = _load_checked_backend(backend, version_compatible, exclude_lean_runtime,
+                                             hardware_compatibility, compute_capability)
+    trt = be.module
+    onnx_path, qreport, manifest = _onnx_and_manifest(src, out, precision, quantize, force, reporter, warnings)
+    profile = profile_arg or (manifest.batch if manifest else None)
+    hw = tuple(input_size) if input_size else (tuple(manifest.preprocess.size) if manifest else None)
+
+    t0 = time.perf_counter()
+    logger = make_logger(trt)
+    builder, network, shapes = _parse_with_profile(trt, be, onnx_path, logger, profile, hw, reporter)
+    config = _builder_config(trt, builder, shapes, ws, opt_level)
+    flags = _set_flags(trt, be, network, config, targets, warnings, version_compatible=version_compatible,
+                       exclude_lean_runtime=exclude_lean_runtime, hardware_compatibility=hardware_compatibility,
+                       opt_level=opt_level, ws=ws)
+    cache_path = _use_timing_cache(config, be, timing_cache, warnings)
+    timings["parse_s"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    data = _build_plan(trt, be, builder, network, config, logger, precision, reporter)
+    timings["build_s"] = time.perf_counter() - t0
+
+    recipe = (manifest.precision if manifest else {"mode": "fp32"}) or {"mode": "fp32"}
+    precisions = _layer_precisions(trt, be, gpu, targets, logger, data, network, version_compatible,
+                                   exclude_lean_runtime)
+    counts = _check_precisions(precision, precisions, recipe)
+
+    m, mpath = _write_plan(out, data, manifest, network, shapes, be, gpu, flags, recipe, onnx_path, precisions, counts)
+    if cache_path is not None:
+        atomic_write_bytes(cache_path, bytes(config.get_timing_cache().serialize()))
+    return BuildReport(output=str(out), manifest=str(mpath), onnx=str(onnx_path), backend=be.describe(),
+                       precision=recipe.get("mode", precision), bytes=len(data), sha256=m.artifact["sha256"],
+                       profiles=shapes, layers={"counts": counts, "source": precisions["source"],
+                                                "note": precisions.get("note")},
+                       flags=flags, timings={k: round(v, 2) for k, v in timings.items()},
+                       quantize=qreport.to_dict() if qreport else None, warnings=warnings)
+
+
+def _check_request(model, output, precision: str, batch, workspace, opt_level: int, hardware_compatibility: str,
+                   force: bool) -> tuple[Path, Path, int | None, BatchProfile | None]:
+    """The options that need no backend checked: the model, the output path, the workspace size and the batch
+    range, as (model, output, workspace bytes, batch profile or None)."""
     src = Path(model)
     if not src.is_file():
         raise UsageProblem(f"model not found: {src}", "give an .onnx file (make one with trtc export)")
@@ -319,8 +366,14 @@ def build_engine(model: str | Path, output: str | Path | None = None, *, precisi
     suffix = "" if precision == "fp32" else f".{precision}"
     out = Path(output) if output is not None else src.with_name(f"{src.stem}{suffix}.plan")
     out = check_output_path(out, force, suffix=".plan")
-    be = load_backend(backend)  # fail fast, before a long quantize
-    trt = be.module
+    return src, out, ws, profile_arg
+
+
+def _load_checked_backend(backend: str, version_compatible: bool, exclude_lean_runtime: bool,
+                          hardware_compatibility: str, compute_capability) -> tuple[Backend, dict | None, list | None]:
+    """The backend, the GPU here (None if none) and the TensorRT-RTX targets (None for TensorRT), with the options
+    that depend on the backend checked: this fails fast, before a long quantize."""
+    be = load_backend(backend)
     if be.rtx and (version_compatible or hardware_compatibility != "none"):
         raise UsageProblem("TensorRT-RTX has no version- or hardware-compatible plans",
                            "drop --version-compatible/--hardware-compatibility; use --compute-capability")
@@ -336,16 +389,22 @@ def build_engine(model: str | Path, output: str | Path | None = None, *, precisi
                          "build on the target machine, or --backend tensorrt-rtx --compute-capability SM89 "
                          "(ahead of time, no GPU needed)")
     targets = _rtx_targets(be, compute_capability, gpu) if be.rtx else None
+    return be, gpu, targets
 
+
+def _onnx_and_manifest(src: Path, out: Path, precision: str, quantize: dict | None, force: bool, reporter,
+                       warnings: list[str]):
+    """The ONNX to build (quantized first for fp16/int8), the quantize report if this call made it, and its
+    manifest (None, with a warning, when it has none)."""
     onnx_path, qreport = _onnx_to_build(src, out, precision, quantize, force, reporter)
     manifest = read_manifest_if_any(onnx_path)
     if manifest is None:
         warnings.append(f"{onnx_path.name} has no manifest: no preprocessing or labels to carry into the plan's")
-    profile = profile_arg or (manifest.batch if manifest else None)
-    hw = tuple(input_size) if input_size else (tuple(manifest.preprocess.size) if manifest else None)
+    return onnx_path, qreport, manifest
 
-    t0 = time.perf_counter()
-    logger = make_logger(trt)
+
+def _parse_with_profile(trt, be: Backend, onnx_path: Path, logger, profile: BatchProfile | None, hw, reporter):
+    """The builder, the parsed network and the min/opt/max shape of each input."""
     with reporter.phase(f"parsing {onnx_path.name} with {be.describe()}"):
         builder, network, _parser = _parse(trt, be, onnx_path, logger)
     dynamic_batch = any(len(network.get_input(i).shape) and network.get_input(i).shape[0] < 0
@@ -354,6 +413,11 @@ def build_engine(model: str | Path, output: str | Path | None = None, *, precisi
         raise BuildError("the model has a dynamic batch and no batch range (no manifest, no --batch)",
                          "give --batch MIN:OPT:MAX, e.g. 1:8:32")
     shapes = _profile_shapes(network, profile or BatchProfile(1, 1, 1), hw)
+    return builder, network, shapes
+
+
+def _builder_config(trt, builder, shapes: dict, ws: int | None, opt_level: int):
+    """A builder config with the workspace limit, the optimization level, detailed profiling and the profile."""
     config = builder.create_builder_config()
     if ws:
         config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, ws)
@@ -365,6 +429,12 @@ def build_engine(model: str | Path, output: str | Path | None = None, *, precisi
         opt_profile.set_shape(name, tuple(s["min"]), tuple(s["opt"]), tuple(s["max"]))
     if config.add_optimization_profile(opt_profile) < 0:
         raise BuildError(f"TensorRT rejected the optimization profile {shapes}", "check --batch and --input-size")
+    return config
+
+
+def _set_flags(trt, be: Backend, network, config, targets, warnings: list[str], *, version_compatible: bool,
+               exclude_lean_runtime: bool, hardware_compatibility: str, opt_level: int, ws: int | None) -> dict:
+    """The compatibility flags and TensorRT-RTX targets set on the config; returns the flags for the manifest."""
     flags = {"strongly_typed": strongly_typed(trt, be, network), "version_compatible": version_compatible,
              "exclude_lean_runtime": exclude_lean_runtime,
              "hardware_compatibility": hardware_compatibility, "opt_level": opt_level, "workspace": ws}
@@ -382,6 +452,12 @@ def build_engine(model: str | Path, output: str | Path | None = None, *, precisi
         for i, t in enumerate(targets):
             config.set_compute_capability(getattr(trt.ComputeCapability, t), i)
         flags["compute_capabilities"] = targets
+    return flags
+
+
+def _use_timing_cache(config, be: Backend, timing_cache, warnings: list[str]) -> Path | None:
+    """The timing cache file loaded into the config (a new cache when it does not fit); the path to write it back
+    to after the build, or None (none given, or TensorRT-RTX)."""
     cache_path = Path(timing_cache) if timing_cache else None
     if cache_path is not None:
         if be.rtx:
@@ -393,24 +469,28 @@ def build_engine(model: str | Path, output: str | Path | None = None, *, precisi
             if not config.set_timing_cache(cache, False):
                 warnings.append(f"timing cache {cache_path} is from another GPU or version; starting a new one")
                 config.set_timing_cache(config.create_timing_cache(b""), True)
-    timings["parse_s"] = time.perf_counter() - t0
+    return cache_path
 
-    t0 = time.perf_counter()
+
+def _build_plan(trt, be: Backend, builder, network, config, logger, precision: str, reporter) -> bytes:
+    """The serialized plan, TensorRT's build phases shown on the progress bar."""
     with reporter.phase(f"building the {precision.upper()} engine (TensorRT phases follow)") as bar:
         monitor = _progress_monitor(trt, bar)
         if monitor is not None:
             config.progress_monitor = monitor
         plan = builder.build_serialized_network(network, config)
-    timings["build_s"] = time.perf_counter() - t0
     if plan is None:
         reason = "; ".join(logger.errors[-3:]) or "no reason given"
         fix = "raise --workspace" if re.search(r"memory|workspace", reason, re.IGNORECASE) else \
             "run with -vv for TensorRT's log"
         raise BuildError(f"{be.describe()} could not build the engine: {reason}", fix)
-    data = bytes(plan)
+    return bytes(plan)
 
-    # ---- what precision did the layers end up in?
-    recipe = (manifest.precision if manifest else {"mode": "fp32"}) or {"mode": "fp32"}
+
+def _layer_precisions(trt, be: Backend, gpu, targets, logger, data: bytes, network, version_compatible: bool,
+                      exclude_lean_runtime: bool) -> dict:
+    """What precision the compute layers ended up in: from the engine inspector where the plan runs here, else from
+    the strongly typed network (with a note saying why)."""
     precisions = None
     inspected_note = runnable_reason(be, gpu, targets)
     if inspected_note is None and exclude_lean_runtime:
@@ -426,6 +506,12 @@ def build_engine(model: str | Path, output: str | Path | None = None, *, precisi
         precisions = network_precisions(trt, network)
         if inspected_note:
             precisions["note"] = f"engine not inspected here: {inspected_note}"
+    return precisions
+
+
+def _check_precisions(precision: str, precisions: dict, recipe: dict) -> dict[str, int]:
+    """Raises when the plan has not earned its precision's name (see :func:`judge`); else the count of compute
+    layers per precision."""
     wrong = judge(recipe.get("mode", precision), precisions, recipe)
     if wrong:
         raise BuildError(f"the engine is not {precision.upper()}: {len(wrong)} compute layer(s) ended up in another "
@@ -434,20 +520,17 @@ def build_engine(model: str | Path, output: str | Path | None = None, *, precisi
     counts: dict[str, int] = {}
     for r in precisions["layers"]:
         counts[r["precision"]] = counts.get(r["precision"], 0) + 1
+    return counts
 
-    # ---- write the plan, the manifest and the timing cache
+
+def _write_plan(out: Path, data: bytes, manifest, network, shapes, be: Backend, gpu, flags, recipe, onnx_path: Path,
+                precisions, counts) -> tuple[Manifest, Path]:
+    """The plan written untouched and atomically, with its manifest beside it; returns (manifest, manifest path)."""
     with atomic_path(out) as tmp:
         tmp.write_bytes(data)
         m = _plan_manifest(manifest, network, shapes, be, gpu, flags, recipe, onnx_path, precisions, counts)
         mpath = write_manifest(out, m, hashed_as=tmp)
-    if cache_path is not None:
-        atomic_write_bytes(cache_path, bytes(config.get_timing_cache().serialize()))
-    return BuildReport(output=str(out), manifest=str(mpath), onnx=str(onnx_path), backend=be.describe(),
-                       precision=recipe.get("mode", precision), bytes=len(data), sha256=m.artifact["sha256"],
-                       profiles=shapes, layers={"counts": counts, "source": precisions["source"],
-                                                "note": precisions.get("note")},
-                       flags=flags, timings={k: round(v, 2) for k, v in timings.items()},
-                       quantize=qreport.to_dict() if qreport else None, warnings=warnings)
+    return m, mpath
 
 
 def _rtx_targets(be: Backend, wanted, gpu) -> list[str]:
