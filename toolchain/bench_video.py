@@ -405,6 +405,32 @@ def _batches(engine, manifest, batch: int | None, usual_batch: int, latency_batc
     return batch, fit(usual_batch), fit(latency_batch)
 
 
+@dataclass
+class _Bench:
+    """One video bench's settings, and what it opens beyond its engine: the several-GPU processes and the usual
+    pipeline's session, closed by :meth:`close` whatever ends the run."""
+    video: str
+    engine: object
+    spec: object
+    gpu: int
+    batch: int
+    usual_batch: int
+    repeat: int
+    reporter: Reporter
+    pool: object = None
+    dec_pool: object = None
+    usual_engine: object = None
+    usual_ok: bool = True
+
+    def close(self) -> None:
+        if self.usual_engine is not None:
+            self.usual_engine.close()
+        if self.dec_pool is not None:
+            self.dec_pool.close()
+        if self.pool is not None:
+            self.pool.close()
+
+
 def bench_video(video: str, model: str, *, streams=(1, 8, 16, 32), device: str = "cuda:0", batch: int | None = None,
                 usual_batch: int = 32, latency_frames: int = 300, latency_video: str | None = None,
                 latency_batch: int = 8, decode_latency: str = "native", memory_loops: int = 0,
@@ -412,10 +438,36 @@ def bench_video(video: str, model: str, *, streams=(1, 8, 16, 32), device: str =
                 reporter: Reporter | None = None) -> VideoBenchReport:
     """See the module docstring. ``batch``: trtc's batch (default 64, or the model's largest when smaller). The
     latency run uses ``latency_video`` (default: ``video``) at batch ``latency_batch`` with NVDEC's
-    ``decode_latency`` mode ("low" only for streams without B-frames)."""
+    ``decode_latency`` mode ("low" only for streams without B-frames).
+
+    The steps: check the request, open the engine and fit the batches, warm every pipeline up, the rows of each
+    stream count, the latency run, the memory run, the report."""
     import engines
 
     reporter = reporter or Reporter()
+    devices = _check_request(device, repeat, devices)
+    engine = engines.open_engine(model, device=device)
+    manifest = engines.read_manifest(model)
+    batch, usual_batch, latency_batch = _batches(engine, manifest, batch, usual_batch, latency_batch)
+    bench = _Bench(video, engine, manifest.preprocess, engine.device_id, batch, usual_batch, repeat, reporter)
+    rows: list[VideoBenchRow] = []
+    warnings: list[str] = []
+    try:
+        clip_frames = _warm_up(bench, model, device, devices, max(streams), warnings)
+        for n in streams:
+            rows += _stream_rows(bench, n, devices)
+        latency = {}
+        if latency_frames:
+            latency = _latency(bench, latency_video or video, latency_batch, latency_frames, decode_latency)
+        memory = _memory(bench, memory_loops, clip_frames) if memory_loops else {}
+    finally:
+        bench.close()
+    return _report(video, model, device, batch, rows, latency, memory, bench.gpu, warnings)
+
+
+def _check_request(device: str, repeat: int, devices) -> list[str] | None:
+    """The options checked before anything opens (a GPU device, a repeat count, a GPU here, several GPUs in
+    ``devices``); returns ``devices`` as a list ("cuda:0,cuda:1" or "cuda:all", as --devices gives it, parsed)."""
     if not device.startswith("cuda"):
         raise UsageProblem("the video benchmark compares GPU pipelines", "use --device cuda:0")
     if repeat < 1:
@@ -437,104 +489,117 @@ def bench_video(video: str, model: str, *, streams=(1, 8, 16, 32), device: str =
         if len(devices) < 2:
             raise UsageProblem(f"--devices compares several GPUs with one, and {', '.join(devices) or 'nothing'} is "
                                "one", "list two or more (cuda:0,cuda:1), or leave --devices out on a one-GPU machine")
-    engine = engines.open_engine(model, device=device)
-    manifest = engines.read_manifest(model)
-    spec = manifest.preprocess
-    batch, usual_batch, latency_batch = _batches(engine, manifest, batch, usual_batch, latency_batch)
-    gpu = engine.device_id
-    rows: list[VideoBenchRow] = []
-    warnings: list[str] = []
-    most = max(streams)
-    pool = dec_pool = usual_engine = None  # the several-GPU processes and the usual pipeline's session, closed
-    # whatever ends the run
-    try:
-        with reporter.phase(f"warm-up (each pipeline once; {most} decoders to reuse)"):
-            clip_frames, _ = _decode_only(video, 1, gpu)
-            _decode_only_batched(video, most, gpu)  # leaves `most` decoders for both SimpleDecoder pipelines
-            if devices and len(devices) > 1:  # a process per GPU for each pipeline, started and warmed before a clock
-                from engines.video import WorkerPool
+    return devices
 
-                pool = WorkerPool(model, devices=devices)
-                list(pool.classify([video] * (most * len(devices)), batch=batch))  # each worker keeps its decoders
-                dec_pool = DecodeOnlyOnGpus(video, devices, most)
-            _ours(video, 1, engine, batch)  # to the end: a source stopped early does not keep its decoder
-            _usual_ok = True
-            try:
-                # the usual pipeline gets a session of its own, as a hand-written one has: sharing trtc's, it
-                # left the session on another input shape, and back on the full batch ONNX Runtime's CUDA EP
-                # searched cuDNN algorithms again, which cost the next trtc run ~1.2 s (Lite0, H100)
-                usual_engine = engines.open_engine(model, device=device)
-                _usual(video, 1, usual_engine, spec, usual_batch)
-            except ImportError as exc:
-                _usual_ok = False
-                warnings.append(f"usual pipeline skipped: {exc}")
-        for n in streams:
-            runs = []
-            for r in range(repeat):
-                again = f" (run {r + 1} of {repeat})" if repeat > 1 else ""
-                with reporter.phase(f"{n} stream(s): decode-only (core decoder loop){again}"):
-                    dec = _timed_row("decode-only (NVDEC, core decoder loop, new decoders)", n,
-                                     lambda: _decode_only(video, n, gpu))
-                with reporter.phase(f"{n} stream(s): decode-only (SimpleDecoder batches){again}"):
-                    dec_b = _timed_row("decode-only (NVDEC, SimpleDecoder batches of 16, reused)", n,
-                                       lambda: _decode_only_batched(video, n, gpu))
-                with reporter.phase(f"{n} stream(s): trtc{again}"):
-                    ours = _timed_row(f"trtc (NVDEC + kernel + engine, bs {batch})", n,
-                                      lambda: _ours(video, n, engine, batch))
-                runs.append([dec, dec_b, ours])
-            dec, dec_b, ours = _median_rows(runs, ceilings=(0, 1))
-            usual = None
-            if _usual_ok:
-                with reporter.phase(f"{n} stream(s): usual (OpenCV CPU decode + torch)"):
-                    usual = _timed_row(f"usual (cv2 + torch, bs {usual_batch})", n,
-                                       lambda: _usual(video, n, usual_engine, spec, usual_batch))
-            ours.vs_decode = round(ours.fps / max(dec.fps, dec_b.fps), 3)
-            if usual is not None:
-                ours.vs_usual = round(ours.fps / usual.fps, 2)
-            rows += [dec, dec_b] + ([usual] if usual else []) + [ours]
-            if pool is not None:
-                rows += _several_gpus(pool, dec_pool, video, n, len(devices), batch, repeat, reporter, dec_b, ours)
-        latency = {}
-        if latency_frames:
-            lat_video = latency_video or video
-            with reporter.phase("latency: warm-up (30 frames)"):  # the batch shape's first run is not a camera's
-                _ours(lat_video, 1, engine, latency_batch, limit=30, max_wait_ms=0.0, latency=decode_latency)
-            with reporter.phase(f"latency: 1 stream at the file's frame rate, {latency_frames} frames"):
-                _, _, lat = _ours(lat_video, 1, engine, latency_batch, limit=latency_frames, realtime=True,
-                                  max_wait_ms=0.0, latency=decode_latency)
-            a = np.asarray(lat)
-            total, dec = a[:, 0], a[:, 1]
-            after = total - dec
 
-            def pct(x, q):
-                return round(float(np.percentile(x, q)), 2)
+def _warm_up(bench: _Bench, model: str, device: str, devices: list[str] | None, most: int,
+             warnings: list[str]) -> int:
+    """Each pipeline once, leaving ``most`` decoders to reuse, the several-GPU processes started and warmed (kept in
+    ``bench``) and the usual pipeline's own session opened (or skipped, with a warning); returns the clip's
+    frames."""
+    import engines
 
-            latency = {"frames": int(len(a)), "p50_ms": pct(total, 50), "p99_ms": pct(total, 99),
-                       "max_ms": round(float(total.max()), 2), "decoder_p50_ms": pct(dec, 50),
-                       "decoder_p99_ms": pct(dec, 99), "after_decoder_p50_ms": pct(after, 50),
-                       "after_decoder_p99_ms": pct(after, 99), "video": lat_video, "batch": latency_batch,
-                       "input": f"paced at the file's frame rate, NVDEC {decode_latency} latency, batches run at once"}
-        memory = {}
-        if memory_loops:
-            with reporter.phase(f"memory: 1 stream, the clip {memory_loops} times"):
-                from engines.video import classify
+    video, engine, gpu, batch = bench.video, bench.engine, bench.gpu, bench.batch
+    with bench.reporter.phase(f"warm-up (each pipeline once; {most} decoders to reuse)"):
+        clip_frames, _ = _decode_only(video, 1, gpu)
+        _decode_only_batched(video, most, gpu)  # leaves `most` decoders for both SimpleDecoder pipelines
+        if devices and len(devices) > 1:  # a process per GPU for each pipeline, started and warmed before a clock
+            from engines.video import WorkerPool
 
-                samples = []
-                run = classify([video], engine, batch=batch, loop=memory_loops)
-                for i, _pred in enumerate(run, 1):
-                    if i % clip_frames == 0:  # after each pass over the clip
-                        samples.append(memory_used_mib(gpu))
-                samples = [x for x in samples if x is not None]
-                if samples:
-                    memory = {"loops": memory_loops, "used_mb_after_first": samples[0], "used_mb_at_end": samples[-1],
-                              "growth_mb": round(samples[-1] - samples[0], 1), "samples": samples}
-    finally:
-        if usual_engine is not None:
-            usual_engine.close()
-        if dec_pool is not None:
-            dec_pool.close()
-        if pool is not None:
-            pool.close()
+            bench.pool = WorkerPool(model, devices=devices)
+            list(bench.pool.classify([video] * (most * len(devices)), batch=batch))  # each worker keeps its decoders
+            bench.dec_pool = DecodeOnlyOnGpus(video, devices, most)
+        _ours(video, 1, engine, batch)  # to the end: a source stopped early does not keep its decoder
+        bench.usual_ok = True
+        try:
+            # the usual pipeline gets a session of its own, as a hand-written one has: sharing trtc's, it
+            # left the session on another input shape, and back on the full batch ONNX Runtime's CUDA EP
+            # searched cuDNN algorithms again, which cost the next trtc run ~1.2 s (Lite0, H100)
+            bench.usual_engine = engines.open_engine(model, device=device)
+            _usual(video, 1, bench.usual_engine, bench.spec, bench.usual_batch)
+        except ImportError as exc:
+            bench.usual_ok = False
+            warnings.append(f"usual pipeline skipped: {exc}")
+    return clip_frames
+
+
+def _stream_rows(bench: _Bench, n: int, devices: list[str] | None) -> list[VideoBenchRow]:
+    """The rows of ``n`` streams: both decode-only ceilings and trtc (``repeat`` runs interleaved, median rows), the
+    usual pipeline, trtc's ratios, then the several-GPU rows when there is a pool."""
+    video, engine, gpu, batch, reporter = bench.video, bench.engine, bench.gpu, bench.batch, bench.reporter
+    runs = []
+    for r in range(bench.repeat):
+        again = f" (run {r + 1} of {bench.repeat})" if bench.repeat > 1 else ""
+        with reporter.phase(f"{n} stream(s): decode-only (core decoder loop){again}"):
+            dec = _timed_row("decode-only (NVDEC, core decoder loop, new decoders)", n,
+                             lambda: _decode_only(video, n, gpu))
+        with reporter.phase(f"{n} stream(s): decode-only (SimpleDecoder batches){again}"):
+            dec_b = _timed_row("decode-only (NVDEC, SimpleDecoder batches of 16, reused)", n,
+                               lambda: _decode_only_batched(video, n, gpu))
+        with reporter.phase(f"{n} stream(s): trtc{again}"):
+            ours = _timed_row(f"trtc (NVDEC + kernel + engine, bs {batch})", n,
+                              lambda: _ours(video, n, engine, batch))
+        runs.append([dec, dec_b, ours])
+    dec, dec_b, ours = _median_rows(runs, ceilings=(0, 1))
+    usual = None
+    if bench.usual_ok:
+        with reporter.phase(f"{n} stream(s): usual (OpenCV CPU decode + torch)"):
+            usual = _timed_row(f"usual (cv2 + torch, bs {bench.usual_batch})", n,
+                               lambda: _usual(video, n, bench.usual_engine, bench.spec, bench.usual_batch))
+    ours.vs_decode = round(ours.fps / max(dec.fps, dec_b.fps), 3)
+    if usual is not None:
+        ours.vs_usual = round(ours.fps / usual.fps, 2)
+    rows = [dec, dec_b] + ([usual] if usual else []) + [ours]
+    if bench.pool is not None:
+        rows += _several_gpus(bench.pool, bench.dec_pool, video, n, len(devices), batch, bench.repeat, reporter, dec_b,
+                              ours)
+    return rows
+
+
+def _latency(bench: _Bench, lat_video: str, latency_batch: int, latency_frames: int, decode_latency: str) -> dict:
+    """One stream fed at the file's frame rate after a warm-up: packet in -> top-k on the host, p50/p99/max, and the
+    same split at the decoder's output."""
+    engine, reporter = bench.engine, bench.reporter
+    with reporter.phase("latency: warm-up (30 frames)"):  # the batch shape's first run is not a camera's
+        _ours(lat_video, 1, engine, latency_batch, limit=30, max_wait_ms=0.0, latency=decode_latency)
+    with reporter.phase(f"latency: 1 stream at the file's frame rate, {latency_frames} frames"):
+        _, _, lat = _ours(lat_video, 1, engine, latency_batch, limit=latency_frames, realtime=True,
+                          max_wait_ms=0.0, latency=decode_latency)
+    a = np.asarray(lat)
+    total, dec = a[:, 0], a[:, 1]
+    after = total - dec
+
+    def pct(x, q):
+        return round(float(np.percentile(x, q)), 2)
+
+    return {"frames": int(len(a)), "p50_ms": pct(total, 50), "p99_ms": pct(total, 99),
+            "max_ms": round(float(total.max()), 2), "decoder_p50_ms": pct(dec, 50),
+            "decoder_p99_ms": pct(dec, 99), "after_decoder_p50_ms": pct(after, 50),
+            "after_decoder_p99_ms": pct(after, 99), "video": lat_video, "batch": latency_batch,
+            "input": f"paced at the file's frame rate, NVDEC {decode_latency} latency, batches run at once"}
+
+
+def _memory(bench: _Bench, memory_loops: int, clip_frames: int) -> dict:
+    """GPU memory used after each pass of one stream over the clip, ``memory_loops`` times ({} when unreadable)."""
+    memory = {}
+    with bench.reporter.phase(f"memory: 1 stream, the clip {memory_loops} times"):
+        from engines.video import classify
+
+        samples = []
+        run = classify([bench.video], bench.engine, batch=bench.batch, loop=memory_loops)
+        for i, _pred in enumerate(run, 1):
+            if i % clip_frames == 0:  # after each pass over the clip
+                samples.append(memory_used_mib(bench.gpu))
+        samples = [x for x in samples if x is not None]
+        if samples:
+            memory = {"loops": memory_loops, "used_mb_after_first": samples[0], "used_mb_at_end": samples[-1],
+                      "growth_mb": round(samples[-1] - samples[0], 1), "samples": samples}
+    return memory
+
+
+def _report(video: str, model: str, device: str, batch: int, rows: list[VideoBenchRow], latency: dict, memory: dict,
+            gpu: int, warnings: list[str]) -> VideoBenchReport:
+    """The report, with the GPU, the driver and the versions of the packages measured."""
     g = gpu_device(gpu) or {}
     import datetime
 
