@@ -184,6 +184,31 @@ def classify(sources, engine, *, batch: int | None = None, top_k: int = 5, strid
     iterator also yields each live source's :class:`~engines.video.live.SourceEvent` (disconnected, reconnected,
     gave_up) in order with the predictions; they are always in ``run.events`` too.
     """
+    sources = _check_arguments(sources, stride, buffers, max_wait_ms, colorspace)
+    live_options = (live_options or LiveOptions()).check()
+    manifest = _manifest_of(engine)
+    spec = preprocess or (manifest.preprocess if manifest is not None else PreprocessSpec())
+    labels = labels if labels is not None else (manifest.labels if manifest is not None else None)
+    batch = batch or _default_batch(engine, manifest)
+    _check_batch(engine, manifest, batch)
+    if buffers is None:
+        # every source can hand over a group of up to 16 frames (one kernel launch) one and a half times over
+        # without waiting for inference: 4 buffers of 64 made 32 sources wait for slots 18% of their time (H200)
+        buffers = max(4, -(-len(sources) * 16 * 3 // (2 * batch)))
+    decoder = _pick_decoder(engine, decoder)
+    srcs = make_sources(sources, decoder, getattr(engine, "device_id", 0), colorspace, loop, realtime, latency, live,
+                        live_options)
+    if any(s.live for s in srcs) and done:
+        raise UsageProblem("a live source cannot be resumed: its frames are not the ones of the earlier run",
+                           "start a new output for live sources")
+    size = _input_shape(engine, spec, "the preprocess argument" if preprocess is not None else
+                        ("manifest" if manifest is not None else None))
+    return _start(srcs, engine, decoder, spec, batch, stride, TopK(top_k, scores), labels, buffers, max_wait_ms, size,
+                  {str(k): int(v) for k, v in (done or {}).items()}, live_options, events)
+
+
+def _check_arguments(sources, stride, buffers, max_wait_ms, colorspace) -> list[str]:
+    """The caller's arguments that need no engine: refused here, once, before any source starts."""
     if isinstance(sources, (str, bytes)) or not hasattr(sources, "__iter__"):
         sources = [sources]
     sources = [str(s) for s in sources]
@@ -200,16 +225,11 @@ def classify(sources, engine, *, batch: int | None = None, top_k: int = 5, strid
         from ..preprocess import ColorSpace
 
         ColorSpace.parse(colorspace)  # a bad name is the caller's mistake, said once, not a problem of each source
-    live_options = (live_options or LiveOptions()).check()
-    manifest = _manifest_of(engine)
-    spec = preprocess or (manifest.preprocess if manifest is not None else PreprocessSpec())
-    labels = labels if labels is not None else (manifest.labels if manifest is not None else None)
-    batch = batch or _default_batch(engine, manifest)
-    _check_batch(engine, manifest, batch)
-    if buffers is None:
-        # every source can hand over a group of up to 16 frames (one kernel launch) one and a half times over
-        # without waiting for inference: 4 buffers of 64 made 32 sources wait for slots 18% of their time (H200)
-        buffers = max(4, -(-len(sources) * 16 * 3 // (2 * batch)))
+    return sources
+
+
+def _pick_decoder(engine, decoder: str) -> str:
+    """"nvdec" or "pyav" for this engine (``decoder``: auto, nvdec or pyav), with its packages present."""
     on_gpu = str(getattr(engine, "device", "cpu")).startswith("cuda")
     host_only = getattr(engine, "host_arrays_only", False)  # OpenCV dnn on CUDA: numpy in, numpy out
     if decoder == "auto":
@@ -229,19 +249,16 @@ def classify(sources, engine, *, batch: int | None = None, top_k: int = 5, strid
         require("PyNvVideoCodec", "Decoding video on the GPU")
     else:
         require("av", "Decoding video on the CPU")
-    gpu_index = getattr(engine, "device_id", 0)
-    srcs = make_sources(sources, decoder, gpu_index, colorspace, loop, realtime, latency, live, live_options)
-    if any(s.live for s in srcs) and done:
-        raise UsageProblem("a live source cannot be resumed: its frames are not the ones of the earlier run",
-                           "start a new output for live sources")
-    topk = TopK(top_k, scores)
+    return decoder
+
+
+def _start(srcs, engine, decoder, spec, batch, stride, topk, labels, buffers, max_wait_ms, size, done, live_options,
+           events) -> VideoRun:
+    """The VideoRun whose iteration runs the GPU or the CPU pipeline over ``srcs``."""
     stats = RunStats(path=f"{decoder} -> {type(engine).__name__} ({getattr(engine, 'device', 'cpu')})",
                      decoder=decoder)
     problems: list[SourceProblem] = []
     lock = threading.Lock()
-    size = _input_shape(engine, spec, "the preprocess argument" if preprocess is not None else
-                        ("manifest" if manifest is not None else None))
-    done = {str(k): int(v) for k, v in (done or {}).items()}
 
     def report_problem(source, reason, frames):
         _problem(problems, lock, source, reason, frames)
