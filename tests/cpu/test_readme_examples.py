@@ -15,7 +15,16 @@ from click.testing import CliRunner
 from tests.conftest import _has_gpu, needs_export
 
 README = Path(__file__).resolve().parents[2] / "README.md"
+# the pages whose bash blocks continue README's tour, in the order of README's documentation table
+PAGES = ["CONVENTIONS", "EXPORT", "QUANTIZE", "BUILD", "VALIDATE", "BENCH", "OPENCV", "RUN", "LIVE", "DOCTOR",
+         "TRAIN-THEN-DEPLOY", "VERIFIED"]
 pytestmark = needs_export
+
+
+def all_text() -> str:
+    """README.md, then each page of PAGES: their bash blocks run in this order."""
+    docs = README.parent / "docs"
+    return "\n".join([README.read_text()] + [(docs / f"{p}.md").read_text() for p in PAGES])
 
 
 def readme_commands(text: str) -> list[tuple[str, str]]:
@@ -74,19 +83,32 @@ def test_lines_that_need_an_extra_the_demo_lacks_are_marked():
     extras = tomllib.loads((README.parent / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     demo = " ".join(extras["demo"]).lower()
     assert "opencv" not in demo and "ray" not in demo  # else the markers are no longer needed
-    for line, comment in readme_commands(README.read_text()):
+    for line, comment in readme_commands(all_text()):
         uses = {"opencv": "opencv" in line, "ray": " --ray" in line}
         for extra, used in uses.items():
             if used and "[GPU]" not in comment and "[your files" not in comment:
                 assert f"[{extra} extra]" in comment, line
 
 
+def test_every_docs_page_is_in_the_readme_table_and_in_this_test():
+    """Each page the README's documentation table lists is one whose commands run here (or a page of figures)."""
+    import re
+
+    linked = set(re.findall(r"\(docs/([A-Z-]+)\.md\)", README.read_text()))
+    # pages of figures or of how the tests work, with no commands of the tour; BRING-YOUR-OWN-ONNX's commands need
+    # a model of the reader's own
+    assert set(PAGES) <= linked and linked - set(PAGES) <= {"BENCHMARKS", "GPU", "CLUSTER", "TESTING",
+                                                            "BRING-YOUR-OWN-ONNX"}
+    for p in linked:
+        assert (README.parent / "docs" / f"{p}.md").is_file(), p
+
+
 def test_parser_reads_continuations_and_markers():
-    cmds = readme_commands(README.read_text())
+    cmds = readme_commands(all_text())
     assert cmds[0] == (". .venv/bin/activate", "the environment the demo made")
     assert cmds[1][0] == "trtc data" and cmds[2] == ("cd trtc-data", "")
     val = [c for c, _ in cmds if c.startswith("trtc validate --reference lite0.onnx")]
-    assert val and val[0].endswith("--json report.json --html report.html")
+    assert len(val) >= 2 and val[1].endswith("--json report.json --html report.html")  # the tour's, then VALIDATE's
     assert all(c.startswith(("trtc ", "cd ", ". ")) for c, _ in cmds), [c for c, _ in cmds
                                                                       if not c.startswith(("trtc ", "cd ", ". "))]
 
@@ -98,7 +120,7 @@ def test_every_readme_command_runs_as_written(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # calibration cache: not the user's ~/.cache
     ran, skipped = [], []
-    for line, comment in readme_commands(README.read_text()):
+    for line, comment in readme_commands(all_text()):
         if line.startswith(". "):
             continue  # activating the environment: this test already runs in it
         if line.startswith("cd "):
