@@ -94,103 +94,28 @@ class GpuPipeline:
             self._decode_stage(src, pre, asm, out_dtype)
 
     def _decode_stage(self, src, pre: GpuPreprocessor, asm: SlotAssembler, out_dtype) -> None:
+        """Take a kept decoder (files) or make a stream, decode with the SimpleDecoder (files) or the packet loop,
+        and always: finish the stream's work, give a cleanly ended decoder back, release the source's share."""
         cp = self.cp
-        stream = None
-
-        clock = {"out": time.perf_counter(), "decoder": 0.0, "slots": 0.0, "launch": 0.0}
-
-        drop = getattr(src, "live", False) and self.policy != "block"
         src.stop = self.stop
         src.on_event = self.events.append
-
-        def write(ptrs, metas, plan):
-            """Enqueue the preprocessing of these surfaces into the next free slots, as few runs as possible. A
-            live source under drop-oldest never waits for a slot: a frame that finds none is dropped (counted)."""
-            pos = 0
-            while pos < len(ptrs):
-                t0 = time.perf_counter()
-                got = asm.reserve(metas[pos:pos + MAX_FRAMES_PER_LAUNCH], wait=not drop)
-                if got is None:
-                    self.dropped[src.name] += len(ptrs) - pos
-                    return
-                buf, start, m = got
-                clock["slots"] += time.perf_counter() - t0
-                ev = None
-                try:
-                    stream.wait_event(buf.free)  # inference has read this buffer's previous batch (GPU-side wait)
-                    pre.launch(plan, ptrs[pos:pos + m], buf.data.data.ptr + start * buf.slot_bytes, stream)
-                    ev = buf.event_for(stream.ptr)
-                    ev.record(stream)
-                except Exception as exc:  # noqa: BLE001 - the run's frames are lost, the source goes on
-                    self.report_problem(src.name, f"{src.name}: {m} frame(s) lost: preprocessing failed: "
-                                                  f"{type(exc).__name__}: {exc}", self.counts[src.name])
-                    ev = None
-                finally:
-                    asm.commit(buf, start, m, stream.ptr, ev)
-                pos += m
-
-        def plan_of(frame):
-            fmt = surface_format(frame)
-            surface = cp.from_dlpack(frame)  # no copy; the decoder writes on this stream, so no wait is added
-            info = src.info  # pre.plan() caches per kind of surface
-            return pre.plan(fmt, surface.shape, surface.dtype, info.height, info.width, info.colorspace,
-                            out_dtype), surface
-
-        batch_plan: list = []
-        skip_to = self.done.get(src.name, -1)
-
-        def on_frames(first, frames):  # SimpleDecoder: one batch of one source
-            t_in = time.perf_counter()
-            clock["decoder"] += t_in - clock["out"]
-            if self.stop.is_set():
-                return False
-            # one DLPack import per source, not per batch: a file's surfaces keep the geometry its demuxer
-            # reported, and every extra call into PyNvVideoCodec costs interpreter-lock traffic
-            if not batch_plan:
-                batch_plan.append(plan_of(frames[0])[0])
-            plan = batch_plan[0]
-            ptrs, metas = [], []
-            received = time.time()
-            for i, frame in enumerate(frames):
-                index = first + i
-                if index % self.stride or index <= skip_to:
-                    continue
-                ptrs.append(frame.GetPtrToPlane(0))
-                pts, t = src.stamp_index(index) if hasattr(src, "stamp_index") else (frame.getPTS(), None)
-                metas.append((src.name, index, pts, t if t is not None else self._seconds(src, index), None, None,
-                              received))
-            if ptrs:
-                write(ptrs, metas, plan)
-            clock["out"] = time.perf_counter()
-            clock["launch"] += clock["out"] - t_in
-            return True  # frame references die with this call, before the next get_batch_frames
-
-        def on_frame(index, pts, t, frame, fed_at):  # packet loop: one frame
-            out_at = time.perf_counter()
-            if self.stop.is_set():
-                return False
-            if index % self.stride or index <= skip_to:
-                return True
-            plan, surface = plan_of(frame)
-            write([surface.data.ptr], [(src.name, index, pts, t, fed_at, out_at, time.time())], plan)
-            return True  # surface and frame references die here, before the next Decode
-
-        fmt, reused, kept = None, None, None
+        writer = _SourceWriter(self, src, pre, asm, out_dtype)
+        stream = fmt = reused = kept = None
         try:
             if src.batched:  # a decoder kept from an earlier source of this format comes with its own stream
                 fmt = src.probe()
                 stream, reused = DECODERS.take(self.device_id, fmt)
             # normal priority and one stream for the decoder's copies and our kernel: a higher priority, a separate
             # decoder stream and a larger decoder ring were measured on the H200 and changed nothing (BENCHMARKS.md)
-            stream = stream or cp.cuda.Stream(non_blocking=True)
+            stream = writer.stream = stream or cp.cuda.Stream(non_blocking=True)
             with stream:
                 if src.batched:
                     try:
-                        kept = src.run_batches(stream.ptr, DECODE_BATCH, on_frames, decoder=reused)
+                        kept = src.run_batches(stream.ptr, DECODE_BATCH, writer.on_frames, decoder=reused)
                         return
                     except BatchUnavailable as exc:
                         log.info("%s; decoding it packet by packet", exc)
-                src.run(stream.ptr, on_frame)
+                src.run(stream.ptr, writer.on_frame)
         except Stopped:
             return
         except SourceError as exc:
@@ -204,12 +129,16 @@ class GpuPipeline:
             if kept is not None:  # decoded to the end without an error: the next source of its format takes it
                 DECODERS.give(self.device_id, fmt, stream, kept)
             asm.source_done()  # whatever happened: the run must not wait for this source forever
-            with self.lock:  # where the decoder threads' time went (summed over sources)
-                st = self.stats.decode_stage
-                for k, name in (("decoder", "waiting_for_decoder_s"), ("slots", "waiting_for_slots_s"),
-                                ("launch", "preprocess_call_s")):
-                    st[name] = st.get(name, 0.0) + clock[k]
-                st["decoders_reused"] = st.get("decoders_reused", 0) + int(reused is not None)
+            self._add_decode_time(writer.clock, reused is not None)
+
+    def _add_decode_time(self, clock: dict, reused: bool) -> None:
+        """Where a decoder thread's time went, summed over sources in ``stats.decode_stage``."""
+        with self.lock:
+            st = self.stats.decode_stage
+            for k, name in (("decoder", "waiting_for_decoder_s"), ("slots", "waiting_for_slots_s"),
+                            ("launch", "preprocess_call_s")):
+                st[name] = st.get(name, 0.0) + clock[k]
+            st["decoders_reused"] = st.get("decoders_reused", 0) + int(reused)
 
     def infer_stage(self, asm: SlotAssembler, infer_stream, results: queue.Queue, errors: list) -> None:
         """Full (or timed-out) buffers -> engine -> top-k on the GPU. Runs in one thread, on the engine's GPU."""
@@ -364,3 +293,87 @@ class GpuPipeline:
                     if n:
                         d = getattr(self.stats, field)
                         d[src.name] = d.get(src.name, 0) + n
+
+
+class _SourceWriter:
+    """One source's frames into the input buffers: the decoders' callbacks (``on_frames`` for the SimpleDecoder,
+    ``on_frame`` for the packet loop) and ``write``, which enqueues ONE preprocessing kernel per run of slots on
+    the source's stream (``stream``, set by the decode stage before decoding starts)."""
+
+    def __init__(self, pipe: GpuPipeline, src, pre: GpuPreprocessor, asm: SlotAssembler, out_dtype):
+        self.pipe, self.src, self.pre, self.asm, self.out_dtype = pipe, src, pre, asm, out_dtype
+        self.stream = None
+        self.clock = {"out": time.perf_counter(), "decoder": 0.0, "slots": 0.0, "launch": 0.0}
+        self.drop = getattr(src, "live", False) and pipe.policy != "block"
+        self.skip_to = pipe.done.get(src.name, -1)
+        self.batch_plan = None
+
+    def write(self, ptrs, metas, plan) -> None:
+        """Enqueue the preprocessing of these surfaces into the next free slots, as few runs as possible. A live
+        source under drop-oldest never waits for a slot: a frame that finds none is dropped (counted)."""
+        pipe, src, asm, stream = self.pipe, self.src, self.asm, self.stream
+        pos = 0
+        while pos < len(ptrs):
+            t0 = time.perf_counter()
+            got = asm.reserve(metas[pos:pos + MAX_FRAMES_PER_LAUNCH], wait=not self.drop)
+            if got is None:
+                pipe.dropped[src.name] += len(ptrs) - pos
+                return
+            buf, start, m = got
+            self.clock["slots"] += time.perf_counter() - t0
+            ev = None
+            try:
+                stream.wait_event(buf.free)  # inference has read this buffer's previous batch (GPU-side wait)
+                self.pre.launch(plan, ptrs[pos:pos + m], buf.data.data.ptr + start * buf.slot_bytes, stream)
+                ev = buf.event_for(stream.ptr)
+                ev.record(stream)
+            except Exception as exc:  # noqa: BLE001 - the run's frames are lost, the source goes on
+                pipe.report_problem(src.name, f"{src.name}: {m} frame(s) lost: preprocessing failed: "
+                                              f"{type(exc).__name__}: {exc}", pipe.counts[src.name])
+                ev = None
+            finally:
+                asm.commit(buf, start, m, stream.ptr, ev)
+            pos += m
+
+    def plan_of(self, frame):
+        fmt = surface_format(frame)
+        surface = self.pipe.cp.from_dlpack(frame)  # no copy; the decoder writes on this stream, so no wait is added
+        info = self.src.info  # pre.plan() caches per kind of surface
+        return self.pre.plan(fmt, surface.shape, surface.dtype, info.height, info.width, info.colorspace,
+                             self.out_dtype), surface
+
+    def on_frames(self, first, frames):  # SimpleDecoder: one batch of one source
+        pipe, src = self.pipe, self.src
+        t_in = time.perf_counter()
+        self.clock["decoder"] += t_in - self.clock["out"]
+        if pipe.stop.is_set():
+            return False
+        # one DLPack import per source, not per batch: a file's surfaces keep the geometry its demuxer reported,
+        # and every extra call into PyNvVideoCodec costs interpreter-lock traffic
+        if self.batch_plan is None:
+            self.batch_plan = self.plan_of(frames[0])[0]
+        ptrs, metas = [], []
+        received = time.time()
+        for i, frame in enumerate(frames):
+            index = first + i
+            if index % pipe.stride or index <= self.skip_to:
+                continue
+            ptrs.append(frame.GetPtrToPlane(0))
+            pts, t = src.stamp_index(index) if hasattr(src, "stamp_index") else (frame.getPTS(), None)
+            metas.append((src.name, index, pts, t if t is not None else pipe._seconds(src, index), None, None,
+                          received))
+        if ptrs:
+            self.write(ptrs, metas, self.batch_plan)
+        self.clock["out"] = time.perf_counter()
+        self.clock["launch"] += self.clock["out"] - t_in
+        return True  # frame references die with this call, before the next get_batch_frames
+
+    def on_frame(self, index, pts, t, frame, fed_at):  # packet loop: one frame
+        out_at = time.perf_counter()
+        if self.pipe.stop.is_set():
+            return False
+        if index % self.pipe.stride or index <= self.skip_to:
+            return True
+        plan, surface = self.plan_of(frame)
+        self.write([surface.data.ptr], [(self.src.name, index, pts, t, fed_at, out_at, time.time())], plan)
+        return True  # surface and frame references die here, before the next Decode
