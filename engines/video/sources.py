@@ -636,55 +636,72 @@ class NvdecSource(LiveSource):
         index, dec, kept = 0, decoder, False
         try:
             for _ in range(self.loop):
-                try:
-                    if dec is None:
-                        dec = nvc.SimpleDecoder(self.name, gpu_id=self.gpu, cuda_context=0, cuda_stream=stream_ptr,
-                                                use_device_memory=True)
-                    else:  # a decoder made for this format: point it at this file (its frames are all released)
-                        dec.reconfigure_decoder(self.name)
-                    declared = int(getattr(dec.get_stream_metadata(), "num_frames", 0) or 0)
-                except Exception as exc:  # noqa: BLE001 - PyNvVideoCodec raises plain exceptions
-                    dec = None  # a decoder that failed is never used again
-                    if index == 0:  # e.g. a container that declares no frame count: the packet loop can read it
-                        raise BatchUnavailable(f"{self.name}: SimpleDecoder refused it ({_first_line(exc)})") from exc
-                    raise SourceError(self.name, f"NVDEC decoder for {self._what} failed: {_first_line(exc)}") from exc
-                start, got = index, 0
-                while not declared or got < declared:
-                    try:
-                        # never past the declared count: the SimpleDecoder prints "INVALID INDEX n" on stdout for
-                        # every frame asked beyond it, which would corrupt a --json report
-                        frames = dec.get_batch_frames(min(max_frames, declared - got) if declared else max_frames)
-                    except Exception as exc:  # noqa: BLE001 - go on with the packet loop below
-                        log.info("%s: SimpleDecoder stopped (%s)", self.name, _first_line(exc))
-                        break
-                    if not frames:
-                        break
-                    n = len(frames)
-                    self.decoded += n
-                    got += n
-                    go = on_frames(index, frames)
-                    del frames
-                    index += n
-                    if go is False:
-                        return None
-                if declared and got < declared:
-                    log.info("%s: SimpleDecoder ended after %d of %d frames; the packet loop goes on", self.name,
-                             got, declared)
+                dec, declared = self._point_decoder(nvc, dec, stream_ptr, index)
+                start = index
+                index, got = self._batch_pass(dec, declared, max_frames, on_frames, index)
+                if index is None:
+                    return None
+                if declared and got < declared:  # the packet loop decodes the rest of the file
                     _synchronize(stream_ptr)  # our reads of its last batch finish before the decoder goes
                     dec = None
-                    index = self._packet_pass(nvc, stream_ptr, one, index, skip=got)
+                    index = self._rest_by_packets(nvc, stream_ptr, one, index, start, got, declared)
                     if index is None:
                         return None
-                    if index - start < declared:
-                        raise SourceError(self.name, f"ended after {index - start} of the {declared} frames its "
-                                          "container declares", "the file is probably cut off or damaged: check or "
-                                          "re-encode it")
             kept = dec is not None
             return dec
         finally:
             _synchronize(stream_ptr)  # our reads of the last batch finish before the decoder goes or is kept
             if not kept:
                 dec = None
+
+    def _point_decoder(self, nvc, dec, stream_ptr: int, index: int):
+        """(a SimpleDecoder on this file, the frame count its container declares): a new one, or ``dec`` (made for
+        this format) pointed at the file. Before the first frame a refusal is :class:`BatchUnavailable`."""
+        try:
+            if dec is None:
+                dec = nvc.SimpleDecoder(self.name, gpu_id=self.gpu, cuda_context=0, cuda_stream=stream_ptr,
+                                        use_device_memory=True)
+            else:  # a decoder made for this format: point it at this file (its frames are all released)
+                dec.reconfigure_decoder(self.name)
+            return dec, int(getattr(dec.get_stream_metadata(), "num_frames", 0) or 0)
+        except Exception as exc:  # noqa: BLE001 - PyNvVideoCodec raises plain exceptions; a failed decoder is dropped
+            if index == 0:  # e.g. a container that declares no frame count: the packet loop can read it
+                raise BatchUnavailable(f"{self.name}: SimpleDecoder refused it ({_first_line(exc)})") from exc
+            raise SourceError(self.name, f"NVDEC decoder for {self._what} failed: {_first_line(exc)}") from exc
+
+    def _batch_pass(self, dec, declared: int, max_frames: int, on_frames, index: int):
+        """Batches of up to ``max_frames`` frames to ``on_frames`` until the declared count (or the decoder stops).
+        Returns (next index, frames got), or (None, got) when ``on_frames`` asked to stop."""
+        got = 0
+        while not declared or got < declared:
+            try:
+                # never past the declared count: the SimpleDecoder prints "INVALID INDEX n" on stdout for every frame
+                # asked beyond it, which would corrupt a --json report
+                frames = dec.get_batch_frames(min(max_frames, declared - got) if declared else max_frames)
+            except Exception as exc:  # noqa: BLE001 - the caller goes on with the packet loop
+                log.info("%s: SimpleDecoder stopped (%s)", self.name, _first_line(exc))
+                break
+            if not frames:
+                break
+            n = len(frames)
+            self.decoded += n
+            got += n
+            go = on_frames(index, frames)
+            del frames
+            index += n
+            if go is False:
+                return None, got
+        return index, got
+
+    def _rest_by_packets(self, nvc, stream_ptr: int, one, index: int, start: int, got: int, declared: int):
+        """The SimpleDecoder stopped after ``got`` of ``declared`` frames: the packet loop decodes the rest; a file
+        that still ends early is a SourceError (after all its frames). Returns the next index, or None to stop."""
+        log.info("%s: SimpleDecoder ended after %d of %d frames; the packet loop goes on", self.name, got, declared)
+        index = self._packet_pass(nvc, stream_ptr, one, index, skip=got)
+        if index is not None and index - start < declared:
+            raise SourceError(self.name, f"ended after {index - start} of the {declared} frames its container "
+                              "declares", "the file is probably cut off or damaged: check or re-encode it")
+        return index
 
 
 BATCHED_SUFFIXES = (".mp4", ".mov", ".m4v")
