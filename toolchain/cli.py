@@ -241,7 +241,8 @@ def _show(state: State, report, as_json: bool, renderer: str) -> None:
 
 @cli.command(context_settings=CONTEXT)
 @click.argument("source")
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="The .onnx file to write.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="The .onnx file to write (not for an .onnx "
+              "SOURCE: its manifest goes beside it).")
 @click.option("--weights", type=click.Path(), help="State dict or checkpoint for torchvision:/timm:/file.py: sources "
               "(torchvision:/timm: need it, or --random-weights).")
 @click.option("--random-weights", is_flag=True, help="torchvision:/timm: export the untrained network (tests, speed "
@@ -249,14 +250,15 @@ def _show(state: State, report, as_json: bool, renderer: str) -> None:
 @click.option("--num-classes", type=click.IntRange(1), help="Replace the classifier head with N classes.")
 @click.option("--input-size", "--crop", "input_size", callback=_size, help="Model input (= crop) size, N or HxW. "
               "Default: the source's own (224 for most).")
-@click.option("--batch", default="1:8:32", show_default=True, help="Batch range MIN:OPT:MAX (the TensorRT profile); "
-              "a single N fixes the batch.")
+@click.option("--batch", help="Batch range MIN:OPT:MAX (the TensorRT profile); a single N fixes the batch. "
+              "[default: 1:8:32; an adopted .onnx: its own]")
 @click.option("--opset", type=int, help="ONNX opset (default: the exporter's).")
 @click.option("--exporter", type=click.Choice(["auto", "dynamo", "torchscript"]), default="auto", show_default=True,
               help="auto tries dynamo, then falls back to TorchScript.")
 @click.option("--labels", type=click.Path(), help="Class names: a text file (one per line) or a JSON list.")
-@click.option("--mean", callback=_floats3, help="Per-channel mean in [0,1] units, e.g. 0.485,0.456,0.406.")
-@click.option("--std", callback=_floats3, help="Per-channel std in [0,1] units.")
+@click.option("--mean", callback=_floats3, help="Per-channel mean in [0,1] units, in the model's input channel "
+              "order (after --color BGR's swap), e.g. 0.485,0.456,0.406.")
+@click.option("--std", callback=_floats3, help="Per-channel std in [0,1] units, in the model's input channel order.")
 @click.option("--color", type=click.Choice(["RGB", "BGR"], case_sensitive=False), help="Channel order of the input.")
 @click.option("--resize", type=click.IntRange(0), help="Short side before the centre crop; 0 stretches to the input.")
 @click.option("--check-data", type=click.Path(), help="Images (file or folder) to compare ONNX Runtime with PyTorch "
@@ -270,22 +272,45 @@ def _show(state: State, report, as_json: bool, renderer: str) -> None:
 @click.pass_obj
 def export(state: State, source, output, weights, random_weights, num_classes, input_size, batch, opset, exporter,
            labels, mean, std, color, resize, check_data, check_samples, atol, name, force, as_json):
-    """Export a PyTorch classifier to ONNX, with OUTPUT.json (the manifest) beside it.
+    """Export a PyTorch classifier to ONNX, with OUTPUT.json (the manifest) beside it; or adopt an ONNX file made
+    elsewhere.
 
     SOURCE is torchvision:ARCH, timm:NAME, pretrained:efficientnet-lite0, path/to/file.py:factory, a TorchScript
     file or a torch.export .pt2. Nothing is downloaded. The result is checked with onnx.checker and against PyTorch
     in ONNX Runtime (CPU) before it is written; on any failure nothing is left behind.
+
+    An existing .onnx SOURCE is adopted: checked, given labels (--labels, else its ONNX metadata) and the
+    preprocessing of --input-size/--resize/--mean/--std/--color, and SOURCE.json is written beside it (the model
+    file is not touched). Every command then treats it as its own (docs/BRING-YOUR-OWN-ONNX.md).
 
     \b
     Examples:
       trtc export pretrained:efficientnet-lite0 -o lite0.onnx
       trtc export torchvision:resnet18 --weights w.pth --num-classes 10 -o r18.onnx --check-data photos/
       trtc export torchvision:resnet50 --random-weights -o r50.onnx     # untrained: for speed measurements
+      trtc export ro.onnx --color bgr --resize 256                      # adopt an ONNX made elsewhere
     """
-    from .export import export_onnx
+    from .export import adopt_onnx, export_onnx, is_adoptable
 
+    if is_adoptable(source):
+        ignored = [opt for opt, given in (("--weights", weights), ("--random-weights", random_weights),
+                                          ("--num-classes", num_classes), ("--opset", opset),
+                                          ("--exporter", exporter != "auto"), ("--check-data", check_data))
+                   if given]
+        if output is not None and os.path.realpath(output) != os.path.realpath(source):
+            ignored.insert(0, "-o")
+        if ignored:
+            raise UsageProblem(f"{ignored[0]} does not apply to an ONNX model: adopting {source} writes "
+                               f"{source}.json beside it and changes nothing else", f"drop {ignored[0]}")
+        report = adopt_onnx(source, labels=labels, input_size=input_size, resize=resize, mean=mean, std=std,
+                            color=color.upper() if color else None, batch=batch, name=name, force=force,
+                            reporter=state.reporter())
+        _show(state, report, as_json, "render_adopt")
+        return
+    if output is None:
+        raise UsageProblem("no output given", f"add -o MODEL.onnx: trtc export {source} -o model.onnx")
     report = export_onnx(source, output, weights=weights, num_classes=num_classes, input_size=input_size,
-                         batch=batch, opset=opset, exporter=exporter, labels=labels, mean=mean, std=std,
+                         batch=batch or "1:8:32", opset=opset, exporter=exporter, labels=labels, mean=mean, std=std,
                          color=color.upper() if color else None, resize=resize, check_data=check_data,
                          check_samples=check_samples, atol=atol, force=force, name=name, reporter=state.reporter(),
                          random_weights=random_weights)

@@ -31,7 +31,7 @@ from engines.manifest import BatchProfile, Manifest, manifest_path, write_manife
 from engines.preprocess import PreprocessSpec, list_images
 
 from ._ui import Reporter
-from .errors import ExportError, UsageProblem
+from .errors import ExportError, TrtcError, UsageProblem
 from .resources import check_input_fits
 from .model_source import LoadedModel, load_model, parse_source
 from .outputs import check_output_path  # noqa: F401 - quantize and build import it from here
@@ -97,6 +97,60 @@ def read_labels(path: str | Path) -> list[str]:
             raise UsageProblem(f"labels file {p} must hold a JSON list of strings", fix)
         return labels
     return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+# ONNX metadata keys that model zoos and exporters use for class names (PaddleClas/RapidOCR: "character";
+# others: "labels", "classes", "class_names", "names" (Ultralytics: a dict {0: "person", ...}))
+LABEL_METADATA_KEYS = ("labels", "classes", "class_names", "names", "character")
+
+
+def parse_label_metadata(value: str) -> list[str] | None:
+    """Class names from one metadata value: a JSON list, a dict {index: name} (JSON or Python literal), or text
+    with one name a line (or comma-separated). None when it holds no list of names."""
+    import ast
+
+    text = value.strip()
+    if not text:
+        return None
+    parsed = None
+    for parse in (json.loads, ast.literal_eval):
+        try:
+            parsed = parse(text)
+            break
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            continue
+    if isinstance(parsed, dict):
+        try:
+            keys = sorted(parsed, key=int)
+        except (TypeError, ValueError):
+            return None
+        if [int(k) for k in keys] != list(range(len(keys))):
+            return None
+        return [str(parsed[k]) for k in keys]
+    if isinstance(parsed, (list, tuple)) and len(parsed) > 1:
+        return [str(x) for x in parsed]
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if len(lines) > 1:
+        return lines
+    parts = [x.strip() for x in text.split(",") if x.strip()]
+    return parts if len(parts) > 1 else None
+
+
+def onnx_labels(path: str | Path, classes: int | None = None) -> tuple[list[str] | None, str | None]:
+    """(class names, the metadata key they came from) of an ONNX file made elsewhere, or (None, None). With
+    ``classes``, a list of another length is not taken."""
+    onnx = require("onnx", "Reading ONNX models")
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:  # noqa: BLE001 - not an ONNX file: no labels; opening it says why
+        return None, None
+    props = {p.key.lower(): p.value for p in model.metadata_props}
+    for key in LABEL_METADATA_KEYS:
+        if key in props:
+            labels = parse_label_metadata(props[key])
+            if labels and (classes is None or len(labels) == classes):
+                return labels, next(p.key for p in model.metadata_props if p.key.lower() == key)
+    return None, None
 
 
 def build_spec(loaded: LoadedModel, input_size=None, resize=None, mean=None, std=None, color=None) -> PreprocessSpec:
@@ -484,5 +538,165 @@ def export_onnx(source: str, output: str | Path, *, weights: str | None = None, 
                         weights=origin, warnings=warnings_)
 
 
-__all__ = ["export_onnx", "ExportReport", "ParityCheck", "check_output_path", "read_labels", "top_k",
+@dataclass
+class AdoptReport:
+    """``trtc export model.onnx``: an ONNX file made elsewhere, given its manifest (the file is not touched)."""
+    output: str  # the adopted model (unchanged)
+    manifest: str
+    sha256: str
+    input_shape: list
+    num_classes: int | None
+    batch: dict
+    preprocess: dict
+    labels: int  # how many class names the manifest carries (0: none)
+    labels_from: str  # "--labels FILE", "ONNX metadata 'character'" or "none"
+    assumed: list[str] = field(default_factory=list)  # preprocessing settings no option gave (defaults taken)
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def describe_contract(spec: PreprocessSpec) -> str:
+    """One line for a preprocessing contract (what a model without a manifest is assumed to take)."""
+    resize = f"resize short side {spec.resize}, centre crop" if spec.resize else "stretch to"
+    return (f"{spec.color}, {resize} {spec.size[0]}x{spec.size[1]} ({spec.interpolation}), "
+            f"mean {','.join(f'{v:g}' for v in spec.mean)}, std {','.join(f'{v:g}' for v in spec.std)}")
+
+
+def no_manifest_note(model: str | Path, spec: PreprocessSpec, labels: bool = False) -> str:
+    """What every command says, once, of an ONNX model without a manifest that it runs anyway (trtc run and
+    quantize; trtc validate refuses such a model unless another model's manifest gives the contract): what it
+    assumes, and how to stop assuming."""
+    name = Path(model).name
+    return (f"{name} has no manifest: assumed {describe_contract(spec)}" + ("" if labels else ", no class names")
+            + f"; adopt it once to set them: trtc export {model} --color ... --mean ... --std ... --resize ... "
+            "(docs/BRING-YOUR-OWN-ONNX.md)")
+
+
+def is_adoptable(source: str) -> bool:
+    """An existing .onnx file given to ``trtc export``: adopted, not exported."""
+    p = Path(source)
+    return p.suffix.lower() == ".onnx" and p.is_file()
+
+
+def adopt_onnx(model: str | Path, *, labels: str | list[str] | None = None, input_size=None,
+               resize: int | None = None, mean=None, std=None, color: str | None = None, batch: str | None = None,
+               name: str | None = None, force: bool = False, reporter: Reporter | None = None) -> AdoptReport:
+    """Adopt an ONNX classifier that trtc did not export: check it, take its labels (``labels``, else its ONNX
+    metadata: ``labels``/``classes``/``class_names``/``names``/``character``) and its preprocessing contract
+    (the options; what no option gives is the ImageNet default, listed in ``assumed``), and write ``model.onnx.json``
+    beside it. The model file itself is never written. Afterwards every command treats it as trtc's own."""
+    reporter = reporter or Reporter()
+    src = Path(model)
+    if not src.is_file():
+        raise UsageProblem(f"model not found: {src}", "give the path of an existing .onnx file")
+    mpath = manifest_path(src)
+    if mpath.exists() and not force:
+        raise UsageProblem(f"{src.name} has a manifest already ({mpath.name})",
+                           "add --force to replace it with one made from these options")
+    onnx = require("onnx", "Reading ONNX models")
+    from engines.onnxruntime_engine import OnnxRuntimeEngine
+
+    from .precision import graph as G
+
+    fix_model = "give an ONNX classifier: one NCHW image input, a (batch, classes) first output"
+    try:
+        proto = onnx.load(str(src))
+        onnx.checker.check_model(proto, full_check=True)
+    except Exception as exc:  # noqa: BLE001 - onnx raises many kinds
+        raise ExportError(f"{src.name} is not a valid ONNX model: {_first_line(exc)}", fix_model) from exc
+    feeds = G.graph_inputs(proto)
+    if len(feeds) != 1:
+        raise ExportError(f"{src.name} has {len(feeds)} inputs; trtc adopts single-input image classifiers", fix_model)
+    dims = G.input_dims(feeds[0])
+    if len(dims) != 4 or dims[1] != 3:
+        raise ExportError(f"{src.name} takes {G.tensor_spec(feeds[0]).shape} inputs, not NCHW images with 3 channels",
+                          fix_model)
+    assumed = []
+    hw = tuple(dims[2:4])
+    fixed_hw = all(isinstance(d, int) and d > 0 for d in hw)
+    if input_size is not None:
+        size = (input_size, input_size) if isinstance(input_size, int) else tuple(input_size)
+        if fixed_hw and size != hw:
+            raise UsageProblem(f"--input-size {size[0]}x{size[1]} is not the {hw[0]}x{hw[1]} the model takes",
+                               f"use --input-size {hw[0]}x{hw[1]} (or leave it out)")
+    elif fixed_hw:
+        size = hw
+    else:
+        size = (224, 224)
+        assumed.append("input size 224x224")
+    if resize is None:
+        resize = int(round(min(size) / 0.875))
+        assumed.append(f"resize {resize}")
+    if color is None:
+        assumed.append("colour RGB")
+    if mean is None:
+        assumed.append("ImageNet mean")
+    if std is None:
+        assumed.append("ImageNet std")
+    spec = PreprocessSpec(size=size, resize=resize or None, color=color or "RGB",
+                          mean=tuple(mean or (0.485, 0.456, 0.406)), std=tuple(std or (0.229, 0.224, 0.225)),
+                          input=feeds[0].name)
+    if batch is not None:
+        profile = BatchProfile.parse(batch)
+        if isinstance(dims[0], int) and dims[0] > 0 and (profile.min, profile.max) != (dims[0], dims[0]):
+            raise UsageProblem(f"--batch {batch}: the model's batch is fixed at {dims[0]}",
+                               f"use --batch {dims[0]} (or leave it out)")
+    elif isinstance(dims[0], int) and dims[0] > 0:
+        profile = BatchProfile(dims[0], dims[0], dims[0])
+    else:
+        profile = BatchProfile(1, 8, 32)
+    with reporter.phase(f"checking {src.name} in ONNX Runtime"):
+        engine = OnnxRuntimeEngine(src, device="cpu")
+        try:
+            x = np.random.default_rng(0).standard_normal((profile.min, 3, *size), dtype=np.float32)
+            y = np.asarray(engine.infer(x)[0])
+            ins, outs = engine.inputs, engine.outputs
+        except Exception as exc:  # noqa: BLE001 - the runtime's own errors, said in one line
+            if isinstance(exc, TrtcError):
+                raise
+            raise ExportError(f"ONNX Runtime cannot run {src.name} on {profile.min}x3x{size[0]}x{size[1]} inputs: "
+                              f"{_first_line(exc)}", "give the --input-size and --batch the model takes") from exc
+        finally:
+            engine.close()
+    if y.ndim != 2:
+        raise ExportError(f"{src.name}'s first output is {list(y.shape)} per batch, not (batch, classes)", fix_model)
+    num = int(y.shape[1])
+    warnings_ = []
+    if isinstance(labels, (str, Path)):
+        label_list, labels_from = read_labels(labels), f"--labels {labels}"
+    elif labels is not None:
+        label_list, labels_from = list(labels), "the labels argument"
+    else:
+        label_list, key = onnx_labels(src)
+        labels_from = f"ONNX metadata {key!r}" if label_list else "none"
+    if label_list is not None and len(label_list) != num:
+        where = "labels file" if labels is not None else f"ONNX metadata {key!r}"
+        raise UsageProblem(f"the {where} has {len(label_list)} entries but the model has {num} outputs",
+                           "give one label per class, in output order (--labels FILE)")
+    if label_list is None:
+        warnings_.append(f"{src.name} carries no class names: predictions show class indices; give --labels FILE")
+    if len(set(label_list or [])) != len(label_list or []):
+        raise UsageProblem("the labels hold the same name twice", "give each class its own name")
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
+    manifest = Manifest(
+        kind="onnx",
+        model={"name": name or src.stem, "source": str(src), "num_classes": num, "weights": "source"},
+        preprocess=spec, inputs=[ins[0]], outputs=[outs[0]], batch=profile, labels=label_list,
+        precision={"mode": "fp32"},
+        producer={"tool": "trtc export", "trtc": __version__, "adopted": True, "labels_from": labels_from,
+                  "assumed": assumed, "opset": opset, "producer_name": proto.producer_name,
+                  "onnx": dist_version("onnx"), "onnxruntime": dist_version("onnxruntime", "onnxruntime-gpu")})
+    if assumed:
+        warnings_.append(f"assumed (no option gave them): {', '.join(assumed)}; check them against how the model was "
+                         "trained, and give --color/--mean/--std/--resize where they differ")
+    written = write_manifest(src, manifest)
+    return AdoptReport(output=str(src), manifest=str(written), sha256=manifest.artifact["sha256"],
+                       input_shape=list(ins[0].shape), num_classes=num, batch=profile.to_dict(),
+                       preprocess=spec.to_dict(), labels=len(label_list or []), labels_from=labels_from,
+                       assumed=assumed, warnings=warnings_)
+
+
+__all__ = ["export_onnx", "adopt_onnx", "AdoptReport", "onnx_labels", "ExportReport", "ParityCheck", "check_output_path", "read_labels", "top_k",
            "manifest_path"]

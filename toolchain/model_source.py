@@ -258,8 +258,8 @@ def _fix_for(p: Path, kind: str, use: str | None, opt: str | None) -> str:
     images = kind == "folder" and _holds_images(p)
     if use == "export":
         if kind == "onnx":
-            return (f"nothing to export: use it as it is (trtc quantize {p} --precision fp16, trtc build {p}, "
-                    f"trtc inspect {p})")
+            return (f"nothing to export: give it a .onnx name and trtc export adopts it (writes its manifest: "
+                    f"labels, preprocessing): cp {p} model.onnx && trtc export model.onnx")
         if kind == "plan":
             return f"nothing to export: use it as it is (trtc inspect {p}, trtc bench {p})"
         if kind == "checkpoint":

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 # one softmax and one top-k ordering for the runtime and the checks
-from engines.topk import softmax, topk_indices  # noqa: F401
+from engines.topk import looks_like_probabilities, softmax, topk_indices  # noqa: F401
 
 
 @dataclass
@@ -35,7 +35,16 @@ class Parity:
 TIE_MARGIN = 0.01  # logits: top-1 within 1% probability (exp(0.01)) of top-2 in the reference = a near-tie
 
 
-def compare(reference: np.ndarray, candidate: np.ndarray) -> Parity:
+def scores(outputs: np.ndarray, probabilities: bool) -> np.ndarray:
+    """Probabilities of classifier outputs: the outputs themselves when they are probabilities already (a Softmax
+    in the graph), else their softmax."""
+    return np.asarray(outputs, np.float64) if probabilities else softmax(outputs)
+
+
+def compare(reference: np.ndarray, candidate: np.ndarray, probabilities: bool | None = None) -> Parity:
+    """``probabilities``: the outputs are probabilities already (None: decided on the reference's outputs by the
+    rule of ``trtc run --scores auto``, :func:`engines.topk.looks_like_probabilities`), so KL uses them as they
+    are instead of a second softmax."""
     ref = np.asarray(reference, np.float64)
     cand = np.asarray(candidate, np.float64)
     if ref.shape != cand.shape or ref.ndim != 2:
@@ -51,7 +60,9 @@ def compare(reference: np.ndarray, candidate: np.ndarray) -> Parity:
     num = np.sum(ref * cand, axis=1)
     den = np.linalg.norm(ref, axis=1) * np.linalg.norm(cand, axis=1)
     cos = np.where(den > 0, num / np.where(den > 0, den, 1.0), 1.0)
-    p, q = softmax(ref), softmax(cand)
+    if probabilities is None:
+        probabilities = looks_like_probabilities(ref)
+    p, q = scores(ref, probabilities), scores(cand, probabilities)
     kl = np.sum(p * (np.log(np.clip(p, 1e-300, None)) - np.log(np.clip(q, 1e-300, None))), axis=1)
     top2 = np.sort(ref, axis=1)[:, -2:] if ref.shape[1] > 1 else np.concatenate([ref, ref - np.inf], 1)
     tie = (top2[:, 1] - top2[:, 0]) < TIE_MARGIN

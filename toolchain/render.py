@@ -101,6 +101,24 @@ def render_export(console, report) -> None:
     _warn(report.warnings)
 
 
+def render_adopt(console, report) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    t = Table(title=f"adopted {report.output} (the file is unchanged)", show_header=False, title_justify="left")
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("input", f"{report.input_shape}  batch {report.batch['min']}:{report.batch['opt']}:{report.batch['max']}")
+    t.add_row("classes", str(report.num_classes))
+    t.add_row("labels", escape(f"{report.labels} from {report.labels_from}" if report.labels else "none"))
+    p = report.preprocess
+    t.add_row("preprocess", escape(f"{p['color']} resize {p['resize'] or 'stretch'} crop {p['size'][0]}x{p['size'][1]} "
+                                   f"({p['interpolation']}) mean {p['mean']} std {p['std']}"))
+    t.add_row("manifest", escape(report.manifest))
+    _print(console, t)
+    _warn(report.warnings)
+
+
 def render_quantize(console, report) -> None:
     from rich.markup import escape
     from rich.table import Table
@@ -233,7 +251,8 @@ def render_inspect(console, report: dict) -> None:
             t.add_row("compute layers", escape(", ".join(f"{n} {k}" for k, n in sorted(lp["counts"].items()))
                                                + f" ({lp.get('source')})"))
     if report.get("operators"):
-        t.add_row("operators", escape(", ".join(f"{k} {v}" for k, v in list(report["operators"].items())[:10])))
+        ops = report["operators"]  # every type: a foreign model's unusual operators are what to look for
+        t.add_row(f"operators ({len(ops)} types)", escape(", ".join(f"{k} {v}" for k, v in ops.items())))
     verdict = "[green]yes[/]" if report["runs_here"] else "[red]no[/]: " + escape("; ".join(report["why_not"]))
     t.add_row("runs here", verdict)
     if report.get("rebuild"):

@@ -69,6 +69,8 @@ class ValidateReport:
     candidates: list[CandidateResult]
     passed: bool
     warnings: list[str] = field(default_factory=list)
+    scores: str = "logits"  # "probabilities": the outputs end in a Softmax, used as they are (no second softmax)
+    contracts: int = 1  # distinct preprocessing contracts the models ran with (each model its own)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -201,36 +203,146 @@ def validate(reference: str, candidates: list[str], data: list[str], *, device: 
     cal.check_sources(data)
     ref = _classify(reference)
     cands = [_classify(c) for c in candidates]
+    models = [ref, *cands]
     spec_from = next((m.manifest for m in [*cands, ref] if m.manifest is not None), None)
     if spec_from is None:
-        raise UsageProblem("no model has a manifest, so the preprocessing is unknown",
-                           "validate models made by trtc export/quantize/build")
-    data_from = next(m for m in [*cands, ref] if m.manifest is spec_from)
+        foreign = ref.spec.split(":", 1)[1] if ref.kind == "opencv" else ref.spec
+        raise UsageProblem("no model has a manifest, so the preprocessing and labels are unknown",
+                           f"adopt the model once: trtc export {foreign} --labels FILE --mean ... --std ... --color ... "
+                           "(writes its manifest; see docs/BRING-YOUR-OWN-ONNX.md), or validate models made by trtc "
+                           "export/quantize/build")
     _check_declared(ref, cands)  # from the manifests: before any data is read or any model runs
-    dims = [1, *[d if isinstance(d, int) else 1 for d in spec_from.inputs[0].shape[1:]]]
-    warnings = []
-    dataset = _load(data, spec_from, dims, count, seed, reporter, warnings)
-    x = dataset.x
+    warnings: list[str] = []
+    # each model runs with its own preprocessing contract; one without a manifest borrows one (said once)
+    contract = {id(m): _contract_of(m, models, spec_from, warnings) for m in models}
+    label_names = next((m.manifest.labels for m in models if m.manifest is not None and m.manifest.labels), None)
+    label_from = "the manifest"
+    if label_names is None:
+        label_names, label_from = _metadata_labels(models)
+    classes = next((c for c in (classes_of(m.manifest.outputs) for m in models if m.manifest is not None) if c), None)
+    datasets: dict = {}
+    for m in models:
+        owner = contract[id(m)]
+        key = _contract_key(owner)
+        if key not in datasets:
+            dims = [1, *[d if isinstance(d, int) else 1 for d in owner.inputs[0].shape[1:]]]
+            datasets[key] = _load(data, owner, dims, count, seed, reporter, warnings, label_names, label_from,
+                                  classes)
+    dataset = datasets[_contract_key(contract[id(ref)])]
+    for other in datasets.values():
+        if other.origins != dataset.origins:
+            raise UsageProblem("the models' preprocessing contracts read different samples from the data",
+                               "give data that every model can read (images or videos)")
+    if len(datasets) > 1:
+        log.info("the models run with %d different preprocessing contracts, each with its own", len(datasets))
 
+    def inputs_of(m: ModelRef) -> np.ndarray:
+        return datasets[_contract_key(contract[id(m)])].x
+
+    def data_from_of(m: ModelRef) -> ModelRef:
+        return next(o for o in [m, *cands, ref] if o.manifest is contract[id(m)])
+
+    x = inputs_of(ref)
     with reporter.phase(f"reference {model_label(ref.spec)} on {len(x)} samples", total=len(x)) as bar:
         runner = Runner(ref, device)
-        _check_runner(runner, ref, x, data_from, ref, cands)
-        ref_logits = _run_checked(runner, ref, x, bar, data_from, ref, cands)
-    label_names = spec_from.labels
+        _check_runner(runner, ref, x, data_from_of(ref), ref, cands)
+        ref_logits = _run_checked(runner, ref, x, bar, data_from_of(ref), ref, cands)
+    probabilities = parity.looks_like_probabilities(ref_logits)
+    chance = _chance_problem(ref_logits, dataset.labels, warnings)
     results = []
     for c in cands:
         t0 = time.perf_counter()
-        with reporter.phase(f"candidate {model_label(c.spec)} ({c.precision})", total=len(x)) as bar:
+        xc = inputs_of(c)
+        with reporter.phase(f"candidate {model_label(c.spec)} ({c.precision})", total=len(xc)) as bar:
             runner = Runner(c, device)
-            _check_runner(runner, c, x, data_from, ref, [c], ref_logits.shape[1])
-            got = _run_checked(runner, c, x, bar, data_from, ref, [c], ref_logits.shape[1])
-        results.append(_result(c, ref_logits, got, dataset, label_names, thresholds, time.perf_counter() - t0))
+            _check_runner(runner, c, xc, data_from_of(c), ref, [c], ref_logits.shape[1])
+            got = _run_checked(runner, c, xc, bar, data_from_of(c), ref, [c], ref_logits.shape[1])
+        results.append(_result(c, ref_logits, got, dataset, label_names, thresholds, time.perf_counter() - t0,
+                               probabilities))
+        if chance is not None:
+            results[-1].failures.append(chance)
+            results[-1].passed = False
         if c.kind == "onnx":
-            _default_session_check(results[-1], c, runner, got, x, device, reporter, warnings)
+            _default_session_check(results[-1], c, runner, got, xc, device, reporter, warnings)
     return ValidateReport(schema=SCHEMA, reference={"model": ref.spec, "kind": ref.kind, "precision": ref.precision},
                           data={"sources": dataset.sources, "samples": len(x), "labelled": dataset.labels is not None,
                                 "skipped": dataset.skipped, "device": device},
-                          candidates=results, passed=all(r.passed for r in results), warnings=warnings)
+                          candidates=results, passed=all(r.passed for r in results), warnings=warnings,
+                          scores="probabilities" if probabilities else "logits", contracts=len(datasets))
+
+
+def _model_path(m: ModelRef) -> Path | None:
+    if m.kind == "pytorch":
+        return None
+    return Path(m.spec.split(":", 1)[1] if m.kind == "opencv" else m.spec)
+
+
+def _contract_of(m: ModelRef, models: list[ModelRef], fallback: Manifest, warnings: list[str]) -> Manifest:
+    """The manifest whose preprocessing ``m`` runs with: its own; for a model without one, the manifest of a model
+    made from it (its parent sha256 is ``m``'s), else ``fallback``'s, with a warning naming what is assumed."""
+    if m.manifest is not None:
+        return m.manifest
+    path = _model_path(m)
+    if path is not None and path.is_file():
+        from engines._io import sha256_file
+
+        sha = sha256_file(path)
+        child = next((o.manifest for o in models if o.manifest is not None
+                      and (o.manifest.parent or {}).get("sha256") == sha), None)
+        if child is not None:
+            return child
+    from .export import describe_contract
+
+    owner = next(o for o in models if o.manifest is fallback)
+    warnings.append(f"{model_label(m.spec)} has no manifest: it runs with the preprocessing of "
+                    f"{model_label(owner.spec)}'s manifest ({describe_contract(fallback.preprocess)})")
+    return fallback
+
+
+def _contract_key(manifest: Manifest) -> str:
+    import json
+
+    return json.dumps([manifest.preprocess.to_dict(), [d if isinstance(d, int) else None
+                                                       for d in manifest.inputs[0].shape[1:]]], sort_keys=True)
+
+
+def _metadata_labels(models: list[ModelRef]) -> tuple[list[str] | None, str]:
+    """Class names from an ONNX model's metadata (a model made elsewhere, adopted or not)."""
+    from .export import onnx_labels
+
+    for m in models:
+        path = _model_path(m)
+        if path is not None and path.suffix.lower() == ".onnx":
+            labels, key = onnx_labels(path)
+            if labels:
+                return labels, f"{path.name}'s ONNX metadata ({key!r})"
+    return None, ""
+
+
+# the reference's accuracy is "at chance" below chance + this share of the distance from chance to 100%
+CHANCE_MARGIN = 0.25
+
+
+def _chance_problem(ref_logits: np.ndarray, labels, warnings: list[str]) -> dict | None:
+    """A reference accuracy near chance (what its predictions and the labels give when they are unrelated) means
+    the labels do not belong to the model's classes (class folders mapped to the wrong classes, other data): every
+    accuracy figure is then wrong, and the candidates cannot pass on it. The failure entry, or None."""
+    if labels is None or len(labels) < 2:
+        return None
+    pred = ref_logits.argmax(1)
+    labels = np.asarray(labels)
+    acc = float(np.mean(pred == labels))
+    classes = np.union1d(pred, labels)
+    chance = float(sum(np.mean(pred == k) * np.mean(labels == k) for k in classes))
+    if chance >= 1.0:  # one class in both: nothing to tell apart
+        return None
+    bound = chance + CHANCE_MARGIN * (1.0 - chance)
+    if acc > bound:
+        return None
+    warnings.append(f"the reference's accuracy {acc:.2%} is at chance level ({chance:.2%} if its predictions and the "
+                    "labels were unrelated): the labels do not match the model's classes, so no accuracy figure "
+                    "means anything; name the class folders as the model's labels (or give labels in order)")
+    return {"metric": "reference_accuracy", "value": acc, "threshold": bound, "by": bound - acc}
 
 
 # Reference and candidates must classify the same classes from the same inputs; a mismatch is the user's (two
@@ -391,22 +503,20 @@ def _default_session_check(result: CandidateResult, c: ModelRef, runner: Runner,
     result.passed = False
 
 
-def _load(data, manifest: Manifest, dims, count, seed, reporter, warnings) -> cal.DataSet:
-    """Calibration's loader, plus labels from class subfolders (named like the manifest's labels, else sorted)."""
+def _load(data, manifest: Manifest, dims, count, seed, reporter, warnings, label_names=None, label_from="",
+          classes=None) -> cal.DataSet:
+    """Calibration's loader, plus labels from class subfolders (mapped by :func:`class_folder_indices`)."""
     sets = []
     for src in data:
         p = Path(src)
         subdirs = sorted(d for d in p.iterdir() if d.is_dir()) if p.is_dir() else []
         if subdirs and not any(f.is_file() and f.suffix.lower() in cal.IMAGE_SUFFIXES for f in p.iterdir()):
-            names = [d.name for d in subdirs]
-            known = manifest.labels and all(n in manifest.labels for n in names)
-            if not known:
-                warnings.append(f"class folders of {p.name} are not the model's label names: label i = the i-th "
-                                "folder in sorted order")
-            for i, d in enumerate(subdirs):
+            indices, note = class_folder_indices([d.name for d in subdirs], label_names, classes, p.name, label_from)
+            if note and note not in warnings:
+                warnings.append(note)
+            for d, idx in zip(subdirs, indices):
                 part = cal.load_data([d], manifest.preprocess, dims, manifest.inputs[0].name, want=count, seed=seed,
                                      reporter=reporter, what="validation")
-                idx = manifest.labels.index(d.name) if known else i
                 part.labels = np.full(len(part), idx, np.int64)
                 sets.append(part)
         else:
@@ -418,10 +528,65 @@ def _load(data, manifest: Manifest, dims, count, seed, reporter, warnings) -> ca
                        [k for s in sets for k in s.skipped])
 
 
-def _result(c: ModelRef, ref, got, dataset: cal.DataSet, label_names, overrides, seconds) -> CandidateResult:
-    p = parity.compare(ref, got)
+def _number(name: str) -> float | None:
+    try:
+        return float(name)
+    except ValueError:
+        return None
+
+
+def class_folder_indices(names: list[str], labels: list[str] | None, classes: int | None, where: str = "the data",
+                         label_from: str = "the manifest") -> tuple[list[int], str | None]:
+    """The class index of each class folder, and a note when the mapping is a guess. In this order:
+
+    - the model's labels (manifest, or ONNX metadata) name every folder: by label;
+    - some folders are labels and some are not: refused (a typo or another model's data);
+    - names that are numbers: a whole number within the class count is the index itself (MNIST's 0..9, a subset
+      included); otherwise, with one folder per class, numeric order (0, 90, 180, 270: never text order);
+    - other names, one folder per class (ImageNet's wnids): sorted order, with a note;
+    - anything else is refused: the mapping cannot be known."""
+    what = f"the class folders of {where} ({', '.join(names[:6])}{', ...' if len(names) > 6 else ''})"
+    fix_rename = "name the class folders as the model's labels" + (f" ({', '.join(labels[:6])}"
+                                                                      f"{', ...' if len(labels) > 6 else ''})"
+                                                                      if labels else "")
+    if labels:
+        if all(n in labels for n in names):
+            return [labels.index(n) for n in names], None
+        known = [n for n in names if n in labels]
+        if known:
+            missing = [n for n in names if n not in labels]
+            raise UsageProblem(f"{what}: {', '.join(missing[:3])} {'is' if len(missing) == 1 else 'are'} not among "
+                               f"the model's labels (from {label_from}) while {known[0]} is", fix_rename)
+    numbers = [_number(n) for n in names]
+    if all(v is not None for v in numbers):
+        if classes and all(v == int(v) and 0 <= v < classes for v in numbers):
+            return [int(v) for v in numbers], (f"{what} are not the model's labels: folder N = class index N"
+                                               if labels else None)
+        if classes is None or len(names) == classes:
+            order = sorted(range(len(names)), key=lambda i: numbers[i])
+            idx = [0] * len(names)
+            for rank, i in enumerate(order):
+                idx[i] = rank
+            note = (f"{what} are not the model's labels: label i = the i-th folder in numeric order"
+                    if labels or classes is None else None)
+            return idx, note
+    if classes is None or len(names) == classes:
+        return list(range(len(names))), (f"{what} are not the model's labels: label i = the i-th folder in sorted "
+                                         "order")
+    reason = ("are not the model's labels" + (f" (from {label_from})" if labels else "") if labels
+              else "cannot be matched to the model's classes (it has no labels)")
+    raise UsageProblem(f"{what} {reason}, and {len(names)} folders for {classes} classes give no order to go by",
+                       fix_rename if labels else "adopt the model with its labels (trtc export MODEL.onnx --labels "
+                       "FILE) and name the folders as those labels, or name them by class index (0, 1, ...)")
+
+
+def _result(c: ModelRef, ref, got, dataset: cal.DataSet, label_names, overrides, seconds,
+            probabilities: bool = False) -> CandidateResult:
+    """``probabilities``: the outputs are probabilities already (a Softmax in the graph; decided on the reference's
+    outputs by the rule of ``trtc run --scores auto``), so no second softmax is applied."""
+    p = parity.compare(ref, got, probabilities=probabilities)
     metrics = {k: v for k, v in p.to_dict().items() if k != "flips"}
-    pr, pc = parity.softmax(ref), parity.softmax(got)
+    pr, pc = parity.scores(ref, probabilities), parity.scores(got, probabilities)
     r1 = ref.argmax(1)
     rows = np.arange(len(ref))
     metrics["confidence_drift"] = float(np.mean(pc[rows, r1] - pr[rows, r1]))  # mean change of the ref's top-1 prob

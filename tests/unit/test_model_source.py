@@ -128,13 +128,14 @@ def test_validate_candidate_video_names_candidate(video, tiny_onnx):
     assert "give --candidate a model" in fix
 
 
-def test_export_of_an_onnx_says_it_is_exported_already(tiny_onnx, tmp_path):
+def test_export_of_an_onnx_adopts_it_and_refuses_an_output(tiny_onnx, tmp_path):
+    """Issue 28 item 2: trtc export MODEL.onnx adopts the file (its manifest beside it); -o has no meaning there."""
     r = run(["export", str(tiny_onnx), "-o", str(tmp_path / "out.onnx")])
     assert r.exit_code == 2, r.output
     err, fix = _lines(r)
-    assert err == f"{tiny_onnx} is an ONNX model already: trtc export makes one from a PyTorch model"
-    assert fix == (f"nothing to export: use it as it is (trtc quantize {tiny_onnx} --precision fp16, trtc build "
-                   f"{tiny_onnx}, trtc inspect {tiny_onnx})")
+    assert err == (f"-o does not apply to an ONNX model: adopting {tiny_onnx} writes {tiny_onnx}.json beside it and "
+                   "changes nothing else")
+    assert fix == "drop -o"
     assert not (tmp_path / "out.onnx").exists()
 
 
