@@ -191,9 +191,6 @@ def quantize_onnx(model: str | Path, output: str | Path | None = None, *, precis
     parent = G.load(src)
     G.refuse_reduced(parent, src.name)
     manifest = read_manifest_if_any(src)
-    if manifest is None:
-        warnings.append(f"{src.name} has no manifest: preprocessing, labels and batch range come from the options "
-                        "and the graph")
     parent_sha = sha256_file(src)
     feeds = G.graph_inputs(parent)
     if len(feeds) != 1:
@@ -204,6 +201,10 @@ def quantize_onnx(model: str | Path, output: str | Path | None = None, *, precis
     fixed_batch = dims[0] if dims and isinstance(dims[0], int) else None
     run_batch = fixed_batch or RUN_BATCH
     spec = _spec_for(manifest, dims, input_name, input_size, resize, mean, std, color)
+    if manifest is None:  # said once, in the words of trtc run: what is assumed, and how to adopt the model
+        from .export import no_manifest_note, onnx_labels
+
+        warnings.append(no_manifest_note(src, spec, labels=onnx_labels(src)[0] is not None))
 
     # ---- data: calibration, tuning (for the search) and check, never overlapping
     calib_set = held = None
@@ -214,6 +215,8 @@ def quantize_onnx(model: str | Path, output: str | Path | None = None, *, precis
                             "only to test a pipeline")
         else:
             extra = check_count if (not check or target_agreement is not None) else 0  # held out: check/tune
+            if target_agreement is not None:  # a tuning set that can see the loss the target allows, where data has it
+                extra = max(extra, min_tune_samples(target_agreement) * (1 if check else 2))
             pool = cal.load_data(calib, spec, dims, input_name, want=calib_count + extra, seed=seed,
                                  reporter=reporter)
             calib_set, held = cal.split(pool, calib_count, seed)
@@ -250,8 +253,15 @@ def quantize_onnx(model: str | Path, output: str | Path | None = None, *, precis
                         "something" if precision == "fp16" else
                         "no held-out data: all calibration samples were used; give --check or more data")
     if target_agreement is not None and (tune_set is None or len(tune_set) == 0):
-        raise UsageProblem("--target-agreement needs held-out data to tune on",
-                           "give more calibration samples than --calib-count, or --check DATA")
+        # the search tunes on calibration-source samples that calibration did not use (--check only reports)
+        have = len(calib_set) if calib_set is not None else 0
+        raise UsageProblem(f"--target-agreement tunes on held-out calibration samples, and none is left: the "
+                           f"calibration data gave {have} and --calib-count {calib_count} uses all of them "
+                           "(--check data only reports)",
+                           f"give a --calib-count below {have} or more calibration data (at least "
+                           f"{min_tune_samples(target_agreement)} samples beyond --calib-count let the search see a "
+                           f"{100 * (1 - target_agreement):.2g}-point loss)" if have > 1 else
+                           "give more calibration data than --calib-count")
     timings["data_s"] = time.perf_counter() - t0
 
     # ---- the pass
@@ -317,6 +327,15 @@ def quantize_onnx(model: str | Path, output: str | Path | None = None, *, precis
             t1 = time.perf_counter()
             excluded, search = _search(prepared, layers, stats, build, excluded, tune_set, parent_session,
                                        target_agreement, run_batch, device, fusion, reporter)
+            res = search["resolution"]
+            if not res["enough"]:
+                warnings.append(
+                    f"the accuracy-aware search tuned on {len(tune_set)} samples: one disagreement is "
+                    f"{res['one_disagreement']:.1%}, so it cannot see a loss as small as the "
+                    f"{1 - target_agreement:.1%} that --target-agreement {target_agreement:g} allows (reached "
+                    f"{search['reached']:.1%} with {len(excluded)} layer(s) kept); give at least {res['needed']} "
+                    "held-out calibration samples (more calibration data than --calib-count, or a larger "
+                    "--check-count)")
             timings["search_s"] = time.perf_counter() - t1
         with reporter.phase("inserting Q/DQ"):
             final, qres, fres = build(excluded)
@@ -428,7 +447,7 @@ def _search(prepared, layers, stats, build, excluded, tune_set, parent_session, 
     trail = [{"kept": len(excluded), "agreement": base}]
     if base >= target:
         return excluded, {"target": target, "tune_samples": len(tune_set), "reached": base, "trail": trail,
-                          "ranking": [], "reasons": {}}
+                          "ranking": [], "reasons": {}, "resolution": tuning_resolution(len(tune_set), target)}
     cost = []
     with reporter.phase(f"measuring the cost of INT8 per layer ({len(names)} layers)", total=len(names)) as bar:
         for name in names:
@@ -474,7 +493,26 @@ def _search(prepared, layers, stats, build, excluded, tune_set, parent_session, 
     chosen = with_top(hi)
     reasons = {n: f"INT8 cost (KL {c:.2e}) among the top {hi}" for c, n in cost[:hi]}
     return chosen, {"target": target, "tune_samples": len(tune_set), "reached": results[hi], "trail": trail,
-                    "ranking": [{"layer": n, "kl": c} for c, n in cost[:max(hi, 10)]], "reasons": reasons}
+                    "ranking": [{"layer": n, "kl": c} for c, n in cost[:max(hi, 10)]], "reasons": reasons,
+                    "resolution": tuning_resolution(len(tune_set), target)}
+
+
+# the search sees a loss of (1 - target) only when the target allows this many disagreements on its tuning set
+SEARCH_MIN_DISAGREEMENTS = 3
+
+
+def min_tune_samples(target: float) -> int:
+    """Tuning samples for a search to tell agreement ``target`` from 100%: the target allows
+    SEARCH_MIN_DISAGREEMENTS disagreements (300 for 0.99)."""
+    return int(np.ceil(SEARCH_MIN_DISAGREEMENTS / max(1e-9, 1.0 - target) - 1e-9))
+
+
+def tuning_resolution(samples: int, target: float) -> dict:
+    """How finely ``samples`` tuning samples resolve agreement: one disagreement's share, and whether the
+    target's allowed loss can be seen at all."""
+    need = min_tune_samples(target)
+    return {"one_disagreement": 1.0 / samples if samples else None, "enough": samples >= need,
+            "needed": need}
 
 
 def _manifest(parent_m: Manifest | None, final, src: Path, parent_sha: str, spec, dims, precision, recipe,
@@ -486,9 +524,11 @@ def _manifest(parent_m: Manifest | None, final, src: Path, parent_sha: str, spec
     else:
         b = dims[0] if dims and isinstance(dims[0], int) else None
         batch = BatchProfile(b, b, b) if b else BatchProfile(1, 8, 32)
-        labels = None
         num = outputs[0].shape[-1] if outputs and outputs[0].shape and isinstance(outputs[0].shape[-1], int) \
             else None
+        from .export import onnx_labels
+
+        labels = onnx_labels(src, num)[0]  # an ONNX from elsewhere may name its classes in its metadata
         model_info = {"name": src.stem, "source": str(src), "num_classes": num}
     precision_info = {"mode": precision, **{k: v for k, v in recipe.items() if k != "precision"}}
     if precision == "int8":

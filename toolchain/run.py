@@ -146,6 +146,23 @@ def _check_resumed_options(out_path: Path, model, strides: set, ks: set, stride:
         refuse("--top-k", ks, top_k)
 
 
+def _say_what_is_assumed(model) -> None:
+    """An ONNX model without a manifest runs with the pipeline's defaults: said once, in the words trtc quantize
+    uses (trtc validate refuses such a model unless another model's manifest gives the contract)."""
+    from engines import split_engine
+    from engines.manifest import manifest_path
+    from engines.preprocess import PreprocessSpec
+
+    path = Path(split_engine(os.fspath(model))[1])
+    if path.suffix.lower() != ".onnx" or not path.is_file() or manifest_path(path).exists():
+        return
+    import logging
+
+    from .export import no_manifest_note
+
+    logging.getLogger("trtc").warning("%s", no_manifest_note(path, PreprocessSpec()))
+
+
 def run_video(sources, model, *, device: str = "auto", batch: int | None = None, top_k: int = 5, stride: int = 1,
               output: str | None = None, decoder: str = "auto", colorspace: str | None = None, scores: str = "auto",
               max_wait_ms: float = 100.0, loop: int = 1, realtime: bool = False, latency: str = "native",
@@ -221,6 +238,7 @@ def run_video(sources, model, *, device: str = "auto", batch: int | None = None,
     options = dict(batch=batch, top_k=top_k, stride=stride, decoder=decoder, colorspace=colorspace, scores=scores,
                    max_wait_ms=max_wait_ms, loop=loop, realtime=realtime, latency=latency, done=done,
                    live=True if live else None, live_options=live_options)
+    _say_what_is_assumed(model)
     ray_info: dict = {}
     finished: list = []  # --ray: (source, ok) of the sources that ended, in order
     devices = [] if ray is not None else (parse_devices(device) if ("," in device or device.endswith(":all"))
