@@ -293,132 +293,30 @@ class RayPool:
         return run
 
     def _run(self, sources, options, run: RayRun, on_done, yield_events: bool = False):
+        """Hand jobs to idle actors, take every ready chunk of results in one wait, until no source is left."""
         ray = _ray()
         if not self._lock.acquire(blocking=False):
             raise UsageProblem("this Ray pool is already running a classify() call", "iterate it to the end first")
-        stats, problems = run.stats, run.problems
-        start = time.perf_counter()
-        options = dict(options)
-        base_done = {str(k): int(v) for k, v in (options.pop("done", None) or {}).items()}
-        last = dict(base_done)  # source -> last frame index the caller has (earlier run + this one)
-        counts = dict.fromkeys(sources, 0)
-        pending = deque(sources)
-        tries = dict.fromkeys(sources, 0)
-        avoid: dict = {}  # source -> the actor it failed on
-        wire = {s: _absolute(s) for s in sources}  # what the actors open: relative paths made absolute
-        back = {w: s for s, w in wire.items()}  # ...and the caller's names again
-        busy: dict = {}  # generator -> (actor, job)
-
-        def finish(source, ok):
-            if on_done is not None:
-                on_done(source, ok)
-
-        def retry_or_give_up(actor, job, why):
-            redo = []
-            for s in job:
-                if tries[s] < 2 and any(a.alive and a is not actor for a in self.actors):
-                    avoid[s] = actor
-                    redo.append(s)
-                else:
-                    reason = f"{s}: {actor.name} {why}" + ("; it failed before on another actor" if tries[s] > 1
-                                                          else "; no other actor is left to redo it")
-                    problems.append(SourceProblem(s, reason, counts[s]))
-                    finish(s, False)
-            pending.extendleft(reversed(redo))  # redone first
-            line = f"{actor.name} {why}" + (f": redoing {', '.join(redo)} on another actor" if redo else "")
-            run.failures.append(line)
-            run.retried += redo
-            log.warning("%s", line)
-
-        def hand_out():  # O(idle actors x streams): thousands of sources and hundreds of actors stay cheap
-            working = {id(b) for b, _ in busy.values()}
-            for a in self.actors:
-                if not pending:
-                    return
-                if not a.alive or id(a) in working:
-                    continue
-                job, passed = [], []
-                while pending and len(job) < self.streams:
-                    s = pending.popleft()
-                    (passed if avoid.get(s) is a else job).append(s)  # a redone source goes to ANOTHER actor
-                pending.extendleft(reversed(passed))
-                if not job:
-                    continue
-                for s in job:
-                    tries[s] += 1
-                    run.placement[s] = a.name
-                done = {wire[s]: last[s] for s in job if s in last}
-                gen = a.handle.run.options(num_returns="streaming").remote([wire[s] for s in job],
-                                                                          dict(options, done=done))
-                busy[gen] = (a, job)
-
+        d = _Dispatch(self, sources, options, run, on_done)
         try:
-            while pending or busy:
-                hand_out()
-                if not busy:  # sources left that no live actor may take
-                    for s in list(pending):
-                        problems.append(SourceProblem(s, f"{s}: no Ray actor left to run it", counts[s]))
-                        finish(s, False)
-                    pending.clear()
+            while d.pending or d.busy:
+                d.hand_out()
+                if not d.busy:  # sources left that no live actor may take
+                    d.nobody_left()
                     break
                 # every generator with something ready, in one call (a call costs ~100 us + ~1.6 us per busy actor,
                 # measured: docs/CLUSTER.md); if none is, block until one is
-                ready, _ = ray.wait(list(busy), num_returns=len(busy), timeout=0)
+                ready, _ = ray.wait(list(d.busy), num_returns=len(d.busy), timeout=0)
                 if not ready:
-                    ready, _ = ray.wait(list(busy), num_returns=1, timeout=1.0)
+                    ready, _ = ray.wait(list(d.busy), num_returns=1, timeout=1.0)
                 for gen in ready:
-                    actor, job = busy[gen]
-                    try:
-                        msg = ray.get(next(gen))
-                    except StopIteration:  # ended without its "end" message: treat as a failed job
-                        msg = ("end", [], {}, "the task ended early")
-                    except ray.exceptions.RayActorError as exc:
-                        del busy[gen]
-                        actor.alive = False
-                        ray.kill(actor.handle, no_restart=True)  # unavailable may come back: not for this run
-                        retry_or_give_up(actor, job, f"died ({_first_line(exc)})")
-                        continue
-                    except ray.exceptions.RayError as exc:
-                        del busy[gen]
-                        retry_or_give_up(actor, job, f"failed ({_first_line(exc)})")
-                        continue
-                    if msg[0] == "event":
-                        from .live import SourceEvent
-
-                        ev = SourceEvent.from_dict(dict(msg[1], source=back.get(msg[1]["source"], msg[1]["source"])))
-                        run.events.append(ev)
-                        if yield_events:
-                            yield ev
-                        continue
-                    if msg[0] == "preds":
-                        for source, frame, pts, t, idx, sc, lat, dec, received in msg[1]:
-                            source = back.get(source, source)
-                            if frame <= last.get(source, -1):  # a redone source: already with the caller
-                                continue
-                            last[source] = frame
-                            counts[source] += 1
-                            stats.frames += 1
-                            yield Prediction(source, frame, pts, t, idx, sc, label_names(actor.labels, idx), lat, dec,
-                                             received=received)
-                        stats.seconds = time.perf_counter() - start
-                        continue
-                    del busy[gen]
-                    _, probs, wstats, failure = msg
-                    stats.merge_from(wstats, names=back)
-                    if failure:
-                        retry_or_give_up(actor, job, f"failed: {failure}")
-                        continue
-                    bad = set()
-                    for s, reason, _frames in probs:
-                        s = back.get(s, s)
-                        problems.append(SourceProblem(s, reason, counts.get(s, 0)))
-                        bad.add(s)
-                    for s in job:
-                        finish(s, s not in bad)
+                    for item in d.receive(ray, gen):
+                        if yield_events or not hasattr(item, "event"):
+                            yield item
         finally:
-            stats.seconds = time.perf_counter() - start
-            stats.per_source = dict(counts)
-            for actor, _job in busy.values():  # the caller left early: these actors are mid-job
+            run.stats.seconds = time.perf_counter() - d.start
+            run.stats.per_source = dict(d.counts)
+            for actor, _job in d.busy.values():  # the caller left early: these actors are mid-job
                 actor.alive = False
                 ray.kill(actor.handle, no_restart=True)
             self._lock.release()
@@ -469,3 +367,130 @@ def _absolute(source: str) -> str:
 def _first_line(exc) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+class _Dispatch:
+    """The driver's book-keeping for one :meth:`RayPool.classify` run: the sources still to run (``pending``), the
+    actors' jobs in flight (``busy``: generator -> (actor, job)), each source's last frame with the caller, and the
+    retries. ``receive`` turns one actor's message into Predictions, events, problems and retries."""
+
+    def __init__(self, pool: RayPool, sources, options, run: RayRun, on_done):
+        self.pool, self.run, self.on_done = pool, run, on_done
+        self.start = time.perf_counter()
+        self.options = dict(options)
+        base_done = {str(k): int(v) for k, v in (self.options.pop("done", None) or {}).items()}
+        self.last = dict(base_done)  # source -> last frame index the caller has (earlier run + this one)
+        self.counts = dict.fromkeys(sources, 0)
+        self.pending = deque(sources)
+        self.tries = dict.fromkeys(sources, 0)
+        self.avoid: dict = {}  # source -> the actor it failed on
+        self.wire = {s: _absolute(s) for s in sources}  # what the actors open: relative paths made absolute
+        self.back = {w: s for s, w in self.wire.items()}  # ...and the caller's names again
+        self.busy: dict = {}  # generator -> (actor, job)
+
+    def finish(self, source, ok) -> None:
+        if self.on_done is not None:
+            self.on_done(source, ok)
+
+    def retry_or_give_up(self, actor, job, why) -> None:
+        """Each source of a failed job runs once more on another actor, or is a problem of the run."""
+        redo = []
+        for s in job:
+            if self.tries[s] < 2 and any(a.alive and a is not actor for a in self.pool.actors):
+                self.avoid[s] = actor
+                redo.append(s)
+            else:
+                reason = f"{s}: {actor.name} {why}" + ("; it failed before on another actor" if self.tries[s] > 1
+                                                      else "; no other actor is left to redo it")
+                self.run.problems.append(SourceProblem(s, reason, self.counts[s]))
+                self.finish(s, False)
+        self.pending.extendleft(reversed(redo))  # redone first
+        line = f"{actor.name} {why}" + (f": redoing {', '.join(redo)} on another actor" if redo else "")
+        self.run.failures.append(line)
+        self.run.retried += redo
+        log.warning("%s", line)
+
+    def hand_out(self) -> None:
+        """A job for every idle actor (O(idle actors x streams): thousands of sources, hundreds of actors)."""
+        working = {id(b) for b, _ in self.busy.values()}
+        for a in self.pool.actors:
+            if not self.pending:
+                return
+            if not a.alive or id(a) in working:
+                continue
+            job, passed = [], []
+            while self.pending and len(job) < self.pool.streams:
+                s = self.pending.popleft()
+                (passed if self.avoid.get(s) is a else job).append(s)  # a redone source goes to ANOTHER actor
+            self.pending.extendleft(reversed(passed))
+            if not job:
+                continue
+            for s in job:
+                self.tries[s] += 1
+                self.run.placement[s] = a.name
+            done = {self.wire[s]: self.last[s] for s in job if s in self.last}
+            gen = a.handle.run.options(num_returns="streaming").remote([self.wire[s] for s in job],
+                                                                      dict(self.options, done=done))
+            self.busy[gen] = (a, job)
+
+    def nobody_left(self) -> None:
+        for s in list(self.pending):
+            self.run.problems.append(SourceProblem(s, f"{s}: no Ray actor left to run it", self.counts[s]))
+            self.finish(s, False)
+        self.pending.clear()
+
+    def receive(self, ray, gen):
+        """One message of an actor's generator: Predictions (and SourceEvents) to pass on; the end of a job."""
+        actor, job = self.busy[gen]
+        try:
+            msg = ray.get(next(gen))
+        except StopIteration:  # ended without its "end" message: treat as a failed job
+            msg = ("end", [], {}, "the task ended early")
+        except ray.exceptions.RayActorError as exc:
+            del self.busy[gen]
+            actor.alive = False
+            ray.kill(actor.handle, no_restart=True)  # unavailable may come back: not for this run
+            self.retry_or_give_up(actor, job, f"died ({_first_line(exc)})")
+            return
+        except ray.exceptions.RayError as exc:
+            del self.busy[gen]
+            self.retry_or_give_up(actor, job, f"failed ({_first_line(exc)})")
+            return
+        if msg[0] == "event":
+            from .live import SourceEvent
+
+            ev = SourceEvent.from_dict(dict(msg[1], source=self.back.get(msg[1]["source"], msg[1]["source"])))
+            self.run.events.append(ev)
+            yield ev
+        elif msg[0] == "preds":
+            yield from self._predictions(actor, msg[1])
+        else:
+            del self.busy[gen]
+            self._job_ended(actor, job, msg)
+
+    def _predictions(self, actor, rows):
+        stats = self.run.stats
+        for source, frame, pts, t, idx, sc, lat, dec, received in rows:
+            source = self.back.get(source, source)
+            if frame <= self.last.get(source, -1):  # a redone source: already with the caller
+                continue
+            self.last[source] = frame
+            self.counts[source] += 1
+            stats.frames += 1
+            yield Prediction(source, frame, pts, t, idx, sc, label_names(actor.labels, idx), lat, dec,
+                             received=received)
+        stats.seconds = time.perf_counter() - self.start
+
+    def _job_ended(self, actor, job, msg) -> None:
+        _, probs, wstats, failure = msg
+        self.run.stats.merge_from(wstats, names=self.back)
+        if failure:
+            self.retry_or_give_up(actor, job, f"failed: {failure}")
+            return
+        bad = set()
+        for s, reason, _frames in probs:
+            s = self.back.get(s, s)
+            self.run.problems.append(SourceProblem(s, reason, self.counts.get(s, 0)))
+            bad.add(s)
+        for s in job:
+            self.finish(s, s not in bad)
