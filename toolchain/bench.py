@@ -120,18 +120,12 @@ def _input_dtype(runner) -> np.dtype:
 def bench(models: list[str], batches: list[int] | None = None, *, device: str = "cpu", warmup: int = 5,
           iterations: int | None = None, duration: float | None = 3.0, reporter: Reporter | None = None) -> BenchReport:
     """``batches`` None: 1, 8 and 32, each model timed at those its batch range holds (a warning names the others);
-    given ``batches`` outside a model's range are refused before anything runs."""
+    given ``batches`` outside a model's range are refused before anything runs.
+
+    The steps: check the options, read every model (refusing given batches outside its range), then for each model
+    the batch sizes it takes and a row per size, then the report."""
     reporter = reporter or Reporter()
-    if not models:
-        raise UsageProblem("no model to benchmark", "give one or more .onnx files or PyTorch sources")
-    given = batches is not None
-    batches = batches or [1, 8, 32]
-    if any(b < 1 for b in batches):
-        raise UsageProblem(f"batch sizes must be at least 1, got {batches}", "e.g. --batch 1,8,32")
-    if iterations is not None and iterations < 1:
-        raise UsageProblem("--iterations must be at least 1")
-    if iterations is None and (duration is None or duration <= 0):
-        raise UsageProblem("give --iterations N or a positive --duration")
+    given, batches = _check_options(models, batches, iterations, duration)
     rows: list[BenchRow] = []
     warnings: list[str] = []
     base: dict[int, float] = {}
@@ -142,47 +136,87 @@ def bench(models: list[str], batches: list[int] | None = None, *, device: str = 
             _check_given_batches(ref, batches)
     for spec, ref in zip(models, refs):
         runner = Runner(ref, device)
-        fn, shape = runner.fn, runner.shape
-        fixed = runner.batch if runner.fixed else None
-        if any(not isinstance(d, int) for d in shape):
-            raise UsageProblem(f"{spec}: input shape {shape} is not fixed", "export with a fixed input size")
-        sizes = batches
-        if fixed is not None:
-            if set(batches) != {fixed}:
-                warnings.append(f"{model_label(spec)} has a fixed batch of {fixed}: timed at that batch only")
-            sizes = [fixed]
-        span = runner.batch_range or (_manifest_range(ref) if fixed is None else None)
-        if span is not None:
-            lo, hi = span
-            if [b for b in sizes if not lo <= b <= hi]:
-                warnings.append(f"{model_label(spec)} takes batches {lo}..{hi} (its manifest): "
-                                f"{', '.join(str(b) for b in sizes if not lo <= b <= hi)} not timed")
-            sizes = [b for b in sizes if lo <= b <= hi]
-        dtype = _input_dtype(runner)
-        for b in sizes:  # before the input of the largest batch is made
-            check_input_fits(b, shape, dtype.itemsize, f"timing {model_label(spec)}",
-                             "give --batch {most} or less (its input then stays under 1/16 of the available memory)")
-        for b in sizes:
-            try:
-                x = _random_input(rng, (b, *shape), dtype)
-                with reporter.phase(f"timing {model_label(spec)} at batch {b}"):
-                    t = np.asarray(_time(fn, x, warmup, iterations, duration)) * 1000.0
-            except MemoryError:
-                raise TrtcError(f"ran out of memory timing {model_label(spec)} at batch {b}",
-                                "give a smaller --batch") from None
-            del x
-            mean = float(t.mean())
-            row = BenchRow(model=spec, kind=ref.kind, precision=ref.precision, batch=b, iterations=len(t),
-                           p50_ms=float(np.percentile(t, 50)), p90_ms=float(np.percentile(t, 90)),
-                           p99_ms=float(np.percentile(t, 99)), mean_ms=mean,
-                           cv=float(t.std() / mean) if mean > 0 else 0.0, throughput=b / (mean / 1000.0))
-            if b not in base:
-                base[b] = row.throughput
-            row.speedup = row.throughput / base[b]
-            if row.cv > 0.25:
-                warnings.append(f"{model_label(spec)} batch {b}: latency CV {row.cv:.0%}; the machine was busy, "
-                                "ratios are unreliable")
-            rows.append(row)
+        sizes, dtype = _batch_sizes(spec, ref, runner, batches, warnings)
+        rows += _timed_rows(spec, ref, runner, sizes, dtype, rng, base, warnings, reporter, warmup=warmup,
+                            iterations=iterations, duration=duration)
+    return _report(rows, device, warnings)
+
+
+def _check_options(models: list[str], batches: list[int] | None, iterations: int | None,
+                   duration: float | None) -> tuple[bool, list[int]]:
+    """(whether batch sizes were given, the batch sizes: 1, 8 and 32 when not), the options checked."""
+    if not models:
+        raise UsageProblem("no model to benchmark", "give one or more .onnx files or PyTorch sources")
+    given = batches is not None
+    batches = batches or [1, 8, 32]
+    if any(b < 1 for b in batches):
+        raise UsageProblem(f"batch sizes must be at least 1, got {batches}", "e.g. --batch 1,8,32")
+    if iterations is not None and iterations < 1:
+        raise UsageProblem("--iterations must be at least 1")
+    if iterations is None and (duration is None or duration <= 0):
+        raise UsageProblem("give --iterations N or a positive --duration")
+    return given, batches
+
+
+def _batch_sizes(spec: str, ref, runner, batches: list[int], warnings: list[str]) -> tuple[list[int], np.dtype]:
+    """The batch sizes to time one model at (its fixed batch only, or those its batch range holds; a warning names
+    the others) and its input dtype; each size checked to fit in memory before any input is made."""
+    shape = runner.shape
+    fixed = runner.batch if runner.fixed else None
+    if any(not isinstance(d, int) for d in shape):
+        raise UsageProblem(f"{spec}: input shape {shape} is not fixed", "export with a fixed input size")
+    sizes = batches
+    if fixed is not None:
+        if set(batches) != {fixed}:
+            warnings.append(f"{model_label(spec)} has a fixed batch of {fixed}: timed at that batch only")
+        sizes = [fixed]
+    span = runner.batch_range or (_manifest_range(ref) if fixed is None else None)
+    if span is not None:
+        lo, hi = span
+        if [b for b in sizes if not lo <= b <= hi]:
+            warnings.append(f"{model_label(spec)} takes batches {lo}..{hi} (its manifest): "
+                            f"{', '.join(str(b) for b in sizes if not lo <= b <= hi)} not timed")
+        sizes = [b for b in sizes if lo <= b <= hi]
+    dtype = _input_dtype(runner)
+    for b in sizes:  # before the input of the largest batch is made
+        check_input_fits(b, shape, dtype.itemsize, f"timing {model_label(spec)}",
+                         "give --batch {most} or less (its input then stays under 1/16 of the available memory)")
+    return sizes, dtype
+
+
+def _timed_rows(spec: str, ref, runner, sizes: list[int], dtype: np.dtype, rng, base: dict[int, float],
+                warnings: list[str], reporter, *, warmup: int, iterations: int | None,
+                duration: float | None) -> list[BenchRow]:
+    """A row per batch size of one model, on random input; ``base`` holds the first model's throughput per batch,
+    which the speed-ups divide by."""
+    fn, shape = runner.fn, runner.shape
+    rows = []
+    for b in sizes:
+        try:
+            x = _random_input(rng, (b, *shape), dtype)
+            with reporter.phase(f"timing {model_label(spec)} at batch {b}"):
+                t = np.asarray(_time(fn, x, warmup, iterations, duration)) * 1000.0
+        except MemoryError:
+            raise TrtcError(f"ran out of memory timing {model_label(spec)} at batch {b}",
+                            "give a smaller --batch") from None
+        del x
+        mean = float(t.mean())
+        row = BenchRow(model=spec, kind=ref.kind, precision=ref.precision, batch=b, iterations=len(t),
+                       p50_ms=float(np.percentile(t, 50)), p90_ms=float(np.percentile(t, 90)),
+                       p99_ms=float(np.percentile(t, 99)), mean_ms=mean,
+                       cv=float(t.std() / mean) if mean > 0 else 0.0, throughput=b / (mean / 1000.0))
+        if b not in base:
+            base[b] = row.throughput
+        row.speedup = row.throughput / base[b]
+        if row.cv > 0.25:
+            warnings.append(f"{model_label(spec)} batch {b}: latency CV {row.cv:.0%}; the machine was busy, "
+                            "ratios are unreliable")
+        rows.append(row)
+    return rows
+
+
+def _report(rows: list[BenchRow], device: str, warnings: list[str]) -> BenchReport:
+    """The report, with the machine, what a latency includes and the versions of the runtimes timed."""
     gpu = gpu_device(0) if device.startswith("cuda") else None
     machine = {"cpu": platform.processor() or platform.machine(), "python": platform.python_version(),
                "gpu": gpu["name"] if gpu else None}
