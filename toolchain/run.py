@@ -186,14 +186,31 @@ def run_video(sources, model, *, device: str = "auto", batch: int | None = None,
     (:class:`engines.video.LiveOptions`) say; their outages and recoveries are written as event lines
     (``{"event": "disconnected", ...}``) among the predictions, and they cannot be resumed.
     """
-    import numpy as np
-
-    import engines
-    from engines.video import classify
-
-    from .outputs import check_output_path
-
     reporter = reporter or Reporter()
+    sources, out_path, live_sources = _check_request(sources, model, device, output, resume, live, ray)
+    prior = _prior_output(out_path, model, sources, stride, top_k, force, resume, ray, reporter)
+    options = dict(batch=batch, top_k=top_k, stride=stride, decoder=decoder, colorspace=colorspace, scores=scores,
+                   max_wait_ms=max_wait_ms, loop=loop, realtime=realtime, latency=latency, done=prior.done,
+                   live=True if live else None, live_options=live_options)
+    _say_what_is_assumed(model)
+    finished: list = []  # --ray: (source, ok) of the sources that ended, in order
+    run, closer, device, ray_info = _start(model, device, ray, ray_actors, ray_streams, sources, prior.complete,
+                                           options, finished, reporter)
+    try:
+        lines = _Lines(out_path, prior, stream, with_latency)
+        interrupted = _write_lines(run, lines, reporter, sources, device, ray, prior.complete, finished)
+        if ray is not None and lines.out_path is not None:  # the videos the output holds complete (--resume skips)
+            from engines._io import atomic_write_text
+
+            whole = sorted(prior.complete | {s for s, ok in finished if ok})
+            atomic_write_text(done_file(lines.out_path), "".join(f"{s}\n" for s in whole))
+        return _summary(model, device, sources, run, lines, prior, interrupted, ray_info, live_sources)
+    finally:
+        closer()
+
+
+def _check_request(sources, model, device, output, resume, live, ray):
+    """(sources, the output path or None, the live sources), each refused here with its fix when wrong."""
     sources = [os.fspath(s) for s in sources]
     if not str(device).strip():
         raise UsageProblem("--device is empty", "use auto, cpu, cuda:N, a list such as cuda:0,cuda:1, or cuda:all")
@@ -211,152 +228,184 @@ def run_video(sources, model, *, device: str = "auto", batch: int | None = None,
     if resume and live_sources:
         raise UsageProblem(f"--resume cannot continue a live source ({live_sources[0]}): a camera sends new frames, "
                            "not the ones the earlier run missed", "run live sources without --resume, into a new -o")
-    if out_path is not None:
-        _orphans(out_path, resume, reporter)
-    done: dict = {}
-    kept_lines = kept_bytes = 0
-    complete: set = set()  # --ray --resume: videos the output holds complete (skipped)
-    if out_path is not None:
-        if ray is not None and out_path.exists() and not (force or resume):
-            raise UsageProblem(f"{out_path} already exists", "add --resume to skip the videos it holds complete "
-                                                             "and go on, or --force to start over")
-        check_output_path(out_path, force or (resume and out_path.exists()), suffix=None)
-        if ray is not None and done_file(out_path).is_dir():
-            raise UsageProblem(f"{done_file(out_path)} is a folder, where --ray keeps the list of the videos "
-                               f"{out_path.name} holds complete", "move the folder away, or give another -o")
-        if resume and out_path.exists():
-            done, kept_lines, kept_bytes, strides, ks, names = read_progress(out_path)
-            _check_resumed_options(out_path, model, strides, ks, stride, top_k, names)
-            foreign = sorted(set(done) - set(sources))
-            if foreign:
-                raise UsageProblem(f"{out_path} holds predictions of other sources ({', '.join(foreign[:3])})",
-                                   "resume with the same sources as the earlier run, or give another -o")
-            if ray is not None:
-                complete = read_complete(out_path) & set(done)
-        if ray is not None and not resume:
-            done_file(out_path).unlink(missing_ok=True)  # a stale record must not outlive its output
-    options = dict(batch=batch, top_k=top_k, stride=stride, decoder=decoder, colorspace=colorspace, scores=scores,
-                   max_wait_ms=max_wait_ms, loop=loop, realtime=realtime, latency=latency, done=done,
-                   live=True if live else None, live_options=live_options)
-    _say_what_is_assumed(model)
-    ray_info: dict = {}
-    finished: list = []  # --ray: (source, ok) of the sources that ended, in order
-    devices = [] if ray is not None else (parse_devices(device) if ("," in device or device.endswith(":all"))
-                                          else [pick_device(device)])
+    return sources, out_path, live_sources
+
+
+@dataclass
+class _Prior:
+    """What the output of an earlier run holds (--resume): {source: last frame}, its complete lines and their bytes,
+    and under --ray the videos it holds complete."""
+
+    done: dict = field(default_factory=dict)
+    lines: int = 0
+    bytes: int = 0
+    complete: set = field(default_factory=set)
+
+
+def _prior_output(out_path, model, sources, stride, top_k, force, resume, ray, reporter) -> _Prior:
+    """Check the output (exists, --force, --resume) and read what an earlier run left in it."""
+    from .outputs import check_output_path
+
+    prior = _Prior()
+    if out_path is None:
+        return prior
+    _orphans(out_path, resume, reporter)
+    if ray is not None and out_path.exists() and not (force or resume):
+        raise UsageProblem(f"{out_path} already exists", "add --resume to skip the videos it holds complete "
+                                                         "and go on, or --force to start over")
+    check_output_path(out_path, force or (resume and out_path.exists()), suffix=None)
+    if ray is not None and done_file(out_path).is_dir():
+        raise UsageProblem(f"{done_file(out_path)} is a folder, where --ray keeps the list of the videos "
+                           f"{out_path.name} holds complete", "move the folder away, or give another -o")
+    if resume and out_path.exists():
+        prior.done, prior.lines, prior.bytes, strides, ks, names = read_progress(out_path)
+        _check_resumed_options(out_path, model, strides, ks, stride, top_k, names)
+        foreign = sorted(set(prior.done) - set(sources))
+        if foreign:
+            raise UsageProblem(f"{out_path} holds predictions of other sources ({', '.join(foreign[:3])})",
+                               "resume with the same sources as the earlier run, or give another -o")
+        if ray is not None:
+            prior.complete = read_complete(out_path) & set(prior.done)
+    if ray is not None and not resume:
+        done_file(out_path).unlink(missing_ok=True)  # a stale record must not outlive its output
+    return prior
+
+
+def _start(model, device, ray, ray_actors, ray_streams, sources, complete, options, finished, reporter):
+    """(run, closer, device text, ray info): on Ray, in a worker process per device, or in this process."""
     if ray is not None:
-        run, closer, device, ray_info = _ray_run(model, ray, device, ray_actors, ray_streams, sources, complete,
-                                                 options, finished, reporter)
-    elif len(devices) > 1:  # one worker process (engine + pipeline) per device, sources shared out between them
+        return _ray_run(model, ray, device, ray_actors, ray_streams, sources, complete, options, finished, reporter)
+    devices = parse_devices(device) if ("," in device or device.endswith(":all")) else [pick_device(device)]
+    if len(devices) > 1:  # one worker process (engine + pipeline) per device, sources shared out between them
         check_devices_can_run(model, devices)
         with reporter.phase(f"starting {len(devices)} workers ({', '.join(devices)})"):
             pool = WorkerPool(model, devices=devices)
-        closer = pool.close
-        run = pool.classify(sources, events=True, **options)
-    else:
-        engine = engines.open_engine(model, device=devices[0])
-        closer = engine.close
-        run = classify(sources, engine, events=True, **options)
-    device = device if ray is not None else ",".join(devices)
-    try:
-        tmp = None
-        if out_path is not None:
-            tmp = out_path.with_name(f".{out_path.name}.{os.getpid()}.tmp")
-            sink = tmp.open("wb")
-            if kept_bytes:  # the earlier run's complete lines, in chunks (the file may be large)
-                with out_path.open("rb") as old:
-                    left = kept_bytes
-                    while left:
-                        chunk = old.read(min(left, 1 << 22))
-                        sink.write(chunk)
-                        left -= len(chunk)
+        return pool.classify(sources, events=True, **options), pool.close, ",".join(devices), {}
+    import engines
+    from engines.video import classify
+
+    engine = engines.open_engine(model, device=devices[0])
+    return classify(sources, engine, events=True, **options), engine.close, ",".join(devices), {}
+
+
+class _Lines:
+    """Where the lines go: stdout (or ``stream``), or a temporary file beside ``-o`` that starts with the earlier
+    run's complete lines (--resume), is fsync'd at least once a second, and is renamed onto ``-o`` at the end - or
+    removed when there is nothing to keep (then ``out_path`` becomes None: no empty file blocks the next command)."""
+
+    def __init__(self, out_path, prior: _Prior, stream, with_latency: bool):
+        self.out_path, self.kept_bytes, self.with_latency = out_path, prior.bytes, with_latency
+        self.tmp = None
+        self.written = self.events = 0  # lines this run wrote; of them, events
+        self.last = dict(prior.done)  # source -> last frame in the output
+        self.latencies: list = []
+        self.synced = 0.0
+        if out_path is None:
+            self.sink = stream or sys.stdout
+            return
+        self.tmp = out_path.with_name(f".{out_path.name}.{os.getpid()}.tmp")
+        self.sink = self.tmp.open("wb")
+        left = prior.bytes
+        if left:  # the earlier run's complete lines, in chunks (the file may be large)
+            with out_path.open("rb") as old:
+                while left:
+                    chunk = old.read(min(left, 1 << 22))
+                    self.sink.write(chunk)
+                    left -= len(chunk)
+
+    def write(self, item) -> bool:
+        """One prediction or event as a whole line; True for a prediction."""
+        frame = hasattr(item, "frame")
+        d = item.to_dict(latency=self.with_latency) if frame else item.to_dict()
+        line = json.dumps(d, allow_nan=False) + "\n"
+        self.sink.write(line.encode() if self.tmp is not None else line)  # one whole line per call
+        self.written += 1
+        if not frame:  # a live source's event: a line of its own among the predictions
+            self.events += 1
+            return False
+        self.last[item.source] = item.frame
+        if item.latency_ms is not None:
+            self.latencies.append(item.latency_ms)
+        now = time.perf_counter()
+        if self.tmp is not None and now - self.synced > 1.0:  # complete lines on disk in the temporary file
+            self.sink.flush()
+            os.fsync(self.sink.fileno())
+            self.synced = now
+        return True
+
+    def close(self) -> None:
+        if self.tmp is None:
+            self.sink.flush()
+            return
+        self.sink.flush()
+        os.fsync(self.sink.fileno())
+        self.sink.close()
+        if self.written or self.kept_bytes:
+            os.replace(self.tmp, self.out_path)
         else:
-            sink = stream or sys.stdout
-        latencies = []
-        last = dict(done)
-        interrupted = False
-        written = 0  # lines this run wrote (predictions and events)
-        n_events = 0
-        t0 = time.perf_counter()
-        preds = iter(run)
-        try:
-            with reporter.phase(f"classifying {len(sources)} source(s) on {device}",
-                                total=len(sources) if ray is not None else None) as bar:
-                shown = synced = 0.0
-                if ray is not None:  # the bar counts videos: the skipped ones are done
-                    bar.advance(len(complete))
-                    getattr(run, "hooks", {})["done"] = lambda _s, _ok: bar.advance()
-                i = 0
-                for pred in preds:
-                    if not hasattr(pred, "frame"):  # a live source's event: a line of its own among the predictions
-                        line = json.dumps(pred.to_dict(), allow_nan=False) + "\n"
-                        sink.write(line.encode() if tmp is not None else line)
-                        written += 1
-                        n_events += 1
-                        continue
-                    i += 1
-                    line = json.dumps(pred.to_dict(latency=with_latency), allow_nan=False) + "\n"
-                    sink.write(line.encode() if tmp is not None else line)  # one whole line per call
-                    written += 1
-                    last[pred.source] = pred.frame
-                    if pred.latency_ms is not None:
-                        latencies.append(pred.latency_ms)
-                    if ray is None:
-                        bar.advance()
-                    now = time.perf_counter()
-                    if tmp is not None and now - synced > 1.0:  # complete lines on disk in the temporary file
-                        sink.flush()
-                        os.fsync(sink.fileno())
-                        synced = now
-                    if now - shown > 0.5:
-                        bar.describe(f"{i} frames, {i / max(now - t0, 1e-9):.0f} fps" if ray is None else
-                                     f"{len(finished) + len(complete)}/{len(sources)} videos, {i} frames, "
-                                     f"{i / max(now - t0, 1e-9):.0f} fps")
-                        shown = now
-                if run.problems and len({p.source for p in run.problems}) >= len(sources):
-                    bar.failed = "every source failed"
-        except KeyboardInterrupt:
-            interrupted = True
-        finally:
-            preds.close()  # stops the decoder threads and fills in the run's statistics
-            if tmp is not None:  # keep every complete line, also after a failure or Ctrl-C
-                sink.flush()
-                os.fsync(sink.fileno())
-                sink.close()
-                if written or kept_bytes:
-                    os.replace(tmp, out_path)
-                else:  # nothing to keep: no file is made (an empty one would block the corrected command)
-                    tmp.unlink(missing_ok=True)
-                    out_path = None
-                if ray is not None and out_path is not None:  # which videos the output now holds complete (a rerun with --resume skips them)
-                    from engines._io import atomic_write_text
+            self.tmp.unlink(missing_ok=True)
+            self.out_path = None
 
-                    whole = sorted(complete | {s for s, ok in finished if ok})
-                    atomic_write_text(done_file(out_path), "".join(f"{s}\n" for s in whole))
-            else:
-                sink.flush()
-        stats = run.stats.to_dict()
-        lat = {}
-        if latencies:
-            a = np.asarray(latencies)
-            lat = {"p50": round(float(np.percentile(a, 50)), 2), "p99": round(float(np.percentile(a, 99)), 2),
-                   "max": round(float(a.max()), 2)}
-        per_source = {s: stats["per_source"].get(s, 0) for s in sources}
-        from ._signals import stop_signal
 
-        return RunSummary(model=str(model), device=device, decoder=stats.get("decoder") or "?", sources=sources,
-                          frames=stats["frames"], batches=stats["batches"], seconds=stats["seconds"],
-                          fps=stats["fps"], mean_batch=stats["mean_batch"], per_source=per_source,
-                          # the frames of a source with a problem: all it gave, also those still in flight then
-                          problems=[{"source": p.source, "reason": p.reason, "frames": per_source.get(p.source,
-                                                                                                       p.frames)}
-                                    for p in run.problems],
-                          output=str(out_path) if out_path else None, latency_ms=lat, interrupted=interrupted,
-                          last_frame={s: last.get(s) for s in sources}, resumed_lines=kept_lines,
-                          ray=_ray_summary(ray_info, run, complete), dropped=dict(stats.get("dropped") or {}),
-                          missing=dict(stats.get("missing") or {}), damaged=dict(stats.get("damaged") or {}),
-                          events=n_events, signal=stop_signal() if interrupted else None, live=live_sources)
+def _write_lines(run, lines: _Lines, reporter, sources, device, ray, complete, finished) -> bool:
+    """Every prediction and event of ``run`` into ``lines`` under a progress bar; every complete line is kept also
+    after a failure or Ctrl-C/SIGTERM. Returns whether the run was interrupted."""
+    t0 = time.perf_counter()
+    preds = iter(run)
+    interrupted = False
+    try:
+        with reporter.phase(f"classifying {len(sources)} source(s) on {device}",
+                            total=len(sources) if ray is not None else None) as bar:
+            shown, i = 0.0, 0
+            if ray is not None:  # the bar counts videos: the skipped ones are done
+                bar.advance(len(complete))
+                getattr(run, "hooks", {})["done"] = lambda _s, _ok: bar.advance()
+            for pred in preds:
+                if not lines.write(pred):
+                    continue
+                i += 1
+                if ray is None:
+                    bar.advance()
+                now = time.perf_counter()
+                if now - shown > 0.5:
+                    rate = f"{i / max(now - t0, 1e-9):.0f} fps"
+                    bar.describe(f"{i} frames, {rate}" if ray is None else
+                                 f"{len(finished) + len(complete)}/{len(sources)} videos, {i} frames, {rate}")
+                    shown = now
+            if run.problems and len({p.source for p in run.problems}) >= len(sources):
+                bar.failed = "every source failed"
+    except KeyboardInterrupt:
+        interrupted = True
     finally:
-        closer()
+        preds.close()  # stops the decoder threads and fills in the run's statistics
+        lines.close()
+    return interrupted
+
+
+def _summary(model, device, sources, run, lines: _Lines, prior: _Prior, interrupted, ray_info, live_sources):
+    import numpy as np
+
+    from ._signals import stop_signal
+
+    stats = run.stats.to_dict()
+    lat = {}
+    if lines.latencies:
+        a = np.asarray(lines.latencies)
+        lat = {"p50": round(float(np.percentile(a, 50)), 2), "p99": round(float(np.percentile(a, 99)), 2),
+               "max": round(float(a.max()), 2)}
+    per_source = {s: stats["per_source"].get(s, 0) for s in sources}
+    return RunSummary(model=str(model), device=device, decoder=stats.get("decoder") or "?", sources=sources,
+                      frames=stats["frames"], batches=stats["batches"], seconds=stats["seconds"],
+                      fps=stats["fps"], mean_batch=stats["mean_batch"], per_source=per_source,
+                      # the frames of a source with a problem: all it gave, also those still in flight then
+                      problems=[{"source": p.source, "reason": p.reason, "frames": per_source.get(p.source, p.frames)}
+                                for p in run.problems],
+                      output=str(lines.out_path) if lines.out_path else None, latency_ms=lat,
+                      interrupted=interrupted, last_frame={s: lines.last.get(s) for s in sources},
+                      resumed_lines=prior.lines, ray=_ray_summary(ray_info, run, prior.complete),
+                      dropped=dict(stats.get("dropped") or {}), missing=dict(stats.get("missing") or {}),
+                      damaged=dict(stats.get("damaged") or {}), events=lines.events,
+                      signal=stop_signal() if interrupted else None, live=live_sources)
 
 
 def _orphans(out_path: Path, resume: bool, reporter) -> None:
