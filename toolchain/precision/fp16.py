@@ -57,7 +57,10 @@ def resolve_keep(model, keep: list[str] | tuple[str, ...] | None, default: bool 
 
 def convert_fp16(model, keep_ops: set[str], keep_names: set[str]) -> Fp16Result:
     """Convert ``model`` in place; nodes whose op type is in ``keep_ops`` or whose name is in ``keep_names``
-    compute in FP32."""
+    compute in FP32.
+
+    The steps: check that the graph can be converted, choose the nodes kept in FP32, convert the initializers,
+    retype the nodes (Casts where FP16 and FP32 meet, and before the graph's outputs), then sort the graph."""
     onnx_module()
     from onnx import TensorProto, helper, numpy_helper
 
@@ -66,21 +69,46 @@ def convert_fp16(model, keep_ops: set[str], keep_names: set[str]) -> Fp16Result:
     types = tensor_types(model)
     inits = {i.name: i for i in g.initializer}
     nodes = list(g.node)
-    qdq = {"QuantizeLinear", "DequantizeLinear"}
-    if any(n.op_type in qdq for n in nodes) and not qdq <= set(keep_ops) and opset_of(model) < 19:
-        raise QuantizeError("FP16 Q/DQ needs opset 19 (FP16 scales)",
-                            "internal: upgrade the opset first, or keep Q/DQ in FP32")
+    _check_convertible(model, nodes, types, keep_ops)
 
     def is_float(name: str) -> bool:
         return bool(name) and types.get(name) == F32
 
+    result = Fp16Result(converted_nodes=0)
+    keep = _kept_nodes(nodes, inits, keep_ops, keep_names, result, numpy_helper, F32)
+    taken = all_names(model)
+
+    def wants_low(idx: int, slot: int) -> bool:
+        n = nodes[idx]
+        return idx not in keep and slot not in FP32_ONLY_INPUTS.get(n.op_type, ())
+
+    low, fp16_copy = _convert_initializers(g, inits, nodes, is_float, wants_low, taken, result, numpy_helper, F32)
+    out_nodes = _retyped_nodes(g, nodes, keep, low, fp16_copy, is_float, wants_low, taken, result, helper,
+                               numpy_helper, F32, F16)
+    del g.node[:]
+    g.node.extend(_topological(out_nodes))
+    del g.value_info[:]
+    prune_initializers(model)
+    return result
+
+
+def _check_convertible(model, nodes: list, types: dict, keep_ops: set[str]) -> None:
+    """FP16 Q/DQ needs opset 19, and every node's output needs a known type."""
+    qdq = {"QuantizeLinear", "DequantizeLinear"}
+    if any(n.op_type in qdq for n in nodes) and not qdq <= set(keep_ops) and opset_of(model) < 19:
+        raise QuantizeError("FP16 Q/DQ needs opset 19 (FP16 scales)",
+                            "internal: upgrade the opset first, or keep Q/DQ in FP32")
     for n in nodes:
         for o in n.output:
             if o and o not in types:
                 raise QuantizeError(f"the type of tensor {o!r} (output of {node_label(n, 0)}) is unknown",
                                     "run onnx shape inference on the model, or re-export it")
 
-    result = Fp16Result(converted_nodes=0)
+
+def _kept_nodes(nodes: list, inits: dict, keep_ops: set[str], keep_names: set[str], result: Fp16Result,
+                numpy_helper, F32) -> set[int]:
+    """The indices of the nodes that compute in FP32: those on the keep-list, and those reading a weight FP16 cannot
+    hold (kept rather than clipped); each is reported in ``result.kept`` with its reason."""
     keep: set[int] = set()
     for idx, n in enumerate(nodes):
         if n.op_type in keep_ops or (n.name and n.name in keep_names):
@@ -99,7 +127,14 @@ def convert_fp16(model, keep_ops: set[str], keep_names: set[str]) -> Fp16Result:
                     result.kept.append({"node": node_label(n, idx), "op": n.op_type,
                                         "reason": f"weight {i} exceeds FP16 range"})
                     break
-    taken = all_names(model)
+    return keep
+
+
+def _convert_initializers(g, inits: dict, nodes: list, is_float, wants_low, taken: set, result: Fp16Result,
+                          numpy_helper, F32) -> tuple[dict[str, bool], dict[str, str]]:
+    """The float initializers stored in FP16 when only FP16 inputs read them, kept FP32 with an FP16 copy when both
+    kinds do. Returns ``low`` (whether each float tensor known so far is FP16 after the pass: the graph's inputs
+    stay FP32) and the FP16 copies' names by original name."""
     # precision each float tensor has after the pass: graph inputs stay FP32, outputs of converted nodes go FP16
     low: dict[str, bool] = {}
     for vi in g.input:
@@ -110,10 +145,6 @@ def convert_fp16(model, keep_ops: set[str], keep_names: set[str]) -> Fp16Result:
         for slot, i in enumerate(n.input):
             if is_float(i):
                 readers.setdefault(i, []).append((idx, slot))
-
-    def wants_low(idx: int, slot: int) -> bool:
-        n = nodes[idx]
-        return idx not in keep and slot not in FP32_ONLY_INPUTS.get(n.op_type, ())
 
     new_inits, fp16_copy = [], {}
     for name, init in inits.items():
@@ -132,7 +163,13 @@ def convert_fp16(model, keep_ops: set[str], keep_names: set[str]) -> Fp16Result:
         else:
             low[name] = False
     g.initializer.extend(new_inits)
+    return low, fp16_copy
 
+
+def _retyped_nodes(g, nodes: list, keep: set[int], low: dict[str, bool], fp16_copy: dict[str, str], is_float,
+                   wants_low, taken: set, result: Fp16Result, helper, numpy_helper, F32, F16) -> list:
+    """The nodes in order, converted ones retyped, with a Cast wherever an input's precision is not the one its
+    reader computes in, and a Cast back to FP32 before each float graph output a converted node makes."""
     cast_cache: dict[tuple[str, bool], str] = {}
     out_nodes = []
     graph_outputs = {o.name for o in g.output if is_float(o.name)}
@@ -183,11 +220,7 @@ def convert_fp16(model, keep_ops: set[str], keep_names: set[str]) -> Fp16Result:
                 result.casts_added += 1
                 low[o] = True
     # the consumers of a renamed output read the FP16 inner tensor (fixed up in the loop above via renamed_outputs)
-    del g.node[:]
-    g.node.extend(_topological(out_nodes))
-    del g.value_info[:]
-    prune_initializers(model)
-    return result
+    return out_nodes
 
 
 def _to_fp16_tensor(init, numpy_helper, result: Fp16Result):
