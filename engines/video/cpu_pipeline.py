@@ -36,7 +36,7 @@ def decode_stage(src, spec, stride, dtype, hub: FrameHub, stop: threading.Event,
         return
     except SourceError as exc:
         if not stop.is_set():
-            report_problem(src.name, exc.reason, counts[src.name])
+            report_problem(src.name, str(exc), counts[src.name])
     except Exception as exc:  # noqa: BLE001 - keep the other sources going
         report_problem(src.name, f"{src.name}: {type(exc).__name__}: {exc}", counts[src.name])
     finally:

@@ -120,7 +120,7 @@ class GpuPipeline:
             return
         except SourceError as exc:
             if not self.stop.is_set():
-                self.report_problem(src.name, exc.reason, self.counts[src.name])
+                self.report_problem(src.name, str(exc), self.counts[src.name])
         except Exception as exc:  # noqa: BLE001 - report, keep the other sources going
             self.report_problem(src.name, f"{src.name}: {type(exc).__name__}: {exc}", self.counts[src.name])
         finally:
