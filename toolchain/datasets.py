@@ -98,14 +98,25 @@ def make_test_videos(folder: str | Path) -> dict[str, Path]:
     bad-input tests: HEVC 10-bit (NVDEC gives P016), HEVC 4:4:4, FFV1 (no NVDEC support), H.264 4224 pixels wide
     (beyond NVDEC's 4096 for H.264), MPEG-TS (streamable) whole and cut in half, an MP4 cut at 60% (its index is
     at the end), an MP4 with 40 runs of 64 random bytes in the middle, and an audio-only M4A. Made once per
-    folder; returns a dict keyed by file name with "_" for "." (``"truncated_mp4"``), plus ``"bikes"``."""
+    folder; returns a dict keyed by file name with "_" for "." (``"truncated_mp4"``), plus ``"bikes"``.
+
+    The steps: the transcoded formats, the damaged copies, the audio-only file."""
     import av
-    import numpy as np
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     src_path = str(bikes_video())
     out: dict[str, Path] = {}
+    _transcoded_formats(av, src_path, folder, out)
+    _damaged_copies(src_path, folder, out)
+    out["audio_m4a"] = _audio_only(av, folder / "audio.m4a")
+    out["bikes"] = Path(src_path)
+    return out
+
+
+def _transcoded_formats(av, src_path: str, folder: Path, out: dict[str, Path]) -> None:
+    """HEVC 10-bit and 4:4:4, FFV1, H.264 4224 pixels wide and MPEG-TS from the first frames of ``src_path``, each
+    made when not in ``folder`` yet and put in ``out``."""
 
     def transcode(name, codec, pix, n, fmt=None, size=(640, 272), opts=None):
         dst = folder / name
@@ -136,6 +147,12 @@ def make_test_videos(folder: str | Path) -> dict[str, Path]:
     transcode("wide.mp4", "libx264", "yuv420p", 5, size=(4224, 240))
     transcode("bikes.ts", "libx264", "yuv420p", 250, fmt="mpegts")
 
+
+def _damaged_copies(src_path: str, folder: Path, out: dict[str, Path]) -> None:
+    """The MP4 cut at 60%, the MPEG-TS (made before) cut in half and the MP4 with 40 runs of 64 random bytes in the
+    middle, each made when not in ``folder`` yet and put in ``out``."""
+    import numpy as np
+
     def derived(name, make):
         dst = folder / name
         out[name.replace(".", "_")] = dst
@@ -154,8 +171,12 @@ def make_test_videos(folder: str | Path) -> dict[str, Path]:
         return bytes(d)
 
     derived("corrupt.mp4", corrupt)
-    audio = folder / "audio.m4a"
-    out["audio_m4a"] = audio
+
+
+def _audio_only(av, audio: Path) -> Path:
+    """An AAC file with no video stream (20 frames of silence), made when missing; returns its path."""
+    import numpy as np
+
     if not audio.exists():
         with av.open(str(audio), "w") as sink:
             s = sink.add_stream("aac", rate=16000)
@@ -167,5 +188,4 @@ def make_test_videos(folder: str | Path) -> dict[str, Path]:
                     sink.mux(p)
             for p in s.encode(None):
                 sink.mux(p)
-    out["bikes"] = Path(src_path)
-    return out
+    return audio
