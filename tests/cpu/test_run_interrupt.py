@@ -34,8 +34,11 @@ def test_ctrl_c_keeps_complete_lines_and_resume_finishes(lite0_onnx, bikes, orie
            "--batch", "4", "--top-k", "1", "-o", str(out)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     # --realtime paces the 250 frames at 25 fps (10 s), so the interrupt lands mid-run
+    # SIGINT's default action in the child even where this process ignores it (started with `&` by a
+    # non-interactive shell, e.g. under nohup): an inherited SIG_IGN would make the Ctrl-C below do nothing
     proc = subprocess.Popen([*cmd, "--realtime"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while _lines(tmp_path) < 20 and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)  # lines reach the disk at least once a second

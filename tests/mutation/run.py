@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -137,9 +138,13 @@ def copy_tree(dest: Path, worktree: bool) -> None:
 
 
 def run_tests(tree: Path, tests, timeout: float) -> tuple[bool, str, float]:
-    env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
+    env = {**os.environ, "PYTHONPATH": str(tree)}
     env.pop("TRTC_REQUIRE_GPU", None)
-    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-o", "addopts=", *tests]
+    # a basetemp of its own: pytest sessions of the same user share /tmp/pytest-of-USER and a new one deletes all
+    # but the three newest, which removed a running test's files when other sessions ran at the same time
+    basetemp = tree.parent / "pytest-tmp"
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+           "--basetemp", str(basetemp), *tests]
     t0 = time.monotonic()
     try:
         r = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
@@ -148,6 +153,11 @@ def run_tests(tree: Path, tests, timeout: float) -> tuple[bool, str, float]:
     lines = [x for x in r.stdout.splitlines() if x.strip()]
     failed = [x for x in lines if x.startswith(("FAILED", "ERROR"))]
     summary = (failed[0] if failed else lines[-1] if lines else r.stderr.strip()[-200:])
+    why = next((x[1:].strip() for x in lines if x.startswith("E ")), "")  # the first assertion line: a real kill
+    if failed and why:
+        summary = f"{failed[0]} - {why[:150]}"
+    if r.returncode != 0 and os.environ.get("TRTC_MUTATION_VERBOSE"):
+        print("\n".join(lines[-40:]), file=sys.stderr)
     return r.returncode == 0, summary, time.monotonic() - t0
 
 
@@ -158,6 +168,9 @@ def main(argv=None) -> int:
     ap.add_argument("--list", action="store_true", help="list the mutants and exit")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per test run (default 900)")
     args = ap.parse_args(argv)
+    # started in the background by a non-interactive shell (`... &`), this process ignores SIGINT, and so would every
+    # test process it starts: tests/cpu/test_run_interrupt.py's real Ctrl-C would then do nothing
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     mutants = MUTANTS
     if args.only:
         want = set(args.only.split(","))
@@ -185,7 +198,12 @@ def main(argv=None) -> int:
                 print(f"{m.name}: the text to replace occurs {n} times in {m.path} (source changed?)", file=sys.stderr)
                 return 2
         suites = sorted({t for m in mutants for t in m.tests})
+        os.environ["TRTC_MUTATION_VERBOSE"] = "1"  # the baseline's failure in full
         ok, summary, secs = run_tests(tree, suites, args.timeout)
+        if not ok:  # one retry: tests/cpu/test_run_interrupt.py times a SIGINT and can lose the race on a busy machine
+            print(f"baseline failed ({summary}); once more", file=sys.stderr)
+            ok, summary, secs = run_tests(tree, suites, args.timeout)
+        os.environ.pop("TRTC_MUTATION_VERBOSE")
         print(f"baseline (no defect), {len(suites)} test files: {'pass' if ok else 'FAIL'} in {secs:.0f} s",
               file=sys.stderr)
         if not ok:
@@ -205,7 +223,7 @@ def main(argv=None) -> int:
             rows.append((m, verdict, summary if not ok else "all passed", secs))
     print(f"| mutant | where | defect | result | first failing test | s |\n|---|---|---|---|---|---|")
     for m, verdict, summary, secs in rows:
-        first = summary.replace("FAILED ", "").split(" - ")[0].replace("|", "\\|")
+        first = summary.replace("FAILED ", "").replace("ERROR ", "").replace("|", "\\|")
         print(f"| {m.name} | {m.path} | {m.what} | **{verdict}** | {first} | {secs:.0f} |")
     survivors = [m.name for m, v, *_ in rows if v == "SURVIVED"]
     print(f"\n{len(rows) - len(survivors)} of {len(rows)} killed" + (f"; survivors: {', '.join(survivors)}"
