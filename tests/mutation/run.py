@@ -142,7 +142,7 @@ def run_tests(tree: Path, tests, timeout: float) -> tuple[bool, str, float]:
     env.pop("TRTC_REQUIRE_GPU", None)
     # a basetemp of its own: pytest sessions of the same user share /tmp/pytest-of-USER and a new one deletes all
     # but the three newest, which removed a running test's files when other sessions ran at the same time
-    basetemp = tree.parent / "pytest-tmp"
+    basetemp = tree.parent / "t"
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
            "--basetemp", str(basetemp), *tests]
     t0 = time.monotonic()
@@ -183,7 +183,7 @@ def main(argv=None) -> int:
             print(f"{m.name:28} {m.path:32} {m.what}")
         return 0
 
-    with tempfile.TemporaryDirectory(prefix="trtc-mutants-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="tm") as tmp:  # short: some tests' messages wrap around the paths
         tree = Path(tmp) / "tree"
         tree.mkdir()
         copy_tree(tree, args.worktree)
