@@ -8,6 +8,7 @@ way it warms up, median of 3; the ratio is computed here from the fps, not read 
 from __future__ import annotations
 
 import importlib.util
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -32,7 +33,9 @@ def bikes1080(tmp_path_factory, bikes):
         s.options = {"crf": "23", "preset": "veryfast"}
         for i, frame in enumerate(src.decode(video=0)):
             f = frame.reformat(width=1920, height=1080, format="yuv420p")
-            f.pts = i
+            # pts in 1/25 s: without the frame's time base PyAV muxed every packet at pts 0 (an H100 run: the
+            # SimpleDecoder then failed at frame 1)
+            f.pts, f.time_base = i, Fraction(1, 25)
             for pkt in s.encode(f):
                 dst.mux(pkt)
         for pkt in s.encode():

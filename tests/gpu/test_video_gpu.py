@@ -105,14 +105,17 @@ def test_one_launch_for_many_frames_matches_numpy_reference(test_videos, name):
     assert worst < 1e-6
 
 
-def test_gpu_pipeline_agrees_with_cpu_pipeline(bikes, cuda_lite0, cpu_lite0):
+def test_gpu_pipeline_agrees_with_cpu_pipeline(bikes, lite0_onnx, cpu_lite0):
     """Same frames, same maths: NVDEC + kernel + ORT CUDA vs PyAV + numpy + ORT CPU. H.264 decoding is bit-exact
-    and the kernel matches numpy to 1e-6, so what is left is ONNX Runtime CUDA vs CPU arithmetic in FP32: every
-    frame's top-1 equal (the README's 100%) and every top-1 score within 1e-3 (it was 97% and 0.02, which a swapped
-    plane or a wrong coefficient in one path passed)."""
+    and the kernel matches numpy to 1e-6, so what is left is ONNX Runtime CUDA vs CPU arithmetic: every frame's
+    top-1 equal (the README's 100%) and every top-1 score within 1e-3 (it was 97% and 0.02, which a swapped plane
+    or a wrong coefficient in one path passed). The CUDA session computes in full FP32 (tf32=False): with its
+    default TF32 the scores differed by 2.3e-3 on an H100, arithmetic that is not the pipeline's."""
+    import engines
     from engines.video import classify
 
-    gpu = {p.frame: p for p in classify([bikes], cuda_lite0, batch=32)}
+    with engines.open_engine(lite0_onnx[0], device="cuda:0", tf32=False) as fp32:
+        gpu = {p.frame: p for p in classify([bikes], fp32, batch=32)}
     cpu = {p.frame: p for p in classify([bikes], cpu_lite0, batch=32)}
     assert sorted(gpu) == sorted(cpu) == list(range(250))
     flips = [i for i in gpu if gpu[i].indices[0] != cpu[i].indices[0]]
@@ -297,7 +300,10 @@ def test_inference_stage_makes_no_host_synchronisation(bikes, cuda_lite0, monkey
     if scores == "softmax":
         assert infer == [], f"the inference stage synchronised with the host {len(infer)} times: {infer[:10]}"
     else:
-        assert len(infer) <= 1 and all("asnumpy" in w for w in infer), infer
+        # the one decision reads one row: cupy.asnumpy, which calls ndarray.get, which synchronises its stream (the
+        # three calls of one read, as counted on an H100)
+        assert infer.count("cupy.asnumpy") <= 1 and set(infer) <= {"cupy.asnumpy", "ndarray.get",
+                                                                   "Stream.synchronize"} and len(infer) <= 3, infer
 
 
 def test_many_sources_at_once(bikes, test_videos, cuda_lite0):
