@@ -173,6 +173,11 @@ def cli(ctx: click.Context, verbose: int, quiet: bool, debug: bool):
     ctx.obj = state
 
 
+# options several commands share, written once
+json_flag = click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
+force_flag = click.option("--force", is_flag=True, help="Overwrite an existing output.")
+
+
 class FiniteFloat(click.ParamType):
     """A float that is a real number (nan and inf make loops never end and checks always pass), above ``low``."""
 
@@ -267,8 +272,8 @@ def _show(state: State, report, as_json: bool, renderer: str) -> None:
               help="Random inputs when no --check-data.")
 @click.option("--atol", type=FiniteFloat(0), default=1e-3, show_default=True, help="Max abs logit difference allowed.")
 @click.option("--name", help="Model name for the manifest (default: from the source).")
-@click.option("--force", is_flag=True, help="Overwrite an existing output.")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
+@force_flag
+@json_flag
 @click.pass_obj
 def export(state: State, source, output, weights, random_weights, num_classes, input_size, batch, opset, exporter,
            labels, mean, std, color, resize, check_data, check_samples, atol, name, force, as_json):
@@ -361,8 +366,8 @@ def export(state: State, source, output, weights, random_weights, num_classes, i
 @click.option("--std", callback=_floats3, help="For an ONNX without manifest: per-channel std in [0,1] units.")
 @click.option("--color", type=click.Choice(["RGB", "BGR"], case_sensitive=False), help="For an ONNX without "
               "manifest: channel order.")
-@click.option("--force", is_flag=True, help="Overwrite an existing output.")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
+@force_flag
+@json_flag
 @click.pass_obj
 def quantize(state: State, model, precision, output, calib, calib_count, calib_method, percentile, keep_fp32,
              high_precision, target, target_agreement, no_bias_correction, check, check_count, allow_random_check,
@@ -420,7 +425,7 @@ def quantize(state: State, model, precision, output, calib, calib_count, calib_m
 @click.option("--keep-fp32", multiple=True, metavar="OP_OR_NODE", help="fp16/int8: see trtc quantize.")
 @click.option("--allow-random-check", is_flag=True, help="int8: see trtc quantize.")
 @click.option("--force", is_flag=True, help="Overwrite existing outputs.")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
+@json_flag
 @click.pass_obj
 def build(state: State, model, output, precision, backend, batch, input_size, workspace, opt_level, timing_cache,
           version_compatible, exclude_lean_runtime, hardware_compatibility, compute_capability, calib, calib_count,
@@ -460,7 +465,7 @@ def build(state: State, model, output, precision, backend, batch, input_size, wo
 
 @cli.command(context_settings=CONTEXT)
 @click.argument("artifact", type=click.Path(dir_okay=False))
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
+@json_flag
 @click.pass_obj
 def inspect(state: State, artifact, as_json):
     """Show what an artifact (.onnx or .plan) is, from its manifest, and whether this machine can run it."""
@@ -582,7 +587,7 @@ def _int_list(ctx, param, value):
                                 "one GPU in the same run.")
 @click.option("--repeat", type=click.IntRange(1), default=3, show_default=True,
               help="A video benchmark: run decode-only and trtc this many times, interleaved, and show the median.")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
+@json_flag
 @click.pass_obj
 def bench(state: State, models, batches, device, warmup, iterations, duration, video_model, streams, latency_frames,
           latency_video, decode_latency, memory_loops, devices, repeat, as_json):
@@ -769,7 +774,7 @@ def run(state: State, sources, model, engine, device, batch, top_k, stride, outp
 
 
 @cli.command(context_settings=CONTEXT)
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
+@json_flag
 @click.pass_obj
 def doctor(state: State, as_json):
     """Say what this machine can do: packages, GPU, NVDEC, and which trtc features work (with the fix for those
