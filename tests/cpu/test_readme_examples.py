@@ -98,7 +98,7 @@ def test_every_docs_page_is_in_the_readme_table_and_in_this_test():
     # pages of figures or of how the tests work, with no commands of the tour; BRING-YOUR-OWN-ONNX's commands need
     # a model of the reader's own
     assert set(PAGES) <= linked and linked - set(PAGES) <= {"BENCHMARKS", "GPU", "CLUSTER", "TESTING",
-                                                            "BRING-YOUR-OWN-ONNX"}
+                                                            "BRING-YOUR-OWN-ONNX", "EDGE"}
     for p in linked:
         assert (README.parent / "docs" / f"{p}.md").is_file(), p
 
