@@ -26,6 +26,10 @@ BACKENDS = ("auto", *FLAVORS)
 NAMES = {"tensorrt": "TensorRT", "tensorrt-rtx": "TensorRT-RTX", "tensorrt-lean": "TensorRT lean runtime",
          "tensorrt-dispatch": "TensorRT dispatch runtime"}
 MIN_TENSORRT = (10, 0)  # strong typing, execute_async_v3, the tensor-name API: older TensorRT is refused
+# The lean runtime the `edge` extra pins in pyproject.toml (tests/unit/test_edge_versions.py checks that they agree).
+# It loads version-compatible plans built by TensorRT of this version or older: `trtc build --version-compatible`
+# warns when its TensorRT is newer, and records in the plan's manifest which lean runtime will run it.
+EDGE_LEAN_VERSION = "11.4.0.106"
 
 
 @dataclass
@@ -52,6 +56,21 @@ class Backend:
 
     def describe(self) -> str:
         return f"{NAMES[self.flavor]} {self.version} ({self.import_name})"
+
+
+def version_tuple(version: str) -> tuple:
+    """'11.4.0.106' -> (11, 4, 0, 106), for ordering versions (a part that is not a number counts as 0)."""
+    return tuple(int(part) if part.isdigit() else 0 for part in str(version).split("."))
+
+
+def runtime_pip_line(flavor: str, version: str) -> str:
+    """The pip line that installs ``flavor``'s runtime (``tensorrt-lean`` or ``tensorrt-dispatch``) of ``version``
+    from PyPI, for the CUDA major of the one installed here (CUDA 13, the edge extra's, when none is)."""
+    from ._deps import dist_version
+
+    kind = flavor.removeprefix("tensorrt-")
+    cuda = "cu12" if dist_version(f"tensorrt-{kind}-cu12-bindings") else "cu13"
+    return f"pip install tensorrt-{kind}-{cuda}-bindings=={version} tensorrt-{kind}-{cuda}-libs=={version}"
 
 
 def installed(flavor: str) -> str | None:

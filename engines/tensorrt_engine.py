@@ -31,7 +31,8 @@ from pathlib import Path
 import numpy as np
 
 from ._gpu import device as gpu_device
-from ._trt import Backend, load_runtime_backend, make_logger, rtx_targets, sm_name
+from ._trt import (NAMES, RUNTIME_FLAVORS, Backend, installed, load_backend, load_runtime_backend, make_logger,
+                   rtx_targets, runtime_pip_line, sm_name, version_tuple)
 from ._cuda import device_input, device_output, external_stream, is_device_array
 from ._deps import require
 from .base import EngineBase, TensorSpec
@@ -41,30 +42,97 @@ from .manifest import Manifest, read_manifest
 log = logging.getLogger("trtc")
 
 
-def rebuild_command(manifest: Manifest, plan: str | Path, problems: list[str] | None = None) -> str:
-    """How to get a plan that runs here (or where to run this one)."""
-    if any("cannot run on compute capability" in p for p in problems or []):
-        targets = ", ".join((manifest.builder or {}).get("compute_capabilities", [])) or "a supported GPU"
+class Problem(str):
+    """One reason why a plan cannot run here, as shown; ``kind`` picks the fix :func:`rebuild_command` gives:
+    ``missing`` (no runtime), ``not-vc`` (a runtime-only TensorRT and a plan built without --version-compatible),
+    ``lean-excluded`` (the dispatch runtime and a plan without its lean runtime), ``runtime-older`` (the lean or
+    dispatch runtime older than the plan's TensorRT), ``rtx-on-edge`` (a TensorRT-RTX plan and only the edge
+    runtimes), ``flavor``, ``version``, ``no-gpu``, ``gpu`` (another GPU), ``rtx-gpu`` (RTX cannot run on it)."""
+
+    kind = "other"
+
+    def __new__(cls, text: str, kind: str = "other"):
+        self = super().__new__(cls, text)
+        self.kind = kind
+        return self
+
+
+def _kinds(problems) -> set[str]:
+    return {getattr(p, "kind", "other") for p in problems or []}
+
+
+def rebuild_command(manifest: Manifest, plan: str | Path, problems: list[str] | None = None,
+                    backend: Backend | None = None) -> str:
+    """How to get a plan that runs here (or where to run this one). ``backend`` is the runtime found here: with the
+    lean or dispatch runtime (an edge box: no builder) the fix never says to build on this machine."""
+    kinds = _kinds(problems)
+    b = manifest.builder or {}
+    if "rtx-gpu" in kinds:
+        targets = ", ".join(b.get("compute_capabilities", [])) or "a supported GPU"
         return (f"run it on a GPU it was built for ({targets}), or build for this GPU with TensorRT: "
                 f"trtc build {(manifest.parent or {}).get('file', 'model.onnx')} --backend tensorrt")
     parent = (manifest.parent or {}).get("file", "model.onnx")
-    if any("only runs version-compatible plans" in p for p in problems or []):
-        return (f"on a machine with TensorRT (and the target's GPU): trtc build {parent} -o {Path(plan).name} --force "
-                "--version-compatible, then copy the plan and its .json here")
-    b = manifest.builder or {}
+    elsewhere = "on a machine with TensorRT (and the target's GPU): {}, then copy the plan and its .json here"
+    if "rtx-on-edge" in kinds:
+        return ('the edge extra runs only TensorRT version-compatible plans: pip install "trtc[rtx]" to run '
+                "TensorRT-RTX plans, or " + elsewhere.format(f"trtc build {parent} -o {Path(plan).name} --force "
+                                                             "--backend tensorrt --version-compatible"))
+    if "not-vc" in kinds:
+        return elsewhere.format(f"trtc build {parent} -o {Path(plan).name} --force --version-compatible")
     mode = (manifest.precision or {}).get("mode", "fp32")
     cmd = f"trtc build {parent} -o {Path(plan).name} --force --backend {b.get('flavor', 'auto')}"
     if mode != "fp32" and not str(parent).endswith(f".{mode}.onnx"):
         cmd += f" --precision {mode}"
+    edge = backend is not None and backend.runtime_only
+    if edge:
+        fix = _edge_fix(kinds, b, cmd, backend, elsewhere)
+        if "no-gpu" in kinds:
+            there = f"run it on a machine with {_target_gpu(b)}"
+            return f"{there}: the plan needs no rebuild" if kinds == {"no-gpu"} else f"{fix}; {there}"
+        return fix
     cmd += _build_flags(b)
-    if any(p == NO_GPU for p in problems or []):  # rebuilt here, it would still have no GPU to run on
+    if "no-gpu" in kinds:  # rebuilt here, it would still have no GPU to run on
         where = ", ".join(t for t in b.get("compute_capabilities", []) if t.upper() != "CURRENT")
         return (f"run it on a machine with an NVIDIA GPU{f' it was built for ({where})' if where else ''}; "
                 f"to build it again: {cmd}")
     return cmd + " (on this machine)"
 
 
-NO_GPU = "no NVIDIA GPU found here"
+def _edge_fix(kinds: set[str], b: dict, cmd: str, backend: Backend, elsewhere: str) -> str:
+    """The fix on a box with only the lean or dispatch runtime: a runtime to install, or a plan to build elsewhere."""
+    if "runtime-older" in kinds:
+        built, here = str(b.get("version", "?")), backend.version
+        newer_minor = version_tuple(built)[:2] > version_tuple(here)[:2]
+        cap = ".".join(here.split(".")[:2]) if newer_minor else here
+        what = "lean" if backend.flavor == "tensorrt-lean" else "dispatch"
+        return (f"upgrade the {what} runtime ({runtime_pip_line(backend.flavor, built)}) or build with TensorRT "
+                f"<= {cap} --version-compatible ({cmd}{_build_flags(b)})")
+    if "lean-excluded" in kinds:
+        flags = dict(b.get("flags") or {}, exclude_lean_runtime=False)
+        return ('install the lean runtime (pip install "trtc[edge]"), or '
+                + elsewhere.format(cmd + _build_flags(dict(b, flags=flags))))
+    return elsewhere.format(cmd + _build_flags(b))
+
+
+def _target_gpu(b: dict) -> str:
+    """The GPUs a plan runs on, from its manifest's builder: 'an NVIDIA GPU of compute capability 9.0 (...)'."""
+    if b.get("flavor") == "tensorrt-rtx":
+        targets = [t for t in b.get("compute_capabilities", []) if str(t).upper() != "CURRENT"]
+        if not targets:
+            targets = [sm_name((b.get("gpu") or {}).get("compute_capability", "0.0"))]
+        return f"an NVIDIA GPU it was built for ({', '.join(targets)})"
+    level = (b.get("flags") or {}).get("hardware_compatibility", "none")
+    gpu = b.get("gpu") or {}
+    cc = gpu.get("compute_capability")
+    if level == "ampere+":
+        return "an Ampere-or-newer NVIDIA GPU (compute capability 8.0 or higher)"
+    if not cc:
+        return "an NVIDIA GPU"
+    return f"an NVIDIA GPU of compute capability {cc}" + ("" if level == "same-cc" else
+                                                          f" (it was built on {gpu.get('name', '?')})")
+
+
+NO_GPU = Problem("no NVIDIA GPU found here", "no-gpu")
 
 
 def _build_flags(builder: dict) -> str:
@@ -85,13 +153,6 @@ def _build_flags(builder: dict) -> str:
     return out
 
 
-def _version_tuple(v: str) -> tuple:
-    out = []
-    for part in str(v).split("."):
-        out.append(int(part) if part.isdigit() else 0)
-    return tuple(out)
-
-
 def plan_problems(manifest: Manifest, backend: Backend | None, gpu: dict | None) -> list[str]:
     """Why this machine cannot run the plan (empty when it can, as far as the manifest tells)."""
     b = manifest.builder or {}
@@ -101,26 +162,33 @@ def plan_problems(manifest: Manifest, backend: Backend | None, gpu: dict | None)
     flags = b.get("flags", {})
     compatible = bool(flags.get("version_compatible"))
     if backend is None:
-        problems.append(f"{'TensorRT-RTX' if flavor == 'tensorrt-rtx' else 'TensorRT'} is not installed here "
-                        f"(the plan needs {flavor} {built}"
-                        + (", or TensorRT's lean runtime of that version or newer)" if compatible else ")"))
+        problems.append(Problem(f"{'TensorRT-RTX' if flavor == 'tensorrt-rtx' else 'TensorRT'} is not installed here "
+                                f"(the plan needs {flavor} {built}"
+                                + (", or TensorRT's lean runtime of that version or newer)" if compatible else ")"),
+                                "missing"))
     elif backend.runtime_only and flavor == "tensorrt":
         if not compatible:
-            problems.append(f"the plan was built with {flavor} {built} without --version-compatible; "
-                            f"{backend.describe()} only runs version-compatible plans")
+            problems.append(Problem(f"the plan was built with {flavor} {built} without --version-compatible; "
+                                    f"{backend.describe()} only runs version-compatible plans", "not-vc"))
         elif backend.flavor == "tensorrt-dispatch" and flags.get("exclude_lean_runtime"):
-            problems.append(f"the plan was built with --exclude-lean-runtime; {backend.describe()} needs the lean "
-                            "runtime inside the plan (install the lean runtime: pip install \"trtc[edge]\")")
-        elif _version_tuple(backend.version) < _version_tuple(built):
-            problems.append(f"the plan was built with {flavor} {built}; {backend.describe()} is older, and only the "
-                            "same or a newer runtime loads a version-compatible plan")
+            problems.append(Problem(f"the plan was built with --exclude-lean-runtime; {backend.describe()} needs "
+                                    "the lean runtime inside the plan", "lean-excluded"))
+        elif version_tuple(backend.version) < version_tuple(built):
+            problems.append(Problem(f"the plan was built with {flavor} {built}; {backend.describe()} is older, and "
+                                    "only the same or a newer runtime loads a version-compatible plan",
+                                    "runtime-older"))
+    elif backend.runtime_only:  # a TensorRT-RTX plan where only the edge extra's runtimes are installed
+        problems.append(Problem(f"the plan was built with {NAMES.get(flavor, flavor)} {built}; {backend.describe()} "
+                                "runs only TensorRT version-compatible plans", "rtx-on-edge"))
     elif backend.flavor != flavor:
-        problems.append(f"the plan was built with {flavor} {built}; this machine has {backend.describe()}")
+        problems.append(Problem(f"the plan was built with {flavor} {built}; this machine has {backend.describe()}",
+                                "flavor"))
     elif backend.version != built:
-        newer = _version_tuple(backend.version) > _version_tuple(built)
+        newer = version_tuple(backend.version) > version_tuple(built)
         if not (compatible and newer and not backend.rtx):
-            problems.append(f"the plan was built with {flavor} {built}; this machine has {flavor} {backend.version}"
-                            + (" (only a newer runtime can load a version-compatible plan)" if compatible else ""))
+            problems.append(Problem(f"the plan was built with {flavor} {built}; this machine has {flavor} "
+                                    f"{backend.version}" + (" (only a newer runtime can load a version-compatible "
+                                                            "plan)" if compatible else ""), "version"))
     if gpu is None:
         problems.append(NO_GPU)
     else:
@@ -130,25 +198,44 @@ def plan_problems(manifest: Manifest, backend: Backend | None, gpu: dict | None)
             if "CURRENT" in targets:
                 targets = [sm_name((b.get("gpu") or {}).get("compute_capability", "0.0"))]
             if targets and sm_name(cc) not in targets:
-                problems.append(f"the plan was built for {', '.join(targets)}; this GPU ({gpu.get('name')}) is "
-                                f"{sm_name(cc)}")
+                problems.append(Problem(f"the plan was built for {', '.join(targets)}; this GPU ({gpu.get('name')}) "
+                                        f"is {sm_name(cc)}", "gpu"))
             if backend is not None and backend.rtx and sm_name(cc) not in rtx_targets(backend.module):
-                problems.append(f"TensorRT-RTX {backend.version} cannot run on compute capability {cc} "
-                                f"({gpu.get('name')}); it supports {', '.join(rtx_targets(backend.module))}")
+                problems.append(Problem(f"TensorRT-RTX {backend.version} cannot run on compute capability {cc} "
+                                        f"({gpu.get('name')}); it supports {', '.join(rtx_targets(backend.module))}",
+                                        "rtx-gpu"))
         else:
             level = b.get("flags", {}).get("hardware_compatibility", "none")
             built_gpu = b.get("gpu") or {}
             built_cc = str(built_gpu.get("compute_capability", "?"))
             if level == "none" and built_cc != cc:
-                problems.append(f"the plan was built on a GPU of compute capability {built_cc} "
-                                f"({built_gpu.get('name', '?')}); this one is {cc} ({gpu.get('name')})")
-            if level == "ampere+" and _version_tuple(cc) < (8, 0):
-                problems.append(f"an Ampere-or-newer plan cannot run on compute capability {cc}")
-            if level == "same-cc" and _version_tuple(built_cc) != _version_tuple(cc):
-                problems.append(f"a same-compute-capability plan built on {built_cc} "
-                                f"({built_gpu.get('name', '?')}) cannot run on compute capability {cc} "
-                                f"({gpu.get('name')})")
+                problems.append(Problem(f"the plan was built on a GPU of compute capability {built_cc} "
+                                        f"({built_gpu.get('name', '?')}); this one is {cc} ({gpu.get('name')})", "gpu"))
+            if level == "ampere+" and version_tuple(cc) < (8, 0):
+                problems.append(Problem(f"an Ampere-or-newer plan cannot run on compute capability {cc}", "gpu"))
+            if level == "same-cc" and version_tuple(built_cc) != version_tuple(cc):
+                problems.append(Problem(f"a same-compute-capability plan built on {built_cc} "
+                                        f"({built_gpu.get('name', '?')}) cannot run on compute capability {cc} "
+                                        f"({gpu.get('name')})", "gpu"))
     return problems
+
+
+def runtime_for(manifest: Manifest) -> Backend | None:
+    """The runtime that would load this plan here: its flavour, or for a TensorRT plan the lean, then the dispatch
+    runtime. Where none is installed but the edge extra's runtime is (a TensorRT-RTX plan on an edge box), that
+    runtime, so that :func:`plan_problems` can say the edge extra runs only TensorRT plans. None: nothing here."""
+    flavor = (manifest.builder or {}).get("flavor", "tensorrt")
+    try:
+        return load_runtime_backend(flavor, purpose="Running TensorRT plans")
+    except Exception as exc:  # MissingDependency: reported with the plan's other problems
+        log.debug("no %s: %s", flavor, exc)
+    for edge in RUNTIME_FLAVORS:
+        if flavor != "tensorrt" and installed(edge) is not None:
+            try:
+                return load_backend(edge, purpose="Running TensorRT plans")
+            except Exception as exc:  # a broken install: as if absent
+                log.debug("no %s: %s", edge, exc)
+    return None
 
 
 def load_plan(path: str | Path, device: int = 0, backend: Backend | None = None):
@@ -158,17 +245,12 @@ def load_plan(path: str | Path, device: int = 0, backend: Backend | None = None)
     if manifest.kind != "plan":
         raise ManifestError(f"{path.name} is a {manifest.kind} artifact, not a TensorRT plan",
                             "give the .plan made by trtc build")
-    flavor = (manifest.builder or {}).get("flavor", "tensorrt")
     if backend is None:
-        try:
-            backend = load_runtime_backend(flavor, purpose="Running TensorRT plans")
-        except Exception as exc:  # MissingDependency: reported with the other problems below
-            log.debug("no %s: %s", flavor, exc)
-            backend = None
+        backend = runtime_for(manifest)
     problems = plan_problems(manifest, backend, gpu_device(device))
     if problems:
         raise ManifestError(f"{path.name} cannot run here: " + "; ".join(problems),
-                            rebuild_command(manifest, path, problems))
+                            rebuild_command(manifest, path, problems, backend))
     trt = backend.module
     logger = make_logger(trt, error_level=logging.DEBUG)  # the reason is in the error raised below
     runtime = trt.Runtime(logger)
@@ -179,7 +261,8 @@ def load_plan(path: str | Path, device: int = 0, backend: Backend | None = None)
     engine = runtime.deserialize_cuda_engine(path.read_bytes())
     if engine is None:
         raise EngineError(f"{backend.describe()} could not deserialize {path.name}: "
-                          + ("; ".join(logger.errors[-2:]) or "no reason given"), rebuild_command(manifest, path))
+                          + ("; ".join(logger.errors[-2:]) or "no reason given"),
+                          rebuild_command(manifest, path, backend=backend))
     return backend, runtime, engine, manifest
 
 

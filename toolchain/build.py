@@ -24,7 +24,8 @@ from pathlib import Path
 from engines import __version__
 from engines._gpu import device as gpu_device
 from engines._io import atomic_path, atomic_write_bytes, sha256_file
-from engines._trt import Backend, load_backend, make_logger, rtx_targets, sm_name
+from engines._trt import (EDGE_LEAN_VERSION, Backend, load_backend, make_logger, rtx_targets, runtime_pip_line,
+                          sm_name, version_tuple)
 from engines.base import TensorSpec
 from engines.manifest import BatchProfile, Manifest, read_manifest_if_any, write_manifest
 
@@ -54,6 +55,7 @@ class BuildReport:
     timings: dict
     quantize: dict | None = None  # the quantize report when this build made the ONNX
     warnings: list[str] = field(default_factory=list)
+    lean_runtime: dict | None = None  # version-compatible plans: which lean runtime runs it (see _lean_runtime)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -325,6 +327,7 @@ def build_engine(model: str | Path, output: str | Path | None = None, *, precisi
                        exclude_lean_runtime=exclude_lean_runtime, hardware_compatibility=hardware_compatibility,
                        opt_level=opt_level, ws=ws)
     cache_path = _use_timing_cache(config, be, timing_cache, warnings)
+    lean = _lean_runtime(be, version_compatible, exclude_lean_runtime, warnings)
     timings["parse_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -336,7 +339,8 @@ def build_engine(model: str | Path, output: str | Path | None = None, *, precisi
                                    exclude_lean_runtime)
     counts = _check_precisions(precision, precisions, recipe)
 
-    m, mpath = _write_plan(out, data, manifest, network, shapes, be, gpu, flags, recipe, onnx_path, precisions, counts)
+    m, mpath = _write_plan(out, data, manifest, network, shapes, be, gpu, flags, recipe, onnx_path, precisions, counts,
+                           lean)
     if cache_path is not None:
         atomic_write_bytes(cache_path, bytes(config.get_timing_cache().serialize()))
     return BuildReport(output=str(out), manifest=str(mpath), onnx=str(onnx_path), backend=be.describe(),
@@ -344,7 +348,7 @@ def build_engine(model: str | Path, output: str | Path | None = None, *, precisi
                        profiles=shapes, layers={"counts": counts, "source": precisions["source"],
                                                 "note": precisions.get("note")},
                        flags=flags, timings={k: round(v, 2) for k, v in timings.items()},
-                       quantize=qreport.to_dict() if qreport else None, warnings=warnings)
+                       quantize=qreport.to_dict() if qreport else None, warnings=warnings, lean_runtime=lean)
 
 
 def _check_request(model, output, precision: str, batch, workspace, opt_level: int, hardware_compatibility: str,
@@ -455,6 +459,26 @@ def _set_flags(trt, be: Backend, network, config, targets, warnings: list[str], 
     return flags
 
 
+def _lean_runtime(be: Backend, version_compatible: bool, exclude_lean_runtime: bool,
+                  warnings: list[str]) -> dict | None:
+    """Which lean runtime will run a version-compatible plan (None for other plans): TensorRT's lean runtime of the
+    builder's version or newer, and whether the one the edge extra pins (EDGE_LEAN_VERSION) is such a runtime. When
+    it is not, a warning with the fix: the edge boxes need a newer lean runtime, or the plan an older TensorRT."""
+    if not version_compatible or be.rtx:
+        return None
+    edge_runs = version_tuple(EDGE_LEAN_VERSION) >= version_tuple(be.version)
+    if not edge_runs:
+        cap = ".".join(EDGE_LEAN_VERSION.split(".")[:2])
+        warnings.append(f"the edge extra (trtc[edge]) cannot run this plan: its lean runtime {EDGE_LEAN_VERSION} is "
+                        f"older than {be.describe()}, and only the same or a newer runtime loads a version-compatible "
+                        f"plan (fix: on the edge box, {runtime_pip_line('tensorrt-lean', be.version)}; or build "
+                        f"with TensorRT <= {cap})")
+    return {"needs": f"TensorRT lean runtime {be.version} or newer"
+                     + ("" if exclude_lean_runtime else " (or the dispatch runtime of that version or newer: the plan "
+                                                        "carries its lean runtime)"),
+            "min_version": be.version, "edge_extra": EDGE_LEAN_VERSION, "edge_extra_runs_it": edge_runs}
+
+
 def _use_timing_cache(config, be: Backend, timing_cache, warnings: list[str]) -> Path | None:
     """The timing cache file loaded into the config (a new cache when it does not fit); the path to write it back
     to after the build, or None (none given, or TensorRT-RTX)."""
@@ -524,11 +548,13 @@ def _check_precisions(precision: str, precisions: dict, recipe: dict) -> dict[st
 
 
 def _write_plan(out: Path, data: bytes, manifest, network, shapes, be: Backend, gpu, flags, recipe, onnx_path: Path,
-                precisions, counts) -> tuple[Manifest, Path]:
+                precisions, counts, lean: dict | None = None) -> tuple[Manifest, Path]:
     """The plan written untouched and atomically, with its manifest beside it; returns (manifest, manifest path)."""
     with atomic_path(out) as tmp:
         tmp.write_bytes(data)
         m = _plan_manifest(manifest, network, shapes, be, gpu, flags, recipe, onnx_path, precisions, counts)
+        if lean is not None:
+            m.builder["lean_runtime"] = lean
         mpath = write_manifest(out, m, hashed_as=tmp)
     return m, mpath
 

@@ -28,21 +28,22 @@ def inspect_artifact(path: str | Path, device: int = 0) -> dict:
            "created": m.created, "producer": m.producer.get("tool")}
     gpu = gpu_device(device)
     if m.kind == "plan":
-        from engines._trt import load_runtime_backend
-        from engines.tensorrt_engine import plan_problems, rebuild_command
+        from engines.tensorrt_engine import plan_problems, rebuild_command, runtime_for
+
+        from .render import compatibility
 
         b = m.builder or {}
         out["builder"] = b
-        try:
-            # the runtime load_plan would use (full TensorRT, else the lean or dispatch runtime)
-            backend = load_runtime_backend(b.get("flavor", "tensorrt"), purpose="Running TensorRT plans")
-        except TrtcError:
-            backend = None
+        flags = b.get("flags") or {}
+        out["version_compatible"] = bool(flags.get("version_compatible"))
+        out["lean_runtime_excluded"] = bool(flags.get("exclude_lean_runtime"))
+        out["runtimes"] = compatibility(b)  # which runtimes load it, trtc[edge]'s lean runtime among them
+        backend = runtime_for(m)  # the runtime load_plan would use (full TensorRT, else the lean or dispatch one)
         problems = plan_problems(m, backend, gpu)
         out["runs_here"] = not problems
-        out["why_not"] = problems
+        out["why_not"] = [str(x) for x in problems]
         if problems:
-            out["rebuild"] = rebuild_command(m, p, problems)
+            out["rebuild"] = rebuild_command(m, p, problems, backend)
         else:
             out["layer_precisions"] = _engine_layers(p, device)
     else:

@@ -195,6 +195,8 @@ def render_build(console, report) -> None:
     if f.get("compute_capabilities"):
         extra.append("for " + ", ".join(f["compute_capabilities"]))
     t.add_row("flags", f"strongly typed, opt level {f['opt_level']}" + ("; " + ", ".join(extra) if extra else ""))
+    if report.lean_runtime:
+        t.add_row("runs on", escape(report.lean_runtime["needs"]))
     counts = ", ".join(f"{n} {p}" for p, n in sorted(report.layers["counts"].items()))
     t.add_row("compute layers", f"{counts} ({report.layers['source']})"
               + (f"\n{escape(report.layers['note'])}" if report.layers.get("note") else ""))
@@ -225,6 +227,25 @@ def built_with(builder: dict) -> str:
     return ", ".join([text, *known])
 
 
+def compatibility(builder: dict) -> str:
+    """Which runtimes load a plan, from its manifest's builder: version-compatible or not, its lean runtime kept or
+    excluded, and whether the edge extra's lean runtime (engines._trt.EDGE_LEAN_VERSION) is new enough."""
+    from engines._trt import EDGE_LEAN_VERSION, version_tuple
+
+    version, flags = str(builder.get("version")), builder.get("flags") or {}
+    if builder.get("flavor") == "tensorrt-rtx":
+        return f"TensorRT-RTX {version} only (TensorRT-RTX plans are not version-compatible; trtc[edge] cannot run it)"
+    if not flags.get("version_compatible"):
+        return (f"not version-compatible: only TensorRT {version} loads it (not the lean or dispatch runtime, so not "
+                "trtc[edge])")
+    text = f"version-compatible: TensorRT or its lean runtime {version} or newer loads it"
+    text += ("; built with the lean runtime excluded (--exclude-lean-runtime): the dispatch runtime cannot load it"
+             if flags.get("exclude_lean_runtime") else "; carries its lean runtime (the dispatch runtime loads it too)")
+    if version_tuple(EDGE_LEAN_VERSION) >= version_tuple(version):
+        return text + f"; trtc[edge] (lean runtime {EDGE_LEAN_VERSION}) runs it"
+    return text + f"; trtc[edge]'s lean runtime {EDGE_LEAN_VERSION} is older and cannot run it"
+
+
 def render_inspect(console, report: dict) -> None:
     from rich.markup import escape
     from rich.table import Table
@@ -246,6 +267,7 @@ def render_inspect(console, report: dict) -> None:
     if report.get("builder"):
         bd = report["builder"]
         t.add_row("built with", escape(built_with(bd)))
+        t.add_row("runtimes", escape(compatibility(bd)))
         lp = bd.get("layer_precisions") or {}
         if lp.get("counts"):
             t.add_row("compute layers", escape(", ".join(f"{n} {k}" for k, n in sorted(lp["counts"].items()))

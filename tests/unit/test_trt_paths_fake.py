@@ -84,12 +84,67 @@ def test_the_lean_runtime_loads_version_compatible_plans_when_full_tensorrt_is_a
     assert "trtc build m.onnx -o plain.plan --force --version-compatible" in err.value.fix
     older = fake_tensorrt.runtime_only(fake_tensorrt.make("11.2.0", engine_io=IO))
     fake_tensorrt.install(monkeypatch, older, fake_tensorrt.H100)
-    with pytest.raises(ManifestError, match="is older, and only the same or a newer runtime"):
+    with pytest.raises(ManifestError, match="is older, and only the same or a newer runtime") as err:
         load_plan(model.with_name("vc.plan"))
+    # the fix an edge box can follow (issue 29 item 2): a newer lean runtime, or a plan from an older TensorRT
+    assert err.value.fix == ("upgrade the lean runtime (pip install tensorrt-lean-cu13-bindings==11.3.0 "
+                             "tensorrt-lean-cu13-libs==11.3.0) or build with TensorRT <= 11.2 --version-compatible "
+                             "(trtc build m.onnx -o vc.plan --force --backend tensorrt --version-compatible "
+                             "--exclude-lean-runtime)"), err.value.fix
     dispatch = fake_tensorrt.runtime_only(fake_tensorrt.make("11.4.0", engine_io=IO), "dispatch")
     fake_tensorrt.install(monkeypatch, dispatch, fake_tensorrt.H100)
-    with pytest.raises(ManifestError, match="--exclude-lean-runtime; TensorRT dispatch runtime"):
+    with pytest.raises(ManifestError, match="--exclude-lean-runtime; TensorRT dispatch runtime") as err:
         load_plan(model.with_name("vc.plan"))
+    assert err.value.fix == ('install the lean runtime (pip install "trtc[edge]"), or on a machine with TensorRT '
+                             "(and the target's GPU): trtc build m.onnx -o vc.plan --force --backend tensorrt "
+                             "--version-compatible, then copy the plan and its .json here"), err.value.fix
+
+
+def test_plan_fixes_on_an_edge_box_never_say_build_here(monkeypatch, model):
+    """Issue 29 item 2: with only the lean runtime (no builder) a fix is one the edge box can follow: a valid plan
+    without a GPU needs a GPU, not a rebuild; a plan from a newer TensorRT needs a newer lean runtime or an older
+    TensorRT; a TensorRT-RTX plan is told what the edge extra runs; another GPU is rebuilt elsewhere."""
+    from engines.tensorrt_engine import load_plan
+    from toolchain.build import build_engine
+    from toolchain.inspect_artifact import inspect_artifact
+
+    fake_tensorrt.install(monkeypatch, fake_tensorrt.make("11.4.0.106"), fake_tensorrt.H100)
+    build_engine(model, version_compatible=True, output=model.with_name("vc.plan"))
+    fake_tensorrt.install(monkeypatch, fake_tensorrt.make("11.5.0.1"), fake_tensorrt.H100)
+    build_engine(model, version_compatible=True, output=model.with_name("new.plan"))
+    fake_tensorrt.install(monkeypatch, fake_tensorrt.make("1.7.1.116", rtx=True), fake_tensorrt.RTX4090)
+    build_engine(model, backend="tensorrt-rtx", output=model.with_name("rtx.plan"))
+
+    lean = fake_tensorrt.runtime_only(fake_tensorrt.make("11.4.0.106", engine_io=IO))
+    fake_tensorrt.install(monkeypatch, lean, None)  # an edge box's lean runtime, and no GPU
+    with pytest.raises(ManifestError, match=r"vc.plan cannot run here: no NVIDIA GPU found here \(fix") as err:
+        load_plan(model.with_name("vc.plan"))
+    assert err.value.fix == ("run it on a machine with an NVIDIA GPU of compute capability 9.0 (it was built on "
+                             "NVIDIA H100 80GB HBM3): the plan needs no rebuild"), err.value.fix
+    assert inspect_artifact(model.with_name("vc.plan"))["rebuild"] == err.value.fix
+
+    fake_tensorrt.install(monkeypatch, lean, fake_tensorrt.H100)
+    with pytest.raises(ManifestError, match=r"built with tensorrt 11.5.0.1; TensorRT lean runtime 11.4.0.106 "
+                                            r"\(tensorrt_lean\) is older") as err:
+        load_plan(model.with_name("new.plan"))
+    assert err.value.fix == ("upgrade the lean runtime (pip install tensorrt-lean-cu13-bindings==11.5.0.1 "
+                             "tensorrt-lean-cu13-libs==11.5.0.1) or build with TensorRT <= 11.4 --version-compatible "
+                             "(trtc build m.onnx -o new.plan --force --backend tensorrt --version-compatible)")
+    with pytest.raises(ManifestError, match=r"built with TensorRT-RTX 1.7.1.116; TensorRT lean runtime 11.4.0.106 "
+                                            r"\(tensorrt_lean\) runs only TensorRT version-compatible plans") as err:
+        load_plan(model.with_name("rtx.plan"))
+    assert err.value.fix.startswith('the edge extra runs only TensorRT version-compatible plans: pip install '
+                                    '"trtc[rtx]" to run TensorRT-RTX plans, or on a machine with TensorRT (and the '
+                                    "target's GPU): trtc build m.onnx -o rtx.plan --force --backend tensorrt "
+                                    "--version-compatible, then copy"), err.value.fix
+
+    fake_tensorrt.install(monkeypatch, lean, fake_tensorrt.RTX4090)  # a valid plan for another GPU
+    with pytest.raises(ManifestError, match="compute capability 9.0") as err:
+        load_plan(model.with_name("vc.plan"))
+    assert err.value.fix == ("on a machine with TensorRT (and the target's GPU): trtc build m.onnx -o vc.plan --force "
+                             "--backend tensorrt --version-compatible, then copy the plan and its .json here")
+    for fix in (inspect_artifact(model.with_name(p)).get("rebuild") for p in ("vc.plan", "new.plan", "rtx.plan")):
+        assert "(on this machine)" not in fix and "to build it again" not in fix, fix
 
 
 def test_exclude_lean_runtime_needs_version_compatible(monkeypatch, model):
@@ -352,3 +407,55 @@ def test_validate_and_bench_run_a_plan_behind_the_same_parity_gate(monkeypatch, 
     assert r.exit_code == 0, r.output
     rows = json.loads(r.stdout[r.stdout.index("{"):])["rows"]
     assert [(row["kind"], row["batch"]) for row in rows] == [("plan", 1)]
+
+
+def test_a_version_compatible_build_says_which_lean_runtime_runs_it(monkeypatch, model):
+    """Issue 29 items 3 and 6: `trtc build --version-compatible` records in the manifest which lean runtime will run
+    the plan and warns, with the fix, when the edge extra's (EDGE_LEAN_VERSION) is too old; `trtc inspect` shows
+    whether a plan is version-compatible and whether its lean runtime was excluded."""
+    import json
+
+    from click.testing import CliRunner
+
+    from engines._trt import EDGE_LEAN_VERSION
+    from toolchain.build import build_engine
+    from toolchain.cli import cli
+    from toolchain.inspect_artifact import inspect_artifact
+
+    fake_tensorrt.install(monkeypatch, fake_tensorrt.make(EDGE_LEAN_VERSION), fake_tensorrt.H100)
+    report = build_engine(model, version_compatible=True, exclude_lean_runtime=True, output=model.with_name("vc.plan"))
+    assert not [w for w in report.warnings if "edge" in w], report.warnings
+    lean = read_manifest(model.with_name("vc.plan")).builder["lean_runtime"]
+    assert lean == {"needs": f"TensorRT lean runtime {EDGE_LEAN_VERSION} or newer", "min_version": EDGE_LEAN_VERSION,
+                    "edge_extra": EDGE_LEAN_VERSION, "edge_extra_runs_it": True}
+    plain = build_engine(model, output=model.with_name("plain.plan"))
+    assert plain.lean_runtime is None and "lean_runtime" not in read_manifest(model.with_name("plain.plan")).builder
+
+    fake_tensorrt.install(monkeypatch, fake_tensorrt.make("11.5.0.1"), fake_tensorrt.H100)
+    report = build_engine(model, version_compatible=True, output=model.with_name("new.plan"))
+    assert [w for w in report.warnings if "edge" in w] == [
+        f"the edge extra (trtc[edge]) cannot run this plan: its lean runtime {EDGE_LEAN_VERSION} is older than "
+        "TensorRT 11.5.0.1 (tensorrt), and only the same or a newer runtime loads a version-compatible plan (fix: on "
+        "the edge box, pip install tensorrt-lean-cu13-bindings==11.5.0.1 tensorrt-lean-cu13-libs==11.5.0.1; or build "
+        "with TensorRT <= 11.4)"]
+    assert report.lean_runtime["edge_extra_runs_it"] is False
+    assert read_manifest(model.with_name("new.plan")).builder["lean_runtime"]["needs"] == (
+        "TensorRT lean runtime 11.5.0.1 or newer (or the dispatch runtime of that version or newer: the plan carries "
+        "its lean runtime)")
+
+    info = {p: inspect_artifact(model.with_name(p)) for p in ("vc.plan", "plain.plan", "new.plan")}
+    assert [(i["version_compatible"], i["lean_runtime_excluded"]) for i in info.values()] == [
+        (True, True), (False, False), (True, False)]
+    assert info["vc.plan"]["runtimes"] == (
+        f"version-compatible: TensorRT or its lean runtime {EDGE_LEAN_VERSION} or newer loads it; built with the lean "
+        "runtime excluded (--exclude-lean-runtime): the dispatch runtime cannot load it; trtc[edge] (lean runtime "
+        f"{EDGE_LEAN_VERSION}) runs it")
+    assert info["plain.plan"]["runtimes"].startswith("not version-compatible: only TensorRT 11.4.0.106 loads it")
+    assert info["new.plan"]["runtimes"].endswith(f"trtc[edge]'s lean runtime {EDGE_LEAN_VERSION} is older and "
+                                                 "cannot run it")
+    shown = CliRunner().invoke(cli, ["inspect", str(model.with_name("vc.plan"))], terminal_width=200)
+    assert shown.exit_code == 0, shown.output
+    text = " ".join(" ".join(ln.strip("│ ") for ln in shown.output.splitlines()).split())
+    assert "built with the lean runtime excluded (--exclude-lean-runtime)" in text, shown.output
+    as_json = json.loads(CliRunner().invoke(cli, ["inspect", str(model.with_name("vc.plan")), "--json"]).output)
+    assert as_json["version_compatible"] is True and as_json["lean_runtime_excluded"] is True

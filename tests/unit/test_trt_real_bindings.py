@@ -277,3 +277,51 @@ def test_doctor_reports_the_real_lean_and_dispatch_runtimes_with_their_versions(
             assert d["error"].split(":")[0] in pk[shown].get("import_error", "")
             continue
         assert pk[shown]["version"] == d["version"] and pk[shown]["import_as"] == import_name, pk[shown]
+
+
+def test_plan_fixes_with_the_real_lean_runtime_and_no_gpu(monkeypatch):
+    """Issue 29 item 2 with the REAL lean bindings of this environment (the edge extra's runtime), full TensorRT and
+    TensorRT-RTX absent, no GPU: a valid version-compatible plan needs a GPU, not a rebuild; one from a newer
+    TensorRT needs a newer lean runtime (or an older TensorRT); a TensorRT-RTX plan is told what the edge extra
+    runs. The manifests are written here; the real module supplies the runtime's flavour and version."""
+    import sys
+
+    from engines.manifest import BatchProfile, Manifest
+    from engines.preprocess import PreprocessSpec
+    from engines.tensorrt_engine import plan_problems, rebuild_command, runtime_for
+
+    if not _available("tensorrt_lean_bindings", None) or "error" in describe("tensorrt_lean_bindings", None):
+        pytest.skip("the real lean bindings do not import here")
+    for name in ("tensorrt", "tensorrt_bindings", "tensorrt_rtx", "tensorrt_rtx_bindings", "tensorrt_lean"):
+        monkeypatch.setitem(sys.modules, name, None)  # only tensorrt_lean_bindings (and dispatch) are found
+    lean_version = describe("tensorrt_lean_bindings", None)["version"]
+
+    def plan(flavor, version, **flags):
+        builder = {"flavor": flavor, "version": version, "flags": {"hardware_compatibility": "none", **flags},
+                   "gpu": {"name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0"},
+                   "compute_capabilities": ["SM89"] if flavor == "tensorrt-rtx" else []}
+        return Manifest(kind="plan", model={"name": "m"}, preprocess=PreprocessSpec(), inputs=[], outputs=[],
+                        batch=BatchProfile(1, 1, 1), builder=builder, parent={"file": "m.onnx"})
+
+    def fix(m):
+        backend = runtime_for(m)
+        assert backend is not None and backend.flavor == "tensorrt-lean" and backend.version == lean_version
+        problems = plan_problems(m, backend, None)
+        return [str(p) for p in problems], rebuild_command(m, "m.plan", problems, backend)
+
+    why, how = fix(plan("tensorrt", lean_version, version_compatible=True))
+    assert why == ["no NVIDIA GPU found here"]
+    assert how == ("run it on a machine with an NVIDIA GPU of compute capability 9.0 (it was built on NVIDIA H100 "
+                   "80GB HBM3): the plan needs no rebuild")
+    major, minor = (int(x) for x in lean_version.split(".")[:2])
+    newer = f"{major}.{minor + 1}.0.1"
+    why, how = fix(plan("tensorrt", newer, version_compatible=True))
+    assert f"TensorRT lean runtime {lean_version} (tensorrt_lean_bindings) is older" in why[0]
+    assert how.startswith(f"upgrade the lean runtime (pip install tensorrt-lean-cu13-bindings=={newer} "
+                          f"tensorrt-lean-cu13-libs=={newer}) or build with TensorRT <= {major}.{minor} "
+                          "--version-compatible (trtc build m.onnx -o m.plan --force --backend tensorrt "
+                          "--version-compatible)"), how
+    why, how = fix(plan("tensorrt-rtx", "1.7.1.116"))
+    assert why[0].endswith("(tensorrt_lean_bindings) runs only TensorRT version-compatible plans"), why
+    assert how.startswith('the edge extra runs only TensorRT version-compatible plans: pip install "trtc[rtx]" '
+                          "to run TensorRT-RTX plans"), how
