@@ -76,6 +76,8 @@ def packages() -> dict:
             except Exception as exc:  # noqa: BLE001 - a broken cv2 is reported, not raised
                 info["import_error"] = f"{type(exc).__name__}: {exc}"
                 info["note"] = f"import failed: {str(exc)[:80]}"
+        elif module == "cupy" and version:
+            info.update(cupy_nvrtc())
         elif module in TRT_MODULES:
             from engines._trt import installed
 
@@ -91,6 +93,26 @@ def packages() -> dict:
                     info["note"] = f"import {mod} failed: {str(exc)[:80]}"
         out[shown] = info
     return out
+
+
+def cupy_nvrtc() -> dict:
+    """Whether CuPy's kernel compiler (NVRTC) loads: trtc's GPU preprocessing compiles its kernel at run time, and
+    cupy-cuda13x does not bring CUDA's NVRTC library (a driver-only box lacks it). The call needs no GPU. Returns
+    {"nvrtc": version, "note"} or {"nvrtc_error", "note"}, or {"import_error", "note"} when CuPy does not import."""
+    try:
+        import cupy  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - a broken install is reported, not raised
+        return {"import_error": f"{type(exc).__name__}: {exc}", "note": f"import failed: {str(exc)[:80]}"}
+    try:
+        from cupy.cuda import nvrtc
+
+        version = nvrtc.getVersion()
+    except Exception as exc:  # noqa: BLE001 - DynamicLibNotFoundError (libnvrtc.so.13 not found) and the like
+        first = (str(exc).splitlines() or [""])[0][:160]
+        return {"nvrtc_error": f"{type(exc).__name__}: {first}" if first else type(exc).__name__,
+                "note": "kernel compiler (NVRTC) does not load"}
+    shown = ".".join(str(v) for v in version) if isinstance(version, (tuple, list)) else str(version)
+    return {"nvrtc": shown, "note": f"kernel compiler: NVRTC {shown}"}
 
 
 def gpus() -> dict:
@@ -145,8 +167,16 @@ def features(pk: dict, gpu: dict) -> list[dict]:
            'pip uninstall -y onnxruntime && pip install "trtc[gpu]"' if have_gpu else "needs an NVIDIA GPU")
     row("ONNX Runtime on GPU (CUDA EP)", cuda_ep and have_gpu,
         "NVIDIA GPU missing" if not have_gpu else "onnxruntime has no CUDAExecutionProvider", fix)
-    row("GPU preprocessing (CuPy)", has["cupy"] and have_gpu, "NVIDIA GPU missing" if not have_gpu else "cupy not installed",
-        'pip install "trtc[gpu]"' if have_gpu else "needs an NVIDIA GPU")
+    nvrtc_error = pk.get("cupy", {}).get("nvrtc_error") if has["cupy"] else None
+    if nvrtc_error:  # CuPy imports, but its kernel compiler does not load (no GPU needed to know)
+        row("GPU preprocessing (CuPy)", False, f"CuPy's kernel compiler (NVRTC) does not load: {nvrtc_error}",
+            'pip install "cuda-toolkit[nvrtc,cudart]==13.0.*" (CUDA 13\'s NVRTC and runtime from PyPI, which the edge '
+            "extra installs)" if dist_version("cupy-cuda13x") else
+            "install the NVRTC library of CuPy's CUDA version (a CUDA toolkit, or NVIDIA's nvrtc wheel for it)")
+    else:
+        row("GPU preprocessing (CuPy)", has["cupy"] and have_gpu,
+            "NVIDIA GPU missing" if not have_gpu else "cupy not installed",
+            'pip install "trtc[gpu]"' if have_gpu else "needs an NVIDIA GPU")
     row("NVDEC video decode (PyNvVideoCodec)", has["PyNvVideoCodec"] and have_gpu,
         "NVIDIA GPU missing" if not have_gpu else "PyNvVideoCodec not installed",
         'pip install "trtc[gpu]"' if have_gpu else "needs an NVIDIA GPU")
@@ -171,9 +201,11 @@ def features(pk: dict, gpu: dict) -> list[dict]:
         "NVIDIA GPU missing" if not have_gpu else "tensorrt not installed",
         'pip install "trtc[trt]" (NVIDIA\'s wheels fetch the libraries from NVIDIA\'s index)' if have_gpu
         else "needs an NVIDIA GPU")
-    runtime = "tensorrt" if has["tensorrt"] else "tensorrt_lean" if has["tensorrt_lean"] else None
+    # the runtimes engines.tensorrt_engine.load_plan accepts for a version-compatible plan: full TensorRT, the lean
+    # runtime, or the dispatch runtime (for plans that carry their lean runtime)
+    runtime = next((m for m in ("tensorrt", "tensorrt_lean", "tensorrt_dispatch") if has[m]), None)
     row("TensorRT plans: run version-compatible plans (edge)", runtime and have_gpu,
-        "no GPU" if not have_gpu else "neither tensorrt nor tensorrt_lean installed",
+        "no GPU" if not have_gpu else "none of tensorrt, tensorrt_lean, tensorrt_dispatch installed",
         'pip install "trtc[edge]" (the lean runtime; plans built with trtc build --version-compatible)' if have_gpu
         else "needs an NVIDIA GPU")
     rtx_runs = any(c and (c.startswith(("7.5", "8.", "12.")) or c >= "12") for c in ccs)

@@ -133,3 +133,60 @@ def test_doctor_on_a_wide_console_is_a_table_that_cuts_no_fix():
     assert "…" not in out and "Several GPUs of this host (run --device cuda:all, bench --devices)" in out, out
     cells = _words(" ".join(ln.split("│")[3] for ln in out.splitlines() if ln.count("│") == 4))
     assert "needs a host with two or more NVIDIA GPUs; trtc run --ray spreads sources" in cells, out
+
+
+def test_doctor_checks_that_cupys_kernel_compiler_loads(monkeypatch):
+    """Issue 29: GPU preprocessing compiles its CuPy kernel at run time, and on a driver-only box NVRTC is missing
+    although CuPy imports. A stand-in cupy (NOT the real library) whose nvrtc.getVersion() fails as cupy-cuda13x's
+    does there, then answers; doctor reports the failure with its fix even without a GPU."""
+    import sys
+    import types
+
+    from toolchain import doctor
+
+    class DynamicLibNotFoundError(RuntimeError):
+        pass
+
+    def missing():
+        raise DynamicLibNotFoundError("Failure finding \"libnvrtc.so\": libnvrtc.so.13 or libnvrtc.so.12 not found")
+
+    nvrtc = types.SimpleNamespace(getVersion=missing)
+    cuda = types.ModuleType("cupy.cuda")
+    cuda.nvrtc = nvrtc
+    cupy = types.ModuleType("cupy")
+    cupy.cuda = cuda
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    monkeypatch.setitem(sys.modules, "cupy.cuda", cuda)
+    assert doctor.cupy_nvrtc() == {"nvrtc_error": 'DynamicLibNotFoundError: Failure finding "libnvrtc.so": '
+                                                  "libnvrtc.so.13 or libnvrtc.so.12 not found",
+                                   "note": "kernel compiler (NVRTC) does not load"}
+    monkeypatch.setattr(doctor, "dist_version", lambda *names: "14.0.1" if names[0] in ("cupy-cuda13x",) else None)
+    pk = doctor.packages()
+    assert pk["cupy"]["version"] == "14.0.1" and "nvrtc_error" in pk["cupy"], pk["cupy"]
+    h200 = {"devices": [{"index": 0, "name": "NVIDIA H200", "compute_capability": "9.0"}]}
+    for gpu in (h200, {"devices": []}):
+        row = {f["feature"]: f for f in doctor.features(pk, gpu)}["GPU preprocessing (CuPy)"]
+        assert not row["ok"] and row["reason"].startswith("CuPy's kernel compiler (NVRTC) does not load: "
+                                                          "DynamicLibNotFoundError"), row
+        assert row["fix"].startswith('pip install "cuda-toolkit[nvrtc,cudart]==13.0.*"'), row
+    nvrtc.getVersion = lambda: (13, 0)
+    pk = doctor.packages()
+    assert pk["cupy"]["nvrtc"] == "13.0" and pk["cupy"]["note"] == "kernel compiler: NVRTC 13.0"
+    assert {f["feature"]: f for f in doctor.features(pk, h200)}["GPU preprocessing (CuPy)"]["ok"]
+
+
+def test_doctors_edge_row_accepts_the_dispatch_runtime():
+    """Issue 29 item 6: engines runs version-compatible plans on full TensorRT, the lean or the dispatch runtime;
+    the edge row accepted only the first two."""
+    from toolchain import doctor
+
+    pk = {k: dict(v, version=None, import_error=None) for k, v in doctor.packages().items()}
+    h200 = {"devices": [{"index": 0, "name": "NVIDIA H200", "compute_capability": "9.0"}]}
+    edge = "TensorRT plans: run version-compatible plans (edge)"
+
+    def row(*installed):
+        p = {k: dict(v, version="11.4.0.106" if k in installed else None) for k, v in pk.items()}
+        return {f["feature"]: f for f in doctor.features(p, h200)}[edge]
+
+    assert row("tensorrt_dispatch")["ok"] and row("tensorrt_lean")["ok"] and row("tensorrt")["ok"]
+    assert not row()["ok"] and row()["reason"] == "none of tensorrt, tensorrt_lean, tensorrt_dispatch installed"
