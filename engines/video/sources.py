@@ -87,18 +87,49 @@ def _colorspace_from_av(frame_or_stream, height: int, override: str | None) -> C
     return ColorSpace(matrix, "full" if full else "limited")
 
 
-def probe_colorspace(name: str, height: int, override: str | None) -> ColorSpace:
+def probe_colorspace(name: str, height: int, override: str | None, demuxer=None) -> ColorSpace:
     """The stream's colour matrix and range: from the container's codec parameters via PyAV (no decoding) when
-    PyAV is installed and the source is a file, else BT.709 for HD / BT.601 for SD, limited range. ``override``
-    ("bt601:full", ...) wins."""
-    if (override and override != "auto") or is_url(name) or not is_installed("av"):
+    PyAV is installed and the source is a file, else from PyNvVideoCodec's ``demuxer`` (its ColorSpace() and
+    ColorRange(): BT.601/BT.709, limited/full), else BT.709 for HD / BT.601 for SD, limited range, with a warning
+    once per process per assumption. ``override`` ("bt601:full", ...) wins."""
+    if (override and override != "auto") or is_url(name):
         return ColorSpace.parse(override, height)
+    if not is_installed("av"):
+        return _colorspace_from_demuxer(name, demuxer, height)
     try:
         av = require("av", "Reading colour metadata")
         with av.open(name) as c:
             return _colorspace_from_av(c.streams.video[0].codec_context, height, None)
     except Exception:  # noqa: BLE001 - metadata is a nicety; the decoder reports real problems
         return ColorSpace.parse(None, height)
+
+
+_ASSUMED: set[str] = set()  # the colour assumptions already warned about in this process
+
+
+def _colorspace_from_demuxer(name: str, demuxer, height: int) -> ColorSpace:
+    """What PyNvVideoCodec's demuxer says of the stream's matrix and range (its enums: ColorSpace BT_601, BT_709,
+    UNSPEC; ColorRange MPEG = limited, JPEG = full, UDEF); what it leaves unsaid is assumed, and said once."""
+    guess = ColorSpace.parse(None, height)
+    values = []
+    for method in ("ColorSpace", "ColorRange"):
+        try:
+            v = getattr(demuxer, method)()
+            values.append(str(getattr(v, "name", v)).rsplit(".", 1)[-1])
+        except Exception:  # noqa: BLE001 - no demuxer, or an older PyNvVideoCodec without the method
+            values.append(None)
+    matrix = {"BT_601": "bt601", "BT_709": "bt709"}.get(values[0])
+    rng = {"MPEG": "limited", "JPEG": "full"}.get(values[1])
+    cs = ColorSpace(matrix or guess.matrix, rng or "limited")
+    assumed = [what for what, known in ((f"the {cs.matrix.upper().replace('BT', 'BT.')} matrix (BT.709 for 720 rows "
+                                         "or more, BT.601 below)", matrix), ("limited range", rng)) if not known]
+    key = " and ".join(assumed)
+    if assumed and key not in _ASSUMED:
+        _ASSUMED.add(key)
+        log.warning("%s: the stream's colour %s not known here (no PyAV, and the demuxer does not say): assuming %s "
+                    "(said once); if colours look wrong, give --colorspace, e.g. --colorspace bt709:full", name,
+                    "matrix and range are" if len(assumed) == 2 else "matrix is" if not matrix else "range is", key)
+    return cs
 
 
 def probe_time_base(name: str):
@@ -464,7 +495,7 @@ class NvdecSource(LiveSource):
         self._check_caps(nvc, codec, chroma, depth, width, height, codec_name)
         fps = float(dmx.FrameRate()) if dmx.FrameRate() else None
         if self.info is None:
-            cs = probe_colorspace(self.name, height, self.override)
+            cs = probe_colorspace(self.name, height, self.override, dmx)
             self.time_base, self.start_pts = probe_time_base(self.name)
             self.info = SourceInfo(self.name, codec_name, width, height, fps, None, cs)
         if not decoder:
