@@ -64,7 +64,9 @@ def check(video: str, frames: int) -> dict:
     with stream:
         src.run(stream.ptr, one)
     stream.synchronize()
-    return {"frames": n, "max_abs_diff": worst, "format": src._what, "nvrtc": cp.cuda.nvrtc.getVersion()}
+    cs = src.info.colorspace if src.info is not None else None
+    return {"frames": n, "max_abs_diff": worst, "format": src._what, "nvrtc": cp.cuda.nvrtc.getVersion(),
+            "colorspace": f"{cs.matrix}:{cs.range}" if cs is not None else None}
 
 
 def main() -> int:
@@ -90,8 +92,8 @@ def main() -> int:
     if a.json:
         print(json.dumps(report, indent=2))
     else:
-        print(f"{result['frames']} frames of {result['format']}: kernel vs numpy max |diff| {result['max_abs_diff']:.2e}"
-              f"; NVRTC {result['nvrtc']}")
+        print(f"{result['frames']} frames of {result['format']} ({result['colorspace']}): kernel vs numpy max |diff| "
+              f"{result['max_abs_diff']:.2e}; NVRTC {result['nvrtc']}")
         for k, v in sorted(libs.items()):
             print(f"  {k:28s} {v}{'' if own[k] else '   (outside the environment)'}")
         print("ok" if not problems else "FAILED: " + "; ".join(problems))
