@@ -224,7 +224,8 @@ def main(argv=None) -> int:
     print(f"| mutant | where | defect | result | first failing test | s |\n|---|---|---|---|---|---|")
     for m, verdict, summary, secs in rows:
         first = summary.replace("FAILED ", "").replace("ERROR ", "").replace("|", "\\|")
-        print(f"| {m.name} | {m.path} | {m.what} | **{verdict}** | {first} | {secs:.0f} |")
+        what = m.what.replace("|", "\\|")
+        print(f"| {m.name} | {m.path} | {what} | **{verdict}** | {first} | {secs:.0f} |")
     survivors = [m.name for m, v, *_ in rows if v == "SURVIVED"]
     print(f"\n{len(rows) - len(survivors)} of {len(rows)} killed" + (f"; survivors: {', '.join(survivors)}"
                                                                      if survivors else ""))

@@ -43,3 +43,19 @@ def test_softmax_accuracy_and_shape_errors():
     assert accuracy(np.eye(3), np.array([0, 1, 0])) == pytest.approx(2 / 3)
     with pytest.raises(ValueError):
         compare(np.zeros((2, 3)), np.zeros((3, 3)))
+
+
+def test_kl_is_reference_to_candidate_with_known_values():
+    """KL(reference || candidate), the direction the docs give (the divergence of the candidate from the reference),
+    on numbers worked by hand: p = (0.9, 0.1), q = (0.5, 0.5) as probabilities gives
+    0.9 ln(0.9/0.5) + 0.1 ln(0.1/0.5) = 0.368064; the other direction would give 0.510826 (issue 32: a reversed KL
+    passed every test)."""
+    import math
+
+    p = np.array([[0.9, 0.1]])
+    q = np.array([[0.5, 0.5]])
+    want = 0.9 * math.log(0.9 / 0.5) + 0.1 * math.log(0.1 / 0.5)
+    assert compare(p, q, probabilities=True).kl == pytest.approx(want, abs=1e-9)
+    # logits: the softmax of each side first
+    lp, lq = np.log(p), np.log(q)
+    assert compare(lp, lq, probabilities=False).kl == pytest.approx(want, abs=1e-9)
