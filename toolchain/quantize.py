@@ -143,15 +143,93 @@ def quantize_onnx(model: str | Path, output: str | Path | None = None, *, precis
                   keep_fp32: list[str] | tuple[str, ...] = (), high_precision: str = "fp16",
                   target_agreement: float | None = None, check: list | tuple | str | None = None,
                   check_count: int = DEFAULT_CHECK_COUNT, calib_cache: str | Path | bool | None = None,
-                  seed: int = 0, device: str = "cpu", bias_correction: bool = True, input_size=None, resize: int | None = None, mean=None,
-                   std=None, color: str | None = None, target: str = "any", force: bool = False,
-                   allow_random_check: bool = False,
+                  seed: int = 0, device: str = "cpu", bias_correction: bool = True, input_size=None,
+                  resize: int | None = None, mean=None, std=None, color: str | None = None, target: str = "any",
+                  force: bool = False, allow_random_check: bool = False,
                   reporter: Reporter | None = None) -> QuantizeReport:
-    """Make an FP16 or INT8 model from an FP32 ONNX file; see the module docstring."""
+    """Make an FP16 or INT8 model from an FP32 ONNX file; see the module docstring.
+
+    The steps: check every option (before any slow work), read the parent, load the data (calibration, tuning
+    and check, never overlapping), convert (FP16 cast, or INT8 calibration, search and Q/DQ), then write, run and
+    compare the new model and move it into place."""
     reporter = reporter or Reporter()
     warnings: list[str] = []
     timings: dict[str, float] = {}
-    # ---- arguments, all checked before any slow work
+    calib, check, random_calib = _checked_options(precision, calib_method, percentile, target, high_precision,
+                                                  target_agreement, calib_count, check_count, calib, check)
+    src = Path(model)
+    out = _output_path(src, output, precision, force)
+
+    t0 = time.perf_counter()
+    parent = _read_parent(src, input_size, resize, mean, std, color, warnings)
+    data = _load_data(parent, precision, calib, check, random_calib, calib_count, check_count, target_agreement,
+                      seed, allow_random_check, warnings, reporter)
+    timings["data_s"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    parent_session = _session(str(src), device)
+    ref_check = _logits(parent_session, data.check.x, parent.run_batch)
+    keep_ops, keep_names = fp16_pass.resolve_keep(parent.model, list(keep_fp32))
+    recipe: dict = {"precision": precision, "keep_fp32": sorted(keep_ops | keep_names)}
+    if precision == "fp16":
+        conv = _convert_fp16(parent.model, keep_ops, keep_names, recipe, warnings, reporter)
+    else:
+        conv = _convert_int8(parent, data, parent_session, keep_ops, keep_names, recipe, calib_method=calib_method,
+                             percentile=percentile, calib_cache=calib_cache, random_calib=random_calib,
+                             high_precision=high_precision, target=target, bias_correction=bias_correction,
+                             target_agreement=target_agreement, device=device, warnings=warnings,
+                             timings=timings, reporter=reporter)
+    G.check_model(conv.final, precision)
+    timings["convert_s"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    size, m, mpath, check_report = _write_checked(out, conv, parent, data, ref_check, precision, recipe,
+                                                  high_precision, device, warnings, reporter)
+    timings["check_s"] = time.perf_counter() - t0
+    return QuantizeReport(output=str(out), manifest=str(mpath), precision=precision, bytes=size,
+                          sha256=m.artifact["sha256"],
+                          parent={"file": str(src), "sha256": parent.sha, "bytes": src.stat().st_size},
+                          recipe=recipe, layers=conv.layers, kept=conv.kept, calibration=conv.calibration,
+                          search=conv.search, check=check_report,
+                          timings={k: round(v, 2) for k, v in timings.items()}, warnings=warnings)
+
+
+@dataclass
+class _Parent:
+    """The FP32 model and what quantize reads from it."""
+    src: Path
+    model: object  # onnx.ModelProto
+    manifest: Manifest | None
+    sha: str
+    input_name: str
+    dims: list
+    run_batch: int
+    spec: PreprocessSpec
+
+
+@dataclass
+class _Data:
+    """Calibration, tuning (for the search) and check samples, never overlapping."""
+    calib: cal.DataSet | None
+    tune: cal.DataSet | None
+    check: cal.DataSet
+    check_name: str
+
+
+@dataclass
+class _Converted:
+    """The new graph and what the conversion says about it."""
+    final: object  # onnx.ModelProto
+    kept: list[dict]
+    layers: dict
+    calibration: dict | None = None
+    search: dict | None = None
+
+
+def _checked_options(precision, calib_method, percentile, target, high_precision, target_agreement, calib_count,
+                     check_count, calib, check) -> tuple[list, list, bool]:
+    """Every option checked before any slow work; returns ``calib`` and ``check`` as lists, and whether the
+    calibration data is ``random``."""
     if precision not in PRECISIONS:
         raise UsageProblem(f"unknown precision {precision!r}", "use --precision fp16 or --precision int8")
     if calib_method not in cal.METHODS:
@@ -180,14 +258,19 @@ def quantize_onnx(model: str | Path, output: str | Path | None = None, *, precis
     if not random_calib:
         cal.check_sources(calib)
     cal.check_sources(check)
-    src = Path(model)
+    return calib, check, random_calib
+
+
+def _output_path(src: Path, output, precision: str, force: bool) -> Path:
     out = Path(output) if output is not None else default_output(src, precision)
     out = check_output_path(out, force)
     if out.resolve() == src.resolve():
         raise UsageProblem("the output would overwrite the input model", "choose another -o")
+    return out
 
-    # ---- the parent
-    t0 = time.perf_counter()
+
+def _read_parent(src: Path, input_size, resize, mean, std, color, warnings: list[str]) -> _Parent:
+    """The parent model, its manifest if any, its single input and the preprocessing its data gets."""
     parent = G.load(src)
     G.refuse_reduced(parent, src.name)
     manifest = read_manifest_if_any(src)
@@ -205,53 +288,19 @@ def quantize_onnx(model: str | Path, output: str | Path | None = None, *, precis
         from .export import no_manifest_note, onnx_labels
 
         warnings.append(no_manifest_note(src, spec, labels=onnx_labels(src)[0] is not None))
+    return _Parent(src=src, model=parent, manifest=manifest, sha=parent_sha, input_name=input_name, dims=dims,
+                   run_batch=run_batch, spec=spec)
 
-    # ---- data: calibration, tuning (for the search) and check, never overlapping
+
+def _load_data(parent: _Parent, precision, calib, check, random_calib, calib_count, check_count, target_agreement,
+               seed, allow_random_check, warnings, reporter) -> _Data:
+    """Calibration data (INT8), then the check data and the tuning data the search needs."""
     calib_set = held = None
     if precision == "int8":
-        if random_calib:
-            calib_set = cal.random_data(dims, calib_count, seed)
-            warnings.append("CALIBRATED ON RANDOM DATA: the INT8 ranges mean nothing for real inputs; use this model "
-                            "only to test a pipeline")
-        else:
-            extra = check_count if (not check or target_agreement is not None) else 0  # held out: check/tune
-            if target_agreement is not None:  # a tuning set that can see the loss the target allows, where data has it
-                extra = max(extra, min_tune_samples(target_agreement) * (1 if check else 2))
-            pool = cal.load_data(calib, spec, dims, input_name, want=calib_count + extra, seed=seed,
-                                 reporter=reporter)
-            calib_set, held = cal.split(pool, calib_count, seed)
-            if held is None and not check and not allow_random_check:
-                # the check would fall back to random inputs, and its "100% agreement" would mean nothing
-                raise QuantizeError(
-                    f"the calibration data gave {len(pool)} sample(s) and --calib-count {calib_count} uses all of "
-                    f"them, so none is left to check the INT8 model on (it would be checked on random inputs)",
-                    f"give more data (at least {calib_count + 1} samples; {calib_count + check_count} for the full "
-                    f"check), a lower --calib-count, --check DATA, or --allow-random-check to accept a check on "
-                    f"random inputs")
-            if pool.skipped:
-                warnings.append(f"skipped {len(pool.skipped)} unreadable calibration file(s): "
-                                + ", ".join(Path(s['file']).name for s in pool.skipped[:5]))
-    tune_set = None
-    if check:
-        check_set = cal.load_data(check, spec, dims, input_name, want=check_count, seed=seed + 1,
-                                  reporter=reporter, what="check")
-        check_name = ", ".join(str(c) for c in check)
-        tune_set = held
-    elif held is not None:
-        if target_agreement is not None:  # tune on half of the held-out samples, report on the other half
-            tune_set, check_set = held.subset(range(0, len(held), 2)), held.subset(range(1, len(held), 2))
-            check_name = "held-out calibration-source samples (every other one; the rest tuned the search)"
-        else:
-            check_set, check_name = held, "held-out samples of the calibration data (not used to calibrate)"
-    elif precision == "fp16" and calib:
-        check_set = cal.load_data(calib, spec, dims, input_name, want=check_count, seed=seed, reporter=reporter,
-                                  what="check")
-        check_name = ", ".join(str(c) for c in calib)
-    else:
-        check_set, check_name = cal.random_data(dims, min(check_count, 32), seed + 1), "random inputs"
-        warnings.append("checked on random inputs: give --check IMAGES_OR_VIDEO for an agreement figure that means "
-                        "something" if precision == "fp16" else
-                        "no held-out data: all calibration samples were used; give --check or more data")
+        calib_set, held = _calibration_data(parent, calib, check, random_calib, calib_count, check_count,
+                                            target_agreement, seed, allow_random_check, warnings, reporter)
+    tune_set, check_set, check_name = _check_data(parent, precision, calib, check, held, check_count,
+                                                  target_agreement, seed, warnings, reporter)
     if target_agreement is not None and (tune_set is None or len(tune_set) == 0):
         # the search tunes on calibration-source samples that calibration did not use (--check only reports)
         have = len(calib_set) if calib_set is not None else 0
@@ -262,118 +311,196 @@ def quantize_onnx(model: str | Path, output: str | Path | None = None, *, precis
                            f"{min_tune_samples(target_agreement)} samples beyond --calib-count let the search see a "
                            f"{100 * (1 - target_agreement):.2g}-point loss)" if have > 1 else
                            "give more calibration data than --calib-count")
-    timings["data_s"] = time.perf_counter() - t0
+    return _Data(calib=calib_set, tune=tune_set, check=check_set, check_name=check_name)
 
-    # ---- the pass
-    t0 = time.perf_counter()
-    parent_session = _session(str(src), device)
-    ref_check = _logits(parent_session, check_set.x, run_batch)
-    keep_ops, keep_names = fp16_pass.resolve_keep(parent, list(keep_fp32))
-    calibration = search = None
-    recipe: dict = {"precision": precision, "keep_fp32": sorted(keep_ops | keep_names)}
-    if precision == "fp16":
-        work = copy.deepcopy(parent)
-        G.fold_constants(work)
-        with reporter.phase("converting to FP16"):
-            res = fp16_pass.convert_fp16(work, keep_ops, keep_names)
-        kept = res.kept
-        layers_info = {"converted": res.converted_nodes, "kept": len(res.kept), "casts": res.casts_added}
-        if res.underflow_values:
-            warnings.append(f"{res.underflow_values} tiny nonzero weights became 0 in FP16")
-        final = work
-        recipe["runtimes"] = list(RUNTIMES_ALL)
+
+def _calibration_data(parent: _Parent, calib, check, random_calib, calib_count, check_count, target_agreement, seed,
+                      allow_random_check, warnings, reporter):
+    """The calibration samples, and those of the same sources held out of calibration (None where none is)."""
+    if random_calib:
+        calib_set = cal.random_data(parent.dims, calib_count, seed)
+        warnings.append("CALIBRATED ON RANDOM DATA: the INT8 ranges mean nothing for real inputs; use this model "
+                        "only to test a pipeline")
+        return calib_set, None
+    extra = check_count if (not check or target_agreement is not None) else 0  # held out: check/tune
+    if target_agreement is not None:  # a tuning set that can see the loss the target allows, where data has it
+        extra = max(extra, min_tune_samples(target_agreement) * (1 if check else 2))
+    pool = cal.load_data(calib, parent.spec, parent.dims, parent.input_name, want=calib_count + extra, seed=seed,
+                         reporter=reporter)
+    calib_set, held = cal.split(pool, calib_count, seed)
+    if held is None and not check and not allow_random_check:
+        # the check would fall back to random inputs, and its "100% agreement" would mean nothing
+        raise QuantizeError(
+            f"the calibration data gave {len(pool)} sample(s) and --calib-count {calib_count} uses all of "
+            f"them, so none is left to check the INT8 model on (it would be checked on random inputs)",
+            f"give more data (at least {calib_count + 1} samples; {calib_count + check_count} for the full "
+            f"check), a lower --calib-count, --check DATA, or --allow-random-check to accept a check on "
+            f"random inputs")
+    if pool.skipped:
+        warnings.append(f"skipped {len(pool.skipped)} unreadable calibration file(s): "
+                        + ", ".join(Path(s['file']).name for s in pool.skipped[:5]))
+    return calib_set, held
+
+
+def _check_data(parent: _Parent, precision, calib, check, held, check_count, target_agreement, seed, warnings,
+                reporter):
+    """The tuning set (None without held-out samples), the check set and the words that name the check data:
+    --check data, else the held-out calibration samples (halved with the search), else FP16's calibration data,
+    else random inputs."""
+    tune_set = None
+    if check:
+        check_set = cal.load_data(check, parent.spec, parent.dims, parent.input_name, want=check_count,
+                                  seed=seed + 1, reporter=reporter, what="check")
+        check_name = ", ".join(str(c) for c in check)
+        tune_set = held
+    elif held is not None:
+        if target_agreement is not None:  # tune on half of the held-out samples, report on the other half
+            tune_set, check_set = held.subset(range(0, len(held), 2)), held.subset(range(1, len(held), 2))
+            check_name = "held-out calibration-source samples (every other one; the rest tuned the search)"
+        else:
+            check_set, check_name = held, "held-out samples of the calibration data (not used to calibrate)"
+    elif precision == "fp16" and calib:
+        check_set = cal.load_data(calib, parent.spec, parent.dims, parent.input_name, want=check_count, seed=seed,
+                                  reporter=reporter, what="check")
+        check_name = ", ".join(str(c) for c in calib)
     else:
-        # the graph form (README, "The INT8 graph form"): Q/DQ in FP32 with FP32 scales and Casts to the FP16 rest
-        # runs right everywhere; FP16 scales (Q/DQ inside the FP16 graph) only where ONNX Runtime's QDQ fusion is
-        # off, so only for --target tensorrt
-        fp16_scales = high_precision == "fp16" and target == "tensorrt"
-        prepared = G.upgrade_opset(parent, 19 if fp16_scales else 13)
-        if prepared is parent:
-            prepared = copy.deepcopy(parent)
-        G.fold_constants(prepared)
-        layers = int8_pass.find_layers(prepared)
-        if not layers:
-            raise QuantizeError("the model has no Conv, Gemm or MatMul layers to quantize",
-                                "use --precision fp16 for this model")
-        tensors = int8_pass.activation_tensors(layers)
-        stats, calibration = _ranges(prepared, src, parent_sha, tensors, calib_set, calib_method, percentile,
-                                      run_batch, device, calib_cache, random_calib, reporter)
-        recipe.update({"high_precision": high_precision, "calibration": calib_method,
-                       "percentile": percentile if calib_method == "percentile" else None,
-                       "weights": "int8 symmetric per-channel", "activations": "int8 symmetric per-tensor",
-                       "bias_correction": bias_correction, "target": target,
-                       "qdq": "fp16 scales, Q/DQ in FP16" if fp16_scales else
-                       ("fp32 scales, Q/DQ in FP32, Cast to FP16 after each DequantizeLinear"
-                        if high_precision == "fp16" else "fp32 scales"),
-                       "scales": "fp16" if fp16_scales else "fp32",
-                       # who computes this graph right; engines and trtc validate read it
-                       "runtimes": list(RUNTIMES_ALL if not fp16_scales else RUNTIMES_TENSORRT)})
-        # nodes on the FP32 keep-list are not quantized either
-        excluded = {l.name for l in layers if prepared.graph.node[l.index].op_type in keep_ops
-                    or prepared.graph.node[l.index].name in keep_names}
+        check_set, check_name = cal.random_data(parent.dims, min(check_count, 32), seed + 1), "random inputs"
+        warnings.append("checked on random inputs: give --check IMAGES_OR_VIDEO for an agreement figure that means "
+                        "something" if precision == "fp16" else
+                        "no held-out data: all calibration samples were used; give --check or more data")
+    return tune_set, check_set, check_name
 
-        def build(exclude: set[str]):
-            m = copy.deepcopy(prepared)
-            q = int8_pass.insert_qdq(m, layers, stats.ranges, exclude, fp16_scales=fp16_scales,
-                                     means=stats.means if bias_correction else None)
-            r = None
-            if high_precision == "fp16":
-                r = fp16_pass.convert_fp16(m, keep_ops if fp16_scales else keep_ops | QDQ_OPS, keep_names)
-                r.kept = [k for k in r.kept if k["op"] not in QDQ_OPS]  # FP32 by design, not kept out of FP16
-            return m, q, r
 
-        fusion = qdq_fusion_ok(recipe | {"mode": "int8"})
-        if target_agreement is not None:
-            t1 = time.perf_counter()
-            excluded, search = _search(prepared, layers, stats, build, excluded, tune_set, parent_session,
-                                       target_agreement, run_batch, device, fusion, reporter)
-            res = search["resolution"]
-            if not res["enough"]:
-                warnings.append(
-                    f"the accuracy-aware search tuned on {len(tune_set)} samples: one disagreement is "
-                    f"{res['one_disagreement']:.1%}, so it cannot see a loss as small as the "
-                    f"{1 - target_agreement:.1%} that --target-agreement {target_agreement:g} allows (reached "
-                    f"{search['reached']:.1%} with {len(excluded)} layer(s) kept); give at least {res['needed']} "
-                    "held-out calibration samples (more calibration data than --calib-count, or a larger "
-                    "--check-count)")
-            timings["search_s"] = time.perf_counter() - t1
-        with reporter.phase("inserting Q/DQ"):
-            final, qres, fres = build(excluded)
-        kept = [{"node": name, "op": next(l.op for l in layers if l.name == name),
-                 "reason": (search or {}).get("reasons", {}).get(name, "--keep-fp32")}
-                for name in qres.excluded]
-        if fres is not None:
-            kept += fres.kept
-        layers_info = {"total": len(layers), "int8": len(qres.quantized), "kept": len(qres.excluded),
-                       "activation_qdq": qres.activations, "weight_dq": qres.weights,
-                       "bias_corrected": qres.bias_corrected}
-        recipe["kept_layers"] = list(qres.excluded)
-    G.check_model(final, precision)
-    timings["convert_s"] = time.perf_counter() - t0
+def _convert_fp16(parent, keep_ops, keep_names, recipe: dict, warnings, reporter) -> _Converted:
+    """The parent with folded constants, cast to FP16 but for the keep-list."""
+    work = copy.deepcopy(parent)
+    G.fold_constants(work)
+    with reporter.phase("converting to FP16"):
+        res = fp16_pass.convert_fp16(work, keep_ops, keep_names)
+    if res.underflow_values:
+        warnings.append(f"{res.underflow_values} tiny nonzero weights became 0 in FP16")
+    recipe["runtimes"] = list(RUNTIMES_ALL)
+    return _Converted(final=work, kept=res.kept,
+                      layers={"converted": res.converted_nodes, "kept": len(res.kept), "casts": res.casts_added})
 
-    # ---- write, run, compare, then move into place
-    t0 = time.perf_counter()
+
+def _convert_int8(parent: _Parent, data: _Data, parent_session, keep_ops, keep_names, recipe: dict, *, calib_method,
+                  percentile, calib_cache, random_calib, high_precision, target, bias_correction, target_agreement,
+                  device, warnings, timings, reporter) -> _Converted:
+    """Calibrate the activation ranges, choose the layers kept out of INT8 (the FP32 keep-list, and with a
+    target agreement the search's), insert Q/DQ and compute the rest in FP16 (or FP32)."""
+    # the graph form (README, "The INT8 graph form"): Q/DQ in FP32 with FP32 scales and Casts to the FP16 rest
+    # runs right everywhere; FP16 scales (Q/DQ inside the FP16 graph) only where ONNX Runtime's QDQ fusion is
+    # off, so only for --target tensorrt
+    fp16_scales = high_precision == "fp16" and target == "tensorrt"
+    prepared, layers = _int8_layers(parent.model, fp16_scales)
+    tensors = int8_pass.activation_tensors(layers)
+    stats, calibration = _ranges(prepared, parent.src, parent.sha, tensors, data.calib, calib_method, percentile,
+                                 parent.run_batch, device, calib_cache, random_calib, reporter)
+    recipe.update(_int8_recipe(high_precision, calib_method, percentile, bias_correction, target, fp16_scales))
+    # nodes on the FP32 keep-list are not quantized either
+    excluded = {l.name for l in layers if prepared.graph.node[l.index].op_type in keep_ops
+                or prepared.graph.node[l.index].name in keep_names}
+    build = _qdq_builder(prepared, layers, stats, keep_ops, keep_names, fp16_scales, bias_correction,
+                         high_precision)
+    fusion = qdq_fusion_ok(recipe | {"mode": "int8"})
+    search = None
+    if target_agreement is not None:
+        t1 = time.perf_counter()
+        excluded, search = _search(prepared, layers, stats, build, excluded, data.tune, parent_session,
+                                   target_agreement, parent.run_batch, device, fusion, reporter)
+        _warn_if_coarse(search, len(data.tune), target_agreement, len(excluded), warnings)
+        timings["search_s"] = time.perf_counter() - t1
+    with reporter.phase("inserting Q/DQ"):
+        final, qres, fres = build(excluded)
+    kept = [{"node": name, "op": next(l.op for l in layers if l.name == name),
+             "reason": (search or {}).get("reasons", {}).get(name, "--keep-fp32")}
+            for name in qres.excluded]
+    if fres is not None:
+        kept += fres.kept
+    recipe["kept_layers"] = list(qres.excluded)
+    return _Converted(final=final, kept=kept, calibration=calibration, search=search,
+                      layers={"total": len(layers), "int8": len(qres.quantized), "kept": len(qres.excluded),
+                              "activation_qdq": qres.activations, "weight_dq": qres.weights,
+                              "bias_corrected": qres.bias_corrected})
+
+
+def _int8_layers(parent, fp16_scales: bool):
+    """A copy of the parent at the opset its Q/DQ form needs, constants folded, and its quantizable layers."""
+    prepared = G.upgrade_opset(parent, 19 if fp16_scales else 13)
+    if prepared is parent:
+        prepared = copy.deepcopy(parent)
+    G.fold_constants(prepared)
+    layers = int8_pass.find_layers(prepared)
+    if not layers:
+        raise QuantizeError("the model has no Conv, Gemm or MatMul layers to quantize",
+                            "use --precision fp16 for this model")
+    return prepared, layers
+
+
+def _int8_recipe(high_precision, calib_method, percentile, bias_correction, target, fp16_scales) -> dict:
+    """The INT8 part of the recipe, in the manifest's order."""
+    return {"high_precision": high_precision, "calibration": calib_method,
+            "percentile": percentile if calib_method == "percentile" else None,
+            "weights": "int8 symmetric per-channel", "activations": "int8 symmetric per-tensor",
+            "bias_correction": bias_correction, "target": target,
+            "qdq": "fp16 scales, Q/DQ in FP16" if fp16_scales else
+            ("fp32 scales, Q/DQ in FP32, Cast to FP16 after each DequantizeLinear"
+             if high_precision == "fp16" else "fp32 scales"),
+            "scales": "fp16" if fp16_scales else "fp32",
+            # who computes this graph right; engines and trtc validate read it
+            "runtimes": list(RUNTIMES_ALL if not fp16_scales else RUNTIMES_TENSORRT)}
+
+
+def _qdq_builder(prepared, layers, stats, keep_ops, keep_names, fp16_scales, bias_correction, high_precision):
+    """``build(exclude) -> (model, Q/DQ result, FP16 result or None)``: a fresh copy of ``prepared`` with Q/DQ
+    on every layer but ``exclude``, the rest in FP16 unless ``high_precision`` is fp32."""
+    def build(exclude: set[str]):
+        m = copy.deepcopy(prepared)
+        q = int8_pass.insert_qdq(m, layers, stats.ranges, exclude, fp16_scales=fp16_scales,
+                                 means=stats.means if bias_correction else None)
+        r = None
+        if high_precision == "fp16":
+            r = fp16_pass.convert_fp16(m, keep_ops if fp16_scales else keep_ops | QDQ_OPS, keep_names)
+            r.kept = [k for k in r.kept if k["op"] not in QDQ_OPS]  # FP32 by design, not kept out of FP16
+        return m, q, r
+
+    return build
+
+
+def _warn_if_coarse(search: dict, tune_samples: int, target_agreement: float, kept: int, warnings) -> None:
+    """A warning when the tuning set was too small for the search to see the loss the target allows."""
+    res = search["resolution"]
+    if not res["enough"]:
+        warnings.append(
+            f"the accuracy-aware search tuned on {tune_samples} samples: one disagreement is "
+            f"{res['one_disagreement']:.1%}, so it cannot see a loss as small as the "
+            f"{1 - target_agreement:.1%} that --target-agreement {target_agreement:g} allows (reached "
+            f"{search['reached']:.1%} with {kept} layer(s) kept); give at least {res['needed']} "
+            "held-out calibration samples (more calibration data than --calib-count, or a larger "
+            "--check-count)")
+
+
+def _write_checked(out: Path, conv: _Converted, parent: _Parent, data: _Data, ref_check, precision, recipe,
+                   high_precision, device, warnings, reporter):
+    """Write the new model to a temporary file beside ``out``, run it against the parent on the check data (in
+    trtc's session and in a default one) and move it into place with its manifest only if all of that passed.
+    Returns its size, manifest, manifest path and check report."""
     with atomic_path(out) as tmp:
-        G.save_model(final, tmp)
+        G.save_model(conv.final, tmp)
         fusion = qdq_fusion_ok(recipe | {"mode": precision})
         session = _session(str(tmp), device, qdq_fusion=fusion)
-        with reporter.phase(f"checking against the parent on {len(check_set)} samples"):
-            got = _logits(session, check_set.x, run_batch)
-        check_report = _labelled_parity(ref_check, got, check_set.labels, check_set, check_name)
+        with reporter.phase(f"checking against the parent on {len(data.check)} samples"):
+            got = _logits(session, data.check.x, parent.run_batch)
+        check_report = _labelled_parity(ref_check, got, data.check.labels, data.check, data.check_name)
         check_report["device"] = device
-        check_report["default_session"] = _default_session_check(tmp, device, check_set, ref_check, got, recipe,
-                                                                 fusion, run_batch, warnings, reporter)
+        check_report["default_session"] = _default_session_check(tmp, device, data.check, ref_check, got, recipe,
+                                                                 fusion, parent.run_batch, warnings, reporter)
         size = tmp.stat().st_size
-        m = _manifest(manifest, final, src, parent_sha, spec, dims, precision, recipe, calibration, check_report,
-                      high_precision)
+        m = _manifest(parent.manifest, conv.final, parent.src, parent.sha, parent.spec, parent.dims, precision,
+                      recipe, conv.calibration, check_report, high_precision)
         mpath = write_manifest(out, m, hashed_as=tmp)
-    timings["check_s"] = time.perf_counter() - t0
-    return QuantizeReport(output=str(out), manifest=str(mpath), precision=precision, bytes=size,
-                          sha256=m.artifact["sha256"],
-                          parent={"file": str(src), "sha256": parent_sha, "bytes": src.stat().st_size},
-                          recipe=recipe, layers=layers_info, kept=kept, calibration=calibration, search=search,
-                          check=check_report, timings={k: round(v, 2) for k, v in timings.items()},
-                          warnings=warnings)
+    return size, m, mpath, check_report
 
 
 def _default_session_check(path, device, check_set, ref, got, recipe, fusion, batch, warnings, reporter) -> dict:
