@@ -564,7 +564,6 @@ def _search(prepared, layers, stats, build, excluded, tune_set, parent_session, 
     target. Cost of a layer = KL divergence from the parent's softmax when only that layer is quantized."""
     ref = _logits(parent_session, tune_set.x, batch)
     names = [l.name for l in layers if l.name not in excluded]
-    everything = {l.name for l in layers}
 
     def agreement(exclude: set[str]) -> float:
         m, _, _ = build(exclude)
@@ -575,15 +574,7 @@ def _search(prepared, layers, stats, build, excluded, tune_set, parent_session, 
     if base >= target:
         return excluded, {"target": target, "tune_samples": len(tune_set), "reached": base, "trail": trail,
                           "ranking": [], "reasons": {}, "resolution": tuning_resolution(len(tune_set), target)}
-    cost = []
-    with reporter.phase(f"measuring the cost of INT8 per layer ({len(names)} layers)", total=len(names)) as bar:
-        for name in names:
-            m = copy.deepcopy(prepared)
-            int8_pass.insert_qdq(m, layers, stats.ranges, everything - {name}, means=stats.means)
-            out = _logits(_session(m, device), tune_set.x, batch)
-            cost.append((parity.compare(ref, out).kl, name))
-            bar.advance()
-    cost.sort(key=lambda c: -c[0])
+    cost = _int8_costs(prepared, layers, stats, names, ref, tune_set, batch, device, reporter)
     order = [n for _, n in cost]
 
     def with_top(k: int) -> set[str]:
@@ -622,6 +613,22 @@ def _search(prepared, layers, stats, build, excluded, tune_set, parent_session, 
     return chosen, {"target": target, "tune_samples": len(tune_set), "reached": results[hi], "trail": trail,
                     "ranking": [{"layer": n, "kl": c} for c, n in cost[:max(hi, 10)]], "reasons": reasons,
                     "resolution": tuning_resolution(len(tune_set), target)}
+
+
+def _int8_costs(prepared, layers, stats, names, ref, tune_set, batch, device, reporter) -> list[tuple[float, str]]:
+    """(cost, layer) for each of ``names``, costliest first: the KL divergence from the parent's softmax
+    (``ref``) when only that layer is quantized."""
+    everything = {l.name for l in layers}
+    cost = []
+    with reporter.phase(f"measuring the cost of INT8 per layer ({len(names)} layers)", total=len(names)) as bar:
+        for name in names:
+            m = copy.deepcopy(prepared)
+            int8_pass.insert_qdq(m, layers, stats.ranges, everything - {name}, means=stats.means)
+            out = _logits(_session(m, device), tune_set.x, batch)
+            cost.append((parity.compare(ref, out).kl, name))
+            bar.advance()
+    cost.sort(key=lambda c: -c[0])
+    return cost
 
 
 # the search sees a loss of (1 - target) only when the target allows this many disagreements on its tuning set
