@@ -462,16 +462,16 @@ def export_onnx(source: str, output: str | Path, *, weights: str | None = None, 
 
     ``torchvision:``/``timm:`` sources need ``weights`` (a state_dict or checkpoint file), or ``random_weights=True``
     to export the untrained network on purpose (tests, speed measurements); the manifest records which
-    (``model.weights``: file, random, pretrained or source)."""
+    (``model.weights``: file, random, pretrained or source).
+
+    The steps: check the options, load the model, read the check images, make the example batch, export, check
+    ONNX Runtime against PyTorch, then write the manifest and move the file into place."""
     reporter = reporter or Reporter()
     out = check_output_path(output, force)
     ref = parse_source(source)
     check_weights_flags(ref, weights, random_weights)
     profile = batch if isinstance(batch, BatchProfile) else BatchProfile.parse(batch)
-    if exporter not in ("auto", "dynamo", "torchscript"):
-        raise UsageProblem(f"unknown exporter {exporter!r}", "use auto, dynamo or torchscript")
-    if opset is not None and not 13 <= opset <= 25:
-        raise UsageProblem(f"opset {opset} is outside 13..25", "omit --opset for the exporter's default")
+    _check_exporter_options(exporter, opset)
     check_files, data_name = _check_files(check_data)
     label_list = read_labels(labels) if isinstance(labels, (str, Path)) else labels
     timings = {}
@@ -484,16 +484,7 @@ def export_onnx(source: str, output: str | Path, *, weights: str | None = None, 
     timings["load_s"] = time.perf_counter() - t0
     spec = build_spec(loaded, input_size, resize, mean, std, color)
     check_x, check_files, warnings_ = _read_check_images(check_files, spec, data_name)  # before the slow work
-
-    import torch
-
-    example_batch = profile.min if not profile.dynamic else max(2, min(profile.opt, profile.max))
-    # the largest batch the export runs (the trace's example, the check's smallest batch), before it is made
-    check_input_fits(max(example_batch, profile.min), (3, *spec.size), 4, f"exporting {ref.text}",
-                     f"--batch 1:8:{profile.max} keeps {profile.max} as the largest batch but traces and checks at 8"
-                     if profile.max > 8 else "give a smaller --batch", given=f"--batch {batch}")
-    example = torch.from_numpy(np.random.default_rng(1).standard_normal((example_batch, 3, *spec.size),
-                                                                         dtype=np.float32))
+    example = _example_input(ref, profile, spec, batch)
     with atomic_path(out) as tmp:
         t0 = time.perf_counter()
         with reporter.phase(f"exporting to ONNX ({exporter} exporter)"):
@@ -505,37 +496,74 @@ def export_onnx(source: str, output: str | Path, *, weights: str | None = None, 
                                             reporter)
         timings["check_s"] = time.perf_counter() - t0
         num = out_t.shape[-1] if isinstance(out_t.shape[-1], int) else None
-        if not check.passed:
-            raise ExportError(f"ONNX Runtime disagrees with PyTorch on {check.samples} {check.data} inputs: "
-                              f"max abs logit diff {check.max_abs_diff:.2e} (tolerance {atol:g}), "
-                              f"{check.flips} top-1 flips beyond noise", "try --exporter torchscript; --debug for details")
-        labels_final = label_list if label_list is not None else loaded.labels
-        if label_list is not None and num is not None and len(label_list) != num:
-            raise UsageProblem(f"labels file has {len(label_list)} entries but the model has {num} outputs",
-                               "give one label per class, in output order")
-        onnx = require("onnx", "Reading ONNX models")
-        opset_used = next((o.version for o in onnx.load(str(tmp), load_external_data=False).opset_import
-                           if o.domain in ("", "ai.onnx")), 0)
-        parent = None
-        if weights:
-            parent = {"file": Path(weights).name, "sha256": sha256_file(weights), "role": "weights"}
-        manifest = Manifest(
-            kind="onnx",
-            model={"name": name or loaded.name, "source": loaded.source, "num_classes": num, "weights": origin},
-            preprocess=spec, inputs=[in_t], outputs=[out_t], batch=profile, labels=labels_final,
-            precision={"mode": "fp32"},
-            producer={"tool": "trtc export", "trtc": __version__, "exporter": used, "opset": opset_used,
-                      "torch": dist_version("torch"), "onnx": dist_version("onnx"),
-                      "onnxruntime": dist_version("onnxruntime", "onnxruntime-gpu"),
-                      "check": asdict(check)},
-            parent=parent)
+        _require_parity(check, atol)
+        labels_final = _final_labels(label_list, loaded, num)
+        manifest = _export_manifest(tmp, loaded, name, num, origin, spec, in_t, out_t, profile, labels_final, used,
+                                    check, weights)
         mpath = write_manifest(out, manifest, hashed_as=tmp)
     predictions = [{"file": str(f), "top5": top_k(lg, labels_final)} for f, lg in zip(check_files, logits)]
-    return ExportReport(output=str(out), manifest=str(mpath), source=loaded.source, exporter=used, opset=opset_used,
-                        bytes=size, sha256=manifest.artifact["sha256"], input_shape=list(in_t.shape),
-                        num_classes=num, batch=profile.to_dict(), preprocess=spec.to_dict(), check=check,
-                        timings={k: round(v, 3) for k, v in timings.items()}, predictions=predictions,
-                        weights=origin, warnings=warnings_)
+    return ExportReport(output=str(out), manifest=str(mpath), source=loaded.source, exporter=used,
+                        opset=manifest.producer["opset"], bytes=size, sha256=manifest.artifact["sha256"],
+                        input_shape=list(in_t.shape), num_classes=num, batch=profile.to_dict(),
+                        preprocess=spec.to_dict(), check=check, timings={k: round(v, 3) for k, v in timings.items()},
+                        predictions=predictions, weights=origin, warnings=warnings_)
+
+
+def _check_exporter_options(exporter: str, opset: int | None) -> None:
+    if exporter not in ("auto", "dynamo", "torchscript"):
+        raise UsageProblem(f"unknown exporter {exporter!r}", "use auto, dynamo or torchscript")
+    if opset is not None and not 13 <= opset <= 25:
+        raise UsageProblem(f"opset {opset} is outside 13..25", "omit --opset for the exporter's default")
+
+
+def _example_input(ref, profile: BatchProfile, spec: PreprocessSpec, batch):
+    """The random batch the exporter traces, once the largest batch the export runs is known to fit in memory."""
+    import torch
+
+    example_batch = profile.min if not profile.dynamic else max(2, min(profile.opt, profile.max))
+    # the largest batch the export runs (the trace's example, the check's smallest batch), before it is made
+    check_input_fits(max(example_batch, profile.min), (3, *spec.size), 4, f"exporting {ref.text}",
+                     f"--batch 1:8:{profile.max} keeps {profile.max} as the largest batch but traces and checks at 8"
+                     if profile.max > 8 else "give a smaller --batch", given=f"--batch {batch}")
+    return torch.from_numpy(np.random.default_rng(1).standard_normal((example_batch, 3, *spec.size),
+                                                                      dtype=np.float32))
+
+
+def _require_parity(check: ParityCheck, atol: float) -> None:
+    if not check.passed:
+        raise ExportError(f"ONNX Runtime disagrees with PyTorch on {check.samples} {check.data} inputs: "
+                          f"max abs logit diff {check.max_abs_diff:.2e} (tolerance {atol:g}), "
+                          f"{check.flips} top-1 flips beyond noise", "try --exporter torchscript; --debug for details")
+
+
+def _final_labels(label_list: list[str] | None, loaded: LoadedModel, num: int | None):
+    """The given labels (one per output) or else the model's own."""
+    labels_final = label_list if label_list is not None else loaded.labels
+    if label_list is not None and num is not None and len(label_list) != num:
+        raise UsageProblem(f"labels file has {len(label_list)} entries but the model has {num} outputs",
+                           "give one label per class, in output order")
+    return labels_final
+
+
+def _export_manifest(tmp: Path, loaded: LoadedModel, name, num, origin, spec, in_t, out_t, profile, labels_final,
+                     used: str, check: ParityCheck, weights) -> Manifest:
+    """The manifest of the exported file (``tmp``, before it is moved into place)."""
+    onnx = require("onnx", "Reading ONNX models")
+    opset_used = next((o.version for o in onnx.load(str(tmp), load_external_data=False).opset_import
+                       if o.domain in ("", "ai.onnx")), 0)
+    parent = None
+    if weights:
+        parent = {"file": Path(weights).name, "sha256": sha256_file(weights), "role": "weights"}
+    return Manifest(
+        kind="onnx",
+        model={"name": name or loaded.name, "source": loaded.source, "num_classes": num, "weights": origin},
+        preprocess=spec, inputs=[in_t], outputs=[out_t], batch=profile, labels=labels_final,
+        precision={"mode": "fp32"},
+        producer={"tool": "trtc export", "trtc": __version__, "exporter": used, "opset": opset_used,
+                  "torch": dist_version("torch"), "onnx": dist_version("onnx"),
+                  "onnxruntime": dist_version("onnxruntime", "onnxruntime-gpu"),
+                  "check": asdict(check)},
+        parent=parent)
 
 
 @dataclass
