@@ -614,7 +614,10 @@ def adopt_onnx(model: str | Path, *, labels: str | list[str] | None = None, inpu
     """Adopt an ONNX classifier that trtc did not export: check it, take its labels (``labels``, else its ONNX
     metadata: ``labels``/``classes``/``class_names``/``names``/``character``) and its preprocessing contract
     (the options; what no option gives is the ImageNet default, listed in ``assumed``), and write ``model.onnx.json``
-    beside it. The model file itself is never written. Afterwards every command treats it as trtc's own."""
+    beside it. The model file itself is never written. Afterwards every command treats it as trtc's own.
+
+    The steps: check the paths, read and check the graph, settle the preprocessing and the batch profile, run the
+    model once, take its labels, then write the manifest."""
     reporter = reporter or Reporter()
     src = Path(model)
     if not src.is_file():
@@ -623,24 +626,61 @@ def adopt_onnx(model: str | Path, *, labels: str | list[str] | None = None, inpu
     if mpath.exists() and not force:
         raise UsageProblem(f"{src.name} has a manifest already ({mpath.name})",
                            "add --force to replace it with one made from these options")
-    onnx = require("onnx", "Reading ONNX models")
-    from engines.onnxruntime_engine import OnnxRuntimeEngine
+    proto, feeds, dims = _read_classifier(src)
+    spec, assumed = _adopted_spec(dims, feeds[0].name, input_size, resize, mean, std, color)
+    profile = _adopted_batch(dims, batch)
+    y, ins, outs = _run_once(src, profile, spec.size, reporter)
+    if y.ndim != 2:
+        raise ExportError(f"{src.name}'s first output is {list(y.shape)} per batch, not (batch, classes)", _FIX_MODEL)
+    num = int(y.shape[1])
+    warnings_ = []
+    label_list, labels_from = _adopted_labels(src, labels, num, warnings_)
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
+    manifest = Manifest(
+        kind="onnx",
+        model={"name": name or src.stem, "source": str(src), "num_classes": num, "weights": "source"},
+        preprocess=spec, inputs=[ins[0]], outputs=[outs[0]], batch=profile, labels=label_list,
+        precision={"mode": "fp32"},
+        producer={"tool": "trtc export", "trtc": __version__, "adopted": True, "labels_from": labels_from,
+                  "assumed": assumed, "opset": opset, "producer_name": proto.producer_name,
+                  "onnx": dist_version("onnx"), "onnxruntime": dist_version("onnxruntime", "onnxruntime-gpu")})
+    if assumed:
+        warnings_.append(f"assumed (no option gave them): {', '.join(assumed)}; check them against how the model was "
+                         "trained, and give --color/--mean/--std/--resize where they differ")
+    written = write_manifest(src, manifest)
+    return AdoptReport(output=str(src), manifest=str(written), sha256=manifest.artifact["sha256"],
+                       input_shape=list(ins[0].shape), num_classes=num, batch=profile.to_dict(),
+                       preprocess=spec.to_dict(), labels=len(label_list or []), labels_from=labels_from,
+                       assumed=assumed, warnings=warnings_)
 
+
+_FIX_MODEL = "give an ONNX classifier: one NCHW image input, a (batch, classes) first output"
+
+
+def _read_classifier(src: Path):
+    """The checked ONNX graph, its single input and that input's dims (NCHW with 3 channels)."""
+    onnx = require("onnx", "Reading ONNX models")
     from .precision import graph as G
 
-    fix_model = "give an ONNX classifier: one NCHW image input, a (batch, classes) first output"
     try:
         proto = onnx.load(str(src))
         onnx.checker.check_model(proto, full_check=True)
     except Exception as exc:  # noqa: BLE001 - onnx raises many kinds
-        raise ExportError(f"{src.name} is not a valid ONNX model: {_first_line(exc)}", fix_model) from exc
+        raise ExportError(f"{src.name} is not a valid ONNX model: {_first_line(exc)}", _FIX_MODEL) from exc
     feeds = G.graph_inputs(proto)
     if len(feeds) != 1:
-        raise ExportError(f"{src.name} has {len(feeds)} inputs; trtc adopts single-input image classifiers", fix_model)
+        raise ExportError(f"{src.name} has {len(feeds)} inputs; trtc adopts single-input image classifiers",
+                          _FIX_MODEL)
     dims = G.input_dims(feeds[0])
     if len(dims) != 4 or dims[1] != 3:
         raise ExportError(f"{src.name} takes {G.tensor_spec(feeds[0]).shape} inputs, not NCHW images with 3 channels",
-                          fix_model)
+                          _FIX_MODEL)
+    return proto, feeds, dims
+
+
+def _adopted_spec(dims: list, input_name: str, input_size, resize, mean, std, color):
+    """The preprocessing contract from the options, the model's fixed size and ImageNet defaults, and the list of
+    what was assumed (no option gave it)."""
     assumed = []
     hw = tuple(dims[2:4])
     fixed_hw = all(isinstance(d, int) and d > 0 for d in hw)
@@ -665,16 +705,28 @@ def adopt_onnx(model: str | Path, *, labels: str | list[str] | None = None, inpu
         assumed.append("ImageNet std")
     spec = PreprocessSpec(size=size, resize=resize or None, color=color or "RGB",
                           mean=tuple(mean or (0.485, 0.456, 0.406)), std=tuple(std or (0.229, 0.224, 0.225)),
-                          input=feeds[0].name)
+                          input=input_name)
+    return spec, assumed
+
+
+def _adopted_batch(dims: list, batch: str | None) -> BatchProfile:
+    """--batch where given (it must match a fixed batch), else the model's fixed batch, else 1:8:32."""
     if batch is not None:
         profile = BatchProfile.parse(batch)
         if isinstance(dims[0], int) and dims[0] > 0 and (profile.min, profile.max) != (dims[0], dims[0]):
             raise UsageProblem(f"--batch {batch}: the model's batch is fixed at {dims[0]}",
                                f"use --batch {dims[0]} (or leave it out)")
-    elif isinstance(dims[0], int) and dims[0] > 0:
-        profile = BatchProfile(dims[0], dims[0], dims[0])
-    else:
-        profile = BatchProfile(1, 8, 32)
+        return profile
+    if isinstance(dims[0], int) and dims[0] > 0:
+        return BatchProfile(dims[0], dims[0], dims[0])
+    return BatchProfile(1, 8, 32)
+
+
+def _run_once(src: Path, profile: BatchProfile, size, reporter: Reporter):
+    """One random batch of the smallest size through ONNX Runtime on the CPU: its first output, and the model's
+    inputs and outputs as the engine reads them."""
+    from engines.onnxruntime_engine import OnnxRuntimeEngine
+
     with reporter.phase(f"checking {src.name} in ONNX Runtime"):
         engine = OnnxRuntimeEngine(src, device="cpu")
         try:
@@ -688,10 +740,12 @@ def adopt_onnx(model: str | Path, *, labels: str | list[str] | None = None, inpu
                               f"{_first_line(exc)}", "give the --input-size and --batch the model takes") from exc
         finally:
             engine.close()
-    if y.ndim != 2:
-        raise ExportError(f"{src.name}'s first output is {list(y.shape)} per batch, not (batch, classes)", fix_model)
-    num = int(y.shape[1])
-    warnings_ = []
+    return y, ins, outs
+
+
+def _adopted_labels(src: Path, labels, num: int, warnings_: list[str]):
+    """The class names (``labels``, else the ONNX metadata's, else none) and where they came from; one per
+    output, each once."""
     if isinstance(labels, (str, Path)):
         label_list, labels_from = read_labels(labels), f"--labels {labels}"
     elif labels is not None:
@@ -707,23 +761,7 @@ def adopt_onnx(model: str | Path, *, labels: str | list[str] | None = None, inpu
         warnings_.append(f"{src.name} carries no class names: predictions show class indices; give --labels FILE")
     if len(set(label_list or [])) != len(label_list or []):
         raise UsageProblem("the labels hold the same name twice", "give each class its own name")
-    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
-    manifest = Manifest(
-        kind="onnx",
-        model={"name": name or src.stem, "source": str(src), "num_classes": num, "weights": "source"},
-        preprocess=spec, inputs=[ins[0]], outputs=[outs[0]], batch=profile, labels=label_list,
-        precision={"mode": "fp32"},
-        producer={"tool": "trtc export", "trtc": __version__, "adopted": True, "labels_from": labels_from,
-                  "assumed": assumed, "opset": opset, "producer_name": proto.producer_name,
-                  "onnx": dist_version("onnx"), "onnxruntime": dist_version("onnxruntime", "onnxruntime-gpu")})
-    if assumed:
-        warnings_.append(f"assumed (no option gave them): {', '.join(assumed)}; check them against how the model was "
-                         "trained, and give --color/--mean/--std/--resize where they differ")
-    written = write_manifest(src, manifest)
-    return AdoptReport(output=str(src), manifest=str(written), sha256=manifest.artifact["sha256"],
-                       input_shape=list(ins[0].shape), num_classes=num, batch=profile.to_dict(),
-                       preprocess=spec.to_dict(), labels=len(label_list or []), labels_from=labels_from,
-                       assumed=assumed, warnings=warnings_)
+    return label_list, labels_from
 
 
 __all__ = ["export_onnx", "adopt_onnx", "AdoptReport", "onnx_labels", "ExportReport", "ParityCheck", "check_output_path", "read_labels", "top_k",
