@@ -191,8 +191,47 @@ def judge(metrics: dict, thresholds: dict) -> list[dict]:
 def validate(reference: str, candidates: list[str], data: list[str], *, device: str = "cpu",
              count: int = 512, seed: int = 0, thresholds: dict | None = None,
              reporter: Reporter | None = None) -> ValidateReport:
-    """Run the reference and each candidate on the same inputs and judge each candidate."""
+    """Run the reference and each candidate on the same inputs and judge each candidate.
+
+    The steps: check the arguments, read the models and their manifests (each model's preprocessing contract),
+    load the data once per contract, run the reference, then run and judge each candidate."""
     reporter = reporter or Reporter()
+    _check_arguments(candidates, data, thresholds)
+    ref = _classify(reference)
+    cands = [_classify(c) for c in candidates]
+    models = [ref, *cands]
+    spec_from = _contract_source(ref, cands)
+    _check_declared(ref, cands)  # from the manifests: before any data is read or any model runs
+    warnings: list[str] = []
+    # each model runs with its own preprocessing contract; one without a manifest borrows one (said once)
+    contract = {id(m): _contract_of(m, models, spec_from, warnings) for m in models}
+    label_names, label_from = _label_names(models)
+    datasets = _datasets(data, models, contract, label_names, label_from, count, seed, reporter, warnings)
+    dataset = datasets[_contract_key(contract[id(ref)])]
+    for other in datasets.values():
+        if other.origins != dataset.origins:
+            raise UsageProblem("the models' preprocessing contracts read different samples from the data",
+                               "give data that every model can read (images or videos)")
+    if len(datasets) > 1:
+        log.info("the models run with %d different preprocessing contracts, each with its own", len(datasets))
+
+    x = _inputs_of(ref, datasets, contract)
+    with reporter.phase(f"reference {model_label(ref.spec)} on {len(x)} samples", total=len(x)) as bar:
+        runner = Runner(ref, device)
+        _check_runner(runner, ref, x, _data_from(ref, contract, ref, cands), ref, cands)
+        ref_logits = _run_checked(runner, ref, x, bar, _data_from(ref, contract, ref, cands), ref, cands)
+    probabilities = parity.looks_like_probabilities(ref_logits)
+    chance = _chance_problem(ref_logits, dataset.labels, warnings)
+    results = [_candidate(c, ref, cands, ref_logits, datasets, contract, dataset, label_names, thresholds,
+                          probabilities, chance, device, warnings, reporter) for c in cands]
+    return ValidateReport(schema=SCHEMA, reference={"model": ref.spec, "kind": ref.kind, "precision": ref.precision},
+                          data={"sources": dataset.sources, "samples": len(x), "labelled": dataset.labels is not None,
+                                "skipped": dataset.skipped, "device": device},
+                          candidates=results, passed=all(r.passed for r in results), warnings=warnings,
+                          scores="probabilities" if probabilities else "logits", contracts=len(datasets))
+
+
+def _check_arguments(candidates: list[str], data: list[str], thresholds: dict | None) -> None:
     if not candidates:
         raise UsageProblem("no candidate to validate", "add --candidate MODEL (repeatable)")
     if not data:
@@ -201,24 +240,33 @@ def validate(reference: str, candidates: list[str], data: list[str], *, device: 
         if k not in DEFAULT_THRESHOLDS["fp32"]:
             raise UsageProblem(f"unknown threshold {k!r}", f"use {', '.join(DEFAULT_THRESHOLDS['fp32'])}")
     cal.check_sources(data)
-    ref = _classify(reference)
-    cands = [_classify(c) for c in candidates]
-    models = [ref, *cands]
+
+
+def _contract_source(ref: ModelRef, cands: list[ModelRef]) -> Manifest:
+    """The manifest a model without one borrows its preprocessing from: the first candidate's, else the
+    reference's; refused when no model has one."""
     spec_from = next((m.manifest for m in [*cands, ref] if m.manifest is not None), None)
     if spec_from is None:
         foreign = ref.spec.split(":", 1)[1] if ref.kind == "opencv" else ref.spec
         raise UsageProblem("no model has a manifest, so the preprocessing and labels are unknown",
-                           f"adopt the model once: trtc export {foreign} --labels FILE --mean ... --std ... --color ... "
-                           "(writes its manifest; see docs/BRING-YOUR-OWN-ONNX.md), or validate models made by trtc "
-                           "export/quantize/build")
-    _check_declared(ref, cands)  # from the manifests: before any data is read or any model runs
-    warnings: list[str] = []
-    # each model runs with its own preprocessing contract; one without a manifest borrows one (said once)
-    contract = {id(m): _contract_of(m, models, spec_from, warnings) for m in models}
+                           f"adopt the model once: trtc export {foreign} --labels FILE --mean ... --std ... "
+                           "--color ... (writes its manifest; see docs/BRING-YOUR-OWN-ONNX.md), or validate models "
+                           "made by trtc export/quantize/build")
+    return spec_from
+
+
+def _label_names(models: list[ModelRef]) -> tuple[list[str] | None, str]:
+    """The class names (a manifest's, else an ONNX model's metadata) and where they come from."""
     label_names = next((m.manifest.labels for m in models if m.manifest is not None and m.manifest.labels), None)
     label_from = "the manifest"
     if label_names is None:
         label_names, label_from = _metadata_labels(models)
+    return label_names, label_from
+
+
+def _datasets(data, models: list[ModelRef], contract: dict, label_names, label_from, count, seed, reporter,
+              warnings) -> dict:
+    """The data, loaded once per preprocessing contract (by its key)."""
     classes = next((c for c in (classes_of(m.manifest.outputs) for m in models if m.manifest is not None) if c), None)
     datasets: dict = {}
     for m in models:
@@ -228,47 +276,36 @@ def validate(reference: str, candidates: list[str], data: list[str], *, device: 
             dims = [1, *[d if isinstance(d, int) else 1 for d in owner.inputs[0].shape[1:]]]
             datasets[key] = _load(data, owner, dims, count, seed, reporter, warnings, label_names, label_from,
                                   classes)
-    dataset = datasets[_contract_key(contract[id(ref)])]
-    for other in datasets.values():
-        if other.origins != dataset.origins:
-            raise UsageProblem("the models' preprocessing contracts read different samples from the data",
-                               "give data that every model can read (images or videos)")
-    if len(datasets) > 1:
-        log.info("the models run with %d different preprocessing contracts, each with its own", len(datasets))
+    return datasets
 
-    def inputs_of(m: ModelRef) -> np.ndarray:
-        return datasets[_contract_key(contract[id(m)])].x
 
-    def data_from_of(m: ModelRef) -> ModelRef:
-        return next(o for o in [m, *cands, ref] if o.manifest is contract[id(m)])
+def _inputs_of(m: ModelRef, datasets: dict, contract: dict) -> np.ndarray:
+    return datasets[_contract_key(contract[id(m)])].x
 
-    x = inputs_of(ref)
-    with reporter.phase(f"reference {model_label(ref.spec)} on {len(x)} samples", total=len(x)) as bar:
-        runner = Runner(ref, device)
-        _check_runner(runner, ref, x, data_from_of(ref), ref, cands)
-        ref_logits = _run_checked(runner, ref, x, bar, data_from_of(ref), ref, cands)
-    probabilities = parity.looks_like_probabilities(ref_logits)
-    chance = _chance_problem(ref_logits, dataset.labels, warnings)
-    results = []
-    for c in cands:
-        t0 = time.perf_counter()
-        xc = inputs_of(c)
-        with reporter.phase(f"candidate {model_label(c.spec)} ({c.precision})", total=len(xc)) as bar:
-            runner = Runner(c, device)
-            _check_runner(runner, c, xc, data_from_of(c), ref, [c], ref_logits.shape[1])
-            got = _run_checked(runner, c, xc, bar, data_from_of(c), ref, [c], ref_logits.shape[1])
-        results.append(_result(c, ref_logits, got, dataset, label_names, thresholds, time.perf_counter() - t0,
-                               probabilities))
-        if chance is not None:
-            results[-1].failures.append(chance)
-            results[-1].passed = False
-        if c.kind == "onnx":
-            _default_session_check(results[-1], c, runner, got, xc, device, reporter, warnings)
-    return ValidateReport(schema=SCHEMA, reference={"model": ref.spec, "kind": ref.kind, "precision": ref.precision},
-                          data={"sources": dataset.sources, "samples": len(x), "labelled": dataset.labels is not None,
-                                "skipped": dataset.skipped, "device": device},
-                          candidates=results, passed=all(r.passed for r in results), warnings=warnings,
-                          scores="probabilities" if probabilities else "logits", contracts=len(datasets))
+
+def _data_from(m: ModelRef, contract: dict, ref: ModelRef, cands: list[ModelRef]) -> ModelRef:
+    """The model whose manifest gives ``m`` its preprocessing contract."""
+    return next(o for o in [m, *cands, ref] if o.manifest is contract[id(m)])
+
+
+def _candidate(c: ModelRef, ref: ModelRef, cands: list[ModelRef], ref_logits, datasets: dict, contract: dict,
+               dataset: cal.DataSet, label_names, thresholds, probabilities: bool, chance: dict | None, device: str,
+               warnings: list[str], reporter: Reporter) -> CandidateResult:
+    """Run one candidate on its inputs and judge it against the reference's logits (and, for an ONNX model, in a
+    default ONNX Runtime session too)."""
+    t0 = time.perf_counter()
+    xc = _inputs_of(c, datasets, contract)
+    with reporter.phase(f"candidate {model_label(c.spec)} ({c.precision})", total=len(xc)) as bar:
+        runner = Runner(c, device)
+        _check_runner(runner, c, xc, _data_from(c, contract, ref, cands), ref, [c], ref_logits.shape[1])
+        got = _run_checked(runner, c, xc, bar, _data_from(c, contract, ref, cands), ref, [c], ref_logits.shape[1])
+    result = _result(c, ref_logits, got, dataset, label_names, thresholds, time.perf_counter() - t0, probabilities)
+    if chance is not None:
+        result.failures.append(chance)
+        result.passed = False
+    if c.kind == "onnx":
+        _default_session_check(result, c, runner, got, xc, device, reporter, warnings)
+    return result
 
 
 def _model_path(m: ModelRef) -> Path | None:
