@@ -22,22 +22,6 @@ pytestmark = [pytest.mark.gpu,
                                  reason="needs the gpu extra (cupy, PyNvVideoCodec) and PyAV")]
 
 
-@pytest.fixture(scope="module")
-def cuda_lite0(lite0_onnx):
-    import engines
-
-    with engines.open_engine(lite0_onnx[0], device="cuda:0") as eng:
-        yield eng
-
-
-@pytest.fixture(scope="module")
-def cpu_lite0(lite0_onnx):
-    import engines
-
-    with engines.open_engine(lite0_onnx[0], device="cpu") as eng:
-        yield eng
-
-
 def _remux_ts(src: Path, out: Path) -> Path:
     """bikes.mp4's H.264 stream copied into MPEG-TS (no re-encoding): a container the packet loop reads."""
     import av

@@ -13,22 +13,6 @@ pytestmark = [pytest.mark.gpu,
                                  reason="needs the gpu extra (cupy, PyNvVideoCodec) and PyAV")]
 
 
-@pytest.fixture(scope="module")
-def cuda_lite0(lite0_onnx):
-    import engines
-
-    with engines.open_engine(lite0_onnx[0], device="cuda:0") as eng:
-        yield eng
-
-
-@pytest.fixture(scope="module")
-def cpu_lite0(lite0_onnx):
-    import engines
-
-    with engines.open_engine(lite0_onnx[0], device="cpu") as eng:
-        yield eng
-
-
 def _nvdec_frames(path, n):
     """(format, host copy of the surface, height, width) for the first n frames, decoded by NVDEC (the copy is
     the test's, to feed the numpy oracle)."""
