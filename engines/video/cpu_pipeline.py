@@ -98,13 +98,7 @@ def cpu_pipeline(srcs, engine, spec, batch, stride, topk, max_wait_ms, stats, re
         stats.seconds = time.perf_counter() - start
         stats.per_source = dict(counts)
         for src in srcs:
-            stats.decoded[src.name] = stats.decoded.get(src.name, 0) + src.decoded
-            for field, n in (("dropped", hub.dropped.get(src.name, 0) + left.get(src.name, 0)),
-                             ("missing", getattr(src, "missing", 0)),
-                             ("damaged", getattr(src, "damaged", 0))):
-                if n:
-                    d = getattr(stats, field)
-                    d[src.name] = d.get(src.name, 0) + n
+            stats.add_source(src, dropped=hub.dropped.get(src.name, 0) + left.get(src.name, 0))
 
 
 def infer_and_collect(hub: FrameHub, engine, batch, topk, max_wait_ms, stats, counts, start, make_prediction,

@@ -224,10 +224,7 @@ class GpuPipeline:
 
     # ------------------------------------------------------------------------------------------------- wiring
     @staticmethod
-    def _seconds(src, index: int, pts=None):
-        seconds = getattr(src, "seconds", None)
-        if seconds is not None:
-            return seconds(pts, index)
+    def _seconds(src, index: int):
         fps = src.info.fps if src.info is not None else None
         return index / fps if fps else None
 
@@ -287,12 +284,7 @@ class GpuPipeline:
             self.event_log.extend(self.events)
             self.events.clear()
             for src in self.srcs:
-                self.stats.decoded[src.name] = self.stats.decoded.get(src.name, 0) + src.decoded
-                for field, n in (("dropped", self.dropped.get(src.name, 0)), ("missing", getattr(src, "missing", 0)),
-                                 ("damaged", getattr(src, "damaged", 0))):
-                    if n:
-                        d = getattr(self.stats, field)
-                        d[src.name] = d.get(src.name, 0) + n
+                self.stats.add_source(src, dropped=self.dropped.get(src.name, 0))
 
 
 class _SourceWriter:

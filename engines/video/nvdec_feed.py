@@ -17,7 +17,8 @@ import numpy as np
 
 from .._deps import require
 from .live import Reconnector, network_error
-from .sources import MAX_REJECTED_PACKETS, SourceError, SourceInfo, Timeline, _colorspace_from_av, _first_line
+from .sources import (MAX_REJECTED_PACKETS, SourceError, SourceInfo, Timeline, _colorspace_from_av, _first_line,
+                      open_url)
 
 # PyAV codec name -> PyNvVideoCodec's cudaVideoCodec member
 AV_TO_NVDEC = {"h264": "H264", "hevc": "HEVC", "av1": "AV1", "vp9": "VP9", "vp8": "VP8", "mpeg2video": "MPEG2",
@@ -58,14 +59,8 @@ def stream_format(stream) -> tuple[str, str, int]:
 
 def open_stream(src, av):
     """Open ``src.name`` with PyAV and the source's network options; returns (container, stream). Raises
-    SourceError worded for a person (see :func:`engines.video.live.network_error`)."""
-    o = src.options
-    t0 = time.monotonic()
-    try:
-        container = av.open(src.name, options=o.av_options(src.name), timeout=(o.open_timeout, o.read_timeout))
-    except Exception as exc:  # noqa: BLE001 - av.error.*, OSError
-        reason, fix = network_error(src.name, exc, o, opening=True, elapsed=time.monotonic() - t0)
-        raise SourceError(src.name, f"cannot connect: {reason}", fix) from exc
+    SourceError worded for a person (see :func:`engines.video.sources.open_url`)."""
+    container = open_url(av, src.name, src.options)
     if not container.streams.video:
         container.close()
         raise SourceError(src.name, "has no video stream", "check the URL")
@@ -87,13 +82,7 @@ def make_decoder(src, nvc, stream, stream_ptr: int):
         src.info = SourceInfo(src.name, cc.name, cc.width, cc.height, fps, None,
                               _colorspace_from_av(cc, cc.height, src.override))
     src.time_base = stream.time_base
-    latency = {"native": nvc.DisplayDecodeLatencyType.NATIVE, "low": nvc.DisplayDecodeLatencyType.LOW,
-               "zero": nvc.DisplayDecodeLatencyType.ZERO}[src.latency]
-    try:
-        return nvc.CreateDecoder(gpuid=src.gpu, codec=codec, cudacontext=0, cudastream=stream_ptr,
-                                 usedevicememory=True, latency=latency)
-    except Exception as exc:  # noqa: BLE001
-        raise SourceError(src.name, f"NVDEC decoder for {src._what} failed: {_first_line(exc)}") from exc
+    return src._core_decoder(nvc, codec, stream_ptr)
 
 
 class _Lost(Exception):

@@ -116,6 +116,16 @@ class RunStats:
                 k = names.get(k, k)
                 mine[k] = mine.get(k, 0) + v
 
+    def add_source(self, src, dropped: int = 0) -> None:
+        """Add what a source's decoder counted (decoded, and the live/damage counts ``missing`` and ``damaged``) and
+        the frames the pipeline ``dropped`` of it, keyed by its name."""
+        self.decoded[src.name] = self.decoded.get(src.name, 0) + src.decoded
+        for field_name, n in (("dropped", dropped), ("missing", getattr(src, "missing", 0)),
+                              ("damaged", getattr(src, "damaged", 0))):
+            if n:
+                d = getattr(self, field_name)
+                d[src.name] = d.get(src.name, 0) + n
+
     @property
     def fps(self) -> float:
         return self.frames / self.seconds if self.seconds else 0.0

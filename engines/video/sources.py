@@ -76,6 +76,17 @@ def pixel_rate(name: str) -> float | None:
         return None
 
 
+def open_url(av, name: str, options: LiveOptions):
+    """A network source opened by PyAV with ``options``' RTSP transport and open/read timeouts; a failure is a
+    SourceError in words (:func:`engines.video.live.network_error`), a silent server included."""
+    t0 = time.monotonic()
+    try:
+        return av.open(name, options=options.av_options(name), timeout=(options.open_timeout, options.read_timeout))
+    except Exception as exc:  # noqa: BLE001 - av.error.*, OSError
+        reason, fix = network_error(name, exc, options, opening=True, elapsed=time.monotonic() - t0)
+        raise SourceError(name, f"cannot connect: {reason}", fix) from exc
+
+
 def _colorspace_from_av(frame_or_stream, height: int, override: str | None) -> ColorSpace:
     if override and override != "auto":
         return ColorSpace.parse(override, height)
@@ -92,16 +103,26 @@ def probe_colorspace(name: str, height: int, override: str | None, demuxer=None)
     PyAV is installed and the source is a file, else from PyNvVideoCodec's ``demuxer`` (its ColorSpace() and
     ColorRange(): BT.601/BT.709, limited/full), else BT.709 for HD / BT.601 for SD, limited range, with a warning
     once per process per assumption. ``override`` ("bt601:full", ...) wins."""
-    if (override and override != "auto") or is_url(name):
-        return ColorSpace.parse(override, height)
+    return probe_stream(name, height, override, demuxer)[0]
+
+
+def probe_stream(name: str, height: int, override: str | None, demuxer=None):
+    """(colour space as :func:`probe_colorspace` says, the time base as a Fraction, the start time in its units)
+    of a file's first video stream, from ONE PyAV open of the container (no decoding); (colour space, None, 0)
+    for URLs, without PyAV, or for a file PyAV cannot read (times then fall back to index / fps)."""
+    given = bool(override and override != "auto")
+    if is_url(name) or (given and not is_installed("av")):
+        return ColorSpace.parse(override, height), None, 0
     if not is_installed("av"):
-        return _colorspace_from_demuxer(name, demuxer, height)
+        return _colorspace_from_demuxer(name, demuxer, height), None, 0
     try:
-        av = require("av", "Reading colour metadata")
+        av = require("av", "Reading colour metadata and the time base")
         with av.open(name) as c:
-            return _colorspace_from_av(c.streams.video[0].codec_context, height, None)
+            s = c.streams.video[0]
+            cs = ColorSpace.parse(override, height) if given else _colorspace_from_av(s.codec_context, height, None)
+            return cs, s.time_base, int(s.start_time or 0)
     except Exception:  # noqa: BLE001 - metadata is a nicety; the decoder reports real problems
-        return ColorSpace.parse(None, height)
+        return ColorSpace.parse(override if given else None, height), None, 0
 
 
 _ASSUMED: set[str] = set()  # the colour assumptions already warned about in this process
@@ -130,22 +151,6 @@ def _colorspace_from_demuxer(name: str, demuxer, height: int) -> ColorSpace:
                     "(said once); if colours look wrong, give --colorspace, e.g. --colorspace bt709:full", name,
                     "matrix and range are" if len(assumed) == 2 else "matrix is" if not matrix else "range is", key)
     return cs
-
-
-def probe_time_base(name: str):
-    """(time base as a Fraction, start time in its units) of a file's first video stream via PyAV, or (None, 0)
-    (a URL, no PyAV, unreadable)."""
-    if is_url(name) or not is_installed("av"):
-        return None, 0
-    try:
-        av = require("av", "Reading the time base")
-        with av.open(name) as c:
-            if not c.streams.video:
-                return None, 0
-            s = c.streams.video[0]
-            return s.time_base, int(s.start_time or 0)
-    except Exception:  # noqa: BLE001 - times then fall back to index / fps
-        return None, 0
 
 
 # ---------------------------------------------------------------------------------------------------------- PyAV
@@ -178,21 +183,14 @@ class PyAVSource(LiveSource):
     def _open(self):
         av = require("av", "Decoding video on the CPU")
         check_exists(self.name)
-        t0 = time.monotonic()
-        try:
-            if is_url(self.name):
-                o = self.options
-                container = av.open(self.name, options=o.av_options(self.name), timeout=(o.open_timeout,
-                                                                                         o.read_timeout))
-            else:
+        if is_url(self.name):
+            container = open_url(av, self.name, self.options)
+        else:
+            try:
                 container = av.open(self.name)
-        except Exception as exc:  # noqa: BLE001 - av.error.*, OSError
-            if is_url(self.name):
-                reason, fix = network_error(self.name, exc, self.options, opening=True,
-                                            elapsed=time.monotonic() - t0)
-                raise SourceError(self.name, f"cannot connect: {reason}", fix) from exc
-            raise SourceError(self.name, describe_unreadable(self.name, _first_line(exc)),
-                              "check the file: ffprobe FILE shows what it holds") from exc
+            except Exception as exc:  # noqa: BLE001 - av.error.*, OSError
+                raise SourceError(self.name, describe_unreadable(self.name, _first_line(exc)),
+                                  "check the file: ffprobe FILE shows what it holds") from exc
         if not container.streams.video:
             kinds = sorted({s.type for s in container.streams}) or ["no streams"]
             container.close()
@@ -495,19 +493,22 @@ class NvdecSource(LiveSource):
         self._check_caps(nvc, codec, chroma, depth, width, height, codec_name)
         fps = float(dmx.FrameRate()) if dmx.FrameRate() else None
         if self.info is None:
-            cs = probe_colorspace(self.name, height, self.override, dmx)
-            self.time_base, self.start_pts = probe_time_base(self.name)
+            cs, self.time_base, self.start_pts = probe_stream(self.name, height, self.override, dmx)
             self.info = SourceInfo(self.name, codec_name, width, height, fps, None, cs)
         if not decoder:
             return dmx, None
+        return dmx, self._core_decoder(nvc, codec, stream_ptr)
+
+    def _core_decoder(self, nvc, codec, stream_ptr: int):
+        """PyNvVideoCodec's core decoder for ``codec`` on ``stream_ptr``, with this source's output latency (its
+        capabilities checked first: :meth:`_check_caps`)."""
         latency = {"native": nvc.DisplayDecodeLatencyType.NATIVE, "low": nvc.DisplayDecodeLatencyType.LOW,
                    "zero": nvc.DisplayDecodeLatencyType.ZERO}[self.latency]
         try:
-            dec = nvc.CreateDecoder(gpuid=self.gpu, codec=codec, cudacontext=0, cudastream=stream_ptr,
-                                    usedevicememory=True, latency=latency)
+            return nvc.CreateDecoder(gpuid=self.gpu, codec=codec, cudacontext=0, cudastream=stream_ptr,
+                                     usedevicememory=True, latency=latency)
         except Exception as exc:  # noqa: BLE001
             raise SourceError(self.name, f"NVDEC decoder for {self._what} failed: {_first_line(exc)}") from exc
-        return dmx, dec
 
     def run(self, stream_ptr: int, on_frame) -> None:
         """Decode every frame and call ``on_frame(index, pts, seconds, frame, fed_at)`` for each, in display

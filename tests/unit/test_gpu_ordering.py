@@ -151,7 +151,7 @@ def _fake_clip(monkeypatch, tmp_path, **nvc_options):
     _fake_nvc(monkeypatch, log, **nvc_options)
     clip = tmp_path / "clip.mp4"
     clip.write_bytes(b"x")
-    monkeypatch.setattr("engines.video.sources.probe_colorspace", lambda *a: ColorSpace("bt601", "limited"))
+    monkeypatch.setattr("engines.video.sources.probe_stream", lambda *a: (ColorSpace("bt601", "limited"), None, 0))
     return log, clip
 
 
