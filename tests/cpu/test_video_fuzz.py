@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import threading
-from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -55,23 +54,11 @@ def small_model(tmp_path_factory):
 @pytest.fixture(scope="module")
 def hevc_ts(tmp_path_factory, bikes):
     """60 frames of bikes.mp4 re-encoded as HEVC (x265, with B-frames) in MPEG-TS at 320x136."""
-    import av
+    from tests.clips import encode_clip
 
     path = tmp_path_factory.mktemp("fuzz-hevc") / "bikes_hevc.ts"
-    with av.open(str(bikes)) as src, av.open(str(path), "w", format="mpegts") as sink:
-        s = sink.add_stream("libx265", rate=25)
-        s.width, s.height, s.pix_fmt = 320, 136, "yuv420p"
-        s.options = {"x265-params": "log-level=error:keyint=30"}
-        for i, f in enumerate(src.decode(video=0)):
-            if i >= 60:
-                break
-            g = f.reformat(width=320, height=136, format="yuv420p")
-            g.pts, g.time_base = i, Fraction(1, 25)
-            for p in s.encode(g):
-                sink.mux(p)
-        for p in s.encode():
-            sink.mux(p)
-    return path
+    return encode_clip(bikes, path, "libx265", (320, 136), frames=60, fmt="mpegts",
+                       options={"x265-params": "log-level=error:keyint=30"})
 
 
 def _packet_ends(path: Path, ts: bool) -> dict[int, int]:

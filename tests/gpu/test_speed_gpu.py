@@ -8,7 +8,6 @@ way it warms up, median of 3; the ratio is computed here from the fps, not read 
 from __future__ import annotations
 
 import importlib.util
-from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -24,23 +23,10 @@ MIN_VS_DECODE = 0.85
 @pytest.fixture(scope="module")
 def bikes1080(tmp_path_factory, bikes):
     """bikes.mp4 scaled to 1920x1080 H.264 (libx264, as the benchmarks' bikes1080.mp4), 250 frames."""
-    import av
+    from tests.clips import encode_clip
 
-    out = tmp_path_factory.mktemp("speed") / "bikes1080.mp4"
-    with av.open(str(bikes)) as src, av.open(str(out), "w") as dst:
-        s = dst.add_stream("libx264", rate=25)
-        s.width, s.height, s.pix_fmt = 1920, 1080, "yuv420p"
-        s.options = {"crf": "23", "preset": "veryfast"}
-        for i, frame in enumerate(src.decode(video=0)):
-            f = frame.reformat(width=1920, height=1080, format="yuv420p")
-            # pts in 1/25 s: without the frame's time base PyAV muxed every packet at pts 0 (an H100 run: the
-            # SimpleDecoder then failed at frame 1)
-            f.pts, f.time_base = i, Fraction(1, 25)
-            for pkt in s.encode(f):
-                dst.mux(pkt)
-        for pkt in s.encode():
-            dst.mux(pkt)
-    return out
+    return encode_clip(bikes, tmp_path_factory.mktemp("speed") / "bikes1080.mp4", "libx264", (1920, 1080),
+                       options={"crf": "23", "preset": "veryfast"})
 
 
 def test_sixteen_streams_keep_085x_of_decode_only(bikes1080, lite0_onnx):
