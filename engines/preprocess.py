@@ -281,6 +281,13 @@ def preprocess_yuv(planes: YuvPlanes, spec: PreprocessSpec, colorspace: ColorSpa
         r, c = rows[:, None], cols[None, :]
         return _to_rgb(planes.y[r, c], planes.u[r >> sy, c >> sx], planes.v[r >> sy, c >> sx], coeffs, wide)
 
+    return _blend(rgb_at, (y0, y1, wy, x0, x1, wx), spec, dtype)
+
+
+def _blend(rgb_at, grid, spec: PreprocessSpec, dtype=None) -> np.ndarray:
+    """Bilinear blend of the four neighbours ``rgb_at(rows, cols)`` gives (float64 RGB, 0..255) at the sampling
+    ``grid``, then channel order, normalisation and CHW: the part the YUV and packed references share."""
+    y0, y1, wy, x0, x1, wx = grid
     wx64, wy64 = wx.astype(np.float64)[None, :, None], wy.astype(np.float64)[:, None, None]
     top = rgb_at(y0, x0) * (1 - wx64) + rgb_at(y0, x1) * wx64
     bot = rgb_at(y1, x0) * (1 - wx64) + rgb_at(y1, x1) * wx64
@@ -293,6 +300,27 @@ def preprocess_yuv(planes: YuvPlanes, spec: PreprocessSpec, colorspace: ColorSpa
     return np.ascontiguousarray(out.transpose(2, 0, 1)).astype(dtype or spec.dtype, copy=False)
 
 
+# Packed (interleaved) 8-bit pixels, as cameras, OpenCV and PyAV hand them out: where R, G and B sit in a pixel,
+# and how many bytes a pixel takes. Rows may be pitched (a row stride larger than width x pixel bytes).
+PACKED = {"RGB": (0, 1, 2, 3), "BGR": (2, 1, 0, 3), "RGBA": (0, 1, 2, 4), "BGRA": (2, 1, 0, 4)}
+
+
+def preprocess_packed(frame: np.ndarray, fmt: str, spec: PreprocessSpec, dtype=None) -> np.ndarray:
+    """One packed uint8 frame (H, W, 3 or 4) in ``fmt`` (RGB, BGR, RGBA, BGRA; any strides) -> the model input
+    (3, H, W): the numpy reference of the GPU kernel's packed variant, and the CPU path's preprocessing of pushed
+    frames. Same maths as :func:`preprocess_yuv` after its colour conversion."""
+    r_at, g_at, b_at, step = PACKED[fmt.upper()]
+    if frame.ndim != 3 or frame.shape[2] != step or frame.dtype != np.uint8:
+        raise UsageProblem(f"a {fmt} frame is an (H, W, {step}) uint8 array, got {frame.dtype} {frame.shape}")
+    grid = sampling_grid(frame.shape[0], frame.shape[1], spec)
+
+    def rgb_at(rows, cols):
+        px = frame[rows[:, None], cols[None, :]]
+        return px[:, :, [r_at, g_at, b_at]].astype(np.float64)
+
+    return _blend(rgb_at, grid, spec, dtype)
+
+
 # --------------------------------------------------------------------------------------------------------------
 # The same maths on the GPU: one CuPy kernel launch writes up to MAX_FRAMES_PER_LAUNCH frames of one source into
 # consecutive slots of the engine's input batch (blockIdx.y = frame). The frames' surfaces are passed as raw
@@ -300,8 +328,12 @@ def preprocess_yuv(planes: YuvPlanes, spec: PreprocessSpec, colorspace: ColorSpa
 
 MAX_FRAMES_PER_LAUNCH = 16
 
-_KERNEL = r"""
+_HEADER = r"""
 #include <cuda_fp16.h>
+"""
+
+# the RGB value of source pixel (r, c), 0..255: from YUV samples (NV12, P016, YUV444) ...
+_FETCH_YUV = r"""
 __device__ __forceinline__ float3 trtc_rgb(const SRC_T* __restrict__ src, int r, int c, int pitch,
         long long u_off, long long v_off, int c_pitch, int c_step, int sy, int sx, const float* __restrict__ k) {
     const float s = SCALE;
@@ -315,7 +347,23 @@ __device__ __forceinline__ float3 trtc_rgb(const SRC_T* __restrict__ src, int r,
     o.z = fminf(fmaxf(y + k[7] * cb, 0.f), 255.f);
     return o;
 }
+"""
 
+# ... or from packed 8-bit pixels (RGB, BGR, RGBA, BGRA): u_off and v_off are the byte offsets of R and B in a
+# pixel, c_step the bytes per pixel, pitch the bytes per row
+_FETCH_PACKED = r"""
+__device__ __forceinline__ float3 trtc_rgb(const SRC_T* __restrict__ src, int r, int c, int pitch,
+        long long u_off, long long v_off, int c_pitch, int c_step, int sy, int sx, const float* __restrict__ k) {
+    const SRC_T* p = src + (long long)r * pitch + (long long)c * c_step;
+    float3 o;
+    o.x = (float)p[u_off];
+    o.y = (float)p[1];
+    o.z = (float)p[v_off];
+    return o;
+}
+"""
+
+_KERNEL = r"""
 extern "C" __global__ void trtc_preprocess_NAME(SRC_PARAMS,
         const int pitch, const long long u_off, const long long v_off,
         const int c_pitch, const int c_step, const int sy, const int sx,
@@ -347,11 +395,13 @@ extern "C" __global__ void trtc_preprocess_NAME(SRC_PARAMS,
 """
 
 
-def kernel_source(name: str, wide: bool, half: bool) -> str:
-    """The CUDA source of one kernel variant (8- or 16-bit samples in, float32 or float16 out)."""
+def kernel_source(name: str, wide: bool, half: bool, packed: bool = False) -> str:
+    """The CUDA source of one kernel variant (8- or 16-bit YUV samples, or packed 8-bit RGB pixels, in; float32 or
+    float16 out)."""
     params = ", ".join(f"const unsigned long long s{i}" for i in range(MAX_FRAMES_PER_LAUNCH))
     cases = " ".join(f"case {i}: sp = s{i}; break;" for i in range(MAX_FRAMES_PER_LAUNCH))
-    return (_KERNEL.replace("SRC_PARAMS", params).replace("SRC_CASES", cases)
+    body = _HEADER + (_FETCH_PACKED if packed else _FETCH_YUV) + _KERNEL
+    return (body.replace("SRC_PARAMS", params).replace("SRC_CASES", cases)
             .replace("SRC_T", "unsigned short" if wide else "unsigned char")
             .replace("SCALE", "0.00390625f" if wide else "1.0f")
             .replace("OUT_T", "__half" if half else "float")
@@ -367,6 +417,14 @@ _LAYOUTS = {
     "YUV444_16BIT": lambda h, w: (h * w, 2 * h * w, w, 1, 0, 0),
 }
 _LAYOUTS["P010"] = _LAYOUTS["P016"]
+
+
+def _packed_layout(r: int, b: int, step: int):
+    """Packed pixels: u_off and v_off carry the byte offsets of R and B in a pixel, c_step the bytes per pixel."""
+    return lambda h, pitch: (r, b, pitch, step, 0, 0)
+
+
+_LAYOUTS.update({fmt: _packed_layout(r, b, step) for fmt, (r, _g, b, step) in PACKED.items()})
 _WIDE = ("P016", "P010", "YUV444_16BIT")
 _KERNELS: dict = {}  # variant name -> compiled RawKernel
 
@@ -424,13 +482,13 @@ class GpuPreprocessor:
         stream.synchronize()
         return out
 
-    def _kernel(self, src_dtype, out_dtype):
+    def _kernel(self, src_dtype, out_dtype, packed: bool = False):
         wide = np.dtype(src_dtype).itemsize == 2
         half = np.dtype(out_dtype) == np.float16
-        name = ("u16" if wide else "u8") + ("_f16" if half else "_f32")
+        name = ("rgb8" if packed else "u16" if wide else "u8") + ("_f16" if half else "_f32")
 
         def make():
-            kernel = self.cp.RawKernel(kernel_source(name, wide, half), f"trtc_preprocess_{name}")
+            kernel = self.cp.RawKernel(kernel_source(name, wide, half, packed), f"trtc_preprocess_{name}")
             kernel.compile()
             return kernel
 
@@ -469,14 +527,17 @@ class GpuPreprocessor:
 
     def _make_plan(self, fmt, shape, src_dtype, height, width, colorspace, out_dtype) -> LaunchPlan:
         if fmt not in _LAYOUTS:
-            raise UsageProblem(f"the GPU preprocessor does not read {fmt} surfaces", "NV12, P016 or YUV444")
+            raise UsageProblem(f"the GPU preprocessor does not read {fmt} surfaces",
+                               "NV12, P016, YUV444, RGB, BGR, RGBA or BGRA")
         if len(shape) != 2:
-            raise UsageProblem(f"expected a packed 2-D surface, got shape {shape}")
-        pitch = shape[1]  # NVDEC surfaces are tightly packed (pitch = width rounded up to even)
+            raise UsageProblem(f"expected a 2-D surface (rows, pitch), got shape {shape}")
+        # samples per row: NVDEC surfaces are tightly packed (width rounded up to even); a pushed frame gives its
+        # row stride (packed pixels: bytes per row)
+        pitch = shape[1]
         u_off, v_off, c_pitch, c_step, sy, sx = _LAYOUTS[fmt](height, pitch)
         out_h, out_w = self.spec.size
         n = out_h * out_w
-        kernel = self._kernel(src_dtype, out_dtype)
+        kernel = self._kernel(src_dtype, out_dtype, packed=fmt in PACKED)
         y0, y1, wy, x0, x1, wx = self._grid(height, width)
         mid = (np.int32(pitch), np.int64(u_off), np.int64(v_off), np.int32(c_pitch), np.int32(c_step),
                np.int32(sy), np.int32(sx), y0, y1, wy, x0, x1, wx, self._coefficients(colorspace))

@@ -1,0 +1,157 @@
+"""Preprocessing of pushed frames (packed RGB/BGR/RGBA/BGRA, pitched NV12), checked on the CPU:
+
+- the numpy reference for packed pixels (:func:`engines.preprocess.preprocess_packed`) against an independent
+  implementation: torch's bilinear interpolate, then a crop, on real photos (as tests/unit/test_preprocess.py does
+  for :func:`preprocess_rgb`), atol 2e-5 in model-input units;
+- the GPU kernel's own CUDA source (``kernel_source``, the float32 variants), compiled here by g++ with a few
+  macros standing in for CUDA's and run over its whole grid, against the numpy references: packed RGB and BGRA
+  with a pitched row stride, and NV12 with a pitched row stride, several frames in one launch. This checks the
+  kernel's index arithmetic (pitch, pixel step, channel offsets, chroma offsets) without a GPU; the GPU tests run
+  the same source on the device.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from engines.errors import UsageProblem
+from engines.preprocess import (MAX_FRAMES_PER_LAUNCH, PACKED, ColorSpace, PreprocessSpec, _LAYOUTS, kernel_source,
+                                load_rgb, planes_from_surface, preprocess_packed, preprocess_rgb, preprocess_yuv,
+                                sampling_grid)
+from tests.conftest import HAS_EXPORT
+
+from tests.unit.test_preprocess import _torch_reference
+
+SPECS = [PreprocessSpec(), PreprocessSpec(size=(192, 256), resize=None, color="BGR"),
+         PreprocessSpec(size=(600, 600), resize=650)]
+
+
+def _as(rgb: np.ndarray, fmt: str, pad: int = 0) -> np.ndarray:
+    """``rgb`` (H, W, 3) laid out as ``fmt``, as a view into a buffer whose rows are ``pad`` bytes longer."""
+    r, g, b, step = PACKED[fmt]
+    h, w = rgb.shape[:2]
+    buf = np.full((h, w * step + pad), 77, np.uint8)  # the pad and alpha hold junk the kernel must not read
+    px = buf[:, :w * step].reshape(h, w, step)
+    px[..., r], px[..., g], px[..., b] = rgb[..., 0], rgb[..., 1], rgb[..., 2]
+    return px
+
+
+@pytest.mark.skipif(not HAS_EXPORT, reason="needs torch for the independent reference")
+@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("fmt", ["RGB", "BGR", "BGRA"])
+def test_packed_reference_matches_torch(photos, spec, fmt):
+    for path in photos:
+        rgb = load_rgb(path)
+        frame = _as(rgb, fmt, pad=40)  # pitched: strides (W*step+40, step, 1)
+        ours = preprocess_packed(frame, fmt, spec)
+        assert ours.shape == (3, *spec.size) and ours.dtype == np.float32
+        np.testing.assert_allclose(ours, _torch_reference(rgb, spec), atol=2e-5, rtol=0)
+        np.testing.assert_allclose(ours, preprocess_rgb(rgb, spec), atol=2e-5, rtol=0)
+
+
+def test_packed_reference_refuses_the_wrong_shape():
+    with pytest.raises(UsageProblem, match=r"an \(H, W, 4\) uint8 array"):
+        preprocess_packed(np.zeros((8, 8, 3), np.uint8), "BGRA", PreprocessSpec(size=(4, 4), resize=None))
+    with pytest.raises(UsageProblem, match="uint8"):
+        preprocess_packed(np.zeros((8, 8, 3), np.float32), "RGB", PreprocessSpec(size=(4, 4), resize=None))
+
+
+# ------------------------------------------------------------------------------------ the kernel, run on the CPU
+_PRELUDE = r"""
+#include <math.h>
+#include <stdint.h>
+struct float3 { float x, y, z; };
+struct uint3_ { unsigned x, y, z; };
+static uint3_ blockIdx, threadIdx, blockDim;
+#define __device__
+#define __forceinline__ inline
+#define __global__
+#define __restrict__
+"""
+
+_DRIVER = r"""
+extern "C" void run_grid(int gx, int m, const unsigned long long* s, int pitch, long long u_off, long long v_off,
+        int c_pitch, int c_step, int sy, int sx, const int* y0, const int* y1, const float* wy, const int* x0,
+        const int* x1, const float* wx, const float* k, float* out, int out_h, int out_w, int bgr) {
+    blockDim.x = 256;
+    for (unsigned by = 0; by < (unsigned)m; by++) for (unsigned bx = 0; bx < (unsigned)gx; bx++)
+        for (unsigned t = 0; t < 256; t++) {
+            blockIdx.x = bx; blockIdx.y = by; threadIdx.x = t;
+            trtc_preprocess_NAME(s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], s[9], s[10], s[11], s[12],
+                s[13], s[14], s[15], pitch, u_off, v_off, c_pitch, c_step, sy, sx, y0, y1, wy, x0, x1, wx, k, out,
+                out_h, out_w, bgr);
+        }
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def host_kernels(tmp_path_factory):
+    """{packed: run_grid} compiled from the kernel's CUDA source (float32 output, 8-bit samples)."""
+    if not shutil.which("g++"):
+        pytest.skip("needs g++ to run the kernel's source on the CPU")
+    assert MAX_FRAMES_PER_LAUNCH == 16  # the driver passes s[0..15]
+    out = {}
+    for packed in (False, True):
+        name = "rgb8_f32" if packed else "u8_f32"
+        src = kernel_source(name, wide=False, half=False, packed=packed).replace("#include <cuda_fp16.h>", "")
+        folder = tmp_path_factory.mktemp(name)
+        (folder / "k.cpp").write_text(_PRELUDE + src + _DRIVER.replace("NAME", name))
+        subprocess.run(["g++", "-O1", "-shared", "-fPIC", "-o", str(folder / "k.so"), str(folder / "k.cpp")],
+                       check=True)
+        out[packed] = ctypes.CDLL(str(folder / "k.so")).run_grid
+    return out
+
+
+def _run_kernel(fn, frames, fmt, height, width, spec, colorspace=ColorSpace()):
+    """What GpuPreprocessor.launch passes, with host pointers: ``frames`` are 2-D views (rows, pitch) of uint8."""
+    p = ctypes.c_void_p
+    pitch = frames[0].strides[0]
+    u_off, v_off, c_pitch, c_step, sy, sx = _LAYOUTS[fmt](height, pitch)
+    y0, y1, wy, x0, x1, wx = sampling_grid(height, width, spec)
+    grid = [np.ascontiguousarray(a, t) for a, t in ((y0, np.int32), (y1, np.int32), (wy, np.float32),
+                                                     (x0, np.int32), (x1, np.int32), (wx, np.float32))]
+    std, mean = np.asarray(spec.std), np.asarray(spec.mean)
+    k = np.concatenate([colorspace.coefficients(), 1.0 / (255.0 * std), -mean / std]).astype(np.float32)
+    out_h, out_w = spec.size
+    out = np.full((len(frames), 3, out_h, out_w), np.nan, np.float32)
+    ptrs = np.zeros(16, np.uint64)
+    ptrs[:len(frames)] = [f.__array_interface__["data"][0] for f in frames]
+    fn(ctypes.c_int((out_h * out_w + 255) // 256), ctypes.c_int(len(frames)), p(ptrs.ctypes.data),
+       ctypes.c_int(pitch), ctypes.c_longlong(u_off), ctypes.c_longlong(v_off), ctypes.c_int(c_pitch),
+       ctypes.c_int(c_step), ctypes.c_int(sy), ctypes.c_int(sx), *[p(a.ctypes.data) for a in grid],
+       p(k.ctypes.data), p(out.ctypes.data), ctypes.c_int(out_h), ctypes.c_int(out_w),
+       ctypes.c_int(spec.color == "BGR"))
+    return out
+
+
+@pytest.mark.parametrize("spec", SPECS[:2])
+@pytest.mark.parametrize("fmt", ["RGB", "BGR", "RGBA", "BGRA"])
+def test_kernel_source_reads_pitched_packed_pixels(host_kernels, photos, spec, fmt):
+    images = [load_rgb(path) for path in photos[:3]]
+    h, w = min(i.shape[0] for i in images), min(i.shape[1] for i in images)  # one launch: one size
+    frames = [_as(np.ascontiguousarray(i[:h, :w]), fmt, pad=24) for i in images]
+    flat = [np.lib.stride_tricks.as_strided(f, (h, f.strides[0]), (f.strides[0], 1)) for f in frames]
+    got = _run_kernel(host_kernels[True], flat, fmt, h, w, spec)
+    for g, f in zip(got, frames, strict=True):
+        np.testing.assert_allclose(g, preprocess_packed(f, fmt, spec), atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("cs", [ColorSpace("bt709", "limited"), ColorSpace("bt601", "full")])
+def test_kernel_source_reads_pitched_nv12(host_kernels, cs):
+    rng = np.random.default_rng(3)
+    h, w, pitch = 90, 160, 192  # a row stride past the width, as CUDA's pitched allocations have
+    spec = PreprocessSpec(size=(48, 64), resize=None)
+    frames, refs = [], []
+    for _ in range(5):
+        buf = rng.integers(0, 256, (h * 3 // 2, pitch), dtype=np.uint8)
+        frames.append(buf)
+        refs.append(preprocess_yuv(planes_from_surface(buf[:, :w], "NV12", h, w), spec, cs))
+    got = _run_kernel(host_kernels[False], frames, "NV12", h, w, spec, cs)
+    for g, r in zip(got, refs, strict=True):
+        np.testing.assert_allclose(g, r, atol=5e-5, rtol=0)
