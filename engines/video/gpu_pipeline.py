@@ -11,6 +11,9 @@
     collect_stage (the caller's thread)
         waits for a batch's top-k, copies (batch, k) indices and scores to the host, yields Predictions
 
+The stages after the decoders (slots, the kernel's write, inference, collection) are :class:`GpuBatches`, which
+:class:`engines.video.push.FramePusher` shares for frames an app pushes.
+
 Files are decoded by PyNvVideoCodec's SimpleDecoder (Python once per batch of up to 8 frames; its ThreadedDecoder
 crashed the process, see :meth:`~engines.video.sources.NvdecSource.run_batches`); live-paced sources, low-latency
 decoding and URLs use the packet loop (Python once per packet). The per-frame Python work of the first design (a
@@ -55,26 +58,28 @@ def _gpu_count(cp) -> int:
         return 0
 
 
-class GpuPipeline:
-    def __init__(self, srcs, engine, spec, batch, stride, topk, labels, buffers, max_wait_ms, stats, problems,
-                 input_shape, report_problem, make_prediction, done: dict | None = None, policy: str = "drop-oldest",
-                 event_log: list | None = None, yield_events: bool = False):
+class GpuBatches:
+    """Batches on the GPU, whoever writes the frames: rotating input buffers handed out by a
+    :class:`SlotAssembler`, the preprocessing kernel writing runs of slots on the writer's stream (:meth:`write`),
+    one inference thread (:meth:`infer_stage`) and the results to the host (:meth:`collect_stage`).
+    :class:`GpuPipeline` feeds it from NVDEC; :class:`engines.video.push.FramePusher` from frames an app pushes.
+
+    ``policy``: "block" (a writer waits for a free slot) or "drop-oldest" (a frame that finds no free slot, or a
+    full batch already waiting for inference, is dropped on arrival and counted in ``dropped``)."""
+
+    def __init__(self, engine, spec, batch, topk, buffers, max_wait_ms, stats, input_shape, make_prediction,
+                 policy: str = "drop-oldest", event_log: list | None = None, yield_events: bool = False):
         from .._deps import require
 
         self.cp = require("cupy", "The GPU video pipeline")
-        require("PyNvVideoCodec", "Decoding video on the GPU")
-        self.srcs, self.engine, self.spec, self.batch = srcs, engine, spec, batch
-        self.stride, self.topk, self.labels = stride, topk, labels
+        self.engine, self.spec, self.batch, self.topk = engine, spec, batch, topk
         self.n_buffers, self.max_wait = buffers, max_wait_ms / 1000.0
-        self.stats, self.problems = stats, problems
-        self.input_shape, self.report_problem, self.make_prediction = input_shape, report_problem, make_prediction
-        self.done = done or {}  # {source: last frame already classified} (a resumed run): decoded, not classified
+        self.stats, self.input_shape, self.make_prediction = stats, input_shape, make_prediction
         self.lock = threading.Lock()
-        self.counts = {s.name: 0 for s in srcs}
+        self.counts: dict = {}  # frames classified per source
         self.stop = threading.Event()
-        # live sources: frames that find no free input slot are dropped unless the policy is "block"
         self.policy = policy
-        self.dropped = {s.name: 0 for s in srcs}
+        self.dropped: dict = {}  # frames dropped under drop-oldest, per source
         self.events: deque = deque()  # SourceEvents from the decoder threads, for the caller's thread
         self.event_log = event_log if event_log is not None else []
         self.yield_events = yield_events
@@ -82,63 +87,34 @@ class GpuPipeline:
         if self.device_id >= _gpu_count(self.cp):
             raise UsageProblem(f"no NVIDIA GPU {self.device_id} found", "use --device cpu")
 
-    def run(self):
-        with self.cp.cuda.Device(self.device_id):
-            yield from self._run()
-
-    # ----------------------------------------------------------------------------------------------- stages
-    def decode_stage(self, src, pre: GpuPreprocessor, asm: SlotAssembler, out_dtype) -> None:
-        """One source: decode, preprocess into reserved slots, record events. Runs in its own thread, on the
-        engine's GPU (CuPy's current device is per thread: without this a stream for GPU 1 was made on GPU 0)."""
-        with self.cp.cuda.Device(self.device_id):
-            self._decode_stage(src, pre, asm, out_dtype)
-
-    def _decode_stage(self, src, pre: GpuPreprocessor, asm: SlotAssembler, out_dtype) -> None:
-        """Take a kept decoder (files) or make a stream, decode with the SimpleDecoder (files) or the packet loop,
-        and always: finish the stream's work, give a cleanly ended decoder back, release the source's share."""
-        cp = self.cp
-        src.stop = self.stop
-        src.on_event = self.events.append
-        writer = _SourceWriter(self, src, pre, asm, out_dtype)
-        stream = fmt = reused = kept = None
-        try:
-            if src.batched:  # a decoder kept from an earlier source of this format comes with its own stream
-                fmt = src.probe()
-                stream, reused = DECODERS.take(self.device_id, fmt)
-            # normal priority and one stream for the decoder's copies and our kernel: a higher priority, a separate
-            # decoder stream and a larger decoder ring were measured on the H200 and changed nothing (BENCHMARKS.md)
-            stream = writer.stream = stream or cp.cuda.Stream(non_blocking=True)
-            with stream:
-                if src.batched:
-                    try:
-                        kept = src.run_batches(stream.ptr, DECODE_BATCH, writer.on_frames, decoder=reused)
-                        return
-                    except BatchUnavailable as exc:
-                        log.info("%s; decoding it packet by packet", exc)
-                src.run(stream.ptr, writer.on_frame)
-        except Stopped:
-            return
-        except SourceError as exc:
-            if not self.stop.is_set():
-                self.report_problem(src.name, str(exc), self.counts[src.name])
-        except Exception as exc:  # noqa: BLE001 - report, keep the other sources going
-            self.report_problem(src.name, f"{src.name}: {type(exc).__name__}: {exc}", self.counts[src.name])
-        finally:
-            if stream is not None:
-                stream.synchronize()
-            if kept is not None:  # decoded to the end without an error: the next source of its format takes it
-                DECODERS.give(self.device_id, fmt, stream, kept)
-            asm.source_done()  # whatever happened: the run must not wait for this source forever
-            self._add_decode_time(writer.clock, reused is not None)
-
-    def _add_decode_time(self, clock: dict, reused: bool) -> None:
-        """Where a decoder thread's time went, summed over sources in ``stats.decode_stage``."""
-        with self.lock:
-            st = self.stats.decode_stage
-            for k, name in (("decoder", "waiting_for_decoder_s"), ("slots", "waiting_for_slots_s"),
-                            ("launch", "preprocess_call_s")):
-                st[name] = st.get(name, 0.0) + clock[k]
-            st["decoders_reused"] = st.get("decoders_reused", 0) + int(reused)
+    def write(self, asm: SlotAssembler, pre: GpuPreprocessor, plan, ptrs, metas, stream, wait: bool, on_error,
+              clock: dict | None = None) -> int:
+        """Enqueue the preprocessing of the frames at device addresses ``ptrs`` into the next free slots, ONE
+        kernel per run of consecutive slots, on ``stream`` after it waits (on the GPU) for each buffer's "free"
+        event. ``wait=False``: frames that find no slot are dropped, not waited for; returns how many. A launch
+        that fails calls ``on_error(frames, exc)``, and its slots are marked lost."""
+        pos = 0
+        while pos < len(ptrs):
+            t0 = time.perf_counter()
+            got = asm.reserve(metas[pos:pos + MAX_FRAMES_PER_LAUNCH], wait=wait)
+            if got is None:
+                return len(ptrs) - pos
+            buf, start, m = got
+            if clock is not None:
+                clock["slots"] += time.perf_counter() - t0
+            ev = None
+            try:
+                stream.wait_event(buf.free)  # inference has read this buffer's previous batch (GPU-side wait)
+                pre.launch(plan, ptrs[pos:pos + m], buf.data.data.ptr + start * buf.slot_bytes, stream)
+                ev = buf.event_for(stream.ptr)
+                ev.record(stream)
+            except Exception as exc:  # noqa: BLE001 - the run's frames are lost, the writer goes on
+                on_error(m, exc)
+                ev = None
+            finally:
+                asm.commit(buf, start, m, stream.ptr, ev)
+            pos += m
+        return 0
 
     def infer_stage(self, asm: SlotAssembler, infer_stream, results: queue.Queue, errors: list) -> None:
         """Full (or timed-out) buffers -> engine -> top-k on the GPU. Runs in one thread, on the engine's GPU."""
@@ -211,22 +187,17 @@ class GpuPipeline:
             for m, i_row, s_row in zip(meta, idx_h.tolist(), sc_h.tolist(), strict=True):
                 if m is None:  # lost in preprocessing (reported by decode_stage)
                     continue
-                name, index, pts, t, fed_at, out_at, received = m
-                self.counts[name] += 1
+                name, index, pts, t, fed_at, out_at, received = m[:7]  # pushed frames add the frame's owner
+                self.counts[name] = self.counts.get(name, 0) + 1
                 self.stats.frames += 1
                 latency = decode = None
                 if fed_at is not None:
-                    latency, decode = (now - fed_at) * 1000.0, (out_at - fed_at) * 1000.0
+                    latency = (now - fed_at) * 1000.0
+                    decode = (out_at - fed_at) * 1000.0 if out_at is not None else None
                 yield self.make_prediction(name, index, pts, t, i_row, s_row, latency, decode, received)
             self.stats.seconds = time.perf_counter() - start
         if errors:
             raise errors[0]
-
-    # ------------------------------------------------------------------------------------------------- wiring
-    @staticmethod
-    def _seconds(src, index: int):
-        fps = src.info.fps if src.info is not None else None
-        return index / fps if fps else None
 
     def _warm_up(self, data, stream) -> None:
         """Run the batch once before the clock starts, unless the engine's last pipeline ran this batch size too.
@@ -246,41 +217,139 @@ class GpuPipeline:
             pass
         log.info("warmed up batch %d in %.2f s", self.batch, time.perf_counter() - t0)
 
-    def _run(self):
+    def open(self, sources: int) -> None:
+        """Make the preprocessor, the rotating input buffers and their assembler (expecting ``sources`` writers
+        to call ``asm.source_done()`` when they finish), the inference stream; warm the engine up; start the
+        clock. Call on the engine's GPU."""
         cp = self.cp
         h, w = self.input_shape
-        dtype = self.engine.inputs[0].numpy_dtype
+        self.dtype = dtype = self.engine.inputs[0].numpy_dtype
         if dtype not in (np.float32, np.float16):
             raise UsageProblem(f"the model input is {dtype}; the GPU preprocessor writes float32 or float16")
-        pre = GpuPreprocessor(self.spec)
+        self.pre = GpuPreprocessor(self.spec)
         bufs = [InputBuffer(cp, (3, h, w), dtype, self.batch) for _ in range(self.n_buffers)]
-        asm = SlotAssembler(bufs, self.batch)
-        asm.sources_live = len(self.srcs)
-        results: queue.Queue = queue.Queue(maxsize=self.n_buffers)
-        infer_stream = getattr(self.engine, "stream", None) or cp.cuda.Stream(non_blocking=True)
-        errors: list = []
-        self._warm_up(bufs[0].data, infer_stream)
-        start = time.perf_counter()
-        threads = [threading.Thread(target=self.decode_stage, args=(s, pre, asm, dtype), daemon=True,
+        self.asm = SlotAssembler(bufs, self.batch)
+        self.asm.sources_live = sources
+        self.results: queue.Queue = queue.Queue(maxsize=self.n_buffers)
+        self.infer_stream = getattr(self.engine, "stream", None) or cp.cuda.Stream(non_blocking=True)
+        self.errors: list = []
+        self._warm_up(bufs[0].data, self.infer_stream)
+        self.start = time.perf_counter()
+
+    def start_inference(self) -> threading.Thread:
+        t = threading.Thread(target=self.infer_stage, args=(self.asm, self.infer_stream, self.results, self.errors),
+                             daemon=True, name="trtc-infer")
+        t.start()
+        return t
+
+    def shutdown(self, threads) -> None:
+        """Stop every stage (frames not yet run are left), wait for the threads, settle the counts."""
+        self.stop.set()
+        self.asm.halt()
+        while True:  # let a blocked inference thread finish
+            try:
+                self.results.get_nowait()
+            except queue.Empty:
+                break
+        for t in threads:
+            t.join(timeout=10)
+        self.stats.seconds = time.perf_counter() - self.start
+        self.stats.per_source = dict(self.counts)
+
+
+class GpuPipeline(GpuBatches):
+    """:class:`GpuBatches` fed by a decoder thread per source (:meth:`decode_stage`)."""
+
+    def __init__(self, srcs, engine, spec, batch, stride, topk, labels, buffers, max_wait_ms, stats, problems,
+                 input_shape, report_problem, make_prediction, done: dict | None = None, policy: str = "drop-oldest",
+                 event_log: list | None = None, yield_events: bool = False):
+        from .._deps import require
+
+        super().__init__(engine, spec, batch, topk, buffers, max_wait_ms, stats, input_shape, make_prediction,
+                         policy, event_log, yield_events)
+        require("PyNvVideoCodec", "Decoding video on the GPU")
+        self.srcs, self.stride, self.labels = srcs, stride, labels
+        self.problems, self.report_problem = problems, report_problem
+        self.done = done or {}  # {source: last frame already classified} (a resumed run): decoded, not classified
+        self.counts = {s.name: 0 for s in srcs}
+        # live sources: frames that find no free input slot are dropped unless the policy is "block"
+        self.dropped = {s.name: 0 for s in srcs}
+
+    def run(self):
+        with self.cp.cuda.Device(self.device_id):
+            yield from self._run()
+
+    # ----------------------------------------------------------------------------------------------- stages
+    def decode_stage(self, src, pre: GpuPreprocessor, asm: SlotAssembler, out_dtype) -> None:
+        """One source: decode, preprocess into reserved slots, record events. Runs in its own thread, on the
+        engine's GPU (CuPy's current device is per thread: without this a stream for GPU 1 was made on GPU 0)."""
+        with self.cp.cuda.Device(self.device_id):
+            self._decode_stage(src, pre, asm, out_dtype)
+
+    def _decode_stage(self, src, pre: GpuPreprocessor, asm: SlotAssembler, out_dtype) -> None:
+        """Take a kept decoder (files) or make a stream, decode with the SimpleDecoder (files) or the packet loop,
+        and always: finish the stream's work, give a cleanly ended decoder back, release the source's share."""
+        cp = self.cp
+        src.stop = self.stop
+        src.on_event = self.events.append
+        writer = _SourceWriter(self, src, pre, asm, out_dtype)
+        stream = fmt = reused = kept = None
+        try:
+            if src.batched:  # a decoder kept from an earlier source of this format comes with its own stream
+                fmt = src.probe()
+                stream, reused = DECODERS.take(self.device_id, fmt)
+            # normal priority and one stream for the decoder's copies and our kernel: a higher priority, a separate
+            # decoder stream and a larger decoder ring were measured on the H200 and changed nothing (BENCHMARKS.md)
+            stream = writer.stream = stream or cp.cuda.Stream(non_blocking=True)
+            with stream:
+                if src.batched:
+                    try:
+                        kept = src.run_batches(stream.ptr, DECODE_BATCH, writer.on_frames, decoder=reused)
+                        return
+                    except BatchUnavailable as exc:
+                        log.info("%s; decoding it packet by packet", exc)
+                src.run(stream.ptr, writer.on_frame)
+        except Stopped:
+            return
+        except SourceError as exc:
+            if not self.stop.is_set():
+                self.report_problem(src.name, str(exc), self.counts[src.name])
+        except Exception as exc:  # noqa: BLE001 - report, keep the other sources going
+            self.report_problem(src.name, f"{src.name}: {type(exc).__name__}: {exc}", self.counts[src.name])
+        finally:
+            if stream is not None:
+                stream.synchronize()
+            if kept is not None:  # decoded to the end without an error: the next source of its format takes it
+                DECODERS.give(self.device_id, fmt, stream, kept)
+            asm.source_done()  # whatever happened: the run must not wait for this source forever
+            self._add_decode_time(writer.clock, reused is not None)
+
+    def _add_decode_time(self, clock: dict, reused: bool) -> None:
+        """Where a decoder thread's time went, summed over sources in ``stats.decode_stage``."""
+        with self.lock:
+            st = self.stats.decode_stage
+            for k, name in (("decoder", "waiting_for_decoder_s"), ("slots", "waiting_for_slots_s"),
+                            ("launch", "preprocess_call_s")):
+                st[name] = st.get(name, 0.0) + clock[k]
+            st["decoders_reused"] = st.get("decoders_reused", 0) + int(reused)
+
+    # ------------------------------------------------------------------------------------------------- wiring
+    @staticmethod
+    def _seconds(src, index: int):
+        fps = src.info.fps if src.info is not None else None
+        return index / fps if fps else None
+
+    def _run(self):
+        self.open(sources=len(self.srcs))
+        threads = [threading.Thread(target=self.decode_stage, args=(s, self.pre, self.asm, self.dtype), daemon=True,
                                     name=f"trtc-nvdec-{i}") for i, s in enumerate(self.srcs)]
-        threads.append(threading.Thread(target=self.infer_stage, args=(asm, infer_stream, results, errors),
-                                        daemon=True, name="trtc-infer"))
         for t in threads:
             t.start()
+        threads.append(self.start_inference())
         try:
-            yield from self.collect_stage(results, errors, start)
+            yield from self.collect_stage(self.results, self.errors, self.start)
         finally:
-            self.stop.set()
-            asm.halt()
-            while True:  # let a blocked inference thread finish
-                try:
-                    results.get_nowait()
-                except queue.Empty:
-                    break
-            for t in threads:
-                t.join(timeout=10)
-            self.stats.seconds = time.perf_counter() - start
-            self.stats.per_source = dict(self.counts)
+            self.shutdown(threads)
             self.event_log.extend(self.events)
             self.events.clear()
             for src in self.srcs:
@@ -303,29 +372,14 @@ class _SourceWriter:
     def write(self, ptrs, metas, plan) -> None:
         """Enqueue the preprocessing of these surfaces into the next free slots, as few runs as possible. A live
         source under drop-oldest never waits for a slot: a frame that finds none is dropped (counted)."""
-        pipe, src, asm, stream = self.pipe, self.src, self.asm, self.stream
-        pos = 0
-        while pos < len(ptrs):
-            t0 = time.perf_counter()
-            got = asm.reserve(metas[pos:pos + MAX_FRAMES_PER_LAUNCH], wait=not self.drop)
-            if got is None:
-                pipe.dropped[src.name] += len(ptrs) - pos
-                return
-            buf, start, m = got
-            self.clock["slots"] += time.perf_counter() - t0
-            ev = None
-            try:
-                stream.wait_event(buf.free)  # inference has read this buffer's previous batch (GPU-side wait)
-                self.pre.launch(plan, ptrs[pos:pos + m], buf.data.data.ptr + start * buf.slot_bytes, stream)
-                ev = buf.event_for(stream.ptr)
-                ev.record(stream)
-            except Exception as exc:  # noqa: BLE001 - the run's frames are lost, the source goes on
-                pipe.report_problem(src.name, f"{src.name}: {m} frame(s) lost: preprocessing failed: "
-                                              f"{type(exc).__name__}: {exc}", pipe.counts[src.name])
-                ev = None
-            finally:
-                asm.commit(buf, start, m, stream.ptr, ev)
-            pos += m
+        pipe, src = self.pipe, self.src
+
+        def lost(m, exc):
+            pipe.report_problem(src.name, f"{src.name}: {m} frame(s) lost: preprocessing failed: "
+                                          f"{type(exc).__name__}: {exc}", pipe.counts[src.name])
+
+        pipe.dropped[src.name] += pipe.write(self.asm, self.pre, plan, ptrs, metas, self.stream, not self.drop, lost,
+                                             self.clock)
 
     def plan_of(self, frame):
         fmt = surface_format(frame)
