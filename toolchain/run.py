@@ -20,6 +20,7 @@ from pathlib import Path
 from engines import VIDEO_SUFFIXES
 from engines.errors import TrtcError
 from engines.video import default_device
+from engines.video.results import ResultBlock, json_line
 from engines.video.workers import WorkerPool, parse_devices
 
 from ._ui import Reporter
@@ -51,6 +52,9 @@ class RunSummary:
     events: int = 0  # live sources' event records (disconnected, reconnected, gave_up) written with the lines
     signal: str | None = None  # "SIGTERM" when a stop signal (not Ctrl-C) ended the run
     live: list = field(default_factory=list)  # the sources read as live (they cannot be resumed)
+    # seconds from the start of run_video: engine(s), workers or actors ready ("ready_s"), first and last prediction
+    # written; "started_at": that start, Unix seconds. Start-up is outside "seconds" (the frames/s span)
+    timing: dict = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -187,6 +191,7 @@ def run_video(sources, model, *, device: str = "auto", batch: int | None = None,
     (``{"event": "disconnected", ...}``) among the predictions, and they cannot be resumed.
     """
     reporter = reporter or Reporter()
+    started_at = time.time()
     sources, out_path, live_sources = _check_request(sources, model, device, output, resume, live, ray)
     prior = _prior_output(out_path, model, sources, stride, top_k, force, resume, ray, reporter)
     options = dict(batch=batch, top_k=top_k, stride=stride, decoder=decoder, colorspace=colorspace, scores=scores,
@@ -195,7 +200,8 @@ def run_video(sources, model, *, device: str = "auto", batch: int | None = None,
     _say_what_is_assumed(model)
     finished: list = []  # --ray: (source, ok) of the sources that ended, in order
     run, closer, device, ray_info = _start(model, device, ray, ray_actors, ray_streams, sources, prior.complete,
-                                           options, finished, reporter)
+                                           options, finished, reporter, with_latency)
+    ready_at = time.time()
     try:
         lines = _Lines(out_path, prior, stream, with_latency)
         interrupted = _write_lines(run, lines, reporter, sources, device, ray, prior.complete, finished)
@@ -204,7 +210,9 @@ def run_video(sources, model, *, device: str = "auto", batch: int | None = None,
 
             whole = sorted(prior.complete | {s for s, ok in finished if ok})
             atomic_write_text(done_file(lines.out_path), "".join(f"{s}\n" for s in whole))
-        return _summary(model, device, sources, run, lines, prior, interrupted, ray_info, live_sources)
+        summary = _summary(model, device, sources, run, lines, prior, interrupted, ray_info, live_sources)
+        summary.timing = _timing(started_at, ready_at, lines)
+        return summary
     finally:
         closer()
 
@@ -271,21 +279,40 @@ def _prior_output(out_path, model, sources, stride, top_k, force, resume, ray, r
     return prior
 
 
-def _start(model, device, ray, ray_actors, ray_streams, sources, complete, options, finished, reporter):
+def _start(model, device, ray, ray_actors, ray_streams, sources, complete, options, finished, reporter,
+           with_latency=False):
     """(run, closer, device text, ray info): on Ray, in a worker process per device, or in this process."""
     if ray is not None:
         return _ray_run(model, ray, device, ray_actors, ray_streams, sources, complete, options, finished, reporter)
     devices = parse_devices(device) if ("," in device or device.endswith(":all")) else [pick_device(device)]
     if len(devices) > 1:  # one worker process (engine + pipeline) per device, sources shared out between them
         check_devices_can_run(model, devices)
-        with reporter.phase(f"starting {len(devices)} workers ({', '.join(devices)})"):
-            pool = WorkerPool(model, devices=devices)
-        return pool.classify(sources, events=True, **options), pool.close, ",".join(devices), {}
+        return _pool_run(model, devices, sources, options, with_latency, reporter)
     import engines
     from engines.video import classify
 
     engine = engines.open_engine(model, device=devices[0])
     return classify(sources, engine, events=True, **options), engine.close, ",".join(devices), {}
+
+
+def _pool_run(model, devices, sources, options, with_latency, reporter):
+    """A worker per device; the sources' containers are read (to share them out by the decoding they hold) while
+    the workers start, and the workers format the JSON lines (the parent writes a block of them at a time)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from engines.video.workers import source_weights
+
+    with ThreadPoolExecutor(1) as probe:
+        weights = probe.submit(source_weights, sources, bool(options.get("live")))
+        with reporter.phase(f"starting {len(devices)} workers ({', '.join(devices)})"):
+            pool = WorkerPool(model, devices=devices)
+        try:
+            run = pool.classify(sources, events=True, lines="latency" if with_latency else "plain",
+                                weights=weights.result(), **options)
+        except BaseException:
+            pool.close()
+            raise
+    return run, pool.close, ",".join(devices), {}
 
 
 class _Lines:
@@ -300,6 +327,7 @@ class _Lines:
         self.last = dict(prior.done)  # source -> last frame in the output
         self.latencies: list = []
         self.synced = 0.0
+        self.first_at = self.last_at = None  # wall-clock times of the first and the last prediction written
         if out_path is None:
             self.sink = stream or sys.stdout
             return
@@ -316,8 +344,7 @@ class _Lines:
     def write(self, item) -> bool:
         """One prediction or event as a whole line; True for a prediction."""
         frame = hasattr(item, "frame")
-        d = item.to_dict(latency=self.with_latency) if frame else item.to_dict()
-        line = json.dumps(d, allow_nan=False) + "\n"
+        line = getattr(item, "line", None) or json_line(item, self.with_latency)  # a worker may have formatted it
         self.sink.write(line.encode() if self.tmp is not None else line)  # one whole line per call
         self.written += 1
         if not frame:  # a live source's event: a line of its own among the predictions
@@ -326,12 +353,32 @@ class _Lines:
         self.last[item.source] = item.frame
         if item.latency_ms is not None:
             self.latencies.append(item.latency_ms)
+        self._written_one()
+        return True
+
+    def write_block(self, block) -> int:
+        """A worker's block of predictions (:class:`engines.video.results.ResultBlock`, its lines formatted there)
+        with one write of whole lines; returns how many."""
+        text = "".join(block.lines if block.lines is not None else
+                       (json_line(p, self.with_latency) for p in block.predictions()))
+        self.sink.write(text.encode() if self.tmp is not None else text)
+        self.written += len(block)
+        for source, (_n, last) in block.per_source().items():
+            self.last[source] = last
+        if self.with_latency:
+            self.latencies += [x for x in block.latency if x is not None]
+        self._written_one()
+        return len(block)
+
+    def _written_one(self) -> None:
+        """After predictions were written: their times, and complete lines on disk at least once a second."""
         now = time.perf_counter()
+        self.first_at = self.first_at or time.time()
+        self.last_at = time.time()
         if self.tmp is not None and now - self.synced > 1.0:  # complete lines on disk in the temporary file
             self.sink.flush()
             os.fsync(self.sink.fileno())
             self.synced = now
-        return True
 
     def close(self) -> None:
         if self.tmp is None:
@@ -351,7 +398,7 @@ def _write_lines(run, lines: _Lines, reporter, sources, device, ray, complete, f
     """Every prediction and event of ``run`` into ``lines`` under a progress bar; every complete line is kept also
     after a failure or Ctrl-C/SIGTERM. Returns whether the run was interrupted."""
     t0 = time.perf_counter()
-    preds = iter(run)
+    preds = run.blocks() if hasattr(run, "blocks") else iter(run)  # a pool's: a block of lines at a time
     interrupted = False
     try:
         with reporter.phase(f"classifying {len(sources)} source(s) on {device}",
@@ -361,11 +408,12 @@ def _write_lines(run, lines: _Lines, reporter, sources, device, ray, complete, f
                 bar.advance(len(complete))
                 getattr(run, "hooks", {})["done"] = lambda _s, _ok: bar.advance()
             for pred in preds:
-                if not lines.write(pred):
+                n = lines.write_block(pred) if isinstance(pred, ResultBlock) else lines.write(pred)
+                if not n:
                     continue
-                i += 1
+                i += n
                 if ray is None:
-                    bar.advance()
+                    bar.advance(n)
                 now = time.perf_counter()
                 if now - shown > 0.5:
                     rate = f"{i / max(now - t0, 1e-9):.0f} fps"
@@ -406,6 +454,15 @@ def _summary(model, device, sources, run, lines: _Lines, prior: _Prior, interrup
                       dropped=dict(stats.get("dropped") or {}), missing=dict(stats.get("missing") or {}),
                       damaged=dict(stats.get("damaged") or {}), events=lines.events,
                       signal=stop_signal() if interrupted else None, live=live_sources)
+
+
+def _timing(started_at: float, ready_at: float, lines: _Lines) -> dict:
+    """When things happened, in seconds from the start of run_video (what the frames/s span leaves out)."""
+    def since(t):
+        return round(t - started_at, 3) if t is not None else None
+
+    return {"started_at": round(started_at, 3), "ready_s": since(ready_at), "first_result_s": since(lines.first_at),
+            "last_result_s": since(lines.last_at)}
 
 
 def _orphans(out_path: Path, resume: bool, reporter) -> None:

@@ -27,8 +27,8 @@ from multiprocessing.connection import wait as wait_for
 
 from ..errors import EngineError, UsageProblem
 from .live import SourceEvent
-from .pipeline import Prediction, RunStats, SourceProblem, VideoRun, label_names
-from .sources import pixel_rate
+from .pipeline import RunStats, SourceProblem, VideoRun
+from .results import LINE_MODES, ResultBlock
 
 log = logging.getLogger("trtc")
 
@@ -104,7 +104,6 @@ def _worker_main(conn, model: str, device: str, engine_options: dict, pin: bool 
             pinned = _pin_to_gpu(visible)
     try:
         import engines
-        from engines.video import classify
         from engines.video.pipeline import _manifest_of
 
         engine = engines.open_engine(model, device=local, **engine_options)
@@ -122,30 +121,45 @@ def _worker_main(conn, model: str, device: str, engine_options: dict, pin: bool 
         if msg[0] == "stop":
             return
         _, sources, options = msg
-        out, last = [], time.perf_counter()
-        run = None
-        try:
-            run = classify(sources, engine, events=True, **options)
-            for p in run:
-                if isinstance(p, SourceEvent):  # a live source's event: after the predictions before it
-                    if out:
-                        conn.send(("preds", out))
-                        out = []
-                    conn.send(("event", p.to_dict()))
-                    continue
-                out.append((p.source, p.frame, p.pts, p.time, p.indices, p.scores, p.latency_ms, p.decode_ms,
-                            p.received))
-                now = time.perf_counter()
-                if len(out) >= 256 or now - last > _SEND_EVERY_S:
-                    conn.send(("preds", out))
-                    out, last = [], now
-            failure = None
-        except BaseException as exc:  # noqa: BLE001 - the job failed; the parent reports it per source
-            failure = f"{type(exc).__name__}: {exc}"
-        if out:
-            conn.send(("preds", out))
-        problems = [(q.source, q.reason, q.frames) for q in run.problems] if run is not None else []
-        conn.send(("end", problems, run.stats.for_pool() if run is not None else {}, failure))
+        _run_job(conn, engine, device, sources, options)
+
+
+def _run_job(conn, engine, device: str, sources: list, options: dict) -> None:
+    """One job in a worker: its predictions go to the parent as :class:`ResultBlock` messages (every 256 results
+    or 20 ms, with their JSON lines when ``options["lines"]`` asks for them), then ("end", problems, stats,
+    failure, the wall-clock time its pipeline started: after the engine's warm-up, as a single process counts)."""
+    from engines.video import classify
+
+    options = dict(options)
+    line_mode = options.pop("lines", None)
+    out, last = [], time.perf_counter()
+    run = None
+
+    def flush():
+        conn.send(("block", ResultBlock.pack(out, device, line_mode)))
+        out.clear()
+
+    try:
+        run = classify(sources, engine, events=True, **options)
+        for p in run:
+            if isinstance(p, SourceEvent):  # a live source's event: after the predictions before it
+                if out:
+                    flush()
+                conn.send(("event", p.to_dict()))
+                continue
+            out.append(p)
+            now = time.perf_counter()
+            if len(out) >= 256 or now - last > _SEND_EVERY_S:
+                flush()
+                last = now
+        failure = None
+    except BaseException as exc:  # noqa: BLE001 - the job failed; the parent reports it per source
+        failure = f"{type(exc).__name__}: {exc}"
+    if out:
+        flush()
+    problems = [(q.source, q.reason, q.frames) for q in run.problems] if run is not None else []
+    started = time.time() - run.stats.seconds if run is not None and run.stats.frames else None
+    conn.send(("end", problems, run.stats.for_pool() if run is not None else {}, failure, started))
 
 
 def parse_devices(text: str) -> list[str]:
@@ -179,6 +193,75 @@ def parse_devices(text: str) -> list[str]:
             raise no_such_gpu(p, found, ", or cuda:all")
         out.append(p)
     return out
+
+
+def source_weights(sources, live: bool = False, threads: int = 8) -> list[float | None]:
+    """How much decoding each source holds, to share sources out: width x height x frames (from its container, no
+    frame decoded), so that a long 1080p file weighs more than a short one; each distinct file read once, several
+    at a time. Live sources (``live``), URLs, or any file whose frame count the container does not say: width x
+    height x frame rate for all (how heavy a stream is per second). None: unknown (read as the median)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    distinct = list(dict.fromkeys(sources))
+    with ThreadPoolExecutor(max(1, min(threads, len(distinct)))) as pool:
+        found = dict(zip(distinct, pool.map(_probe_load, distinct), strict=True))
+    known = [f for f in found.values() if f is not None]
+    by_frames = not live and known and all(frames for _rate, frames in known)
+    return [None if found[s] is None else (found[s][1] * found[s][0][1] if by_frames else found[s][0][0])
+            for s in sources]
+
+
+def _probe_load(name: str):
+    """((pixels per second, pixels per frame), frames or None) of a file's first video stream; None for a URL or a
+    file PyAV cannot open (the worker that opens it reports why)."""
+    from .._deps import is_installed
+    from .live import is_network
+
+    if is_network(name) or "://" in name or not is_installed("av"):
+        return None
+    import av
+
+    try:
+        with av.open(name) as container:
+            stream = container.streams.video[0]
+            rate = float(stream.average_rate or stream.guessed_rate or stream.base_rate or 30)
+            pixels = float(stream.codec_context.width * stream.codec_context.height)
+            frames = int(stream.frames or 0)
+            if not frames and stream.duration and stream.time_base:
+                frames = int(float(stream.duration * stream.time_base) * rate)
+            return (pixels * rate, pixels), frames or None
+    except Exception:  # noqa: BLE001 - unreadable here: the worker that opens it reports why
+        return None
+
+
+class PoolRun(VideoRun):
+    """A :class:`VideoRun` of a pool. Iterating gives Predictions; :meth:`blocks` gives the same results a
+    :class:`~engines.video.results.ResultBlock` at a time (with their JSON lines when the run was asked for them):
+    what ``trtc run`` writes with one call per block. ``timing``: wall-clock times (Unix seconds) of the first
+    worker pipeline's start (after its engine's warm-up), the first and the last result."""
+
+    def __init__(self, blocks_factory, stats, problems, events):
+        super().__init__(self._flatten, stats, problems, events)
+        self._blocks_factory = blocks_factory
+        self.timing: dict = {}
+
+    def blocks(self):
+        """Blocks of predictions, and the live sources' events, in the order they came (once, like iterating)."""
+        if self._started:
+            raise UsageProblem("a VideoRun can be iterated once", "call classify() again")
+        self._started = True
+        return self._blocks_factory()
+
+    def _flatten(self):
+        gen = self._blocks_factory()
+        try:
+            for item in gen:
+                if isinstance(item, ResultBlock):
+                    yield from item.predictions()
+                else:
+                    yield item
+        finally:
+            gen.close()
 
 
 class _Worker:
@@ -248,42 +331,54 @@ class WorkerPool:
             load[j] += weights[i] or typical
         return [[sources[i] for i in sorted(share)] for share in shares]
 
-    def classify(self, sources, events: bool = False, **options) -> VideoRun:
+    def classify(self, sources, events: bool = False, lines: str | None = None, weights: list | None = None,
+                 **options) -> PoolRun:
         """Like :func:`engines.video.classify` (same options, minus the engine), spread over the workers; with
-        ``events`` the live sources' SourceEvents come through too, in order with each worker's predictions."""
+        ``events`` the live sources' SourceEvents come through too, in order with each worker's predictions.
+        ``lines`` ("plain" or "latency"): the workers also format each prediction's JSON line, as ``trtc run``
+        writes it (see :meth:`PoolRun.blocks`). ``weights``: :func:`source_weights` of ``sources`` when the caller
+        read them already (e.g. while the workers started); read here otherwise."""
         if isinstance(sources, (str, bytes)) or not hasattr(sources, "__iter__"):
             sources = [sources]
         sources = [str(s) for s in sources]
         if not sources:
             raise UsageProblem("no video sources given")
+        if lines not in LINE_MODES:
+            raise UsageProblem(f"unknown line mode {lines!r}", "use None, 'plain' or 'latency'")
         on = ", ".join(sorted({w.device for w in self.workers}))
         stats = RunStats(path=f"{len(self.workers)} worker process(es) on {on}")
         problems: list[SourceProblem] = []
-        event_log: list = []
-        return VideoRun(lambda: self._run(sources, options, stats, problems, event_log, events), stats, problems,
-                        event_log)
+        run = PoolRun(None, stats, problems, [])
+        options = dict(options, lines=lines)
+        run._blocks_factory = lambda: self._run(sources, options, run, weights, events)
+        return run
 
-    def _run(self, sources, options, stats: RunStats, problems: list, event_log: list | None = None,
-             yield_events: bool = False):
+    def _jobs(self, sources, weights, live: bool, problems: list) -> dict:
+        """{connection: (worker, its share)} for each live worker with sources; a dead worker's are problems."""
+        if len(self.workers) > 1 and weights is None:
+            weights = source_weights(sources, live=live)
+        busy: dict = {}
+        for w, share in zip(self.workers, self.share(sources, weights if len(self.workers) > 1 else None),
+                            strict=True):
+            if not share:
+                continue
+            if not w.alive:
+                problems.extend(SourceProblem(s, f"{s}: its worker on {w.device} is gone", 0) for s in share)
+                continue
+            busy[w.conn] = (w, share)
+        return busy
+
+    def _run(self, sources, options, run: PoolRun, weights, yield_events: bool = False):
         if not self._lock.acquire(blocking=False):
             raise UsageProblem("this worker pool is already running a classify() call", "iterate it to the end first")
-        start = time.perf_counter()
+        stats, problems, start = run.stats, run.problems, time.perf_counter()
         busy: dict = {}
         counts: dict = {}  # source -> predictions received
+        starts: list = []  # wall-clock times the workers' pipelines started (after their warm-up)
         try:
-            weights = None
-            if len(self.workers) > 1:  # each file's container read once, however often it is listed
-                rates = {s: pixel_rate(s) for s in set(sources)}
-                weights = [rates[s] for s in sources]
-            for w, share in zip(self.workers, self.share(sources, weights), strict=True):
-                if not share:
-                    continue
-                if not w.alive:
-                    for s in share:
-                        problems.append(SourceProblem(s, f"{s}: its worker on {w.device} is gone", 0))
-                    continue
+            busy = self._jobs(sources, weights, bool(options.get("live")), problems)
+            for w, share in busy.values():
                 w.conn.send(("run", share, options))
-                busy[w.conn] = (w, share)
             while busy:
                 for conn in wait_for(list(busy)):
                     w, share = busy[conn]
@@ -292,40 +387,59 @@ class WorkerPool:
                     except (EOFError, OSError):
                         w.alive = False
                         del busy[conn]
-                        for s in share:
-                            problems.append(SourceProblem(s, f"{s}: the worker on {w.device} died (exit code "
-                                                             f"{w.process.exitcode})", counts.get(s, 0)))
+                        problems.extend(SourceProblem(s, f"{s}: the worker on {w.device} died (exit code "
+                                                         f"{w.process.exitcode})", counts.get(s, 0)) for s in share)
                         continue
-                    if msg[0] == "preds":
-                        for source, frame, pts, t, idx, sc, lat, dec, received in msg[1]:
-                            counts[source] = counts.get(source, 0) + 1
-                            stats.frames += 1
-                            yield Prediction(source, frame, pts, t, idx, sc, label_names(w.labels, idx), lat, dec,
-                                             device=w.device, received=received)
-                        stats.seconds = time.perf_counter() - start
+                    if msg[0] == "block":
+                        yield self._received(msg[1], w, counts, run, start)
                     elif msg[0] == "event":
                         ev = SourceEvent.from_dict(msg[1])
-                        if event_log is not None:
-                            event_log.append(ev)
+                        run.events.append(ev)
                         if yield_events:
                             yield ev
                     elif msg[0] == "end":
-                        _, probs, wstats, failure = msg
                         del busy[conn]
-                        problems.extend(SourceProblem(*p) for p in probs)
-                        if failure:
-                            for s in share:
-                                problems.append(SourceProblem(s, f"{s}: the worker on {w.device} failed: {failure}",
-                                                              counts.get(s, 0)))
-                        stats.merge_from(wstats)
+                        self._ended(msg, w, share, counts, run, starts)
         finally:
-            stats.seconds = time.perf_counter() - start
-            stats.per_source = {s: counts.get(s, 0) for s in sources}
-            if busy:  # the caller left early: these workers are mid-job; they cannot be reused safely
-                for w, _share in busy.values():
-                    w.alive = False
-                    w.process.terminate()
+            self._finish(run, start, starts, counts, sources, busy)
             self._lock.release()
+
+    @staticmethod
+    def _received(block: ResultBlock, w: _Worker, counts: dict, run: PoolRun, start: float) -> ResultBlock:
+        block.device, block.labels = w.device, w.labels
+        for s, (n, _last) in block.per_source().items():
+            counts[s] = counts.get(s, 0) + n
+        run.stats.frames += len(block)
+        now = time.time()
+        run.timing.setdefault("first_result_at", now)
+        run.timing["last_result_at"] = now
+        run.stats.seconds = time.perf_counter() - start
+        return block
+
+    @staticmethod
+    def _ended(msg, w: _Worker, share, counts: dict, run: PoolRun, starts: list) -> None:
+        _, probs, wstats, failure, started = msg
+        run.problems.extend(SourceProblem(*p) for p in probs)
+        if failure:
+            run.problems.extend(SourceProblem(s, f"{s}: the worker on {w.device} failed: {failure}", counts.get(s, 0))
+                                for s in share)
+        run.stats.merge_from(wstats)
+        if started is not None:
+            starts.append(started)
+
+    @staticmethod
+    def _finish(run: PoolRun, start: float, starts: list, counts: dict, sources, busy: dict) -> None:
+        """The run's statistics; workers still mid-job (the caller left early) are stopped: they cannot be reused.
+        The frames/s span is that of a single process: from the first worker's pipeline start (after its engine's
+        warm-up) to the last result; start-up and the sources' probing are outside it (``run.timing``)."""
+        run.stats.seconds = time.perf_counter() - start
+        if starts and not busy and "last_result_at" in run.timing:
+            run.timing["pipeline_started_at"] = min(starts)
+            run.stats.seconds = max(run.timing["last_result_at"] - min(starts), 1e-9)
+        run.stats.per_source = {s: counts.get(s, 0) for s in sources}
+        for w, _share in busy.values():
+            w.alive = False
+            w.process.terminate()
 
     # ------------------------------------------------------------------------------------------------- life
     def close(self) -> None:
