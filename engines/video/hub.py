@@ -35,12 +35,20 @@ class FrameHub:
         self._seq = itertools.count()
         self.closed = False
 
-    def add(self, name: str, capacity: int, policy: str = "block") -> None:
+    def add(self, name: str, capacity: int, policy: str = "block", producer: bool = True) -> None:
+        """A source's queue. ``producer=False``: the queue's frames come from a producer counted once with
+        :meth:`open_producer` (an app pushing frames of many streams), so the source calls no :meth:`done`."""
         with self.cond:
             self._queues[name] = deque()
             self._caps[name] = max(1, int(capacity))
             self._policy[name] = policy
             self.dropped.setdefault(name, 0)
+            self.live += int(producer)
+            self.cond.notify_all()
+
+    def open_producer(self) -> None:
+        """One more producer that will call :meth:`done` when it has finished."""
+        with self.cond:
             self.live += 1
 
     def put(self, name: str, item) -> None:
