@@ -283,7 +283,8 @@ def _start(model, device, ray, ray_actors, ray_streams, sources, complete, optio
            with_latency=False):
     """(run, closer, device text, ray info): on Ray, in a worker process per device, or in this process."""
     if ray is not None:
-        return _ray_run(model, ray, device, ray_actors, ray_streams, sources, complete, options, finished, reporter)
+        return _ray_run(model, ray, device, ray_actors, ray_streams, sources, complete, options, finished, reporter,
+                        with_latency)
     devices = parse_devices(device) if ("," in device or device.endswith(":all")) else [pick_device(device)]
     if len(devices) > 1:  # one worker process (engine + pipeline) per device, sources shared out between them
         check_devices_can_run(model, devices)
@@ -632,7 +633,8 @@ def read_complete(out_path: Path) -> set:
                            f"delete it to resume from {out_path.name} alone, or give another -o") from None
 
 
-def _ray_run(model, address, device, actors, streams, sources, complete, options, finished, reporter):
+def _ray_run(model, address, device, actors, streams, sources, complete, options, finished, reporter,
+             with_latency=False):
     from engines.video import RunStats, VideoRun
     from engines.video.ray_cluster import RayPool
 
@@ -647,13 +649,15 @@ def _ray_run(model, address, device, actors, streams, sources, complete, options
         pool = RayPool(model, address=address, device=device, actors=actors, streams=streams)
     info["actors"] = [a.name for a in pool.actors if a.alive]
     info["start_errors"] = list(pool.start_errors)
+    info["startup"] = dict(pool.startup)  # import ray, connect (start or join), actors ready, engine open in each
     hooks = {"done": lambda _s, _ok: None}  # run_video points it at its progress bar
 
     def ended(source, ok):
         finished.append((source, ok))
         hooks["done"](source, ok)
 
-    run = pool.classify(todo, on_source_done=ended, events=True, **options)
+    run = pool.classify(todo, on_source_done=ended, events=True, lines="latency" if with_latency else "plain",
+                        **options)
     run.hooks = hooks
     return run, pool.close, f"ray ({address}): {len(info['actors'])} {pool.kind} actor(s)", info
 

@@ -34,7 +34,8 @@ import time
 from collections import deque
 
 from ..errors import EngineError, UsageProblem
-from .pipeline import Prediction, RunStats, SourceProblem, VideoRun, label_names
+from .pipeline import RunStats, SourceProblem
+from .results import LINE_MODES, BlockRun
 
 log = logging.getLogger("trtc")
 
@@ -62,6 +63,7 @@ class _EngineActor:
         # Ray sets CUDA_VISIBLE_DEVICES to the GPU(s) it gave this actor, so inside it the GPU is cuda:0
         self.device = "cuda:0" if device != "cpu" else "cpu"
         self.engine = self.labels = self.error = None
+        t0 = time.perf_counter()
         try:
             import engines
             from engines.video.pipeline import _manifest_of
@@ -71,16 +73,31 @@ class _EngineActor:
             self.labels = manifest.labels if manifest is not None else None
         except BaseException as exc:  # noqa: BLE001 - reported to the driver, which names the actor
             self.error = f"{type(exc).__name__}: {exc}"
+        self.open_s = time.perf_counter() - t0  # imports and engine open, in the actor
 
     def where(self) -> dict:
-        return {"host": self.host, "gpus": self.gpu_ids, "labels": self.labels, "error": self.error}
+        return {"host": self.host, "gpus": self.gpu_ids, "labels": self.labels, "error": self.error,
+                "open_s": round(self.open_s, 3)}
 
     def run(self, sources: list, options: dict):
-        """A streaming generator: ("preds", [(source, frame, pts, time, indices, scores, latency, decode), ...])
-        chunks, then ("end", problems, stats, failure)."""
+        """A streaming generator: ("block", ResultBlock) chunks of results (with their JSON lines when
+        ``options["lines"]`` asks for them; sources named as the driver's caller named them, ``options["names"]``),
+        live sources' ("event", dict), then ("end", problems, stats, failure)."""
         from engines.video import classify
 
+        from .results import ResultBlock
+
+        options = dict(options)
+        line_mode, names = options.pop("lines", None), options.pop("names", None) or {}
         out, last, run, failure = [], time.perf_counter(), None, None
+
+        def block():
+            for p in out:
+                p.source = names.get(p.source, p.source)
+            chunk = ("block", ResultBlock.pack(out, None, line_mode))
+            out.clear()
+            return chunk
+
         try:
             if self.engine is None:
                 raise EngineError(self.error or "no engine")
@@ -88,20 +105,19 @@ class _EngineActor:
             for p in run:
                 if not hasattr(p, "frame"):  # a live source's SourceEvent: after the predictions before it
                     if out:
-                        yield ("preds", out)
-                        out, last = [], time.perf_counter()
+                        yield block()
+                        last = time.perf_counter()
                     yield ("event", p.to_dict())
                     continue
-                out.append((p.source, p.frame, p.pts, p.time, p.indices, p.scores, p.latency_ms, p.decode_ms,
-                            p.received))
+                out.append(p)
                 now = time.perf_counter()
                 if len(out) >= _SEND_EVERY_N or now - last > _SEND_EVERY_S:
-                    yield ("preds", out)
-                    out, last = [], now
+                    yield block()
+                    last = now
         except BaseException as exc:  # noqa: BLE001 - the job failed as a whole; the driver retries its sources
             failure = f"{type(exc).__name__}: {exc}"
         if out:
-            yield ("preds", out)
+            yield block()
         problems = [(q.source, q.reason, q.frames) for q in run.problems] if run is not None else []
         yield ("end", problems, run.stats.for_pool() if run is not None else {}, failure)
 
@@ -121,12 +137,12 @@ class _Actor:
         self.labels = where["labels"]
 
 
-class RayRun(VideoRun):
+class RayRun(BlockRun):
     """A :class:`VideoRun` that also says where each source ran (``placement``), which actors failed and what was
     redone (``failures``: one line each), and calls ``on_source_done(source, ok)`` as each source ends."""
 
-    def __init__(self, gen_factory, stats, problems):
-        super().__init__(gen_factory, stats, problems)
+    def __init__(self, blocks_factory, stats, problems):
+        super().__init__(blocks_factory, stats, problems)
         self.placement: dict = {}
         self.failures: list[str] = []
         self.retried: list[str] = []
@@ -205,13 +221,19 @@ class RayPool:
     def __init__(self, model, address: str | None = None, device: str = "auto", actors: int | None = None,
                  streams: int | None = None, cpus: float = 1, engine_options: dict | None = None,
                  start_timeout: float = 300.0, init_options: dict | None = None):
+        t0 = time.perf_counter()
         ray = _ray()
         self.model = _absolute(str(model))  # the actors' working folder is not the driver's
         kind = _kind(device)
         if streams is not None and streams < 1:
             raise UsageProblem(f"a Ray actor runs at least one source at a time (got {streams})")
+        self.startup: dict = {"import_s": round(time.perf_counter() - t0, 3)}  # where start-up went (docs/CLUSTER.md)
+        t1 = time.perf_counter()
         self._shutdown = connect(address, **(init_options or {}))
         self.address = "local" if address in LOCAL else address
+        self.startup["connect_s"] = round(time.perf_counter() - t1, 3)
+        log.info("ray: %s in %.2f s (import ray %.2f s)", "started a local instance" if self._shutdown and
+                 address in LOCAL else "joined the cluster", self.startup["connect_s"], self.startup["import_s"])
         try:
             res = ray.cluster_resources()
             gpus, ncpu = int(res.get("GPU", 0)), float(res.get("CPU", 0))
@@ -244,8 +266,10 @@ class RayPool:
             raise
 
     def _start(self, ray, timeout: float) -> None:
+        t0 = time.perf_counter()
         refs = {a.handle.where.remote(): a for a in self.actors}
         ready, waiting = ray.wait(list(refs), num_returns=len(refs), timeout=timeout)
+        self.startup["actors_s"] = round(time.perf_counter() - t0, 3)
         errors = []
         for ref in waiting:
             a = refs[ref]
@@ -260,6 +284,7 @@ class RayPool:
                 errors.append(f"{a.name}: {str(exc).splitlines()[0]}")
                 continue
             a.placed(where)
+            self.startup.setdefault("engine_open_s", []).append(where.get("open_s"))
             if where["error"]:
                 a.alive = False
                 errors.append(f"{a.name}: {where['error']}")
@@ -271,12 +296,18 @@ class RayPool:
         for e in errors:  # the others go on
             log.warning("Ray %s; going on with %d actor(s)", e, len(live))
         self.start_errors = errors
+        log.info("ray: %d actor(s) ready in %.2f s (imports and engine open in the actors: %s s)", len(live),
+                 self.startup["actors_s"], ", ".join(f"{x:.2f}" for x in self.startup.get("engine_open_s", []) if x))
 
     # -------------------------------------------------------------------------------------------------- jobs
-    def classify(self, sources, on_source_done=None, events: bool = False, **options) -> RayRun:
+    def classify(self, sources, on_source_done=None, events: bool = False, lines: str | None = None,
+                 **options) -> RayRun:
         """Like :func:`engines.video.classify` (same options, minus the engine), spread over the actors.
         ``on_source_done(source, ok)`` is called in the caller's thread as each source ends. ``events``: live
-        sources' SourceEvents come through too (always in ``run.events``)."""
+        sources' SourceEvents come through too (always in ``run.events``). ``lines`` ("plain" or "latency"): the
+        actors also format each prediction's JSON line (:meth:`RayRun.blocks`), as ``trtc run`` writes it."""
+        if lines not in LINE_MODES:
+            raise UsageProblem(f"unknown line mode {lines!r}", "use None, 'plain' or 'latency'")
         if isinstance(sources, (str, bytes)) or not hasattr(sources, "__iter__"):
             sources = [sources]
         sources = [str(s) for s in sources]
@@ -289,7 +320,8 @@ class RayPool:
                               "each at a time")
         problems: list[SourceProblem] = []
         run = RayRun(None, stats, problems)
-        run._factory = lambda: self._run(sources, options, run, on_source_done, events)
+        options = dict(options, lines=lines)
+        run._blocks_factory = lambda: self._run(sources, options, run, on_source_done, events)
         return run
 
     def _run(self, sources, options, run: RayRun, on_done, yield_events: bool = False):
@@ -329,15 +361,18 @@ class RayPool:
         if not getattr(self, "actors", None) and not getattr(self, "_shutdown", False):
             return
         ray = _ray()
-        for a in getattr(self, "actors", []):
-            try:
-                ray.kill(a.handle, no_restart=True)
-            except Exception:  # noqa: BLE001 - already gone
-                pass
+        t0 = time.perf_counter()
+        if not getattr(self, "_shutdown", False):  # a cluster that goes on: free its GPUs (shutdown ends them all)
+            for a in getattr(self, "actors", []):
+                try:
+                    ray.kill(a.handle, no_restart=True)
+                except Exception:  # noqa: BLE001 - already gone
+                    pass
         self.actors = []
         if getattr(self, "_shutdown", False):
             ray.shutdown()
             self._shutdown = False
+        log.info("ray: closed in %.2f s", time.perf_counter() - t0)
 
     def __enter__(self):
         return self
@@ -429,8 +464,9 @@ class _Dispatch:
                 self.tries[s] += 1
                 self.run.placement[s] = a.name
             done = {self.wire[s]: self.last[s] for s in job if s in self.last}
+            names = {self.wire[s]: s for s in job if self.wire[s] != s}  # the lines name sources as the caller did
             gen = a.handle.run.options(num_returns="streaming").remote([self.wire[s] for s in job],
-                                                                      dict(self.options, done=done))
+                                                                      dict(self.options, done=done, names=names))
             self.busy[gen] = (a, job)
 
     def nobody_left(self) -> None:
@@ -462,24 +498,32 @@ class _Dispatch:
             ev = SourceEvent.from_dict(dict(msg[1], source=self.back.get(msg[1]["source"], msg[1]["source"])))
             self.run.events.append(ev)
             yield ev
-        elif msg[0] == "preds":
-            yield from self._predictions(actor, msg[1])
+        elif msg[0] == "block":
+            block = self._kept(actor, msg[1])
+            if block is not None:
+                yield block
         else:
             del self.busy[gen]
             self._job_ended(actor, job, msg)
 
-    def _predictions(self, actor, rows):
-        stats = self.run.stats
-        for source, frame, pts, t, idx, sc, lat, dec, received in rows:
-            source = self.back.get(source, source)
-            if frame <= self.last.get(source, -1):  # a redone source: already with the caller
-                continue
-            self.last[source] = frame
-            self.counts[source] += 1
-            stats.frames += 1
-            yield Prediction(source, frame, pts, t, idx, sc, label_names(actor.labels, idx), lat, dec,
-                             received=received)
-        stats.seconds = time.perf_counter() - self.start
+    def _kept(self, actor, block):
+        """The rows of an actor's block the caller does not have yet (a redone source repeats none), counted;
+        None when none is left."""
+        block.renamed(self.back)
+        block.labels = actor.labels
+        last = self.last
+        block = block.keep(lambda s, f: f > last.get(s, -1))  # frames rise within a source in a block
+        if not len(block):
+            return None
+        for s, (n, f) in block.per_source().items():
+            last[s] = f
+            self.counts[s] += n
+        self.run.stats.frames += len(block)
+        self.run.stats.seconds = time.perf_counter() - self.start
+        now = time.time()
+        self.run.timing.setdefault("first_result_at", now)
+        self.run.timing["last_result_at"] = now
+        return block
 
     def _job_ended(self, actor, job, msg) -> None:
         _, probs, wstats, failure = msg

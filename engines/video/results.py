@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 
-from .pipeline import Prediction, label_names
+from ..errors import UsageProblem
+from .pipeline import Prediction, VideoRun, label_names
 
 LINE_MODES = (None, "plain", "latency")  # no lines; JSON lines; JSON lines with latency_ms and decode_ms
 
@@ -101,3 +102,35 @@ class ResultBlock:
             if line is not None:
                 p.line = line
             yield p
+
+
+class BlockRun(VideoRun):
+    """A :class:`VideoRun` whose results come in blocks (a worker pool's, a Ray pool's). Iterating gives
+    Predictions; :meth:`blocks` gives the same results a :class:`ResultBlock` at a time (with their JSON lines when
+    the run was asked for them: what ``trtc run`` writes with one call per block), and live sources' events as
+    they come. ``timing``: wall-clock times (Unix seconds) of the first and the last result (``first_result_at``,
+    ``last_result_at``) and, for a worker pool, of the first worker pipeline's start after its engine's warm-up
+    (``pipeline_started_at``)."""
+
+    def __init__(self, blocks_factory, stats, problems, events=None):
+        super().__init__(self._flatten, stats, problems, events)
+        self._blocks_factory = blocks_factory
+        self.timing: dict = {}
+
+    def blocks(self):
+        """Blocks of predictions, and events, in the order they came (once, as iterating is)."""
+        if self._started:
+            raise UsageProblem("a VideoRun can be iterated once", "call classify() again")
+        self._started = True
+        return self._blocks_factory()
+
+    def _flatten(self):
+        gen = self._blocks_factory()
+        try:
+            for item in gen:
+                if isinstance(item, ResultBlock):
+                    yield from item.predictions()
+                else:
+                    yield item
+        finally:
+            gen.close()

@@ -27,8 +27,8 @@ from multiprocessing.connection import wait as wait_for
 
 from ..errors import EngineError, UsageProblem
 from .live import SourceEvent
-from .pipeline import RunStats, SourceProblem, VideoRun
-from .results import LINE_MODES, ResultBlock
+from .pipeline import RunStats, SourceProblem
+from .results import LINE_MODES, BlockRun, ResultBlock
 
 log = logging.getLogger("trtc")
 
@@ -234,34 +234,9 @@ def _probe_load(name: str):
         return None
 
 
-class PoolRun(VideoRun):
-    """A :class:`VideoRun` of a pool. Iterating gives Predictions; :meth:`blocks` gives the same results a
-    :class:`~engines.video.results.ResultBlock` at a time (with their JSON lines when the run was asked for them):
-    what ``trtc run`` writes with one call per block. ``timing``: wall-clock times (Unix seconds) of the first
-    worker pipeline's start (after its engine's warm-up), the first and the last result."""
-
-    def __init__(self, blocks_factory, stats, problems, events):
-        super().__init__(self._flatten, stats, problems, events)
-        self._blocks_factory = blocks_factory
-        self.timing: dict = {}
-
-    def blocks(self):
-        """Blocks of predictions, and the live sources' events, in the order they came (once, like iterating)."""
-        if self._started:
-            raise UsageProblem("a VideoRun can be iterated once", "call classify() again")
-        self._started = True
-        return self._blocks_factory()
-
-    def _flatten(self):
-        gen = self._blocks_factory()
-        try:
-            for item in gen:
-                if isinstance(item, ResultBlock):
-                    yield from item.predictions()
-                else:
-                    yield item
-        finally:
-            gen.close()
+class PoolRun(BlockRun):
+    """A :class:`~engines.video.results.BlockRun` of a :class:`WorkerPool`: iterating gives Predictions (each with
+    its ``device``); :meth:`blocks` the same a block at a time."""
 
 
 class _Worker:
