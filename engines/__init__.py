@@ -20,8 +20,11 @@ PLAN_SUFFIXES = (".plan", ".engine", ".trt")
 # files a video source or batch folder may be (trtc run --ray folders; telling a video from a model)
 VIDEO_SUFFIXES = frozenset({".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".ts", ".mts", ".m2ts", ".flv", ".mpg",
                             ".mpeg", ".wmv", ".3gp", ".h264", ".264", ".h265", ".265", ".hevc", ".ivf", ".y4m"})
-# "opencv:model.onnx" runs an ONNX model with OpenCV dnn instead of ONNX Runtime; the options each prefix implies
-ENGINE_PREFIXES = {"opencv": {}, "opencv-fp16": {"fp16": True}}
+PROGRAM_SUFFIXES = (".pt2",)  # torch.export programs: the compiled PyTorch engine (engines.torch_engine)
+# "opencv:model.onnx" runs an ONNX model with OpenCV dnn instead of ONNX Runtime; "torch-fp16:model.pt2" runs a
+# torch.export program in FP16 with the compiled PyTorch engine; the options each prefix implies
+ENGINE_PREFIXES = {"opencv": {}, "opencv-fp16": {"fp16": True}, "torch": {}, "torch-fp16": {"precision": "fp16"}}
+TORCH_PREFIXES = ("torch", "torch-fp16")
 
 
 def split_engine(spec: str | os.PathLike) -> tuple[str | None, str, dict]:
@@ -40,7 +43,8 @@ def model_not_found_fix(path: str | os.PathLike) -> str:
     p = Path(path)
     folder = p.parent if os.fspath(p.parent) else Path(".")
     try:
-        found = sorted(f.name for f in folder.iterdir() if f.suffix.lower() in (".onnx", *PLAN_SUFFIXES))
+        found = sorted(f.name for f in folder.iterdir()
+                       if f.suffix.lower() in (".onnx", *PLAN_SUFFIXES, *PROGRAM_SUFFIXES))
     except OSError:
         found = []
     if found:
@@ -56,24 +60,33 @@ def open_engine(path: str | os.PathLike, device: str = "cpu", **options) -> Engi
     ``.onnx`` -> :class:`OnnxRuntimeEngine` (CPU EP for ``device="cpu"``, CUDA EP with zero-copy device buffers
     for ``"cuda:N"``); ``.plan``/``.engine`` -> :class:`TensorRTEngine` after its manifest was checked against the
     installed TensorRT flavour and this GPU (the manifest's ``kind`` wins over the suffix when they disagree);
-    ``opencv:model.onnx`` (``opencv-fp16:`` for OpenCV's CUDA FP16 target) -> :class:`OpenCVEngine`, OpenCV dnn.
-    ``options`` go to the backend (ONNX Runtime: ``threads``; TensorRT: ``cuda_graph``; OpenCV: ``dnn_engine``)."""
+    ``opencv:model.onnx`` (``opencv-fp16:`` for OpenCV's CUDA FP16 target) -> :class:`OpenCVEngine`, OpenCV dnn;
+    ``.pt2`` (a torch.export program, manifest kind ``program``; ``torch-fp16:model.pt2`` for FP16) ->
+    :class:`TorchEngine`, compiled with Inductor. ``options`` go to the backend (ONNX Runtime: ``threads``;
+    TensorRT: ``cuda_graph``; OpenCV: ``dnn_engine``; torch: ``precision``, ``compile``, ``cache``)."""
     engine, path, implied = split_engine(path)
     p = Path(path)
     if not p.exists():
         raise UsageProblem(f"model not found: {p}", model_not_found_fix(p))
-    if engine is not None and p.suffix.lower() != ".onnx":
+    if engine in TORCH_PREFIXES and p.suffix.lower() not in PROGRAM_SUFFIXES:
+        raise UsageProblem(f"{engine}: runs torch.export programs (.pt2), not {p.name}",
+                           f"give the .pt2 that trtc export --program writes: {engine}:model.pt2")
+    if engine is not None and engine not in TORCH_PREFIXES and p.suffix.lower() != ".onnx":
         raise UsageProblem(f"{engine}: runs ONNX models, not {p.name}", f"give a .onnx file: {engine}:model.onnx")
     from .manifest import read_manifest_if_any
 
     # the manifest says how to feed the model (labels, preprocessing): a manifest of another file is refused here,
     # as every trtc command refuses it (hashed once per process and file; see engines._io.sha256_verified)
     manifest = read_manifest_if_any(p)
+    kind = manifest.kind if manifest is not None else None
+    if engine in TORCH_PREFIXES or kind == "program" or (kind is None and p.suffix.lower() in PROGRAM_SUFFIXES):
+        from .torch_engine import TorchEngine
+
+        return TorchEngine(p, device=device, **{**implied, **options})
     if engine is not None:
         from .opencv_engine import OpenCVEngine
 
         return OpenCVEngine(p, device=device, **{**implied, **options})
-    kind = manifest.kind if manifest is not None else None
     if kind == "plan" or (kind is None and p.suffix.lower() in PLAN_SUFFIXES):
         from .tensorrt_engine import TensorRTEngine
 
@@ -82,7 +95,7 @@ def open_engine(path: str | os.PathLike, device: str = "cpu", **options) -> Engi
         from .onnxruntime_engine import OnnxRuntimeEngine
 
         return OnnxRuntimeEngine(p, device=device, **options)
-    raise UsageProblem(f"cannot open {p.name}: unknown model type {p.suffix!r}", "give a .onnx or .plan file")
+    raise UsageProblem(f"cannot open {p.name}: unknown model type {p.suffix!r}", "give a .onnx, .plan or .pt2 file")
 
 
 __all__ = ["open_engine", "split_engine", "Engine", "TensorSpec", "Manifest", "BatchProfile", "PreprocessSpec",

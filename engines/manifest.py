@@ -57,7 +57,7 @@ class BatchProfile:
 
 @dataclass
 class Manifest:
-    kind: str  # "onnx" or "plan"
+    kind: str  # "onnx", "plan" or "program" (a torch.export .pt2 for the compiled PyTorch engine)
     model: dict  # name, source, num_classes
     preprocess: PreprocessSpec
     inputs: list[TensorSpec]
@@ -252,6 +252,9 @@ def _recreate_fix(artifact: str | os.PathLike | None, data) -> str:
     artifact = Path(artifact)
     from . import PLAN_SUFFIXES  # engines/__init__ imports this module: read it at call time
 
+    if artifact.suffix.lower() == ".pt2":
+        return (f"export it again with its ONNX: trtc export SOURCE -o {artifact.with_suffix('.onnx').name} --program "
+                "--force (its manifest carries the preprocessing and the labels)")
     if artifact.suffix.lower() in PLAN_SUFFIXES:
         parent = data.get("parent") if isinstance(data, dict) else None
         onnx = parent.get("file") if isinstance(parent, dict) and isinstance(parent.get("file"), str) else "MODEL.onnx"

@@ -72,6 +72,7 @@ class ExportReport:
     predictions: list[dict] = field(default_factory=list)  # per check image: file and top-5 (label, prob)
     warnings: list[str] = field(default_factory=list)
     weights: str = ""  # where the weights came from: file, random, pretrained or source (see weights_origin)
+    program: dict | None = None  # --program: the torch.export program written beside the ONNX (file, manifest, check)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -220,7 +221,9 @@ def explain_failure(exc: BaseException) -> tuple[str | None, str | None]:
     return op, module
 
 
-def _export_dynamo(loaded: LoadedModel, example, batch: BatchProfile, path: Path, opset: int | None):
+def _export_dynamo(loaded: LoadedModel, example, batch: BatchProfile, path: Path, opset: int | None,
+                   keep: dict | None = None):
+    """torch.export, then the dynamo ONNX exporter; ``keep["program"]`` gets the ExportedProgram (--program)."""
     import torch
 
     with _quiet_torch():
@@ -232,6 +235,8 @@ def _export_dynamo(loaded: LoadedModel, example, batch: BatchProfile, path: Path
                 program = torch.export.export(loaded.module, (example,), dynamic_shapes=dynamic, strict=False)
             except Exception as exc:
                 raise _ExporterFailed("torch.export", exc) from exc
+        if keep is not None:
+            keep["program"] = program
         try:
             torch.onnx.export(program, (example,), str(path), dynamo=True, external_data=False,
                               input_names=[INPUT_NAME], output_names=[OUTPUT_NAME], opset_version=opset)
@@ -283,7 +288,8 @@ def _first_line(exc: BaseException) -> str:
     return text.strip().splitlines()[0][:300] if text.strip() else type(exc).__name__
 
 
-def _run_exporters(loaded: LoadedModel, exporter: str, example, batch, path: Path, opset) -> str:
+def _run_exporters(loaded: LoadedModel, exporter: str, example, batch, path: Path, opset,
+                   keep: dict | None = None) -> str:
     if loaded.kind == "script" and exporter == "dynamo":
         raise UsageProblem("a TorchScript model can only be exported with the TorchScript exporter",
                            "use --exporter torchscript (or auto)")
@@ -298,7 +304,10 @@ def _run_exporters(loaded: LoadedModel, exporter: str, example, batch, path: Pat
     failures = []
     for name in order:
         try:
-            (_export_dynamo if name == "dynamo" else _export_torchscript)(loaded, example, batch, path, opset)
+            if name == "dynamo":
+                _export_dynamo(loaded, example, batch, path, opset, keep)
+            else:
+                _export_torchscript(loaded, example, batch, path, opset)
             if failures:
                 log.warning("dynamo exporter failed (%s); used the TorchScript exporter instead",
                             _first_line(failures[0][1].exc))
@@ -457,24 +466,26 @@ def export_onnx(source: str, output: str | Path, *, weights: str | None = None, 
                 mean=None, std=None, color: str | None = None, resize: int | None = None,
                 check_data: str | Path | list | None = None, check_samples: int = 8, atol: float = 1e-3,
                 force: bool = False, name: str | None = None, reporter: Reporter | None = None,
-                random_weights: bool = False) -> ExportReport:
+                random_weights: bool = False, program: bool = False) -> ExportReport:
     """Export a PyTorch classifier to ONNX with its manifest; see the module docstring.
 
     ``torchvision:``/``timm:`` sources need ``weights`` (a state_dict or checkpoint file), or ``random_weights=True``
     to export the untrained network on purpose (tests, speed measurements); the manifest records which
-    (``model.weights``: file, random, pretrained or source).
+    (``model.weights``: file, random, pretrained or source). ``program=True`` also writes the torch.export
+    program beside the ONNX (``model.pt2`` with ``model.pt2.json``, for the compiled PyTorch engine).
 
     The steps: check the options, load the model, read the check images, make the example batch, export, check
     ONNX Runtime against PyTorch, then write the manifest and move the file into place."""
     reporter = reporter or Reporter()
     out = check_output_path(output, force)
     ref = parse_source(source)
+    program_out = _program_output(out, ref, force) if program else None
     check_weights_flags(ref, weights, random_weights)
     profile = batch if isinstance(batch, BatchProfile) else BatchProfile.parse(batch)
     _check_exporter_options(exporter, opset)
     check_files, data_name = _check_files(check_data)
     label_list = read_labels(labels) if isinstance(labels, (str, Path)) else labels
-    timings = {}
+    timings, keep = {}, {}
 
     t0 = time.perf_counter()
     with reporter.phase(f"loading {ref.text}"):
@@ -488,7 +499,7 @@ def export_onnx(source: str, output: str | Path, *, weights: str | None = None, 
     with atomic_path(out) as tmp:
         t0 = time.perf_counter()
         with reporter.phase(f"exporting to ONNX ({exporter} exporter)"):
-            used = _run_exporters(loaded, exporter, example, profile, tmp, opset)
+            used = _run_exporters(loaded, exporter, example, profile, tmp, opset, keep)
         timings["export_s"] = time.perf_counter() - t0
         size = tmp.stat().st_size
         t0 = time.perf_counter()
@@ -501,12 +512,15 @@ def export_onnx(source: str, output: str | Path, *, weights: str | None = None, 
         manifest = _export_manifest(tmp, loaded, name, num, origin, spec, in_t, out_t, profile, labels_final, used,
                                     check, weights)
         mpath = write_manifest(out, manifest, hashed_as=tmp)
+        if program_out is not None:  # placed before the ONNX; a failure leaves neither
+            keep["report"] = _write_program(program_out, keep.get("program"), loaded, example, profile, manifest,
+                                            check_x, atol, reporter)
     predictions = [{"file": str(f), "top5": top_k(lg, labels_final)} for f, lg in zip(check_files, logits)]
     return ExportReport(output=str(out), manifest=str(mpath), source=loaded.source, exporter=used,
                         opset=manifest.producer["opset"], bytes=size, sha256=manifest.artifact["sha256"],
                         input_shape=list(in_t.shape), num_classes=num, batch=profile.to_dict(),
                         preprocess=spec.to_dict(), check=check, timings={k: round(v, 3) for k, v in timings.items()},
-                        predictions=predictions, weights=origin, warnings=warnings_)
+                        predictions=predictions, weights=origin, warnings=warnings_, program=keep.get("report"))
 
 
 def _check_exporter_options(exporter: str, opset: int | None) -> None:
@@ -564,6 +578,79 @@ def _export_manifest(tmp: Path, loaded: LoadedModel, name, num, origin, spec, in
                   "onnxruntime": dist_version("onnxruntime", "onnxruntime-gpu"),
                   "check": asdict(check)},
         parent=parent)
+
+
+# ------------------------------------------------------------------------------------------- --program (.pt2)
+def program_path(onnx_out: str | Path) -> Path:
+    """Where --program writes the torch.export program of ``model.onnx``: ``model.pt2`` beside it."""
+    return Path(onnx_out).with_suffix(".pt2")
+
+
+def _program_output(out: Path, ref, force: bool) -> Path:
+    """The .pt2 path, checked like -o before any work (exists without --force, folder not writable)."""
+    if ref.kind == "torchscript":
+        raise UsageProblem("--program writes a torch.export program, and a TorchScript model cannot be exported "
+                           "with torch.export", "drop --program, or export from the model's code or weights")
+    return check_output_path(program_path(out), force, suffix=".pt2")
+
+
+def _torch_export(loaded: LoadedModel, example, profile: BatchProfile):
+    import torch
+
+    if loaded.kind == "exported":
+        return loaded.module
+    dynamic = ({0: torch.export.Dim("batch", min=profile.min, max=profile.max)},) if profile.dynamic else None
+    try:
+        with _quiet_torch():
+            return torch.export.export(loaded.module, (example,), dynamic_shapes=dynamic, strict=False)
+    except Exception as exc:  # noqa: BLE001 - torch.export raises many kinds
+        raise ExportError(f"torch.export cannot export this model, so --program cannot be written: "
+                          f"{_first_line(exc)}", "drop --program (the ONNX runs in ONNX Runtime and TensorRT)") from exc
+
+
+def _check_program(path: Path, loaded: LoadedModel, x: np.ndarray) -> float:
+    """The saved program, loaded back from ``path``, against the PyTorch model on ``x``: max abs logit diff."""
+    import torch
+
+    ref_fn = loaded.module.module() if loaded.kind == "exported" else loaded.module
+    with _quiet_torch():
+        got_fn = torch.export.load(str(path)).module()
+    with torch.no_grad():
+        xt = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
+        return float((ref_fn(xt).double() - got_fn(xt).double()).abs().max())
+
+
+def _write_program(target: Path, program, loaded: LoadedModel, example, profile: BatchProfile, onnx_manifest,
+                   check_x, atol: float, reporter: Reporter) -> dict:
+    """torch.export.save the program (the one the ONNX was made from, else exported again with the same batch
+    range) to ``target`` with its manifest (kind "program": the ONNX's contract, labels and batch range), after it
+    was loaded back and checked against PyTorch; atomically, as every artifact."""
+    import dataclasses
+
+    import torch
+
+    t0 = time.perf_counter()
+    program = program if program is not None else _torch_export(loaded, example, profile)
+    n = max(profile.min, min(len(check_x), profile.max)) if check_x is not None else max(profile.min, 2)
+    x = check_x[:n] if check_x is not None and len(check_x) >= n else \
+        np.random.default_rng(2).standard_normal((n, *example.shape[1:]), dtype=np.float32)
+    with atomic_path(target) as tmp:
+        with reporter.phase(f"writing the torch.export program {target.name}"):
+            torch.export.save(program, str(tmp))
+            diff = _check_program(tmp, loaded, x)
+        if not diff <= atol:
+            raise ExportError(f"the saved torch.export program disagrees with PyTorch: max abs logit diff {diff:.2e} "
+                              f"(tolerance {atol:g})", "drop --program, and report the model")
+        check = {"max_abs_diff": diff, "samples": int(len(x)), "atol": atol, "loaded_back": True}
+        manifest = dataclasses.replace(
+            onnx_manifest, kind="program", artifact={}, created="",
+            producer={"tool": "trtc export --program", "trtc": __version__, "format": "torch.export",
+                      "torch": dist_version("torch"), "onnx_sibling": onnx_manifest.artifact.get("file"),
+                      "check": check})
+        mpath = write_manifest(target, manifest, hashed_as=tmp)
+        size = tmp.stat().st_size
+    return {"file": str(target), "manifest": str(mpath), "bytes": size, "check": check,
+            "seconds": round(time.perf_counter() - t0, 3)}
 
 
 @dataclass

@@ -1,0 +1,566 @@
+"""The compiled PyTorch engine: a ``torch.export`` program (``trtc export ... --program`` writes ``m.pt2`` beside the
+ONNX) run through Inductor, for GPUs without TensorRT.
+
+    engine = engines.open_engine("lite0.pt2", device="cuda:0")            # FP32
+    engine = engines.open_engine("torch-fp16:lite0.pt2", device="cuda:0") # FP16, trtc quantize's keep-list in FP32
+
+On CUDA the program is loaded, cast to FP16 where asked (:func:`fp16_graph`), put in channels_last, compiled with
+``torch.compile(dynamic=False)`` once per batch size and input layout, and replayed as CUDA graphs that trtc
+captures itself on the engine's own stream: one graph per input slot (the graph reads the caller's device array
+where it lies, no copy), and one per batch size that copies other inputs into a static buffer. ``infer`` follows
+the device-array contract of :class:`~engines.onnxruntime_engine.OnnxRuntimeEngine`: numpy in -> numpy out; a device
+array (CuPy, DLPack) in -> CuPy out, enqueued on the engine's stream, ordered with the caller's ``stream`` through
+CUDA events, without a host synchronisation.
+
+Compilation takes seconds to tens of seconds (ResNet-50 on an H100: about 20 s). Inductor's compiled artifacts are
+kept beside the model (``m.pt2.inductor/``; a user cache folder where the model's folder is read-only), keyed by GPU,
+torch version, batch size, precision and layout (:func:`cache_key`), so a second start of the same model is fast.
+A corrupt or mismatched cache file is ignored with a log line.
+
+On the CPU the program runs eagerly (``compile=True`` compiles it with Inductor's C++ backend; slow to compile).
+INT8 is refused: it needs TensorRT or ONNX Runtime (``trtc quantize m.onnx --precision int8``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import re
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ._deps import require
+from .base import EngineBase, TensorSpec
+from .errors import EngineError, UsageProblem
+
+log = logging.getLogger("trtc")
+PREFIXES = ("torch", "torch-fp16")
+PRECISIONS = ("fp32", "fp16")
+# trtc quantize's FP16 keep-list (ONNX op types, toolchain/precision/fp16.py) -> the aten operators of a torch.export
+# program that compute the same thing; these compute in FP32 in an FP16 program (their inputs cast up, their float
+# outputs cast back down). Convolutions, matrix products, activations, pooling, additions and batch norm run in FP16.
+KEEP_FP32_ATEN = {
+    "Softmax": ("softmax", "_softmax", "_safe_softmax"), "LogSoftmax": ("log_softmax", "_log_softmax"),
+    "Exp": ("exp", "exp2", "expm1"), "Log": ("log", "log2", "log10", "log1p"), "Pow": ("pow",),
+    "Reciprocal": ("reciprocal", "rsqrt"), "ReduceSum": ("sum",), "ReduceSumSquare": ("sum",),
+    "ReduceL2": ("norm", "linalg_vector_norm"), "ReduceLogSumExp": ("logsumexp",), "ReduceProd": ("prod",),
+    "LayerNormalization": ("layer_norm", "native_layer_norm"),
+    "InstanceNormalization": ("instance_norm",), "GroupNormalization": ("group_norm", "native_group_norm"),
+    "CumSum": ("cumsum",), "Range": ("arange",), "TopK": ("topk",), "NonMaxSuppression": ("nms",),
+    "RoiAlign": ("roi_align",),
+}
+CACHE_MAGIC = b"TRTC-INDUCTOR-CACHE 1\n"
+MAX_SLOT_GRAPHS = 8  # input slots (device addresses) per batch size that get a graph of their own
+
+
+def require_torch(purpose: str = "The compiled PyTorch engine"):
+    return require("torch", purpose, extra="torch")
+
+
+def check_precision(precision: str | None) -> str:
+    """fp32 or fp16; int8 is refused with the fix (it needs TensorRT or ONNX Runtime)."""
+    p = (precision or "fp32").lower()
+    if p == "int8":
+        raise UsageProblem("INT8 needs TensorRT or ONNX Runtime: the compiled PyTorch engine runs FP32 and FP16",
+                           "quantize the ONNX exported beside the program: trtc quantize MODEL.onnx --precision int8, "
+                           "then run MODEL.int8.onnx (ONNX Runtime) or build a plan (TensorRT)")
+    if p not in PRECISIONS:
+        raise UsageProblem(f"unknown precision {precision!r} for the compiled PyTorch engine", "use fp32 or fp16")
+    return p
+
+
+def keep_fp32_ops(onnx_ops=None) -> set[str]:
+    """The aten operator names kept in FP32 for these ONNX op types (default: trtc quantize's keep-list)."""
+    if onnx_ops is None:
+        onnx_ops = KEEP_FP32_ATEN
+    return {name for op in onnx_ops for name in KEEP_FP32_ATEN.get(op, ())}
+
+
+def _op_name(node) -> str | None:
+    packet = getattr(node.target, "_overloadpacket", None)
+    if packet is not None:
+        return packet.__name__.split(".")[-1]
+    return getattr(node.target, "__name__", None) if node.op == "call_function" else None
+
+
+def _is_float(val) -> bool:
+    dtype = getattr(val, "dtype", None)
+    return dtype is not None and dtype.is_floating_point
+
+
+def fp16_graph(gm, keep: set[str] | None = None) -> list[str]:
+    """Make the GraphModule ``gm`` (``ExportedProgram.module()``) compute in FP16, in place: float parameters and
+    buffers to FP16, and the nodes whose operator is in ``keep`` (:func:`keep_fp32_ops`) computed in FP32 (casts
+    around them). The caller feeds it FP16 input. Returns the names of the nodes kept in FP32."""
+    torch = require_torch()
+    keep = keep_fp32_ops() if keep is None else keep
+    graph, kept = gm.graph, []
+    to_copy = torch.ops.aten._to_copy.default
+    for node in list(graph.nodes):
+        if node.op != "call_function" or _op_name(node) not in keep:
+            continue
+        kept.append(node.name)
+        for arg in [a for a in node.all_input_nodes if _is_float(a.meta.get("val"))]:
+            with graph.inserting_before(node):
+                up = graph.call_function(to_copy, (arg,), {"dtype": torch.float32})
+            node.replace_input_with(arg, up)
+        outs = [node] if _is_float(node.meta.get("val")) else \
+            [u for u in node.users if _is_float(u.meta.get("val"))]  # a tuple's float items (getitem nodes)
+        for out in outs:
+            users = list(out.users)
+            with graph.inserting_after(out):
+                down = graph.call_function(to_copy, (out,), {"dtype": torch.float16})
+            for user in users:
+                user.replace_input_with(out, down)
+    graph.lint()
+    gm.recompile()
+    gm.half()
+    return kept
+
+
+class _Model:
+    """The program's module with trtc's input and output contract: takes the input as given (FP32 or FP16, any
+    layout), computes in the engine's precision, returns FP32 logits."""
+
+    def __new__(cls, gm, dtype):
+        torch = require_torch()
+
+        class Wrapped(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.gm = gm
+
+            def forward(self, x):
+                return self.gm(x.to(dtype)).float()
+
+        return Wrapped()
+
+
+def load_program(path: Path, precision: str):
+    """``torch.export.load`` -> its module, without the input check hooks (the engine checks shapes itself), frozen
+    (no gradients), cast to FP16 where asked; returns (module, the nodes kept in FP32)."""
+    torch = require_torch()
+    try:
+        program = torch.export.load(str(path))
+    except Exception as exc:  # noqa: BLE001 - torch raises many kinds for a file that is not a program
+        raise EngineError(f"torch cannot load {path.name} as a torch.export program: {str(exc).splitlines()[0]}",
+                          "re-export it: trtc export SOURCE -o MODEL.onnx --program") from exc
+    gm = program.module()
+    gm._forward_pre_hooks.clear()  # the program's shape checks: the engine checks the batch range itself
+    gm.requires_grad_(False)
+    kept = fp16_graph(gm) if precision == "fp16" else []
+    dtype = torch.float16 if precision == "fp16" else torch.float32
+    return _Model(gm, dtype), kept
+
+
+# ----------------------------------------------------------------------------------------------------- the cache
+def _clean(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.]+", "-", text).strip("-")
+
+
+def device_label(device_id: int | None) -> str:
+    """``H100-sm90`` style: the GPU's name (without NVIDIA and the memory) and compute capability; ``cpu-x86_64``."""
+    if device_id is None:
+        return f"cpu-{platform.machine()}"
+    torch = require_torch()
+    name = torch.cuda.get_device_name(device_id)
+    major, minor = torch.cuda.get_device_capability(device_id)
+    short = re.sub(r"^NVIDIA\s+", "", name).split()
+    return f"{_clean('-'.join(short[:2]))}-sm{major}{minor}"
+
+
+def cache_key(device: str, torch_version: str, batch: int, precision: str, layout: str, dtype: str,
+              model_sha: str) -> str:
+    """One compiled artifact's key: GPU (name and compute capability), torch and Python versions, batch size,
+    precision, input layout and dtype, and the model's hash (a replaced model never loads another's code)."""
+    py = f"py{platform.python_version_tuple()[0]}{platform.python_version_tuple()[1]}"
+    return (f"{_clean(device)}-torch{_clean(torch_version)}-{py}-b{batch}-{precision}-{layout}-{dtype}-"
+            f"{model_sha[:12]}")
+
+
+def user_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "trtc" / "inductor"
+
+
+def cache_dirs(model: Path, model_sha: str) -> list[Path]:
+    """Where a model's compiled artifacts are looked for and written: beside the model, then the user's cache."""
+    return [model.with_name(model.name + ".inductor"), user_cache_dir() / model_sha[:16]]
+
+
+def read_cache(path: Path, key: str) -> bytes | None:
+    """The payload of a cache file written for ``key``; None (with a log line) for a missing, corrupt or
+    mismatched one."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        log.info("ignored the compile cache %s: %s", path, exc)
+        return None
+    try:
+        if not raw.startswith(CACHE_MAGIC):
+            raise ValueError("not a trtc compile cache")
+        head, _, payload = raw[len(CACHE_MAGIC):].partition(b"\n")
+        meta = json.loads(head)
+        if meta.get("key") != key or meta.get("bytes") != len(payload):
+            raise ValueError(f"written for {meta.get('key')} ({meta.get('bytes')} bytes), not {key} "
+                             f"({len(payload)} bytes)")
+    except (ValueError, UnicodeDecodeError) as exc:
+        log.warning("ignored the compile cache %s: %s; compiling again", path.name, exc)
+        return None
+    return payload
+
+
+def write_cache(dirs: list[Path], key: str, payload: bytes) -> Path | None:
+    """Write the cache file atomically in the first folder that takes it; None (a log line) where none does."""
+    from ._io import atomic_write_bytes
+    from .errors import TrtcError
+
+    data = CACHE_MAGIC + json.dumps({"key": key, "bytes": len(payload)}).encode() + b"\n" + payload
+    for folder in dirs:
+        target = folder / f"{key}.bin"
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(target, data)
+            return target
+        except (OSError, TrtcError) as exc:
+            log.info("cannot keep the compile cache in %s (%s)", folder, getattr(exc, "reason", exc))
+    log.warning("could not keep Inductor's compiled code (tried %s): the next start compiles again",
+                ", ".join(str(d) for d in dirs))
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------- the engine
+class _Run:
+    """What one (batch size, input dtype, layout) needs: the compiled callable, the static input with the graph
+    that copies into it, and the graphs bound to input slots (device address -> (graph, output))."""
+
+    def __init__(self, fn, static_in=None, graph=None, out=None):
+        self.fn, self.static_in, self.graph, self.out = fn, static_in, graph, out
+        self.slots: dict[int, tuple] = {}
+
+
+def _layout(shape: tuple, strides: tuple) -> str:
+    """nchw (C-contiguous) or nhwc (channels_last) for an (N, C, H, W) array's strides in elements; anything else is
+    refused. Dimensions of size 1 may have any stride."""
+    n, c, h, w = (int(d) for d in shape)
+    for name, want in (("nchw", (c * h * w, h * w, w, 1)), ("nhwc", (h * w * c, 1, w * c, c))):
+        if all(int(s) == t or d == 1 for s, t, d in zip(strides, want, (n, c, h, w))):
+            return name
+    raise UsageProblem(f"input strides {tuple(strides)} are neither NCHW nor channels_last (NHWC) for shape "
+                       f"{tuple(shape)}", "pass a C-contiguous NCHW array, or an (N, C, H, W) view of NHWC memory")
+
+
+def _sha(path: Path) -> str:
+    from ._io import sha256_verified
+
+    return sha256_verified(path)
+
+
+def _program_specs(gm) -> tuple[list[TensorSpec], list[TensorSpec], tuple | None]:
+    """Inputs, outputs and fixed batch of a program without a manifest, from its graph's example values."""
+    def spec(name, val):
+        shape = tuple(int(d) if isinstance(d, int) or str(d).isdigit() else "batch" for d in val.shape)
+        return TensorSpec(name, str(val.dtype).replace("torch.", ""), shape)
+
+    holders = [n for n in gm.graph.nodes if n.op == "placeholder" and hasattr(n.meta.get("val"), "shape")]
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    first = out_node.args[0]
+    first = first[0] if isinstance(first, (tuple, list)) else first
+    if len(holders) != 1 or not hasattr(getattr(first, "meta", {}).get("val"), "shape"):
+        raise EngineError("the program is not a classifier with one image input and a logits output",
+                          "export it with trtc export SOURCE -o MODEL.onnx --program")
+    ins, outs = [spec("input", holders[0].meta["val"])], [spec("logits", first.meta["val"])]
+    b = ins[0].shape[0]
+    return ins, outs, ((b, b) if isinstance(b, int) else None)
+
+
+class TorchEngine(EngineBase):
+    def __init__(self, path: str | os.PathLike, device: str = "cpu", precision: str | None = None,
+                 compile: bool | None = None, cuda_graph: bool = True, cache: bool = True, progress=None,
+                 cudnn_benchmark: bool = True):
+        """``precision``: fp32 (default) or fp16 (trtc quantize's keep-list computes in FP32); int8 is refused.
+        ``compile``: Inductor (default on CUDA; on the CPU the program runs eagerly unless True). ``cuda_graph``:
+        replay CUDA graphs (CUDA only). ``cache``: keep and reuse Inductor's compiled artifacts beside the model.
+        ``progress``: called with a line of text before a compilation (default: the ``trtc`` log).
+        ``cudnn_benchmark``: let cuDNN time its convolution algorithms for each fixed shape (process-wide)."""
+        t0 = time.perf_counter()
+        self.precision = check_precision(precision)
+        torch = require_torch()
+        from .manifest import read_manifest_if_any
+        from .onnxruntime_engine import parse_device
+
+        self.timings = {"import_torch_s": time.perf_counter() - t0}
+        self.path, self.device = Path(path), device
+        kind, index = parse_device(device)
+        self.device_id = index if kind == "cuda" else None
+        self.manifest = read_manifest_if_any(self.path)
+        if self.manifest is not None and self.manifest.kind not in ("program",):
+            raise UsageProblem(f"{self.path.name} is a {self.manifest.kind}, not a torch.export program",
+                               "give the .pt2 that trtc export --program writes")
+        self.compile = kind == "cuda" if compile is None else bool(compile)
+        self.cuda_graph = bool(cuda_graph) and kind == "cuda"
+        self.cache, self.progress = cache, progress
+        self.compile_stats: dict = {}
+        self._runs: dict = {}
+        self._lock = threading.Lock()
+        self.stream = None
+        if kind == "cuda":
+            self._open_cuda(torch, cudnn_benchmark)
+        t1 = time.perf_counter()
+        self.module, self.kept_fp32 = load_program(self.path, self.precision)
+        self.timings["load_program_s"] = time.perf_counter() - t1
+        self._set_specs()
+        if kind == "cuda":
+            self.module.to(self._torch_device).to(memory_format=torch.channels_last)
+        self._sha = self.manifest.artifact.get("sha256", "") if self.manifest else _sha(self.path)
+        self.timings["open_s"] = time.perf_counter() - t0
+        self.preferred_layout = "NHWC" if kind == "cuda" else "NCHW"  # what the first convolution reads best
+
+    def _open_cuda(self, torch, cudnn_benchmark: bool) -> None:
+        from ._gpu import check_gpu_index
+
+        check_gpu_index(self.device_id)
+        if not torch.cuda.is_available():
+            raise UsageProblem(f"{self.device}: this torch ({torch.__version__}) has no CUDA",
+                               "install a CUDA build of torch (pip install torch), or use --device cpu")
+        cp = require("cupy", "Running the compiled PyTorch engine on device buffers")
+        with cp.cuda.Device(self.device_id):
+            self.stream = cp.cuda.Stream(non_blocking=True)
+        self._torch_device = torch.device("cuda", self.device_id)
+        self._tstream = torch.cuda.ExternalStream(self.stream.ptr, device=self._torch_device)
+        self._pool = torch.cuda.graph_pool_handle()
+        if cudnn_benchmark:
+            torch.backends.cudnn.benchmark = True
+
+    def _set_specs(self) -> None:
+        dtype = "float16" if self.precision == "fp16" else "float32"
+        if self.manifest is not None:
+            m = self.manifest
+            self.inputs = [TensorSpec(t.name, dtype, t.shape) for t in m.inputs]
+            self.outputs = [TensorSpec(t.name, "float32", t.shape) for t in m.outputs]
+            self.batch_range = (m.batch.min, m.batch.max)
+            return
+        ins, outs, self.batch_range = _program_specs(self.module.gm)
+        self.inputs = [TensorSpec(ins[0].name, dtype, ins[0].shape)]
+        self.outputs = [TensorSpec(outs[0].name, "float32", outs[0].shape)]
+
+    # ------------------------------------------------------------------------------------------------ running
+    def infer(self, batch, outputs=None, stream=None) -> list:
+        """Run one batch. Host arrays in, host arrays out; device arrays in, CuPy arrays out (enqueued on the
+        engine's stream, ordered after the caller's ``stream`` and before whatever the caller enqueues next).
+
+        A device input is read where it lies: keep it alive and unchanged until ``stream`` reaches this point."""
+        from ._cuda import is_device_array
+
+        first = next(iter(batch.values())) if isinstance(batch, dict) else batch
+        if is_device_array(first):
+            return self._infer_device(first, outputs, stream)
+        return self._infer_host(np.asarray(first))
+
+    def _check_shape(self, shape: tuple) -> int:
+        want = self.inputs[0].shape
+        if len(shape) != 4 or tuple(shape[1:]) != tuple(want[1:]):
+            raise UsageProblem(f"input shape {tuple(shape)} does not fit the model's {list(want)}",
+                               f"give (batch, {', '.join(str(d) for d in want[1:])}) arrays")
+        b = int(shape[0])
+        lo, hi = self.batch_range or (1, None)
+        if b < lo or (hi is not None and b > hi):
+            raise UsageProblem(f"batch {b} is outside {self.path.name}'s batch range {lo}..{hi}",
+                               f"give batches of {lo} to {hi}, or export again with --batch 1:{b}:{max(b, hi or b)}")
+        return b
+
+    def _infer_host(self, x: np.ndarray) -> list:
+        torch = require_torch()
+        self._check_shape(x.shape)
+        x = np.ascontiguousarray(x, dtype=self.inputs[0].numpy_dtype)
+        if self.stream is None:
+            with self._lock, torch.no_grad():
+                xt = torch.from_numpy(x)
+                return [self._run_for(xt, "nchw").fn(xt).numpy()]
+        with self._lock, torch.cuda.device(self.device_id), torch.cuda.stream(self._tstream), torch.no_grad():
+            xt = torch.from_numpy(x).to(self._torch_device)
+            return [self._forward(xt).cpu().numpy()]  # .cpu() waits for the engine's stream
+
+    def _infer_device(self, x, outputs, stream) -> list:
+        if self.stream is None:
+            raise UsageProblem(f"{self.path.name} is open on {self.device}, not on a GPU",
+                               "open it with device='cuda:N' or pass numpy arrays")
+        import cupy as cp
+
+        from ._cuda import as_cupy, device_output, external_stream
+
+        torch = require_torch()
+        x = as_cupy(x)
+        self._check_shape(x.shape)
+        if x.dtype not in (np.float32, np.float16):
+            raise UsageProblem(f"input must be a float32 or float16 device array, got {x.dtype}")
+        caller = external_stream(stream, self.device_id) if stream is not None else cp.cuda.get_current_stream()
+        if caller.ptr != self.stream.ptr:
+            self.stream.wait_event(caller.record())
+        with self._lock, cp.cuda.Device(self.device_id), self.stream, torch.cuda.device(self.device_id), \
+                torch.cuda.stream(self._tstream), torch.no_grad():
+            logits = self._forward(torch.from_dlpack(x))
+            out = device_output(outputs, 0, self.outputs[0], tuple(logits.shape), self.stream)
+            torch.from_dlpack(out).copy_(logits)  # a graph's output is overwritten by its next replay
+        if caller.ptr != self.stream.ptr:
+            caller.wait_event(self.stream.record())
+        return [out]
+
+    def _forward(self, xt):
+        """Logits of a CUDA tensor, on the engine's stream (the current one): the graph bound to the input's slot,
+        a new such graph (up to MAX_SLOT_GRAPHS per batch size), or the graph that copies the input in."""
+        layout = _layout(tuple(xt.shape), tuple(xt.stride()))
+        run = self._run_for(xt, layout)
+        if not self.cuda_graph:
+            return run.fn(xt)
+        bound = run.slots.get(xt.data_ptr())
+        if bound is None and len(run.slots) < MAX_SLOT_GRAPHS:
+            bound = run.slots[xt.data_ptr()] = self._capture(run.fn, xt)
+        if bound is not None:
+            bound[0].replay()
+            return bound[1]
+        run.static_in.copy_(xt)
+        run.graph.replay()
+        return run.out
+
+    def _run_for(self, xt, layout: str) -> _Run:
+        """The compiled callable (and, on CUDA, the copying graph) of this input's batch size, dtype and layout:
+        made on first use."""
+        key = (int(xt.shape[0]), str(xt.dtype), layout)
+        run = self._runs.get(key)
+        if run is not None:
+            return run
+        torch = require_torch()
+        if self.stream is None:
+            run = self._runs[key] = _Run(self._compiled(xt, layout))
+            return run
+        static_in = torch.empty_strided(tuple(xt.shape), tuple(xt.stride()), dtype=xt.dtype, device=xt.device)
+        static_in.copy_(xt)
+        fn = self._compiled(static_in, layout)
+        graph, out = self._capture(fn, static_in) if self.cuda_graph else (None, None)
+        run = self._runs[key] = _Run(fn, static_in, graph, out)
+        return run
+
+    def _capture(self, fn, xt) -> tuple:
+        """A CUDA graph of ``fn(xt)`` reading ``xt`` where it lies, captured on the engine's stream after one
+        warm-up run there; other threads' CUDA calls (decoders, kernels) go on meanwhile (thread-local capture)."""
+        torch = require_torch()
+        t0 = time.perf_counter()
+        fn(xt)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool, stream=self._tstream, capture_error_mode="thread_local"):
+            out = fn(xt)
+        self.timings["capture_s"] = self.timings.get("capture_s", 0.0) + time.perf_counter() - t0
+        return graph, out
+
+    # ----------------------------------------------------------------------------------------------- compiling
+    def _compiled(self, xt, layout: str):
+        """The callable for ``xt``'s shape: the module itself (eager), or ``torch.compile(dynamic=False)`` run once
+        here (Inductor compiles at the first call), Inductor's artifacts loaded from and saved to the cache."""
+        if not self.compile:
+            return self.module
+        torch = require_torch()
+        _raise_recompile_limit(torch)
+        b, dtype = int(xt.shape[0]), str(xt.dtype).replace("torch.", "")
+        key = cache_key(self._device_label(), torch.__version__, b, self.precision, layout, dtype, self._sha)
+        dirs = cache_dirs(self.path, self._sha) if self.cache else []
+        loaded = self._load_cache(dirs, key)
+        where = "from its cache" if loaded else "about 20 s the first time for ResNet-50 on an H100; " + \
+            ("cached beside the model" if self.cache else "not cached")
+        self._say(f"compiling {self.path.name} ({self.precision}) for batch {b} on {self._device_name()} ({where})",
+                  loud=not loaded)
+        hits = _counter(torch, "fxgraph_cache_hit")
+        t0 = time.perf_counter()
+        fn = torch.compile(self.module, dynamic=False)
+        try:
+            fn(xt)
+            if self.stream is not None:
+                self._tstream.synchronize()
+        except Exception as exc:  # noqa: BLE001 - Inductor and Dynamo raise many kinds
+            raise EngineError(f"torch.compile failed on {self.path.name} at batch {b}: {str(exc).splitlines()[0]}",
+                              "run it eagerly (open_engine(..., compile=False)) and report the model") from exc
+        seconds = time.perf_counter() - t0
+        hit = _counter(torch, "fxgraph_cache_hit") > hits
+        self.compile_stats[(b, dtype, layout)] = {"seconds": seconds, "cache_file": bool(loaded),
+                                                  "inductor_cache_hit": hit, "key": key}
+        self.timings["compile_s"] = self.timings.get("compile_s", 0.0) + seconds
+        log.info("compiled %s for batch %d in %.1f s (%s)", self.path.name, b, seconds,
+                 "Inductor cache hit" if hit else "Inductor compiled")
+        if dirs and not loaded:
+            self._save_cache(torch, dirs, key)
+        return fn
+
+    def _load_cache(self, dirs: list[Path], key: str) -> Path | None:
+        """Load the first cache file of ``key`` that is whole and meant for it; None where there is none."""
+        torch = require_torch()
+        for folder in dirs:
+            path = folder / f"{key}.bin"
+            payload = read_cache(path, key)
+            if payload is None:
+                continue
+            try:
+                torch.compiler.load_cache_artifacts(payload)
+            except Exception as exc:  # noqa: BLE001 - a payload torch cannot read: compile afresh
+                log.warning("ignored the compile cache %s: torch cannot load it (%s); compiling again", path.name,
+                            str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+                continue
+            log.info("loaded Inductor's compiled code from %s", path)
+            return path
+        return None
+
+    def _save_cache(self, torch, dirs: list[Path], key: str) -> None:
+        try:
+            saved = torch.compiler.save_cache_artifacts()
+        except Exception as exc:  # noqa: BLE001 - never fail a run for a cache
+            log.info("torch could not serialise its compiled code: %s", exc)
+            return
+        if saved is not None and saved[0]:
+            written = write_cache(dirs, key, bytes(saved[0]))
+            if written is not None:
+                log.info("kept Inductor's compiled code in %s (%d bytes)", written, len(saved[0]))
+
+    def _device_label(self) -> str:
+        return device_label(self.device_id)
+
+    def _device_name(self) -> str:
+        if self.device_id is None:
+            return "the CPU"
+        return require_torch().cuda.get_device_name(self.device_id)
+
+    def _say(self, text: str, loud: bool = True) -> None:
+        """A compilation announced: to ``progress``, else the log (a warning, so the CLI shows it, when it is the
+        slow one)."""
+        if self.progress is not None:
+            self.progress(text)
+        else:
+            log.log(logging.WARNING if loud else logging.INFO, "%s", text)
+
+    def close(self) -> None:
+        if self.stream is not None:
+            self.stream.synchronize()
+        self._runs.clear()
+        self.module = None
+
+
+def _counter(torch, name: str) -> int:
+    try:
+        from torch._dynamo.utils import counters
+
+        return int(counters["inductor"][name])
+    except Exception:  # noqa: BLE001 - a torch without the counter: no hit known
+        return 0
+
+
+def _raise_recompile_limit(torch, at_least: int = 64) -> None:
+    """One compiled entry per batch size and layout: Dynamo's default of 8 recompiles would run the ninth eagerly."""
+    cfg = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit"):
+        if hasattr(cfg, name):
+            setattr(cfg, name, max(int(getattr(cfg, name)), at_least * (4 if "accumulated" in name else 1)))
