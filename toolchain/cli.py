@@ -272,11 +272,13 @@ def _show(state: State, report, as_json: bool, renderer: str) -> None:
               help="Random inputs when no --check-data.")
 @click.option("--atol", type=FiniteFloat(0), default=1e-3, show_default=True, help="Max abs logit difference allowed.")
 @click.option("--name", help="Model name for the manifest (default: from the source).")
+@click.option("--program", is_flag=True, help="Also write the torch.export program beside the ONNX (OUTPUT.pt2 with "
+              "its manifest), for the compiled PyTorch engine (docs/TORCH.md).")
 @force_flag
 @json_flag
 @click.pass_obj
 def export(state: State, source, output, weights, random_weights, num_classes, input_size, batch, opset, exporter,
-           labels, mean, std, color, resize, check_data, check_samples, atol, name, force, as_json):
+           labels, mean, std, color, resize, check_data, check_samples, atol, name, program, force, as_json):
     """Export a PyTorch classifier to ONNX, with OUTPUT.json (the manifest) beside it; or adopt an ONNX file made
     elsewhere.
 
@@ -293,6 +295,7 @@ def export(state: State, source, output, weights, random_weights, num_classes, i
       trtc export pretrained:efficientnet-lite0 -o lite0.onnx
       trtc export torchvision:resnet18 --weights w.pth --num-classes 10 -o r18.onnx --check-data photos/
       trtc export torchvision:resnet50 --random-weights -o r50.onnx     # untrained: for speed measurements
+      trtc export pretrained:efficientnet-lite0 -o lite0.onnx --program  # + lite0.pt2 (compiled PyTorch engine)
       trtc export ro.onnx --color bgr --resize 256                      # adopt an ONNX made elsewhere
     """
     from .export import adopt_onnx, export_onnx, is_adoptable
@@ -300,7 +303,8 @@ def export(state: State, source, output, weights, random_weights, num_classes, i
     if is_adoptable(source):
         ignored = [opt for opt, given in (("--weights", weights), ("--random-weights", random_weights),
                                           ("--num-classes", num_classes), ("--opset", opset),
-                                          ("--exporter", exporter != "auto"), ("--check-data", check_data))
+                                          ("--exporter", exporter != "auto"), ("--check-data", check_data),
+                                          ("--program", program))
                    if given]
         if output is not None and os.path.realpath(output) != os.path.realpath(source):
             ignored.insert(0, "-o")
@@ -318,7 +322,7 @@ def export(state: State, source, output, weights, random_weights, num_classes, i
                          batch=batch or "1:8:32", opset=opset, exporter=exporter, labels=labels, mean=mean, std=std,
                          color=color.upper() if color else None, resize=resize, check_data=check_data,
                          check_samples=check_samples, atol=atol, force=force, name=name, reporter=state.reporter(),
-                         random_weights=random_weights)
+                         random_weights=random_weights, program=program)
     _show(state, report, as_json, "render_export")
 
 
