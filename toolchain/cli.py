@@ -591,16 +591,31 @@ def _int_list(ctx, param, value):
                                 "one GPU in the same run.")
 @click.option("--repeat", type=click.IntRange(1), default=3, show_default=True,
               help="A video benchmark: run decode-only and trtc this many times, interleaved, and show the median.")
+@click.option("--input", "input_mode", type=click.Choice(["auto", "device", "host"]), default="auto", show_default=True,
+              help="device: the batch is made once on the GPU (CuPy) and no host copy is timed; host: numpy batches, "
+                   "copies timed. auto: device on cuda:N where CuPy is installed, else host.")
+@click.option("--reference", type=click.Choice(["auto", "torch-compile", "torch-eager", "none"]), default="auto",
+              show_default=True, help="A reference row per model, timed the same way: its PyTorch source (from the "
+              "manifest, or a .pt2 beside it) as a user runs it, FP16 for FP16/INT8 models, channels_last, "
+              "torch.compile(mode=reduce-overhead) or eager; each row's 'vs ref' divides by it. auto: torch-compile "
+              "on cuda:N where torch is installed, none on the CPU.")
+@click.option("--ort-tuning", type=click.Choice(["auto", "off", "both"]), default="auto", show_default=True,
+              help="ONNX Runtime models open tuned (auto) or with the options of before (off: only the device); "
+                   "both: a row of each, the tuned one's 'vs untuned' dividing by the other. Video too.")
+@click.option("--first-result/--no-first-result", default=True, show_default=True,
+              help="A video benchmark: time to first result in a fresh process (engine open + first batch), twice.")
 @json_flag
 @click.pass_obj
 def bench(state: State, models, batches, device, warmup, iterations, duration, video_model, streams, latency_frames,
-          latency_video, decode_latency, memory_loops, devices, repeat, as_json):
+          latency_video, decode_latency, memory_loops, devices, repeat, input_mode, reference, ort_tuning,
+          first_result, as_json):
     """Time models side by side across batch sizes: latency p50/p90/p99, throughput, CV, speed-up vs the first.
     Or, with a video and --model, time the video pipelines side by side.
 
     MODELS are .onnx files (ONNX Runtime), opencv:M.onnx (the same file through OpenCV dnn; opencv-fp16:M.onnx
-    for OpenCV's CUDA FP16 target), .plan files or PyTorch sources (as for export). Host<->device copies are
-    included on a GPU (the report says so).
+    for OpenCV's CUDA FP16 target), .plan files or PyTorch sources (as for export). On cuda:N with CuPy the input
+    is device-resident (no host copies timed; --input host times them), and each model gets a torch.compile
+    reference row (--reference) that 'vs ref' divides by.
 
     With VIDEO --model M: NVDEC decode only, the usual OpenCV-CPU-decode + torch pipeline, and trtc's zero-copy
     pipeline, on 1, 8, 16 and 32 copies of the video at once (--streams), plus per-frame latency at the video's
@@ -611,6 +626,7 @@ def bench(state: State, models, batches, device, warmup, iterations, duration, v
     Examples:
       trtc bench lite0.onnx lite0.fp16.onnx lite0.int8.onnx --batch 1,8,32
       trtc bench pretrained:efficientnet-lite0 lite0.fp16.onnx --device cuda:0 --json
+      trtc bench r50.fp16.onnx lite0.fp16.onnx --batch 64 --device cuda:0 --ort-tuning both
       trtc bench lite0.onnx opencv:lite0.onnx pretrained:efficientnet-lite0 --batch 1,8
       trtc bench clip1080.mp4 --model resnet50.fp16.onnx --streams 1,8,16,32 --json
     """
@@ -623,13 +639,14 @@ def bench(state: State, models, batches, device, warmup, iterations, duration, v
                              batch=(batches or [None])[0], latency_frames=latency_frames,
                              latency_video=latency_video, decode_latency=decode_latency,
                              memory_loops=memory_loops, reporter=state.reporter(), repeat=repeat,
-                             devices=devices or None)
+                             devices=devices or None, ort_tuning=ort_tuning, first_result=first_result)
         _show(state, report, as_json, "render_bench_video")
         return
     from .bench import bench as run_bench
 
-    report = run_bench(list(models), batches, device=device or "cpu", warmup=warmup,
-                       iterations=iterations, duration=duration, reporter=state.reporter())
+    report = run_bench(list(models), batches, device=device or "cpu", warmup=warmup, iterations=iterations,
+                       duration=duration, input=input_mode, reference=reference, ort_tuning=ort_tuning,
+                       reporter=state.reporter())
     _show(state, report, as_json, "render_bench")
 
 

@@ -320,11 +320,23 @@ def render_bench(console, report) -> None:
     gpu = report.machine.get("gpu")
     t = Table(title=f"{report.device}{' (' + gpu + ')' if gpu else ''}: transfers {report.transfers}; CUDA graphs "
                     f"{report.cuda_graphs}", title_justify="left")
-    for col in ("model", "prec", "batch", "p50 ms", "p90 ms", "p99 ms", "CV", "samples/s", "vs first"):
-        t.add_column(col, justify="right" if col not in ("model", "prec") else "left")
+    # the backend column where it tells rows apart (a reference, two tunings, device and host input)
+    backends = any(getattr(r, "role", "engine") != "engine" or getattr(r, "backend", "") == "onnxruntime (untuned)"
+                   or getattr(r, "input", "host") != getattr(report, "input", "host") for r in report.rows)
+    ref = any(getattr(r, "ratio_to_reference", None) is not None for r in report.rows)
+    cols = ("model",) + (("backend",) if backends else ()) + ("prec", "batch", "p50 ms", "p90 ms", "p99 ms", "CV",
+                                                             "samples/s", "vs first") + (("vs ref",) if ref else ())
+    longest = max((len(w) for r in report.rows for w in getattr(r, "backend", "").split()), default=0)
+    for col in cols:  # wrapped between words, never cut inside one ("onnxru…", "sample…")
+        t.add_column(col, justify="right" if col not in ("model", "backend", "prec") else "left",
+                     min_width=max(longest if col == "backend" else 0, *(len(w) for w in col.split())))
     for r in report.rows:
-        t.add_row(escape(model_label(r.model)), r.precision, str(r.batch), f"{r.p50_ms:.2f}", f"{r.p90_ms:.2f}",
-                  f"{r.p99_ms:.2f}", f"{r.cv:.0%}", f"{r.throughput:.1f}", f"{r.speedup:.2f}x")
+        where = " (host input)" if getattr(r, "input", "host") != getattr(report, "input", "host") else ""
+        ratio = getattr(r, "ratio_to_reference", None)
+        t.add_row(escape(model_label(r.model)), *((escape(r.backend + where),) if backends else ()), r.precision,
+                  str(r.batch), f"{r.p50_ms:.2f}", f"{r.p90_ms:.2f}", f"{r.p99_ms:.2f}", f"{r.cv:.0%}",
+                  f"{r.throughput:.1f}", f"{r.speedup:.2f}x", *((f"{ratio:.2f}x" if ratio is not None else "",)
+                                                                if ref else ()))
     _print(console, t)
     _warn(report.warnings)
 

@@ -47,3 +47,61 @@ def test_bench_bad_input(tmp_path):
     assert r.exit_code == 2 and "model not found" in r.output
     r = run(["bench", "x.onnx", "--batch", "0,2"])
     assert r.exit_code == 2 and "at least 1" in r.output
+
+
+def test_ort_tuning_both_opens_each_onnx_model_twice_with_its_tuning(mnist, tmp_path, monkeypatch):
+    """--ort-tuning both: a row per tuning, the options going to engines.open_engine for ONNX Runtime models only
+    (the recorder stands in for the engine's `tuning` option and opens the real model without it)."""
+    import engines
+
+    real, seen = engines.open_engine, []
+
+    def open_engine(path, device="cpu", **options):
+        seen.append((str(path), options))
+        return real(path, device=device)
+
+    monkeypatch.setattr(engines, "open_engine", open_engine)
+    shutil.copy(mnist[0], tmp_path / "mnist.onnx")
+    model = str(tmp_path / "mnist.onnx")
+    r = run(["bench", model, f"opencv:{model}", "--batch", "1", "--iterations", "3", "--warmup", "1",
+             "--ort-tuning", "both", "--json"])
+    assert r.exit_code == 0, r.output
+    # tuned is the engine's default (nothing passed); untuned passes tuning="off"
+    assert [(p, o) for p, o in seen if p == model] == [(model, {}), (model, {"tuning": "off"})]
+    assert [o for p, o in seen if p != model] == [{}]  # OpenCV dnn: no tuning keyword
+    rows = json.loads(r.stdout)["rows"]
+    assert [row["backend"] for row in rows] == ["onnxruntime", "onnxruntime (untuned)", "opencv"]
+    assert rows[0]["vs_untuned"] == round(rows[0]["throughput"] / rows[1]["throughput"], 3)
+    assert all(row["img_s"] == round(row["throughput"], 1) and row["input"] == "host" for row in rows)
+    seen.clear()
+    r = run(["bench", model, "--batch", "1", "--iterations", "2", "--ort-tuning", "off", "--json"])
+    assert r.exit_code == 0 and seen == [(model, {"tuning": "off"})], r.output
+    assert [row["backend"] for row in json.loads(r.stdout)["rows"]] == ["onnxruntime (untuned)"]
+
+
+def test_reference_row_on_the_cpu_from_the_manifests_source(lite0_onnx, mnist, tmp_path):
+    """--reference torch-eager on the CPU (torch.compile is for the GPU run): the PyTorch model of the manifest's
+    source, timed in the same run; each engine row's ratio divides by the reference row of its batch. A foreign ONNX
+    (no manifest) gets one warning and no row."""
+    shutil.copy(mnist[0], tmp_path / "mnist.onnx")
+    r = run(["bench", str(lite0_onnx[0]), str(tmp_path / "mnist.onnx"), "--batch", "1", "--iterations", "3",
+             "--warmup", "1", "--reference", "torch-eager", "--json"])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.stdout)
+    lite0, ref, mn = rep["rows"]  # each model's reference row follows its rows
+    assert ref["role"] == "reference" and ref["backend"] == "torch eager" and ref["precision"] == "fp32"
+    assert ref["model"] == lite0["reference"] == "pretrained:efficientnet-lite0 (fp32)" and ref["batch"] == 1
+    assert ref["ratio_to_reference"] == 1.0 and ref["input"] == "host" and rep["reference"] == "torch-eager"
+    assert lite0["ratio_to_reference"] == round(lite0["throughput"] / ref["throughput"], 3) > 0
+    assert mn["reference"] is None and mn["ratio_to_reference"] is None
+    assert [w for w in rep["warnings"] if "reference row" in w] == [
+        "no torch eager reference row for mnist.onnx: it has no trtc manifest (export it from a PyTorch source, or "
+        f"put its torch.export program at {tmp_path / 'mnist.pt2'})"]
+    r = run(["bench", str(lite0_onnx[0]), "--batch", "1", "--iterations", "2", "--reference", "torch-eager"])
+    assert r.exit_code == 0 and "vs ref" in r.output and "torch eager" in r.output, r.output
+
+
+def test_device_input_refusals(mnist):
+    r = run(["bench", str(mnist[0]), "--input", "device"])
+    assert r.exit_code == 2 and "--device cpu is not a GPU" in r.output and "fix: give --device cuda:0" in r.output
+    assert len([line for line in r.output.splitlines() if line.startswith("error:")]) == 1
