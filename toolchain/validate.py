@@ -39,7 +39,7 @@ DEFAULT_THRESHOLDS = {
 @dataclass
 class ModelRef:
     spec: str  # what the user gave
-    kind: str  # pytorch | onnx | plan | opencv (an ONNX file run by OpenCV dnn)
+    kind: str  # pytorch | onnx | plan | opencv (an ONNX file run by OpenCV dnn) | torch (a .pt2, compiled)
     precision: str
     manifest: Manifest | None = None
 
@@ -80,6 +80,9 @@ def _classify(spec: str) -> ModelRef:
     from engines import split_engine
 
     engine, path, _ = split_engine(spec)
+    torch_ref = _torch_program(spec, engine, path)
+    if torch_ref is not None:
+        return torch_ref
     if engine is not None:  # "opencv:model.onnx": the ONNX file through OpenCV dnn
         p = Path(path)
         if p.suffix.lower() != ".onnx":
@@ -99,6 +102,22 @@ def _classify(spec: str) -> ModelRef:
 
     parse_source(spec)  # raises a UsageProblem for unknown forms
     return ModelRef(spec, "pytorch", "fp32")
+
+
+def _torch_program(spec: str, engine: str | None, path: str) -> ModelRef | None:
+    """``torch:m.pt2``/``torch-fp16:m.pt2``, or a .pt2 whose manifest says ``program`` (trtc export --program): the
+    compiled PyTorch engine. A .pt2 without one stays a PyTorch source (run eagerly, as a reference)."""
+    from engines import PROGRAM_SUFFIXES, TORCH_PREFIXES
+
+    p = Path(path)
+    if engine not in TORCH_PREFIXES and not (p.suffix.lower() in PROGRAM_SUFFIXES and p.is_file()):
+        return None
+    if not p.is_file():
+        raise UsageProblem(f"model not found: {p}", f"give an existing .pt2 after the {engine}: prefix")
+    m = read_manifest_if_any(p)
+    if engine is None and (m is None or m.kind != "program"):
+        return None
+    return ModelRef(spec, "torch", "fp16" if engine == "torch-fp16" else "fp32", m)
 
 
 class Runner:
@@ -121,6 +140,17 @@ class Runner:
             first = self.engine.inputs[0].shape
             self.fixed = isinstance(first[0], int)
             self.batch = first[0] if self.fixed else 32
+            self.shape = tuple(first[1:])
+            self.fn = lambda x: self.engine.infer(x)[0]
+        elif ref.kind == "torch":  # the compiled PyTorch engine: numpy in and out, its batch range from the manifest
+            from engines import open_engine
+
+            self.engine = open_engine(ref.spec, device=device)
+            first = self.engine.inputs[0].shape
+            self.fixed = isinstance(first[0], int)
+            lo, hi = self.engine.batch_range or (1, 32)
+            self.batch_range = None if self.fixed else (lo, hi)
+            self.batch = first[0] if self.fixed else min(32, hi)
             self.shape = tuple(first[1:])
             self.fn = lambda x: self.engine.infer(x)[0]
         elif ref.kind == "pytorch":
@@ -311,7 +341,9 @@ def _candidate(c: ModelRef, ref: ModelRef, cands: list[ModelRef], ref_logits, da
 def _model_path(m: ModelRef) -> Path | None:
     if m.kind == "pytorch":
         return None
-    return Path(m.spec.split(":", 1)[1] if m.kind == "opencv" else m.spec)
+    from engines import split_engine
+
+    return Path(split_engine(m.spec)[1])  # without an engine prefix (opencv:, torch-fp16:)
 
 
 def _contract_of(m: ModelRef, models: list[ModelRef], fallback: Manifest, warnings: list[str]) -> Manifest:
@@ -407,7 +439,9 @@ def _fix(ref: ModelRef, c: ModelRef, ref_classes: int | None = None) -> str:
     parent = (c.manifest.parent or {}) if c.manifest is not None else {}
     name = parent.get("file")
     if name and parent.get("role") != "weights":
-        path = Path(c.spec.split(":", 1)[1] if c.kind == "opencv" else c.spec).parent / name
+        from engines import split_engine
+
+        path = Path(split_engine(c.spec)[1]).parent / name
         if path.is_file() and str(path) != ref.spec:
             return f"{base}: {model_label(c.spec)} was made from {path}, so give --reference {path}"
     if ref.kind == "pytorch" and ref.spec.split(":", 1)[0] in ("torchvision", "timm"):
