@@ -1,0 +1,127 @@
+"""The push targets of issue 27 on a GPU: frames already on the device (1080p NV12) pushed into
+engines.video.FramePusher from 1 and 16 threads, against the engine alone at the same batch in the same run;
+optionally GPU memory over a long push (--soak SECONDS). Prints a table, writes JSON.
+
+    python3 examples/bench_push.py --model resnet50.fp16.onnx --model lite0.fp16.onnx --video bikes1080.mp4 \\
+        --batch 32 --threads 1,16 --seconds 20 --soak 600 --json push.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+from pathlib import Path
+
+
+def device_frames(video: str, n: int):
+    """The first ``n`` frames of ``video`` decoded by PyAV, as NV12 on the GPU (decoded once, before timing)."""
+    import av
+    import cupy as cp
+
+    out = []
+    with av.open(video) as c:
+        for f in c.decode(video=0):
+            out.append(cp.asarray(f.to_ndarray(format="nv12")))
+            if len(out) == n:
+                break
+    cp.cuda.Device().synchronize()
+    return out
+
+
+def engine_only(engine, batch: int, seconds: float) -> float:
+    """Frames per second of engine.infer on a device batch, the engine's own stream, nothing else."""
+    import cupy as cp
+
+    dtype = engine.inputs[0].numpy_dtype
+    x = cp.zeros((batch, 3, 224, 224), dtype)
+    stream = getattr(engine, "stream", None) or cp.cuda.Stream(non_blocking=True)
+    for _ in range(5):
+        engine.infer(x, stream=stream)
+    stream.synchronize()
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(10):
+            engine.infer(x, stream=stream)
+        n += 10
+    stream.synchronize()
+    return n * batch / (time.perf_counter() - t0)
+
+
+def push_rate(engine, frames, batch: int, threads: int, seconds: float, soak: bool = False) -> dict:
+    """Frames classified per second while ``threads`` threads push device frames (on_lag=block: every frame is
+    classified); with ``soak``, GPU memory sampled every 10 s."""
+    import cupy as cp
+
+    from engines._gpu import memory_used_mib
+    from engines.video import FramePusher
+
+    stop = threading.Event()
+    samples = []
+    with FramePusher(engine, batch=batch, top_k=1, on_lag="block", callback=lambda _p: None,
+                     buffers=max(4, threads * 2 // batch + 2)) as p:
+        def produce(k):
+            i = 0
+            while not stop.is_set():
+                p.push(f"cam{k}", frames[i % len(frames)], frame_id=i)
+                i += 1
+        workers = [threading.Thread(target=produce, args=(k,)) for k in range(threads)]
+        for w in workers:
+            w.start()
+        time.sleep(2)  # steady state before the clock
+        f0, t0 = p.stats.frames, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            time.sleep(min(10.0, seconds))
+            if soak:
+                samples.append((round(time.perf_counter() - t0), memory_used_mib(0),
+                                round(cp.get_default_memory_pool().used_bytes() / 2**20, 1)))
+        fps = (p.stats.frames - f0) / (time.perf_counter() - t0)
+        stop.set()
+        for w in workers:
+            w.join()
+    return {"threads": threads, "fps": round(fps, 1), "dropped": sum(p.stats.dropped.values()),
+            "memory_mib": samples}
+
+
+def bench(model: str, args) -> list[dict]:
+    import engines
+
+    rows = []
+    frames = device_frames(args.video, 64)
+    with engines.open_engine(model, device=args.device) as engine:
+        for batch in args.batch:
+            ref = engine_only(engine, batch, args.seconds)
+            for threads in args.threads:
+                r = push_rate(engine, frames, batch, threads, args.seconds)
+                rows.append({"model": Path(model).name, "batch": batch, "engine_only_fps": round(ref, 1), **r,
+                             "ratio": round(r["fps"] / ref, 3)})
+                print(f"{rows[-1]['model']:<28} batch {batch:>3}  threads {threads:>2}  engine-only {ref:8.1f} fps"
+                      f"  push {r['fps']:8.1f} fps  {r['fps'] / ref:5.3f}x", flush=True)
+            if args.soak:
+                s = push_rate(engine, frames, batch, max(args.threads), args.soak, soak=True)
+                mem = s["memory_mib"]
+                print(f"{Path(model).name}: soak {args.soak:.0f} s at {s['fps']:.1f} fps; GPU memory (s, nvidia-smi "
+                      f"MiB, CuPy pool MiB) first {mem[0] if mem else None}, last {mem[-1] if mem else None}")
+                rows.append({"model": Path(model).name, "batch": batch, "soak": s})
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", action="append", required=True)
+    ap.add_argument("--video", required=True, help="a 1080p clip (tests/clips.py makes one)")
+    ap.add_argument("--device", default="cuda:0")
+    ap.add_argument("--batch", type=lambda s: [int(x) for x in s.split(",")], default=[32])
+    ap.add_argument("--threads", type=lambda s: [int(x) for x in s.split(",")], default=[1, 16])
+    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--soak", type=float, default=0.0, help="also push this long and sample GPU memory")
+    ap.add_argument("--json", help="write the rows here")
+    args = ap.parse_args()
+    rows = [r for m in args.model for r in bench(m, args)]
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
