@@ -97,3 +97,18 @@ def test_trtc_run_on_two_devices_writes_a_device_per_line(lite0_onnx, clips, tmp
     assert sorted((d["source"], d["frame"]) for d in lines) == sorted((c, f) for c in clips[:2]
                                                                       for f in range(0, 250, 25))
     assert {d["device"] for d in lines} == {"cpu"}
+    # the lines the workers formatted (blocks) are the single-process run's, but for "device" and "received"
+    single = subprocess.run([sys.executable, "-m", "toolchain", "-q", "run", *clips[:2], "--model",
+                             str(lite0_onnx[0]), "--device", "cpu", "--stride", "25"], capture_output=True, text=True,
+                            timeout=300)
+    assert single.returncode == 0, single.stderr
+
+    def by_source(ds):
+        out: dict = {}
+        for d in ds:
+            out.setdefault(d["source"], []).append({k: v for k, v in d.items() if k not in ("device", "received")})
+        return out
+
+    assert by_source(lines) == by_source(json.loads(x) for x in single.stdout.splitlines())
+    t = summary["timing"]  # start-up is outside the frames/s span, and said apart
+    assert 0 < t["ready_s"] <= t["first_result_s"] <= t["last_result_s"] and summary["seconds"] < t["last_result_s"]
