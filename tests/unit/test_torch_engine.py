@@ -1,0 +1,186 @@
+"""The compiled PyTorch engine's parts that need no real model: the compile cache (keys, files, corrupt or
+mismatched ones ignored), the FP16 keep-list's mapping to aten operators and the graph pass, INT8 and a missing
+torch refused with their fixes, and importing it without loading torch."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import subprocess
+import sys
+
+import pytest
+
+from engines import torch_engine as te
+from engines.errors import MissingDependency, UsageProblem
+
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="needs torch (the torch or export extra)")
+SHA = "ab" * 32
+
+
+def _key(**kw):
+    args = dict(device="H100-sm90", torch_version="2.11.0+cu130", batch=64, precision="fp16", layout="nchw",
+                dtype="float16", model_sha=SHA)
+    args.update(kw)
+    return te.cache_key(**args)
+
+
+def test_cache_key_names_everything_the_compiled_code_depends_on():
+    key = _key()
+    assert key.startswith("H100-sm90-torch2.11.0-cu130-py")
+    assert "-b64-fp16-nchw-float16-" + SHA[:12] in key
+    others = [_key(batch=32), _key(precision="fp32"), _key(device="H200-sm90"), _key(torch_version="2.12.0"),
+              _key(layout="nhwc"), _key(dtype="float32"), _key(model_sha="cd" * 32)]
+    assert len({key, *others}) == 1 + len(others), "two different compilations would share a cache file"
+    assert "/" not in _key(device="A/B c") and " " not in _key(device="A/B c")
+
+
+def test_cache_file_round_trip_and_what_is_ignored(tmp_path, caplog):
+    key, payload = _key(), b"\x00compiled\xffbytes"
+    written = te.write_cache([tmp_path / "m.pt2.inductor"], key, payload)
+    assert written == tmp_path / "m.pt2.inductor" / f"{key}.bin"
+    assert te.read_cache(written, key) == payload
+    assert te.read_cache(tmp_path / "nothing.bin", key) is None  # missing: silently none
+    with caplog.at_level(logging.INFO, logger="trtc"):
+        assert te.read_cache(written, _key(batch=8)) is None  # another key's file (a renamed or copied one)
+        assert "not" in caplog.text and "b8" in caplog.text
+        caplog.clear()
+        written.write_bytes(written.read_bytes()[:-3])  # cut short
+        assert te.read_cache(written, key) is None
+        assert "ignored the compile cache" in caplog.text
+        written.write_bytes(b"garbage")
+        assert te.read_cache(written, key) is None
+        written.write_bytes(te.CACHE_MAGIC + b"{not json\n" + payload)
+        assert te.read_cache(written, key) is None
+
+
+def test_cache_falls_back_to_the_next_folder(tmp_path, caplog):
+    blocked = tmp_path / "file"
+    blocked.write_text("a file where the model's cache folder would go")
+    fallback = tmp_path / "user-cache"
+    with caplog.at_level(logging.INFO, logger="trtc"):
+        written = te.write_cache([blocked / "m.pt2.inductor", fallback], _key(), b"x")
+    assert written == fallback / f"{_key()}.bin"
+    assert "cannot keep the compile cache" in caplog.text
+    with caplog.at_level(logging.WARNING, logger="trtc"):
+        assert te.write_cache([blocked / "a", blocked / "b"], _key(), b"x") is None
+    assert "compiles again" in caplog.text
+
+
+def test_cache_dirs_beside_the_model_then_the_user_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    dirs = te.cache_dirs(tmp_path / "m.pt2", SHA)
+    assert dirs == [tmp_path / "m.pt2.inductor", tmp_path / "xdg" / "trtc" / "inductor" / SHA[:16]]
+
+
+def test_int8_is_refused_with_the_runtimes_that_run_it():
+    with pytest.raises(UsageProblem) as e:
+        te.check_precision("int8")
+    assert "TensorRT or ONNX Runtime" in e.value.reason
+    assert "trtc quantize MODEL.onnx --precision int8" in e.value.fix
+    with pytest.raises(UsageProblem):
+        te.check_precision("bf16")
+    assert te.check_precision(None) == "fp32" and te.check_precision("FP16") == "fp16"
+
+
+def test_int8_refused_before_torch_is_needed(tmp_path, monkeypatch):
+    """open_engine(..., precision="int8") says what to do even where torch is missing."""
+    import engines
+
+    model = tmp_path / "m.pt2"
+    model.write_bytes(b"not opened")
+    monkeypatch.setitem(sys.modules, "torch", None)
+    with pytest.raises(UsageProblem, match="INT8 needs TensorRT or ONNX Runtime"):
+        engines.open_engine(model, precision="int8")
+
+
+def test_missing_torch_names_the_extra(tmp_path, monkeypatch):
+    import engines
+
+    model = tmp_path / "m.pt2"
+    model.write_bytes(b"not opened")
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch raises ImportError
+    with pytest.raises(MissingDependency) as e:
+        engines.open_engine(model)
+    assert e.value.fix == 'pip install "trtc[torch]"'
+    assert "compiled PyTorch engine" in e.value.reason
+
+
+def test_prefix_on_a_file_that_is_not_a_program(tmp_path):
+    import engines
+
+    onnx = tmp_path / "m.onnx"
+    onnx.write_bytes(b"x")
+    with pytest.raises(UsageProblem, match=r"torch-fp16: runs torch.export programs \(.pt2\), not m.onnx"):
+        engines.open_engine(f"torch-fp16:{onnx}")
+    assert engines.split_engine(f"torch-fp16:{onnx}") == ("torch-fp16", str(onnx), {"precision": "fp16"})
+
+
+def test_keep_list_maps_every_onnx_op_of_trtc_quantize():
+    """Every op type on trtc quantize's FP16 keep-list has its aten operators here (a new one added there must be
+    mapped here too)."""
+    from toolchain.precision.fp16 import DEFAULT_KEEP_FP32
+
+    assert set(DEFAULT_KEEP_FP32) <= set(te.KEEP_FP32_ATEN)
+    ops = te.keep_fp32_ops()
+    assert {"softmax", "_softmax", "log_softmax", "layer_norm", "native_layer_norm", "group_norm", "sum", "exp",
+            "pow", "topk", "cumsum"} <= ops
+    assert not ops & {"conv2d", "convolution", "linear", "addmm", "relu", "hardtanh", "batch_norm", "mean",
+                      "adaptive_avg_pool2d", "add"}
+    assert te.keep_fp32_ops(["Softmax"]) == {"softmax", "_softmax", "_safe_softmax"}
+
+
+def _tiny_program(batch=4):
+    import torch
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+            self.norm = torch.nn.LayerNorm(8)
+            self.fc = torch.nn.Linear(8, 5)
+
+        def forward(self, x):
+            y = self.fc(self.norm(torch.relu(self.conv(x)).mean((2, 3))))
+            return y + torch.softmax(y, -1)
+
+    torch.manual_seed(0)
+    net = Net().eval()
+    x = torch.randn(batch, 3, 8, 8)
+    return net, x, torch.export.export(net, (x,))
+
+
+@needs_torch
+def test_fp16_graph_keeps_the_listed_operators_in_fp32():
+    import torch
+
+    net, x, program = _tiny_program()
+    with torch.no_grad():
+        ref = net(x)  # before the pass: the program's module shares the model's parameters, which it casts
+    gm = program.module()
+    kept = te.fp16_graph(gm)
+    assert any("layer_norm" in k for k in kept) and any("softmax" in k for k in kept), kept
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and te._op_name(node) in ("softmax", "_softmax", "layer_norm"):
+            ups = [a for a in node.all_input_nodes if a.target is torch.ops.aten._to_copy.default]
+            assert ups and all(a.kwargs["dtype"] is torch.float32 for a in ups), node.format_node()
+            assert all(u.kwargs.get("dtype") is torch.float16 for u in node.users), node.format_node()
+    assert all(p.dtype is torch.float16 for p in gm.parameters())
+    with torch.no_grad():
+        got = gm(x.half()).float()
+    assert float((ref - got).abs().max()) < 2e-2  # FP16 arithmetic on logits of magnitude ~1
+
+
+def test_layouts():
+    assert te._layout((2, 3, 4, 5), (60, 20, 5, 1)) == "nchw"
+    assert te._layout((2, 3, 4, 5), (60, 1, 15, 3)) == "nhwc"
+    assert te._layout((1, 3, 4, 5), (999, 20, 5, 1)) == "nchw"  # a batch of one: its stride does not matter
+    with pytest.raises(UsageProblem, match="neither NCHW nor channels_last"):
+        te._layout((2, 3, 4, 5), (60, 20, 1, 4))
+
+
+def test_importing_the_engine_loads_no_torch():
+    code = "import sys, engines, engines.torch_engine; print([m for m in ('torch', 'cupy') if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]"
