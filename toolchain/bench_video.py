@@ -34,6 +34,24 @@ its processes told to start at the same instant) and trtc (:class:`engines.video
 divides each by the same pipeline on one GPU, and trtc's ``vs decode-only`` by the several-GPU decode-only, so the
 table shows both how trtc scales and how far decoding alone scales on that host.
 
+- ``engine-only``: the same engine alone, on the batches the trtc pipeline ran in its run (as many, of the same
+  size: on the GPU every batch runs on the full input buffer, so the row times that many full batches on one
+  device-resident batch of the pipeline's input shape and dtype, made once with CuPy, the host waiting only at the
+  end; on the CPU the pipeline's own batch sizes, on host numpy batches), no decode. Its fps is the pipeline's
+  frames over that time. trtc's row then says which of decode-only (the faster loop) and engine-only is lower,
+  ``limited_by``, and ``vs_limit``: trtc's fps over that lower one.
+
+With ``ort_tuning`` "both" an ONNX Runtime model also runs trtc and engine-only on a session opened with
+``tuning="off"`` (the options before the tuning, "untuned" in the row names), in the same interleaved runs.
+``first_result``: the time to first result of `trtc run`, measured in a fresh Python process (nothing warm in the
+process; caches on disk are), twice: from just before ``engines.open_engine`` to the first Prediction of
+``engines.video.classify`` on the clip, at the bench's batch, and the import of ``engines`` separately
+(:mod:`toolchain.first_result`). The second run is the one with warm caches.
+
+On the CPU (``device="cpu"``): decode-only is PyAV's decoder (frames counted, a thread per stream), trtc is the
+CPU pipeline (PyAV -> numpy -> ONNX Runtime CPU), engine-only as above on host batches; no usual pipeline (it
+needs a GPU for torch), no latency run (it splits off NVDEC's part), no several-GPU rows.
+
 Reported per (pipeline, streams): frames, seconds, aggregate fps, host CPU cores busy per stream (process CPU time
 / wall time / streams) and the ratios ours/decode-only and ours/usual. Then latency: one stream fed at the file's
 frame rate (``realtime``), packet in -> top-k on the host, p50/p99/max over ``latency_frames`` frames. Numbers are
@@ -72,6 +90,9 @@ class VideoBenchRow:
     vs_one_gpu: float | None = None  # several GPUs: this row's fps / its pipeline's on one GPU, same streams per GPU
     cores_per_stream: float | None = None  # host CPU cores busy (process CPU time / wall time) / streams
     fps_runs: list[float] | None = None  # every run's fps when the row is the median of several
+    batches: int | None = None  # trtc and engine-only rows: the batches the engine ran
+    limited_by: str | None = None  # trtc rows: "decode" or "engine", the lower of decode-only and engine-only
+    vs_limit: float | None = None  # trtc rows: fps / min(decode-only, engine-only), same run
 
 
 @dataclass
@@ -87,6 +108,7 @@ class VideoBenchReport:
     versions: dict
     date: str
     warnings: list[str] = field(default_factory=list)
+    first_result: dict = field(default_factory=dict)  # time to first result in a fresh process (see the module)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -345,9 +367,9 @@ def _ours(video: str, streams: int, engine, batch: int, limit: int | None = None
     return _consume(classify([video] * streams, engine, batch=batch, top_k=5, **kw), limit)
 
 
-def _consume(run, limit: int | None = None) -> tuple[int, float, list]:
-    """Iterate a VideoRun (up to ``limit`` predictions): (predictions, seconds, [(latency_ms, decode_ms)]);
-    a source problem fails the benchmark."""
+def _consume(run, limit: int | None = None) -> tuple[int, float, list, list]:
+    """Iterate a VideoRun (up to ``limit`` predictions): (predictions, seconds, [(latency_ms, decode_ms)], the
+    sizes of the batches it ran); a source problem fails the benchmark."""
     t0 = time.perf_counter()
     n = 0
     lat = []
@@ -360,7 +382,7 @@ def _consume(run, limit: int | None = None) -> tuple[int, float, list]:
     seconds = time.perf_counter() - t0
     if run.problems:
         raise UsageProblem(f"the benchmark video failed: {run.problems[0]}")
-    return n, seconds, lat
+    return n, seconds, lat, list(getattr(getattr(run, "stats", None), "batch_sizes", None) or [])
 
 
 def _several_gpus(pool, dec_pool, video: str, n: int, k: int, batch: int, repeat: int, reporter, dec_one,
@@ -421,8 +443,17 @@ class _Bench:
     dec_pool: object = None
     usual_engine: object = None
     usual_ok: bool = True
+    on_gpu: bool = True
+    untuned: object = None  # --ort-tuning both: the same model on a session opened with tuning="off"
+    suffix: str = ""  # in the trtc and engine-only rows' names: ", onnxruntime untuned" for --ort-tuning off
+
+    def engines(self) -> list[tuple[str, object]]:
+        """(name suffix, engine) of each engine trtc and engine-only run with."""
+        return [(self.suffix, self.engine)] + ([(", onnxruntime untuned", self.untuned)] if self.untuned else [])
 
     def close(self) -> None:
+        if self.untuned is not None:
+            self.untuned.close()
         if self.usual_engine is not None:
             self.usual_engine.close()
         if self.dec_pool is not None:
@@ -434,50 +465,90 @@ class _Bench:
 def bench_video(video: str, model: str, *, streams=(1, 8, 16, 32), device: str = "cuda:0", batch: int | None = None,
                 usual_batch: int = 32, latency_frames: int = 300, latency_video: str | None = None,
                 latency_batch: int = 8, decode_latency: str = "native", memory_loops: int = 0,
-                devices: list[str] | None = None, repeat: int = 3,
-                reporter: Reporter | None = None) -> VideoBenchReport:
+                devices: list[str] | None = None, repeat: int = 3, ort_tuning: str = "auto",
+                first_result: bool = True, reporter: Reporter | None = None) -> VideoBenchReport:
     """See the module docstring. ``batch``: trtc's batch (default 64, or the model's largest when smaller). The
     latency run uses ``latency_video`` (default: ``video``) at batch ``latency_batch`` with NVDEC's
-    ``decode_latency`` mode ("low" only for streams without B-frames).
+    ``decode_latency`` mode ("low" only for streams without B-frames). ``ort_tuning``: "auto", "off" or "both".
 
-    The steps: check the request, open the engine and fit the batches, warm every pipeline up, the rows of each
-    stream count, the latency run, the memory run, the report."""
+    The steps: check the request, open the engine(s) and fit the batches, time to first result, warm every
+    pipeline up, the rows of each stream count, the latency run, the memory run, the report."""
     import engines
+
+    from .bench import _tunings
 
     reporter = reporter or Reporter()
     devices = _check_request(device, repeat, devices)
-    engine = engines.open_engine(model, device=device)
+    tunings = _tunings(ort_tuning)
+    engine = engines.open_engine(model, device=device, **engine_options(model, tunings[0]))
     manifest = engines.read_manifest(model)
     batch, usual_batch, latency_batch = _batches(engine, manifest, batch, usual_batch, latency_batch)
-    bench = _Bench(video, engine, manifest.preprocess, engine.device_id, batch, usual_batch, repeat, reporter)
+    bench = _Bench(video, engine, manifest.preprocess, getattr(engine, "device_id", 0), batch, usual_batch, repeat,
+                   reporter, on_gpu=device.startswith("cuda"))
+    if tunings == ["off"] and engine_options(model, "off"):
+        bench.suffix = ", onnxruntime untuned"
     rows: list[VideoBenchRow] = []
     warnings: list[str] = []
+    first: dict = {}
     try:
+        if len(tunings) > 1 and engine_options(model, "off"):
+            bench.untuned = engines.open_engine(model, device=device, **engine_options(model, "off"))
+        if first_result:
+            from .first_result import first_result as time_first_result
+
+            with reporter.phase("time to first result: 2 fresh processes (engine open + first batch)"):
+                first = time_first_result(model, video, device, batch)
         clip_frames = _warm_up(bench, model, device, devices, max(streams), warnings)
         for n in streams:
             rows += _stream_rows(bench, n, devices)
         latency = {}
-        if latency_frames:
+        if latency_frames and bench.on_gpu:
             latency = _latency(bench, latency_video or video, latency_batch, latency_frames, decode_latency)
+        elif latency_frames:
+            warnings.append("no latency run on the CPU (it splits off NVDEC's part): run it on a GPU")
         memory = _memory(bench, memory_loops, clip_frames) if memory_loops else {}
     finally:
         bench.close()
-    return _report(video, model, device, batch, rows, latency, memory, bench.gpu, warnings)
+    report = _report(video, model, device, batch, rows, latency, memory, bench.gpu, warnings)
+    report.first_result = first
+    return report
+
+
+def engine_options(model: str, tuning: str) -> dict:
+    """``engines.open_engine``'s options for ``model`` at ONNX Runtime ``tuning``: those of
+    :func:`toolchain.bench.ort_options` for an ONNX Runtime model, none for others (opencv:, plans, programs)."""
+    from pathlib import Path
+
+    from engines import split_engine
+    from engines.manifest import read_manifest_if_any
+
+    from .bench import ort_options
+
+    prefix, path, _ = split_engine(model)
+    if prefix is not None or Path(path).suffix.lower() != ".onnx":
+        return {}
+    m = read_manifest_if_any(path, verify_hash=False) if Path(path).exists() else None
+    return ort_options(tuning) if m is None or m.kind == "onnx" else {}
 
 
 def _check_request(device: str, repeat: int, devices) -> list[str] | None:
     """The options checked before anything opens (a GPU device, a repeat count, a GPU here, several GPUs in
     ``devices``); returns ``devices`` as a list ("cuda:0,cuda:1" or "cuda:all", as --devices gives it, parsed)."""
-    if not device.startswith("cuda"):
-        raise UsageProblem("the video benchmark compares GPU pipelines", "use --device cuda:0")
+    if device != "cpu" and not device.startswith("cuda"):
+        raise UsageProblem(f"unknown device {device!r} for the video benchmark", "use --device cuda:0 or --device cpu")
     if repeat < 1:
         raise UsageProblem(f"--repeat must be at least 1, got {repeat}")
+    if device == "cpu":
+        if devices:
+            raise UsageProblem("--devices compares several GPUs, and --device cpu runs on the CPU",
+                               "leave --devices out, or give --device cuda:0")
+        return None
     from engines._gpu import gpus
 
     if not gpus()["devices"]:
         raise UsageProblem("the video benchmark measures NVDEC and GPU pipelines, and this machine has no NVIDIA GPU",
-                           "run it on a machine with one; here, trtc run VIDEO --model M --device cpu prints the "
-                           "CPU pipeline's fps")
+                           "run it on a machine with one; here, trtc bench VIDEO --model M --device cpu times the "
+                           "CPU pipeline (trtc run VIDEO --model M --device cpu prints its fps)")
     if isinstance(devices, str):  # "cuda:0,cuda:1" or "cuda:all", as --devices gives it
         from engines.video.workers import parse_devices
 
@@ -499,7 +570,15 @@ def _warm_up(bench: _Bench, model: str, device: str, devices: list[str] | None, 
     frames."""
     import engines
 
-    video, engine, gpu, batch = bench.video, bench.engine, bench.gpu, bench.batch
+    video, gpu, batch = bench.video, bench.gpu, bench.batch
+    if not bench.on_gpu:
+        with bench.reporter.phase("warm-up (each pipeline once)"):
+            clip_frames, _ = _decode_only_cpu(video, 1)
+            for _suffix, eng in bench.engines():
+                _ours(video, 1, eng, batch)
+        bench.usual_ok = False
+        warnings.append("no usual pipeline on the CPU (it preprocesses with torch on a GPU)")
+        return clip_frames
     with bench.reporter.phase(f"warm-up (each pipeline once; {most} decoders to reuse)"):
         clip_frames, _ = _decode_only(video, 1, gpu)
         _decode_only_batched(video, most, gpu)  # leaves `most` decoders for both SimpleDecoder pipelines
@@ -509,7 +588,8 @@ def _warm_up(bench: _Bench, model: str, device: str, devices: list[str] | None, 
             bench.pool = WorkerPool(model, devices=devices)
             list(bench.pool.classify([video] * (most * len(devices)), batch=batch))  # each worker keeps its decoders
             bench.dec_pool = DecodeOnlyOnGpus(video, devices, most)
-        _ours(video, 1, engine, batch)  # to the end: a source stopped early does not keep its decoder
+        for _suffix, eng in bench.engines():
+            _ours(video, 1, eng, batch)  # to the end: a source stopped early does not keep its decoder
         bench.usual_ok = True
         try:
             # the usual pipeline gets a session of its own, as a hand-written one has: sharing trtc's, it
@@ -524,36 +604,123 @@ def _warm_up(bench: _Bench, model: str, device: str, devices: list[str] | None, 
 
 
 def _stream_rows(bench: _Bench, n: int, devices: list[str] | None) -> list[VideoBenchRow]:
-    """The rows of ``n`` streams: both decode-only ceilings and trtc (``repeat`` runs interleaved, median rows), the
-    usual pipeline, trtc's ratios, then the several-GPU rows when there is a pool."""
-    video, engine, gpu, batch, reporter = bench.video, bench.engine, bench.gpu, bench.batch, bench.reporter
+    """The rows of ``n`` streams: the decode-only ceilings, then per engine trtc and engine-only (``repeat`` runs
+    interleaved, median rows), the usual pipeline, trtc's ratios and limit, then the several-GPU rows when there is
+    a pool."""
+    video, reporter = bench.video, bench.reporter
     runs = []
     for r in range(bench.repeat):
         again = f" (run {r + 1} of {bench.repeat})" if bench.repeat > 1 else ""
-        with reporter.phase(f"{n} stream(s): decode-only (core decoder loop){again}"):
-            dec = _timed_row("decode-only (NVDEC, core decoder loop, new decoders)", n,
-                             lambda: _decode_only(video, n, gpu))
-        with reporter.phase(f"{n} stream(s): decode-only (SimpleDecoder batches){again}"):
-            dec_b = _timed_row("decode-only (NVDEC, SimpleDecoder batches of 16, reused)", n,
-                               lambda: _decode_only_batched(video, n, gpu))
-        with reporter.phase(f"{n} stream(s): trtc{again}"):
-            ours = _timed_row(f"trtc (NVDEC + kernel + engine, bs {batch})", n,
-                              lambda: _ours(video, n, engine, batch))
-        runs.append([dec, dec_b, ours])
-    dec, dec_b, ours = _median_rows(runs, ceilings=(0, 1))
+        runs.append(_decode_rows(bench, n, again))
+        for suffix, engine in bench.engines():
+            runs[-1] += _engine_rows(bench, n, engine, suffix, again)
+    k = len(runs[0]) - 2 * len(bench.engines())  # the decode-only rows come first
+    rows = _median_rows(runs, ceilings=(*range(k), *range(k + 1, len(runs[0]), 2)))
+    decs, pairs = rows[:k], [rows[i:i + 2] for i in range(k, len(rows), 2)]
     usual = None
     if bench.usual_ok:
         with reporter.phase(f"{n} stream(s): usual (OpenCV CPU decode + torch)"):
             usual = _timed_row(f"usual (cv2 + torch, bs {bench.usual_batch})", n,
                                lambda: _usual(video, n, bench.usual_engine, bench.spec, bench.usual_batch))
-    ours.vs_decode = round(ours.fps / max(dec.fps, dec_b.fps), 3)
-    if usual is not None:
-        ours.vs_usual = round(ours.fps / usual.fps, 2)
-    rows = [dec, dec_b] + ([usual] if usual else []) + [ours]
+    decode_fps = max(d.fps for d in decs)
+    for ours, only in pairs:
+        ours.vs_decode = round(ours.fps / decode_fps, 3)
+        limit(ours, decode_fps, only.fps)
+        if usual is not None:
+            ours.vs_usual = round(ours.fps / usual.fps, 2)
+    out = decs + ([usual] if usual else []) + [row for pair in pairs for row in pair]
     if bench.pool is not None:
-        rows += _several_gpus(bench.pool, bench.dec_pool, video, n, len(devices), batch, bench.repeat, reporter, dec_b,
-                              ours)
-    return rows
+        dec_b, ours = decs[-1], pairs[0][0]
+        out += _several_gpus(bench.pool, bench.dec_pool, video, n, len(devices), bench.batch, bench.repeat,
+                             reporter, dec_b, ours)
+    return out
+
+
+def limit(ours: VideoBenchRow, decode_fps: float, engine_fps: float) -> None:
+    """Which of decoding and the engine limits the pipeline (the lower fps of decode-only and engine-only), and
+    trtc's fps over that lower one."""
+    lower = min(decode_fps, engine_fps)
+    ours.limited_by = "decode" if decode_fps <= engine_fps else "engine"
+    ours.vs_limit = round(ours.fps / lower, 3) if lower > 0 else None
+
+
+def _decode_rows(bench: _Bench, n: int, again: str) -> list[VideoBenchRow]:
+    """One run of the decode-only ceilings of ``n`` streams: NVDEC's two loops on a GPU, PyAV's on the CPU."""
+    video, gpu, reporter = bench.video, bench.gpu, bench.reporter
+    if not bench.on_gpu:
+        with reporter.phase(f"{n} stream(s): decode-only (PyAV){again}"):
+            return [_timed_row("decode-only (PyAV, CPU, frames counted)", n, lambda: _decode_only_cpu(video, n))]
+    with reporter.phase(f"{n} stream(s): decode-only (core decoder loop){again}"):
+        dec = _timed_row("decode-only (NVDEC, core decoder loop, new decoders)", n,
+                         lambda: _decode_only(video, n, gpu))
+    with reporter.phase(f"{n} stream(s): decode-only (SimpleDecoder batches){again}"):
+        dec_b = _timed_row("decode-only (NVDEC, SimpleDecoder batches of 16, reused)", n,
+                           lambda: _decode_only_batched(video, n, gpu))
+    return [dec, dec_b]
+
+
+def _engine_rows(bench: _Bench, n: int, engine, suffix: str, again: str) -> list[VideoBenchRow]:
+    """One run of trtc on ``n`` streams with ``engine``, then engine-only on the batches that run ran."""
+    video, batch, reporter = bench.video, bench.batch, bench.reporter
+    got: dict = {}
+
+    def ours():
+        out = _ours(video, n, engine, batch)
+        got["sizes"] = list(out[3]) if len(out) > 3 else []
+        return out
+
+    path = "NVDEC + kernel + engine" if bench.on_gpu else "PyAV + numpy + engine"
+    with reporter.phase(f"{n} stream(s): trtc{suffix}{again}"):
+        row = _timed_row(f"trtc ({path}, bs {batch}{suffix})", n, ours)
+    sizes = got["sizes"]
+    row.batches = len(sizes)
+    where = "device-resident" if bench.on_gpu and not getattr(engine, "host_arrays_only", False) else "host numpy"
+    with reporter.phase(f"{n} stream(s): engine-only{suffix}, {len(sizes)} batches{again}"):
+        only = _timed_row(f"engine-only (bs {batch}, {where} input, no decode{suffix})", n,
+                          lambda: _engine_only(engine, bench.spec, sizes, batch, where == "device-resident"))
+    only.batches = len(sizes)
+    return [row, only]
+
+
+def _engine_only(engine, spec, sizes: list[int], batch: int, on_device: bool) -> tuple[int, float]:
+    """The engine alone on the pipeline's batches: (their frames, seconds). On the device every batch runs on the
+    full input buffer, as the GPU pipeline's do: ``len(sizes)`` calls on one batch of ``batch`` made on the GPU,
+    the host waiting once at the end; on the host, a numpy batch of each recorded size."""
+    dtype = engine.inputs[0].numpy_dtype
+    shape = (3, *spec.size)
+    rng = np.random.default_rng(0)
+    if not on_device:
+        xs = {b: rng.standard_normal((b, *shape), dtype=np.float32).astype(dtype) for b in set(sizes)}
+        for x in xs.values():  # a shape's first run is not timed, as none of the pipeline's is
+            engine.infer(x)
+        t0 = time.perf_counter()
+        for b in sizes:
+            engine.infer(xs[b])
+        return sum(sizes), time.perf_counter() - t0
+    cp = require("cupy", "The GPU video pipeline")
+    with cp.cuda.Device(engine.device_id):
+        x = cp.asarray(rng.standard_normal((batch, *shape), dtype=np.float32).astype(dtype))
+        stream = cp.cuda.Stream(non_blocking=True)
+        engine.infer(x, stream=stream)
+        stream.synchronize()
+        t0 = time.perf_counter()
+        for _ in sizes:
+            engine.infer(x, stream=stream)
+        stream.synchronize()
+        return sum(sizes), time.perf_counter() - t0
+
+
+def _decode_only_cpu(video: str, streams: int) -> tuple[int, float]:
+    """PyAV decoding on the CPU, a thread per stream, frames counted and dropped (threads as the pipeline's)."""
+    av = require("av", "Decoding video on the CPU")
+
+    def work(_i):
+        with av.open(video) as c:
+            s = c.streams.video[0]
+            s.thread_type = "AUTO"
+            return sum(1 for _ in c.decode(s))
+
+    return _each_stream_timed(streams, work)
 
 
 def _latency(bench: _Bench, lat_video: str, latency_batch: int, latency_frames: int, decode_latency: str) -> dict:

@@ -620,7 +620,10 @@ def bench(state: State, models, batches, device, warmup, iterations, duration, v
     With VIDEO --model M: NVDEC decode only, the usual OpenCV-CPU-decode + torch pipeline, and trtc's zero-copy
     pipeline, on 1, 8, 16 and 32 copies of the video at once (--streams), plus per-frame latency at the video's
     frame rate. "vs decode-only" divides by the faster of two NVDEC decode-only loops; each of those and trtc runs
-    --repeat times and the median run is shown.
+    --repeat times and the median run is shown. An engine-only row runs the same batches through the engine alone
+    (no decode); "vs limit" divides trtc by the lower of decode-only and engine-only and names it. Time to first
+    result (engine open + first batch) is measured in two fresh processes. --device cpu: PyAV decode-only, the CPU
+    pipeline and engine-only on host batches.
 
     \b
     Examples:

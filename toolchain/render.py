@@ -491,19 +491,31 @@ def render_bench_video(console, report) -> None:
     t = Table(title=f"{escape(Path(report.video).name)} with {escape(Path(report.model).name)} on {gpu} "
                     f"({report.date})", title_justify="left")
     multi = any(getattr(r, "vs_one_gpu", None) is not None for r in report.rows)
+    lim = any(getattr(r, "vs_limit", None) is not None for r in report.rows)
     for col in ("pipeline", "streams", "frames", "seconds", "fps", "CPU cores/stream", "vs decode-only",
-                "vs usual") + (("vs 1 GPU",) if multi else ()):
+                "vs usual") + (("vs limit", "limited by") if lim else ()) + (("vs 1 GPU",) if multi else ()):
         t.add_column(col, justify="left" if col == "pipeline" else "right")
     for r in report.rows:
         cores = getattr(r, "cores_per_stream", None)
         runs = getattr(r, "fps_runs", None)
         fps = f"{r.fps:.1f}" + (f" ({min(runs):.0f}-{max(runs):.0f})" if runs else "")
+        vs_limit = getattr(r, "vs_limit", None)
         t.add_row(escape(r.pipeline), str(r.streams), str(r.frames), f"{r.seconds:.2f}", fps,
                   "" if cores is None else f"{cores:.2f}",
                   "" if r.vs_decode is None else f"{r.vs_decode:.2f}x",
                   "" if r.vs_usual is None else f"{r.vs_usual:.2f}x",
+                  *((("", "") if vs_limit is None else (f"{vs_limit:.2f}x", r.limited_by)) if lim else ()),
                   *((("" if r.vs_one_gpu is None else f"{r.vs_one_gpu:.2f}x"),) if multi else ()))
     _print(console, t)
+    if lim:
+        console.print("vs limit: trtc's fps over the lower of decode-only and engine-only (engine-only: the same "
+                      "batches through the engine alone, no decode); limited by: which of the two is lower")
+    first = getattr(report, "first_result", None)
+    if first:
+        a, b = first["first"], first["warm"]
+        console.print(f"time to first result (fresh process, engine open + first batch of {first['batch']}): "
+                      f"{a['first_result_s']:.2f} s (open {a['open_s']:.2f} s), caches warm "
+                      f"{b['first_result_s']:.2f} s (open {b['open_s']:.2f} s); import engines {b['import_s']:.2f} s")
     if any(getattr(r, "fps_runs", None) for r in report.rows):
         console.print("fps: the median of the runs, (lowest-highest); each run's row is in the JSON's fps_runs")
     if report.latency:

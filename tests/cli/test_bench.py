@@ -105,3 +105,29 @@ def test_device_input_refusals(mnist):
     r = run(["bench", str(mnist[0]), "--input", "device"])
     assert r.exit_code == 2 and "--device cpu is not a GPU" in r.output and "fix: give --device cuda:0" in r.output
     assert len([line for line in r.output.splitlines() if line.startswith("error:")]) == 1
+
+
+def test_bench_video_on_the_cpu_has_engine_only_the_limit_and_time_to_first_result(lite0_onnx, bikes, tmp_path):
+    """`trtc bench VIDEO --device cpu` with the real Lite0 and 40 frames of bikes.mp4: the engine-only row ran the
+    trtc run's batches (as many, the same frames), trtc's row names the lower ceiling and divides by it, and the
+    time to first result was measured in two fresh processes."""
+    from tests.clips import encode_clip
+
+    clip = encode_clip(bikes, tmp_path / "short.mp4", "libx264", (320, 136), frames=40)
+    r = run(["bench", str(clip), "--model", str(lite0_onnx[0]), "--device", "cpu", "--streams", "2", "--batch", "8",
+             "--repeat", "1", "--latency-frames", "0", "--json"])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.stdout)
+    dec, ours, only = rep["rows"]
+    assert dec["pipeline"].startswith("decode-only (PyAV") and dec["frames"] == 80
+    assert ours["pipeline"].startswith("trtc (PyAV") and ours["frames"] == 80
+    assert only["pipeline"].startswith("engine-only (bs 8, host numpy input") and only["frames"] == 80
+    assert only["batches"] == ours["batches"] >= 10  # 80 frames in batches of at most 8
+    assert ours["limited_by"] == ("decode" if dec["fps"] <= only["fps"] else "engine")
+    assert ours["vs_limit"] == round(ours["fps"] / min(dec["fps"], only["fps"]), 3)
+    assert ours["vs_decode"] == round(ours["fps"] / dec["fps"], 3)
+    first = rep["first_result"]
+    assert first["batch"] == 8 and first["device"] == "cpu" and len(first["runs"]) == 2
+    for one in first["runs"]:
+        assert 0 < one["import_s"] < 60 and 0 < one["open_s"] < one["first_result_s"] < 120
+    assert any("no usual pipeline on the CPU" in w for w in rep["warnings"])

@@ -159,7 +159,7 @@ def test_the_usual_pipeline_runs_on_a_session_of_its_own(monkeypatch):
 
     opened, closed, used = [], [], {"ours": set(), "usual": set()}
 
-    def open_engine(model, device="cpu"):
+    def open_engine(model, device="cpu", **options):
         e = types.SimpleNamespace(device_id=0, inputs=[types.SimpleNamespace(shape=("batch", 3, 224, 224))])
         e.close = lambda: closed.append(e)
         opened.append(e)
@@ -173,10 +173,41 @@ def test_the_usual_pipeline_runs_on_a_session_of_its_own(monkeypatch):
     monkeypatch.setattr(bv, "_decode_only_batched", lambda video, n, gpu: (250 * n, 0.1))
     monkeypatch.setattr(bv, "_ours", lambda video, n, e, batch, **kw: used["ours"].add(id(e)) or (250 * n, 0.2, []))
     monkeypatch.setattr(bv, "_usual", lambda video, n, e, spec, batch: used["usual"].add(id(e)) or (250 * n, 1.0))
+    monkeypatch.setattr(bv, "_engine_only", lambda e, spec, sizes, batch, on_device: used["ours"].add(id(e)) or
+                        (250 * len(sizes), 0.05))
     monkeypatch.setattr(bv, "gpu_device", lambda gpu: {})
-    report = bv.bench_video("clip.mp4", "m.onnx", streams=(1, 4), latency_frames=0, repeat=2)
+    report = bv.bench_video("clip.mp4", "m.onnx", streams=(1, 4), latency_frames=0, repeat=2, first_result=False)
     assert len(opened) == 2 and len(used["ours"]) == 1 and len(used["usual"]) == 1
     assert used["ours"] != used["usual"]
     assert [id(e) for e in closed] == list(used["usual"])  # the bench's own session, closed at the end
     assert report.batch == 64 and [r.pipeline.split()[0] for r in report.rows[:4]] == ["decode-only", "decode-only",
                                                                                        "usual", "trtc"]
+
+
+def test_engine_only_runs_the_batches_the_trtc_run_ran_and_the_limit_is_the_lower_ceiling(monkeypatch):
+    """The engine-only row: as many batches as the trtc run just before it ran, each of the size it ran (host
+    input here; on the GPU each is the full buffer), its frames the pipeline's. trtc's row names the lower of
+    decode-only and engine-only and divides by it."""
+    import types
+
+    import numpy as np
+
+    import toolchain.bench_video as bv
+    from toolchain._ui import Reporter
+
+    sizes = [8] * 5 + [3]
+    calls = []
+    engine = types.SimpleNamespace(inputs=[types.SimpleNamespace(numpy_dtype=np.dtype(np.float32))],
+                                   infer=lambda x: calls.append(x.shape[0]) or [x[:, :2, 0, 0]])
+    monkeypatch.setattr(bv, "_ours", lambda video, n, e, batch, **kw: (43 * n, 0.5, [], sizes * n))
+    spec = types.SimpleNamespace(size=(16, 16))
+    bench = bv._Bench("clip.mp4", engine, spec, 0, 8, 8, 1, Reporter(), on_gpu=False)
+    ours, only = bv._engine_rows(bench, 2, engine, "", "")
+    assert ours.batches == only.batches == 12 and only.frames == ours.frames == 86
+    assert sorted(calls) == sorted([8, 3] + sizes * 2)  # each size warmed once, then the run's 12 batches
+    assert only.pipeline.startswith("engine-only (bs 8, host numpy input")
+    ours.fps = 300.0
+    bv.limit(ours, 400.0, 350.0)
+    assert ours.limited_by == "engine" and ours.vs_limit == round(300 / 350, 3)
+    bv.limit(ours, 320.0, 350.0)
+    assert ours.limited_by == "decode" and ours.vs_limit == round(300 / 320, 3)
