@@ -1,0 +1,262 @@
+"""The compiled PyTorch engine on the CPU with real models: the program trtc export --program writes (manifest,
+atomic, refused for TorchScript), the real Lite0 program against ONNX Runtime on the same export (eagerly, FP32 and
+FP16), open_engine's dispatch, a batch change, trtc validate / run through the CLI, and Inductor's cache reused by
+a second process (a small net, compiled with Inductor's C++ backend)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from tests.conftest import needs_export
+
+pytestmark = needs_export
+ROOT = Path(__file__).parents[2]
+# Lite0's logits through torch (eager, CPU) and ONNX Runtime (CPU) from the same weights: measured 1.6e-5 on the
+# photos; FP16 (weights and activations, the keep-list in FP32) against FP32: measured 0.018
+FP32_ATOL = 1e-4
+FP16_ATOL = 0.1
+
+TINY = textwrap.dedent('''
+    import torch
+
+
+    class Net(torch.nn.Module):
+        def __init__(self, num_classes=10):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 8, 3, stride=2, padding=1)
+            self.bn = torch.nn.BatchNorm2d(8)
+            self.norm = torch.nn.LayerNorm(8)
+            self.fc = torch.nn.Linear(8, num_classes)
+
+        def forward(self, x):
+            x = torch.relu(self.bn(self.conv(x))).mean((2, 3))
+            y = self.fc(self.norm(x))
+            return y + 0.1 * torch.softmax(y, -1)
+
+
+    def build(num_classes=10):
+        torch.manual_seed(0)
+        return Net(num_classes).eval()
+''')
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A small net exported with --program through the CLI: (folder, onnx, pt2, the CLI's output)."""
+    from toolchain.cli import cli
+
+    d = tmp_path_factory.mktemp("tiny")
+    (d / "tinynet.py").write_text(TINY)
+    r = CliRunner().invoke(cli, ["export", f"{d / 'tinynet.py'}:build", "-o", str(d / "tiny.onnx"), "--input-size",
+                                 "32", "--program", "--json"])
+    assert r.exit_code == 0, r.output
+    return d, d / "tiny.onnx", d / "tiny.pt2", r.stdout
+
+
+@pytest.fixture(scope="module")
+def lite0_program(lite0_onnx, tmp_path_factory):
+    """The real Lite0's program, written by the code trtc export --program runs, with the manifest of the session's
+    Lite0 export (the ONNX itself is exported once per session, without --program)."""
+    import torch
+
+    from engines.manifest import read_manifest
+    from toolchain._ui import Reporter
+    from toolchain.export import _write_program
+    from toolchain.model_source import load_model, parse_source
+
+    loaded = load_model(parse_source("pretrained:efficientnet-lite0"))
+    manifest = read_manifest(lite0_onnx[0])
+    target = tmp_path_factory.mktemp("lite0pt2") / "lite0.pt2"
+    example = torch.zeros(2, 3, 224, 224)
+    report = _write_program(target, None, loaded, example, manifest.batch, manifest, None, 1e-3, Reporter())
+    return target, report
+
+
+@pytest.fixture(scope="module")
+def photo_batch(photos, lite0_onnx):
+    from engines.manifest import read_manifest
+    from toolchain.precision.calibration import image_or_skip
+
+    spec = read_manifest(lite0_onnx[0]).preprocess
+    return np.stack([image_or_skip(p, spec, []) for p in photos])
+
+
+def test_export_program_writes_the_pt2_with_its_manifest(tiny):
+    from engines.manifest import read_manifest
+
+    d, onnx, pt2, output = tiny
+    report = json.loads(output)
+    assert report["program"]["file"] == str(pt2) and report["program"]["check"]["max_abs_diff"] < 1e-5
+    m, o = read_manifest(pt2), read_manifest(onnx)  # both hashes checked
+    assert m.kind == "program" and o.kind == "onnx"
+    assert m.preprocess == o.preprocess and m.batch == o.batch and m.labels == o.labels
+    assert [t.to_dict() for t in m.inputs] == [t.to_dict() for t in o.inputs]
+    assert m.producer["format"] == "torch.export" and m.producer["onnx_sibling"] == "tiny.onnx"
+    assert not [f for f in os.listdir(d) if ".tmp" in f]  # nothing left of the atomic writes
+
+
+def test_export_program_refuses_what_it_cannot_write(tiny, tmp_path):
+    from toolchain.cli import cli
+
+    d, onnx, pt2, _ = tiny
+    out = tmp_path / "t.onnx"
+    (tmp_path / "t.pt2").write_text("an older program")
+    r = CliRunner().invoke(cli, ["export", f"{d / 'tinynet.py'}:build", "-o", str(out), "--input-size", "32",
+                                 "--program"])
+    assert r.exit_code == 2 and "t.pt2 already exists" in r.output and not out.exists()  # checked before the work
+    r = CliRunner().invoke(cli, ["export", str(onnx), "--program"])
+    assert r.exit_code == 2 and "--program does not apply to an ONNX model" in r.output
+
+
+def test_lite0_program_manifest(lite0_program, lite0_onnx):
+    from engines.manifest import read_manifest
+
+    pt2, report = lite0_program
+    m, o = read_manifest(pt2), read_manifest(lite0_onnx[0])
+    assert m.kind == "program" and m.labels == o.labels and m.preprocess == o.preprocess and m.batch == o.batch
+    assert report["check"]["max_abs_diff"] < 1e-3 and report["check"]["loaded_back"]
+
+
+def test_open_engine_dispatch(lite0_program, lite0_onnx):
+    import engines
+    from engines.onnxruntime_engine import OnnxRuntimeEngine
+    from engines.torch_engine import TorchEngine
+
+    pt2 = lite0_program[0]
+    with engines.open_engine(pt2) as e:
+        assert isinstance(e, TorchEngine) and e.precision == "fp32" and not e.compile
+        assert e.inputs[0].shape == ("batch", 3, 224, 224) and e.outputs[0].shape == ("batch", 1000)
+        assert e.manifest.labels[0] == read_label0(lite0_onnx[0])
+    with engines.open_engine(f"torch:{pt2}") as e:
+        assert isinstance(e, TorchEngine) and e.precision == "fp32"
+    with engines.open_engine(lite0_onnx[0]) as e:
+        assert isinstance(e, OnnxRuntimeEngine)
+    with pytest.raises(engines.UsageProblem, match="INT8 needs TensorRT or ONNX Runtime"):
+        engines.open_engine(pt2, precision="int8")
+    with pytest.raises(engines.UsageProblem, match="open it with device='cuda:N'"):
+        engines.open_engine(pt2).infer(_FakeDevice())
+
+
+def read_label0(onnx):
+    return json.loads(Path(f"{onnx}.json").read_text())["labels"][0]
+
+
+class _FakeDevice:
+    """Looks like a CUDA array to the engine (DLPack device type 2)."""
+    shape = (1, 3, 224, 224)
+
+    def __dlpack_device__(self):
+        return (2, 0)
+
+
+def test_lite0_eager_matches_onnxruntime(lite0_program, cpu_session_lite0, photo_batch):
+    import engines
+
+    with engines.open_engine(lite0_program[0]) as e:
+        got = e.infer(photo_batch)[0]
+        one = e.infer(photo_batch[:1])[0]  # a batch change: another size, same answers
+        again = e.infer(photo_batch)[0]
+    ref = cpu_session_lite0.infer(photo_batch)[0]
+    diff = float(np.abs(got - ref).max())
+    print(f"Lite0 torch eager vs ONNX Runtime CPU on {len(photo_batch)} photos: max abs logit diff {diff:.2e}")
+    assert got.dtype == np.float32 and got.shape == ref.shape
+    assert (got.argmax(1) == ref.argmax(1)).all()
+    assert diff < FP32_ATOL
+    assert np.abs(one - got[:1]).max() < 1e-5 and np.array_equal(again, got)
+    with engines.open_engine(lite0_program[0]) as e, pytest.raises(engines.UsageProblem, match="outside"):
+        e.infer(np.zeros((33, 3, 224, 224), np.float32))  # the export's range is 1..32
+
+
+def test_lite0_fp16_program(lite0_program, cpu_session_lite0, photo_batch):
+    """FP16 on the CPU (slow: torch's CPU FP16 kernels), two photos: same top-1 as FP32."""
+    import engines
+
+    x = photo_batch[:2]
+    with engines.open_engine(f"torch-fp16:{lite0_program[0]}") as e:
+        assert e.precision == "fp16" and e.inputs[0].dtype == "float16" and e.outputs[0].dtype == "float32"
+        got = e.infer(x)[0]  # float32 in: cast inside
+    ref = cpu_session_lite0.infer(x)[0]
+    diff = float(np.abs(got - ref).max())
+    print(f"Lite0 torch FP16 vs ONNX Runtime FP32 on 2 photos: max abs logit diff {diff:.3f}")
+    assert got.dtype == np.float32 and (got.argmax(1) == ref.argmax(1)).all() and diff < FP16_ATOL
+
+
+@pytest.fixture(scope="module")
+def cpu_session_lite0(lite0_onnx):
+    import engines
+
+    with engines.open_engine(lite0_onnx[0]) as e:
+        yield e
+
+
+def test_validate_the_program_against_its_onnx(lite0_program, lite0_onnx, photos):
+    from toolchain.cli import cli
+
+    r = CliRunner().invoke(cli, ["validate", "--reference", str(lite0_onnx[0]), "--candidate", str(lite0_program[0]),
+                                 "--data", str(photos[0].parent), "--count", "8", "--json", "-"])
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.stdout)
+    cand = report["candidates"][0]
+    assert cand["kind"] == "torch" and cand["precision"] == "fp32" and cand["passed"]
+    assert cand["metrics"]["top1_agreement"] == 1.0
+
+
+def test_run_with_the_program(lite0_program, bikes):
+    from toolchain.cli import cli
+
+    r = CliRunner().invoke(cli, ["-q", "run", str(bikes), "--model", str(lite0_program[0]), "--device", "cpu",
+                                 "--stride", "50", "--batch", "5"])
+    assert r.exit_code == 0, r.output
+    lines = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    assert [p["frame"] for p in lines] == [0, 50, 100, 150, 200]
+
+
+SECOND_START = textwrap.dedent('''
+    import json, sys, time
+    import numpy as np
+    t0 = time.perf_counter()
+    import engines
+    e = engines.open_engine(sys.argv[1], compile=True)
+    e.infer(np.zeros((4, 3, 32, 32), np.float32))
+    stats = list(e.compile_stats.values())[0]
+    print(json.dumps({"seconds": time.perf_counter() - t0, "cache_file": stats["cache_file"],
+                      "hit": stats["inductor_cache_hit"]}))
+''')
+
+
+@pytest.mark.slow
+def test_second_start_loads_the_cache_beside_the_model(tiny, tmp_path):
+    """Compiled with Inductor in one process, the artifacts kept beside the model; a second process with an empty
+    Inductor cache of its own loads them from there and Inductor reports a cache hit. (On the CPU Inductor still
+    compiles its C++ kernels again, so the second start is not faster here; on a GPU the Triton kernels are in the
+    cache: tests/gpu/test_torch_engine_gpu.py times it.)"""
+    _, _, pt2, _ = tiny
+    script = tmp_path / "second_start.py"
+    script.write_text(SECOND_START)
+
+    def start(name):
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / name), "PYTHONPATH": str(ROOT)}
+        out = subprocess.run([sys.executable, str(script), str(pt2)], capture_output=True, text=True, env=env,
+                             timeout=600)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    first = start("first")
+    files = list((pt2.parent / "tiny.pt2.inductor").glob("*-b4-fp32-nchw-float32-*.bin"))
+    assert len(files) == 1, "the compiled artifacts were not kept beside the model"
+    second = start("second")
+    print(f"tiny net on the CPU: first start {first['seconds']:.1f} s, second {second['seconds']:.1f} s")
+    assert not first["cache_file"] and first["hit"] is False
+    assert second["cache_file"] and second["hit"]
+    files[0].write_bytes(files[0].read_bytes()[:100])  # a damaged cache: compiled again, said, not fatal
+    third = start("third")
+    assert not third["cache_file"] and not third["hit"]
