@@ -42,7 +42,7 @@ from .validate import Runner, _classify
 SPAN = 20  # device input: calls between two host waits (the CUDA events give each call's own time)
 UNTUNED = "onnxruntime (untuned)"
 BACKENDS = {"onnx": "onnxruntime", "opencv": "opencv", "plan": "tensorrt", "pytorch": "pytorch eager",
-            "program": "torch (trtc engine)"}
+            "torch": "torch (trtc compiled engine)"}
 
 
 @dataclass
@@ -336,8 +336,11 @@ def _model_rows(spec: str, ref, tuning: str | None, batches: list[int], plan: _P
 
 
 def _takes_device_input(ref, runner) -> bool:
-    """Whether the engine runs on device arrays: a plan, or an ONNX model opened with device buffers."""
-    return ref.kind == "plan" or (ref.kind == "onnx" and getattr(runner.engine, "stream", None) is not None)
+    """Whether the engine runs on device arrays: a plan, trtc's compiled PyTorch engine on a GPU, or an ONNX model
+    opened with device buffers."""
+    if ref.kind in ("plan", "torch"):
+        return str(getattr(runner.engine, "device", "")).startswith("cuda")
+    return ref.kind == "onnx" and getattr(runner.engine, "stream", None) is not None
 
 
 def _call(runner, ref, x: np.ndarray, plan: _Plan):
