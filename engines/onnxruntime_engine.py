@@ -140,15 +140,68 @@ def session_options(ort, threads: int | None = None, qdq_fusion: bool = True):
     return opts
 
 
+# ``tuning="auto"``: the CUDA EP options that paid at trtc's fixed shapes, measured side by side on an H100 (ORT
+# 1.31.1, FP16, batch 64, device-resident input; docs/BENCHMARKS.md). img/s untuned -> tuned: ResNet-50 12,247 ->
+# 17,923, EfficientNet-Lite0 12,477 -> 16,364; start-up (session + first batch) ResNet-50 0.92 -> 0.85 s, Lite0 5.72
+# -> 3.69 s. prefer_nhwc gives most of the speed; HEURISTIC cuDNN algorithm choice ran as fast as the default
+# EXHAUSTIVE search (within 1%) and starts 1.5-2 s sooner; CUDA graphs add 5-7%. DEFAULT started fastest but ran at
+# 164-2,486 img/s (cuDNN's fallback kernels), so it is not used. ``tuning="off"``: the session as trtc opened it
+# before (only device_id), for comparison.
+TUNED_CUDA_OPTIONS = {"cudnn_conv_algo_search": "HEURISTIC", "prefer_nhwc": "1"}
+TUNINGS = ("auto", "off")
+MAX_CUDA_GRAPHS = 16  # distinct (input buffers, shapes) captured per session; more run without a graph
+_told: set = set()  # (path, what) said once per process
+
+
+def _say_once(path, what: str, text: str) -> None:
+    import logging
+
+    key = (os.fspath(path), what)
+    if key not in _told:
+        _told.add(key)
+        logging.getLogger("trtc").warning("%s: %s", Path(path).name, text)
+
+
+def _int8_note(path, kind: str) -> None:
+    """INT8 Q/DQ models under the CUDA EP compute through Q/DQ pairs, not integer kernels: say it once."""
+    import json
+
+    from .manifest import manifest_path
+
+    if kind != "cuda":
+        return
+    try:
+        precision = json.loads(manifest_path(path).read_text()).get("precision") or {}
+    except (OSError, ValueError):
+        return
+    if precision.get("mode") == "int8":
+        _say_once(path, "int8", "an INT8 model runs no faster than FP16 under ONNX Runtime's CUDA execution "
+                                "provider (it computes the Q/DQ pairs); INT8 pays under TensorRT: trtc build "
+                                f"{Path(path).name}, or use the FP16 model here")
+
+
+class _Graphed:
+    """One captured CUDA graph: its ONNX Runtime id, the IOBinding with the input and output addresses it was
+    captured with, the outputs it writes, and its run options."""
+
+    def __init__(self, graph_id: int, binding, run_options, outputs: list):
+        self.graph_id, self.binding, self.run_options, self.outputs = graph_id, binding, run_options, outputs
+
+
 class OnnxRuntimeEngine(EngineBase):
     def __init__(self, path: str | os.PathLike, device: str = "cpu", threads: int | None = None,
-                 qdq_fusion: bool | None = None, device_buffers: bool | None = None, tf32: bool = True):
+                 qdq_fusion: bool | None = None, device_buffers: bool | None = None, tf32: bool = True,
+                 tuning: str = "auto"):
         """``device_buffers``: give the session a CUDA stream of its own so device arrays run zero-copy (needs
         CuPy; default: on when the device is CUDA and CuPy is installed). ``tf32``: the CUDA EP computes FP32
         convolutions and matrix products in TF32 on Ampere and later (its default, as PyTorch's cuDNN and
         TensorRT's FP32 builds do); ``tf32=False`` computes them in full FP32 (on an H100, Lite0's softmax against
-        the CPU EP: 4.2e-4 with TF32, 3.9e-7 without)."""
+        the CPU EP: 4.2e-4 with TF32, 3.9e-7 without). ``tuning``: ``"auto"`` (NHWC kernels, heuristic cuDNN
+        algorithms and, on device buffers, a CUDA graph per input buffer and shape; see TUNED_CUDA_OPTIONS) or
+        ``"off"`` (ONNX Runtime's defaults); the CPU EP is the same either way."""
         ort = require("onnxruntime", "Running ONNX models")
+        if tuning not in TUNINGS:
+            raise UsageProblem(f"unknown ONNX Runtime tuning {tuning!r}", f"use one of: {', '.join(TUNINGS)}")
         self.path = Path(path)
         self.device = device
         kind, self.device_id = parse_device(device)
@@ -157,6 +210,7 @@ class OnnxRuntimeEngine(EngineBase):
             if not qdq_fusion:
                 _warn_runtime(self.path)
         self.qdq_fusion = qdq_fusion  # False: runs op by op, unlike a default session (the manifest says why)
+        self.tuning = tuning
         opts = session_options(ort, threads, qdq_fusion)
         if kind == "cuda":  # first: without the GPU, a missing CUDA provider is not the problem to fix
             from ._gpu import check_gpu_index
@@ -171,19 +225,41 @@ class OnnxRuntimeEngine(EngineBase):
             providers[0][1]["user_compute_stream"] = str(self.stream.ptr)
         if kind == "cuda" and not tf32:
             providers[0][1]["use_tf32"] = "0"
+        if kind == "cuda" and tuning == "auto":
+            providers[0][1].update(TUNED_CUDA_OPTIONS)
+        self.session, self.cuda_graphs = self._open(ort, opts, providers, graphs=kind == "cuda" and
+                                                    tuning == "auto" and self.stream is not None)
+        self.inputs = [_spec(a) for a in self.session.get_inputs()]
+        self.outputs = [_spec(a) for a in self.session.get_outputs()]
+        self._output_names = [o.name for o in self.outputs]
+        _int8_note(self.path, kind)
+
+        self._binding = None
+        self._run_options = None
+        self._host_run_options = None
+        self._graphs: dict = {}  # (input addresses, shapes, dtypes) -> _Graphed
+        self._seen: set = set()  # keys met once: a graph is captured the second time a key comes
+
+    def _open(self, ort, opts, providers, graphs: bool):
+        """The session; with ``graphs``, CUDA graphs enabled, unless ONNX Runtime refuses them for this model
+        (some nodes outside the CUDA EP): then without, said once."""
+        if graphs:
+            try:
+                with_graphs = [(providers[0][0], {**providers[0][1], "enable_cuda_graph": "1"}), *providers[1:]]
+                return self._session(ort, opts, with_graphs), True
+            except EngineError as exc:
+                _say_once(self.path, "graph", f"runs without CUDA graphs ({exc.reason}); ONNX Runtime captures a "
+                                              "graph only when every node runs on the CUDA execution provider")
+        return self._session(ort, opts, providers), False
+
+    def _session(self, ort, opts, providers):
         try:
-            self.session = ort.InferenceSession(os.fspath(self.path), sess_options=opts, providers=providers)
+            return ort.InferenceSession(os.fspath(self.path), sess_options=opts, providers=providers)
         except EngineError:
             raise
         except Exception as exc:  # ORT raises its own exception types for bad graphs
             raise EngineError(f"ONNX Runtime cannot load {self.path.name}: {str(exc).splitlines()[0]}",
                               "check the model with `trtc inspect` or re-export it") from exc
-        self.inputs = [_spec(a) for a in self.session.get_inputs()]
-        self.outputs = [_spec(a) for a in self.session.get_outputs()]
-        self._output_names = [o.name for o in self.outputs]
-
-        self._binding = None
-        self._run_options = None
 
     def infer(self, batch, outputs=None, stream=None) -> list:
         """Run one batch. Host arrays in, host arrays out; device arrays in, device (CuPy) arrays out.
@@ -199,7 +275,27 @@ class OnnxRuntimeEngine(EngineBase):
             if spec.name not in feeds:
                 raise UsageProblem(f"no data for model input {spec.name!r}")
             casted[spec.name] = np.ascontiguousarray(feeds[spec.name], dtype=spec.numpy_dtype)
-        return self.session.run(self._output_names, casted)
+        return self.session.run(self._output_names, casted, self._graphless_options())
+
+    def _graphless_options(self):
+        """Run options for a run that must not use a CUDA graph (host arrays: ONNX Runtime's own copies), or None
+        when the session has no graphs."""
+        if not self.cuda_graphs:
+            return None
+        if self._host_run_options is None:
+            ort = require("onnxruntime", "Running ONNX models")
+            self._host_run_options = ort.RunOptions()
+            self._host_run_options.add_run_config_entry("gpu_graph_id", "-1")
+        return self._host_run_options
+
+    def _device_run_options(self, graph_id: int | None = None):
+        ort = require("onnxruntime", "Running ONNX models")
+        ro = ort.RunOptions()
+        # with our own compute stream ORT need not synchronise after the run: we order through events
+        ro.add_run_config_entry("disable_synchronize_execution_providers", "1")
+        if self.cuda_graphs:  # -1: this run neither captures nor replays a graph
+            ro.add_run_config_entry("gpu_graph_id", str(graph_id if graph_id is not None else -1))
+        return ro
 
     def _infer_device(self, batch, outputs, stream):
         if self.stream is None:
@@ -208,39 +304,75 @@ class OnnxRuntimeEngine(EngineBase):
         import cupy as cp
 
         feeds = batch if isinstance(batch, dict) else {self.inputs[0].name: batch}
-        if self._binding is None:
-            self._binding = self.session.io_binding()
-            ort = require("onnxruntime", "Running ONNX models")
-            self._run_options = ort.RunOptions()
-            # with our own compute stream ORT need not synchronise after the run: we order through events
-            self._run_options.add_run_config_entry("disable_synchronize_execution_providers", "1")
-        io = self._binding
+        xs = [device_input(feeds, spec) for spec in self.inputs]
+        n = xs[0].shape[0]
+        shapes = [self._output_shape(spec, n) for spec in self.outputs]
         caller = external_stream(stream, self.device_id) if stream is not None else cp.cuda.get_current_stream()
         if caller.ptr != self.stream.ptr:
             self.stream.wait_event(caller.record())
-        n = None
-        for spec in self.inputs:
-            x = device_input(feeds, spec)
-            n = x.shape[0] if n is None else n
-            io.bind_input(spec.name, "cuda", self.device_id, x.dtype, tuple(x.shape), x.data.ptr)
-        results = []
-        for i, spec in enumerate(self.outputs):
-            shape = tuple(n if (isinstance(d, str) or d is None or d < 0) and j == 0 else d
-                          for j, d in enumerate(spec.shape))
-            if any(not isinstance(d, int) for d in shape):
-                raise EngineError(f"output {spec.name!r} has dynamic dimensions {spec.shape} besides the batch",
-                                  "export the model with a fixed output shape")
-            out = device_output(outputs, i, spec, shape, self.stream)
-            io.bind_output(spec.name, "cuda", self.device_id, out.dtype, shape, out.data.ptr)
-            results.append(out)
-        try:
-            self.session.run_with_iobinding(io, self._run_options)
-        except Exception as exc:  # ORT's own exception types
-            raise EngineError(f"ONNX Runtime failed on {self.path.name}: {str(exc).splitlines()[0]}") from exc
+        graphed = self._graph_for(xs) if self.cuda_graphs else None
+        if graphed is not None:
+            self._run(graphed.binding, graphed.run_options)
+            results = [device_output(outputs, i, spec, shape, self.stream)
+                       for i, (spec, shape) in enumerate(zip(self.outputs, shapes))]
+            with self.stream:  # the graph writes the same buffers every replay: the caller gets its own copy
+                for dst, src in zip(results, graphed.outputs):
+                    dst[...] = src
+        else:
+            results = [device_output(outputs, i, spec, shape, self.stream)
+                       for i, (spec, shape) in enumerate(zip(self.outputs, shapes))]
+            if self._binding is None:
+                self._binding, self._run_options = self.session.io_binding(), self._device_run_options()
+            self._bind(self._binding, xs, results)
+            self._run(self._binding, self._run_options)
         if caller.ptr != self.stream.ptr:
             caller.wait_event(self.stream.record())
         return results
 
+    def _output_shape(self, spec, n: int) -> tuple:
+        shape = tuple(n if (isinstance(d, str) or d is None or d < 0) and j == 0 else d
+                      for j, d in enumerate(spec.shape))
+        if any(not isinstance(d, int) for d in shape):
+            raise EngineError(f"output {spec.name!r} has dynamic dimensions {spec.shape} besides the batch",
+                              "export the model with a fixed output shape")
+        return shape
+
+    def _bind(self, io, xs, outs) -> None:
+        for spec, x in zip(self.inputs, xs):
+            io.bind_input(spec.name, "cuda", self.device_id, x.dtype, tuple(x.shape), x.data.ptr)
+        for spec, out in zip(self.outputs, outs):
+            io.bind_output(spec.name, "cuda", self.device_id, out.dtype, tuple(out.shape), out.data.ptr)
+
+    def _run(self, io, run_options) -> None:
+        try:
+            self.session.run_with_iobinding(io, run_options)
+        except Exception as exc:  # ORT's own exception types
+            raise EngineError(f"ONNX Runtime failed on {self.path.name}: {str(exc).splitlines()[0]}") from exc
+
+    def _graph_for(self, xs) -> _Graphed | None:
+        """The CUDA graph of these input buffers and shapes: made the second time they come (the video pipeline
+        reuses a few fixed buffers; a caller passing a new array each call never pays a capture), None for a
+        first sighting or past MAX_CUDA_GRAPHS. ONNX Runtime runs a new graph id normally, then captures it."""
+        import cupy as cp
+
+        key = tuple((x.data.ptr, tuple(x.shape), x.dtype.str) for x in xs)
+        graphed = self._graphs.get(key)
+        if graphed is not None or len(self._graphs) >= MAX_CUDA_GRAPHS:
+            return graphed
+        if key not in self._seen:
+            self._seen.add(key)
+            return None
+        n = xs[0].shape[0]
+        with self.stream:
+            outs = [cp.empty(self._output_shape(spec, n), spec.numpy_dtype) for spec in self.outputs]
+        io = self.session.io_binding()
+        self._bind(io, xs, outs)
+        graphed = _Graphed(len(self._graphs) + 1, io, None, outs)  # ids from 1: 0 is ONNX Runtime's own
+        graphed.run_options = self._device_run_options(graphed.graph_id)
+        self._graphs[key] = graphed
+        return graphed
+
     def close(self) -> None:
         self._binding = None
+        self._graphs = {}
         self.session = None

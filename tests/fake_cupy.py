@@ -27,6 +27,9 @@ class ndarray:  # noqa: N801 - CuPy's name
     def __getitem__(self, item):
         return ndarray(self.host[item])
 
+    def __setitem__(self, item, value):  # a device-to-device copy
+        self.host[item] = value.host if isinstance(value, ndarray) else value
+
 
 class Stream:
     def __init__(self, non_blocking=False, ptr=None):
@@ -42,11 +45,25 @@ class Stream:
     def synchronize(self):
         pass
 
+    def record(self, event=None):
+        return Event()
+
+    def wait_event(self, event):
+        pass
+
     def begin_capture(self):
         self.captures += 1
 
     def end_capture(self):
         return Graph(self)
+
+
+class Event:
+    def record(self, stream=None):
+        pass
+
+    def synchronize(self):
+        pass
 
 
 class Graph:
@@ -76,7 +93,8 @@ def install(monkeypatch):
     m.empty = lambda shape, dtype=np.float32: ndarray(np.zeros(shape, dtype))
     m.asarray = lambda a, dtype=None: a if isinstance(a, ndarray) else ndarray(np.ascontiguousarray(a, dtype))
     m.asnumpy = lambda a, stream=None: a.host.copy()
-    m.cuda = types.SimpleNamespace(Stream=Stream, Device=Device,
+    current = Stream(ptr=0)
+    m.cuda = types.SimpleNamespace(Stream=Stream, Device=Device, Event=Event, get_current_stream=lambda: current,
                                    ExternalStream=lambda ptr, device_id=0: Stream(ptr=ptr))
     m.FAKE = True
     monkeypatch.setitem(sys.modules, "cupy", m)

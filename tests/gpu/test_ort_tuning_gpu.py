@@ -1,0 +1,105 @@
+"""ONNX Runtime tuned for trtc's fixed shapes (issue 30) on a real GPU: the tuned CUDA session (NHWC kernels,
+heuristic cuDNN algorithms, a CUDA graph per input buffer) computes what ONNX Runtime's default CUDA session
+computes, graph replays follow the buffer's new contents, another batch size through the same engine is right,
+and a model ONNX Runtime runs partly on the CPU still runs. Skipped without a GPU, CuPy and onnxruntime-gpu."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+
+import numpy as np
+import pytest
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(importlib.util.find_spec("cupy") is None, reason="needs CuPy (the gpu extra)")]
+
+
+def _cuda_ok():
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        pytest.skip("needs onnxruntime-gpu (the gpu extra)")
+
+
+@pytest.fixture(scope="module")
+def pair(lite0_onnx):
+    """The Lite0 FP32 export opened tuned and untuned on cuda:0."""
+    import engines
+
+    _cuda_ok()
+    with engines.open_engine(lite0_onnx[0], device="cuda:0") as tuned, \
+            engines.open_engine(lite0_onnx[0], device="cuda:0", tuning="off") as untuned:
+        yield tuned, untuned
+
+
+def _photos_batch(lite0_onnx, photos, n):
+    from engines.manifest import read_manifest
+    from engines.preprocess import batch_from_images
+
+    spec = read_manifest(lite0_onnx[0]).preprocess
+    x = batch_from_images(photos[:n], spec)
+    reps = -(-n // len(x))
+    return np.concatenate([x] * reps)[:n]
+
+
+def test_the_tuned_session_computes_what_the_default_one_does(pair, lite0_onnx, photos):
+    """Through the same fixed buffer the pipeline uses: first run (no graph), second (captured), and replays with
+    new contents each time; FP32 logits within 2e-2 of the default session (TF32 and NHWC kernels sum in another
+    order), top-1 identical."""
+    import cupy as cp
+
+    tuned, untuned = pair
+    assert tuned.cuda_graphs and tuned.tuning == "auto" and not untuned.cuda_graphs
+    x = _photos_batch(lite0_onnx, photos, 32)
+    buf = cp.empty(x.shape, cp.float32)
+    for i in range(5):  # roll the batch so each replay reads other contents from the same address
+        host = np.roll(x, i, axis=0)
+        buf.set(host)
+        got = cp.asnumpy(tuned.infer(buf)[0])
+        want = cp.asnumpy(untuned.infer(cp.asarray(host))[0])
+        assert np.abs(got - want).max() < 2e-2, (i, float(np.abs(got - want).max()))
+        assert (got.argmax(1) == want.argmax(1)).all()
+    assert len(tuned._graphs) == 1
+
+
+def test_another_batch_size_mid_stream_is_right(pair, lite0_onnx, photos):
+    import cupy as cp
+
+    tuned, untuned = pair
+    x = _photos_batch(lite0_onnx, photos, 32)
+    for n in (32, 7, 32, 7, 1):
+        buf = cp.asarray(x[:n])
+        for _ in range(3):
+            got = cp.asnumpy(tuned.infer(buf)[0])
+        want = untuned.infer(x[:n])[0]
+        assert got.shape == (n, 1000) and (got.argmax(1) == want.argmax(1)).all()
+
+
+def test_memory_is_flat_over_ten_passes(pair, lite0_onnx, photos):
+    import cupy as cp
+
+    tuned, _ = pair
+    x = cp.asarray(_photos_batch(lite0_onnx, photos, 32))
+    tuned.infer(x), tuned.infer(x)
+    free = []
+    for _ in range(10):
+        for _ in range(20):
+            tuned.infer(x)
+        cp.cuda.runtime.deviceSynchronize()
+        free.append(cp.cuda.runtime.memGetInfo()[0])
+    assert max(free) - min(free) < 64 * 2**20, [f / 2**20 for f in free]
+
+
+def test_an_int8_model_says_once_that_it_needs_tensorrt_to_be_fast(lite0_int8_plain, caplog):
+    import engines
+    import engines.onnxruntime_engine as oe
+
+    _cuda_ok()
+    oe._told.clear()
+    with caplog.at_level(logging.WARNING, logger="trtc"):
+        for _ in range(2):
+            with engines.open_engine(lite0_int8_plain.output, device="cuda:0"):
+                pass
+    said = [r.getMessage() for r in caplog.records if "INT8 pays under TensorRT" in r.getMessage()]
+    assert len(said) == 1

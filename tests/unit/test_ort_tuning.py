@@ -1,0 +1,158 @@
+"""ONNX Runtime tuned for trtc's fixed shapes (issue 30): the CUDA EP options a tuned session is opened with, the
+fall-back when ONNX Runtime refuses CUDA graphs, and which runs capture, replay or skip a graph.
+
+No GPU here: the session is a recorder standing in for ONNX Runtime's CUDA session (its input and output
+descriptions come from the real Lite0 export), and CuPy is tests/fake_cupy.py. What runs on the GPU is checked in
+tests/gpu/test_ort_tuning_gpu.py."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+import engines.onnxruntime_engine as oe
+from engines.errors import EngineError, UsageProblem
+
+
+class Binding:
+    def __init__(self):
+        self.inputs, self.outputs = {}, {}
+
+    def bind_input(self, name, device, device_id, dtype, shape, ptr):
+        self.inputs[name] = (ptr, tuple(shape))
+
+    def bind_output(self, name, device, device_id, dtype, shape, ptr):
+        self.outputs[name] = (ptr, tuple(shape))
+
+
+class Session:
+    """Records each run's graph id and bindings; "computes" by filling the bound output with the run's number."""
+
+    def __init__(self, real, registry: dict):
+        self.real, self.registry, self.runs = real, registry, []
+
+    def get_inputs(self):
+        return self.real.get_inputs()
+
+    def get_outputs(self):
+        return self.real.get_outputs()
+
+    def io_binding(self):
+        return Binding()
+
+    def run_with_iobinding(self, io, ro):
+        graph_id = ro.get_run_config_entry("gpu_graph_id") if ro is not None else None
+        self.runs.append((graph_id, dict(io.inputs), id(io)))
+        for ptr, _shape in io.outputs.values():
+            self.registry[ptr].host[...] = len(self.runs)
+
+
+@pytest.fixture
+def cuda_engine(monkeypatch, lite0_onnx):
+    """open(tuning=..., refuse_graphs=...) -> (engine, providers each session was asked for, session)."""
+    import onnxruntime as ort
+
+    from tests import fake_cupy
+
+    cp = fake_cupy.install(monkeypatch)
+    registry = {}
+    real_empty = cp.empty
+
+    def empty(shape, dtype=np.float32):
+        a = real_empty(shape, dtype)
+        registry[a.data.ptr] = a
+        return a
+
+    cp.empty = empty
+    real = ort.InferenceSession(str(lite0_onnx[0]), providers=["CPUExecutionProvider"])
+    asked = []
+
+    def open_(tuning="auto", refuse_graphs=False, device_buffers=True):
+        def session(self, ort_, opts, providers):
+            asked.append(providers[0][1].copy())
+            if refuse_graphs and providers[0][1].get("enable_cuda_graph") == "1":
+                raise EngineError("ONNX Runtime cannot load m.onnx: This session cannot use the CUDA Graph feature")
+            return Session(real, registry)
+
+        monkeypatch.setattr(oe.OnnxRuntimeEngine, "_session", session)
+        monkeypatch.setattr("engines._gpu.check_gpu_index", lambda i: None)
+        monkeypatch.setattr(oe, "providers_for", lambda d: [("CUDAExecutionProvider", {"device_id": 0}),
+                                                            "CPUExecutionProvider"])
+        eng = oe.OnnxRuntimeEngine(lite0_onnx[0], device="cuda:0", tuning=tuning, device_buffers=device_buffers)
+        return eng, asked, eng.session
+
+    open_.cp = cp
+    open_.registry = registry
+    return open_
+
+
+def test_a_tuned_cuda_session_asks_for_nhwc_heuristic_algorithms_and_graphs(cuda_engine):
+    eng, asked, _ = cuda_engine("auto")
+    assert asked[-1]["prefer_nhwc"] == "1" and asked[-1]["cudnn_conv_algo_search"] == "HEURISTIC"
+    assert asked[-1]["enable_cuda_graph"] == "1" and eng.cuda_graphs
+    off, asked, _ = cuda_engine("off")
+    assert not ({"prefer_nhwc", "cudnn_conv_algo_search", "enable_cuda_graph"} & set(asked[-1]))
+    assert not off.cuda_graphs
+    # host arrays only (no device buffers): tuned kernels, but no graphs (they need fixed device addresses)
+    host, asked, _ = cuda_engine("auto", device_buffers=False)
+    assert asked[-1]["prefer_nhwc"] == "1" and "enable_cuda_graph" not in asked[-1] and not host.cuda_graphs
+
+
+def test_a_model_onnx_runtime_cannot_graph_runs_without_and_says_so_once(cuda_engine, caplog):
+    oe._told.clear()
+    with caplog.at_level(logging.WARNING, logger="trtc"):
+        eng, asked, _ = cuda_engine("auto", refuse_graphs=True)
+        cuda_engine("auto", refuse_graphs=True)
+    assert not eng.cuda_graphs and asked[-1]["prefer_nhwc"] == "1" and "enable_cuda_graph" not in asked[-1]
+    said = [r.getMessage() for r in caplog.records if "without CUDA graphs" in r.getMessage()]
+    assert len(said) == 1 and "every node runs on the CUDA execution provider" in said[0]
+
+
+def test_an_unknown_tuning_is_refused_with_the_choices(lite0_onnx):
+    with pytest.raises(UsageProblem, match="unknown ONNX Runtime tuning 'fast'") as err:
+        oe.OnnxRuntimeEngine(lite0_onnx[0], tuning="fast")
+    assert err.value.fix == "use one of: auto, off"
+
+
+def test_a_buffer_is_graphed_the_second_time_it_comes_and_replayed_after(cuda_engine):
+    eng, _, session = cuda_engine("auto")
+    cp = cuda_engine.cp
+    a = cp.asarray(np.zeros((4, 3, 224, 224), np.float32))
+    b = cp.asarray(np.zeros((4, 3, 224, 224), np.float32))
+    outs = [eng.infer(x)[0] for x in (a, a, a, b, b, a)]
+    ids = [r[0] for r in session.runs]
+    assert ids == ["-1", "1", "1", "-1", "2", "1"]  # first sighting ungraphed; then one id per buffer
+    graph_bindings = {r[2] for r in session.runs if r[0] == "1"}
+    assert len(graph_bindings) == 1  # the same binding (addresses) every replay of graph 1
+    # every call returns its own array holding that run's result, not the graph's buffer that the next replay
+    # overwrites
+    assert [float(o.host[0, 0]) for o in outs] == [1, 2, 3, 4, 5, 6]
+    assert len({o.data.ptr for o in outs}) == 6
+
+
+def test_graphs_are_capped_and_host_arrays_never_use_one(cuda_engine, monkeypatch):
+    eng, _, session = cuda_engine("auto")
+    cp = cuda_engine.cp
+    monkeypatch.setattr(oe, "MAX_CUDA_GRAPHS", 2)
+    xs = [cp.asarray(np.zeros((2, 3, 224, 224), np.float32)) for _ in range(3)]
+    for x in xs:
+        eng.infer(x), eng.infer(x), eng.infer(x)
+    ids = [r[0] for r in session.runs]
+    assert ids == ["-1", "1", "1", "-1", "2", "2", "-1", "-1", "-1"]
+    assert eng._graphless_options().get_run_config_entry("gpu_graph_id") == "-1"
+    # a batch of another size through the same buffer's memory is another graph key
+    y = xs[0][:1]
+    eng.infer(y), eng.infer(y)
+    assert [r[0] for r in session.runs[-2:]] == ["-1", "-1"]  # capped: no third graph
+
+
+def test_the_caller_s_output_buffer_gets_the_graph_s_result(cuda_engine):
+    eng, _, session = cuda_engine("auto")
+    cp = cuda_engine.cp
+    x = cp.asarray(np.zeros((2, 3, 224, 224), np.float32))
+    mine = cp.asarray(np.full((2, 1000), -7, np.float32))
+    eng.infer(x), eng.infer(x)
+    got = eng.infer(x, outputs=[mine])[0]
+    assert got is mine and float(mine.host[1, 999]) == 3
