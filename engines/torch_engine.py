@@ -386,7 +386,7 @@ class TorchEngine(EngineBase):
                 return [self._run_for(xt, "nchw").fn(xt).numpy()]
         with self._lock, torch.cuda.device(self.device_id), torch.cuda.stream(self._tstream), torch.no_grad():
             xt = torch.from_numpy(x).to(self._torch_device)
-            return [self._forward(xt).cpu().numpy()]  # .cpu() waits for the engine's stream
+            return [self._forward(xt, bind=False).cpu().numpy()]  # .cpu() waits for the engine's stream
 
     def _infer_device(self, x, outputs, stream) -> list:
         if self.stream is None:
@@ -413,15 +413,16 @@ class TorchEngine(EngineBase):
             caller.wait_event(self.stream.record())
         return [out]
 
-    def _forward(self, xt):
+    def _forward(self, xt, bind: bool = True):
         """Logits of a CUDA tensor, on the engine's stream (the current one): the graph bound to the input's slot,
-        a new such graph (up to MAX_SLOT_GRAPHS per batch size), or the graph that copies the input in."""
+        a new such graph (up to MAX_SLOT_GRAPHS per batch size), or the graph that copies the input in (also for
+        ``bind=False``: a temporary input of the host path)."""
         layout = _layout(tuple(xt.shape), tuple(xt.stride()))
         run = self._run_for(xt, layout)
         if not self.cuda_graph:
             return run.fn(xt)
-        bound = run.slots.get(xt.data_ptr())
-        if bound is None and len(run.slots) < MAX_SLOT_GRAPHS:
+        bound = run.slots.get(xt.data_ptr()) if bind else None
+        if bind and bound is None and len(run.slots) < MAX_SLOT_GRAPHS:
             bound = run.slots[xt.data_ptr()] = self._capture(run.fn, xt)
         if bound is not None:
             bound[0].replay()
