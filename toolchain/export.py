@@ -512,9 +512,8 @@ def export_onnx(source: str, output: str | Path, *, weights: str | None = None, 
         manifest = _export_manifest(tmp, loaded, name, num, origin, spec, in_t, out_t, profile, labels_final, used,
                                     check, weights)
         mpath = write_manifest(out, manifest, hashed_as=tmp)
-        if program_out is not None:  # placed before the ONNX; a failure leaves neither
-            keep["report"] = _write_program(program_out, keep.get("program"), loaded, example, profile, manifest,
-                                            check_x, atol, reporter)
+        keep["report"] = program_out and _write_program(program_out, keep.get("program"), loaded, example, profile,
+                                                        manifest, check_x, atol, reporter)  # placed before the ONNX
     predictions = [{"file": str(f), "top5": top_k(lg, labels_final)} for f, lg in zip(check_files, logits)]
     return ExportReport(output=str(out), manifest=str(mpath), source=loaded.source, exporter=used,
                         opset=manifest.producer["opset"], bytes=size, sha256=manifest.artifact["sha256"],

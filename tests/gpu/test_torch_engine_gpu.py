@@ -1,0 +1,246 @@
+"""The compiled PyTorch engine on a real GPU: device arrays in and out without host copies, read where they lie,
+ordered with the caller's stream through events; FP32 and FP16 (trtc validate against the FP32 ONNX); a batch change
+mid-stream; memory flat over passes; a second start loading Inductor's artifacts from beside the model (times
+printed); and the video pipeline classifying a clip with it. Skipped without an NVIDIA GPU, CuPy or a CUDA torch."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not all(importlib.util.find_spec(m) for m in ("cupy", "torch")),
+                                 reason="needs the torch and gpu extras (torch with CUDA, cupy)")]
+ROOT = Path(__file__).parents[2]
+# FP32 on the GPU against ONNX Runtime on the CPU: cuDNN computes FP32 convolutions in TF32 by default (as ONNX
+# Runtime's CUDA EP does), about 1e-2 on Lite0's logits
+TF32_ATOL = 5e-2
+
+
+@pytest.fixture(scope="module")
+def lite0_pt2(lite0_onnx, tmp_path_factory):
+    """Lite0's torch.export program, written by the code of trtc export --program, with the session export's
+    manifest (batch 1..32)."""
+    import torch
+
+    from engines.manifest import read_manifest
+    from toolchain._ui import Reporter
+    from toolchain.export import _write_program
+    from toolchain.model_source import load_model, parse_source
+
+    loaded = load_model(parse_source("pretrained:efficientnet-lite0"))
+    manifest = read_manifest(lite0_onnx[0])
+    target = tmp_path_factory.mktemp("lite0pt2") / "lite0.pt2"
+    _write_program(target, None, loaded, torch.zeros(2, 3, 224, 224), manifest.batch, manifest, None, 1e-3,
+                   Reporter())
+    return target
+
+
+@pytest.fixture(scope="module")
+def cuda_program(lite0_pt2):
+    import engines
+
+    with engines.open_engine(lite0_pt2, device="cuda:0") as eng:
+        yield eng
+
+
+@pytest.fixture(scope="module")
+def photo_batch(photos, lite0_onnx):
+    """The photos as Lite0 inputs, repeated to 16 (float32, NCHW)."""
+    from engines.manifest import read_manifest
+    from toolchain.precision.calibration import image_or_skip
+
+    spec = read_manifest(lite0_onnx[0]).preprocess
+    x = np.stack([image_or_skip(p, spec, []) for p in photos])
+    return np.concatenate([x] * (16 // len(x) + 1))[:16]
+
+
+def test_device_arrays_in_and_out_without_host_copies(cuda_program, cpu_lite0, photo_batch, monkeypatch):
+    import cupy as cp
+    import torch
+
+    from engines.torch_engine import TorchEngine
+
+    assert isinstance(cuda_program, TorchEngine) and cuda_program.compile and cuda_program.cuda_graph
+    s = cp.cuda.Stream(non_blocking=True)
+    x = cp.asarray(photo_batch)
+    cuda_program.infer(x, stream=s)  # compiles and captures
+    s.synchronize()
+    moved = []
+    for owner, name in ((cp, "asnumpy"), (cp.ndarray, "get"), (cp.ndarray, "set"), (torch.Tensor, "cpu"),
+                        (torch.Tensor, "numpy"), (torch, "from_numpy")):
+        real = getattr(owner, name)
+        monkeypatch.setattr(owner, name, lambda *a, _r=real, _n=name, **k: (moved.append(_n), _r(*a, **k))[1])
+    out = cuda_program.infer(x, stream=s)[0]
+    monkeypatch.undo()
+    assert moved == [], f"host transfers on the device path: {moved}"
+    assert isinstance(out, cp.ndarray) and out.dtype == np.float32 and out.shape == (16, 1000)
+    run = next(iter(cuda_program._runs.values()))
+    assert x.data.ptr in run.slots, "no graph reads the input where it lies"
+    got = cp.asnumpy(out, stream=s)
+    ref = cpu_lite0.infer(photo_batch)[0]
+    diff = float(np.abs(got - ref).max())
+    print(f"Lite0 compiled FP32 (cuda:0) vs ONNX Runtime CPU: max abs logit diff {diff:.2e}; start: "
+          + ", ".join(f"{k} {v:.2f} s" for k, v in cuda_program.timings.items()))
+    assert (got.argmax(1) == ref.argmax(1)).all() and diff < TF32_ATOL
+
+
+def test_orders_with_the_callers_stream(cuda_program, photo_batch):
+    """The caller's stream is busy (a spinning kernel), then writes the input, then asks for the logits and reads
+    them, all without a host synchronisation: the engine must wait for the write (its graph reads the slot in
+    place) and the caller's read must wait for the engine."""
+    import cupy as cp
+
+    spin = cp.RawKernel(r'''
+    extern "C" __global__ void spin(long long cycles) {
+        long long start = clock64();
+        while (clock64() - start < cycles) {}
+    }''', "spin")
+    s = cp.cuda.Stream(non_blocking=True)
+    x = cp.zeros(photo_batch.shape, cp.float32)
+    with s:
+        cuda_program.infer(x, stream=s)  # the slot gets its graph (zeros in)
+        zeros = cp.asnumpy(cuda_program.infer(x, stream=s)[0], stream=s)
+        data = cp.asarray(photo_batch)
+    s.synchronize()
+    expected = cp.asnumpy(cuda_program.infer(data, stream=s)[0], stream=s)
+    s.synchronize()
+    spin((1,), (1,), (np.int64(300_000_000),), stream=s)  # ~0.2 s of the caller's stream
+    with s:
+        x[...] = data
+    out = cuda_program.infer(x, stream=s)[0]
+    got = cp.asnumpy(out, stream=s)
+    s.synchronize()
+    assert np.abs(got - zeros).max() > 1.0, "the engine read the input before the caller's stream wrote it"
+    assert np.abs(got - expected).max() < 1e-3
+
+
+def test_nhwc_input_and_a_batch_change_mid_stream(cuda_program, photo_batch):
+    import cupy as cp
+
+    s = cp.cuda.Stream(non_blocking=True)
+    x16 = cp.asarray(photo_batch)
+    nhwc = cp.ascontiguousarray(x16.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)  # channels_last strides
+    results = []
+    for x in (x16, x16[:5].copy(), x16, nhwc, x16[:1].copy(), x16):
+        results.append(cp.asnumpy(cuda_program.infer(x, stream=s)[0], stream=s))
+    s.synchronize()
+    full = results[0]
+    assert np.abs(results[1] - full[:5]).max() < 1e-2 and np.abs(results[4] - full[:1]).max() < 1e-2
+    assert np.abs(results[2] - full).max() < 1e-5 and np.abs(results[5] - full).max() < 1e-5  # the same graph
+    assert np.abs(results[3] - full).max() < 1e-2 and (results[3].argmax(1) == full.argmax(1)).all()
+    assert {k[0] for k in cuda_program._runs} >= {16, 5, 1}
+
+
+def test_memory_flat_over_ten_passes(cuda_program, photo_batch):
+    import cupy as cp
+    import torch
+
+    from engines._gpu import memory_used_mib
+
+    s = cp.cuda.Stream(non_blocking=True)
+    x = cp.asarray(photo_batch)
+    for _ in range(3):
+        cuda_program.infer(x, stream=s)
+    s.synchronize()
+    torch_before, pool_before, smi_before = torch.cuda.memory_allocated(0), cp.get_default_memory_pool().used_bytes(), \
+        memory_used_mib(0)
+    for _ in range(10):
+        out = cuda_program.infer(x, stream=s)[0]
+        s.synchronize()
+        del out
+    torch_after, pool_after, smi_after = torch.cuda.memory_allocated(0), cp.get_default_memory_pool().used_bytes(), \
+        memory_used_mib(0)
+    print(f"10 passes: torch {torch_before} -> {torch_after} B, CuPy pool {pool_before} -> {pool_after} B, "
+          f"nvidia-smi {smi_before} -> {smi_after} MiB")
+    assert torch_after == torch_before and pool_after <= pool_before + (1 << 20)
+    if smi_before is not None and smi_after is not None:
+        assert smi_after - smi_before < 64
+
+
+def test_validate_fp32_and_fp16_against_the_onnx(lite0_pt2, lite0_onnx, photos, bikes):
+    """trtc validate on the GPU, the FP32 ONNX (ONNX Runtime CUDA) as the reference, photos and bikes.mp4's
+    frames: FP32 agrees on every top-1, FP16 (trtc quantize's keep-list in FP32) on at least 99%."""
+    from click.testing import CliRunner
+
+    from toolchain.cli import cli
+
+    r = CliRunner().invoke(cli, ["validate", "--reference", str(lite0_onnx[0]), "--candidate", str(lite0_pt2),
+                                 "--candidate", f"torch-fp16:{lite0_pt2}", "--data", str(photos[0].parent),
+                                 "--data", str(bikes), "--count", "256", "--device", "cuda:0", "--json", "-"])
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.stdout)
+    fp32, fp16 = report["candidates"]
+    print(f"validate on {report['data']}: FP32 top-1 {fp32['metrics']['top1_agreement']:.2%}, max|d| "
+          f"{fp32['metrics'].get('max_abs_diff')}; FP16 top-1 {fp16['metrics']['top1_agreement']:.2%}")
+    assert fp32["kind"] == fp16["kind"] == "torch" and fp16["precision"] == "fp16"
+    assert fp32["metrics"]["top1_agreement"] == 1.0
+    assert fp16["metrics"]["top1_agreement"] >= 0.99
+
+
+def test_classify_a_clip_with_the_compiled_engine(lite0_pt2, bikes, cpu_lite0):
+    """NVDEC -> the preprocessing kernel -> the compiled engine (graphs bound to the pipeline's input slots) gives
+    the CPU pipeline's answers."""
+    import engines
+    from engines.video import classify
+
+    with engines.open_engine(lite0_pt2, device="cuda:0") as eng:
+        gpu = {p.frame: p for p in classify([bikes], eng, batch=32)}
+        slots = sum(len(r.slots) for r in eng._runs.values())
+    cpu = {p.frame: p for p in classify([bikes], cpu_lite0, batch=32)}
+    assert sorted(gpu) == sorted(cpu) == list(range(250))
+    agree = np.mean([gpu[i].indices[0] == cpu[i].indices[0] for i in gpu])
+    print(f"bikes.mp4, compiled Lite0 on the GPU pipeline vs the CPU pipeline: top-1 agreement {agree:.2%}, "
+          f"{slots} slot graphs")
+    assert agree >= 0.99 and slots >= 1
+
+
+START = textwrap.dedent('''
+    import json, sys, time
+    t0 = time.perf_counter()
+    import cupy as cp
+    import engines
+    e = engines.open_engine(sys.argv[1], device="cuda:0", precision=sys.argv[2])
+    x = cp.zeros((int(sys.argv[3]), 3, 224, 224), e.inputs[0].numpy_dtype)
+    cp.asnumpy(e.infer(x)[0])
+    stats = list(e.compile_stats.values())[0]
+    print(json.dumps({"seconds": time.perf_counter() - t0, "cache_file": stats["cache_file"],
+                      "hit": stats["inductor_cache_hit"], "timings": e.timings}))
+''')
+
+
+@pytest.mark.parametrize("precision", ["fp16"])
+def test_second_start_uses_the_cache_beside_the_model(lite0_pt2, tmp_path, precision):
+    """Two fresh processes, each with an empty Inductor cache of its own: the first compiles and keeps the
+    artifacts beside the model, the second loads them (times printed; the target is <= 25% of the first)."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    for f in (lite0_pt2, Path(f"{lite0_pt2}.json")):
+        shutil.copy(f, folder / f.name)
+    script = tmp_path / "start.py"
+    script.write_text(START)
+
+    def start(name):
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / name), "TRITON_CACHE_DIR":
+               str(tmp_path / name / "triton"), "PYTHONPATH": str(ROOT)}
+        out = subprocess.run([sys.executable, str(script), str(folder / "lite0.pt2"), precision, "32"],
+                             capture_output=True, text=True, env=env, timeout=580)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    first, second = start("first"), start("second")
+    print(f"Lite0 {precision} batch 32, open + first batch in a fresh process: first start {first['seconds']:.1f} s, "
+          f"second {second['seconds']:.1f} s ({second['seconds'] / first['seconds']:.0%}); second: "
+          + ", ".join(f"{k} {v:.2f} s" for k, v in second["timings"].items()))
+    assert list((folder / "lite0.pt2.inductor").glob("*-b32-fp16-*.bin"))
+    assert not first["cache_file"] and second["cache_file"] and second["hit"]
+    assert second["seconds"] < first["seconds"]
