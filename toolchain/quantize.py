@@ -158,6 +158,7 @@ def quantize_onnx(model: str | Path, output: str | Path | None = None, *, precis
     calib, check, random_calib = _checked_options(precision, calib_method, percentile, target, high_precision,
                                                   target_agreement, calib_count, check_count, calib, check)
     src = Path(model)
+    _refuse_program(src, precision)
     out = _output_path(src, output, precision, force)
 
     t0 = time.perf_counter()
@@ -192,6 +193,20 @@ def quantize_onnx(model: str | Path, output: str | Path | None = None, *, precis
                           recipe=recipe, layers=conv.layers, kept=conv.kept, calibration=conv.calibration,
                           search=conv.search, check=check_report,
                           timings={k: round(v, 2) for k, v in timings.items()}, warnings=warnings)
+
+
+def _refuse_program(src: Path, precision: str) -> None:
+    """A torch.export program (.pt2) is not quantized here: FP16 is an option of the compiled PyTorch engine, INT8
+    needs TensorRT or ONNX Runtime (its ONNX sibling)."""
+    if src.suffix.lower() != ".pt2":
+        return
+    onnx = src.with_suffix(".onnx").name
+    if precision == "int8":
+        raise UsageProblem("INT8 needs TensorRT or ONNX Runtime: the compiled PyTorch engine runs FP32 and FP16",
+                           f"quantize the ONNX exported beside the program: trtc quantize {onnx} --precision int8")
+    raise UsageProblem(f"{src.name} is a torch.export program: the compiled PyTorch engine makes it FP16 when it "
+                       "opens it (trtc quantize's keep-list in FP32)", f"run it as torch-fp16:{src.name} "
+                       f"(e.g. trtc run --model torch-fp16:{src.name}), or quantize {onnx} for the other engines")
 
 
 @dataclass

@@ -184,3 +184,17 @@ def test_importing_the_engine_loads_no_torch():
     code = "import sys, engines, engines.torch_engine; print([m for m in ('torch', 'cupy') if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"
+
+
+def test_quantize_refuses_a_program_with_the_way_to_each_precision(tmp_path):
+    from click.testing import CliRunner
+
+    from toolchain.cli import cli
+
+    pt2 = tmp_path / "m.pt2"
+    pt2.write_bytes(b"x")
+    r = CliRunner().invoke(cli, ["quantize", str(pt2), "--precision", "int8", "--calib", "random"])
+    assert r.exit_code == 2 and "INT8 needs TensorRT or ONNX Runtime" in r.output
+    assert "trtc quantize m.onnx --precision int8" in r.output
+    r = CliRunner().invoke(cli, ["quantize", str(pt2), "--precision", "fp16"])
+    assert r.exit_code == 2 and "torch-fp16:m.pt2" in r.output
