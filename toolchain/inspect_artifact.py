@@ -46,6 +46,11 @@ def inspect_artifact(path: str | Path, device: int = 0) -> dict:
             out["rebuild"] = rebuild_command(m, p, problems, backend)
         else:
             out["layer_precisions"] = _engine_layers(p, device)
+    elif m.kind == "program":  # a torch.export program: the compiled PyTorch engine runs it where torch is
+        from engines._deps import is_installed
+
+        out["runs_here"] = is_installed("torch")
+        out["why_not"] = [] if out["runs_here"] else ['torch is not installed: pip install "trtc[torch]"']
     else:
         out["runs_here"], out["why_not"] = _onnx_runs(m, gpu)
         out["operators"] = _onnx_ops(p)

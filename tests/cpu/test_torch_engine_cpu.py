@@ -124,6 +124,10 @@ def test_lite0_program_manifest(lite0_program, lite0_onnx):
     m, o = read_manifest(pt2), read_manifest(lite0_onnx[0])
     assert m.kind == "program" and m.labels == o.labels and m.preprocess == o.preprocess and m.batch == o.batch
     assert report["check"]["max_abs_diff"] < 1e-3 and report["check"]["loaded_back"]
+    from toolchain.inspect_artifact import inspect_artifact
+
+    seen = inspect_artifact(pt2)  # trtc inspect m.pt2: described from its manifest, not parsed as an ONNX
+    assert seen["kind"] == "program" and seen["runs_here"] and seen["batch"] == o.batch.to_dict()
 
 
 def test_open_engine_dispatch(lite0_program, lite0_onnx):
