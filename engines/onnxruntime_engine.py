@@ -197,7 +197,8 @@ class OnnxRuntimeEngine(EngineBase):
         convolutions and matrix products in TF32 on Ampere and later (its default, as PyTorch's cuDNN and
         TensorRT's FP32 builds do); ``tf32=False`` computes them in full FP32 (on an H100, Lite0's softmax against
         the CPU EP: 4.2e-4 with TF32, 3.9e-7 without). ``tuning``: ``"auto"`` (NHWC kernels, heuristic cuDNN
-        algorithms and, on device buffers, a CUDA graph per input buffer and shape; see TUNED_CUDA_OPTIONS) or
+        algorithms and, on device buffers, CUDA graphs for the input buffers given to :meth:`capture_graphs`; see
+        TUNED_CUDA_OPTIONS) or
         ``"off"`` (ONNX Runtime's defaults); the CPU EP is the same either way."""
         ort = require("onnxruntime", "Running ONNX models")
         if tuning not in TUNINGS:
@@ -227,8 +228,11 @@ class OnnxRuntimeEngine(EngineBase):
             providers[0][1]["use_tf32"] = "0"
         if kind == "cuda" and tuning == "auto":
             providers[0][1].update(TUNED_CUDA_OPTIONS)
-        self.session, self.cuda_graphs = self._open(ort, opts, providers, graphs=kind == "cuda" and
+        self.session, self._graph_session = self._open(ort, opts, providers, graphs=kind == "cuda" and
                                                     tuning == "auto" and self.stream is not None)
+        # a session made with graphs enabled: every run that replays none says gpu_graph_id -1, else ONNX Runtime
+        # would capture one of its own; cuda_graphs: whether capture_graphs may still make graphs
+        self.cuda_graphs = self._graph_session
         self.inputs = [_spec(a) for a in self.session.get_inputs()]
         self.outputs = [_spec(a) for a in self.session.get_outputs()]
         self._output_names = [o.name for o in self.outputs]
@@ -237,8 +241,7 @@ class OnnxRuntimeEngine(EngineBase):
         self._binding = None
         self._run_options = None
         self._host_run_options = None
-        self._graphs: dict = {}  # (input addresses, shapes, dtypes) -> _Graphed
-        self._seen: set = set()  # keys met once: a graph is captured the second time a key comes
+        self._graphs: dict = {}  # (input addresses, shapes, dtypes) -> _Graphed, made by capture_graphs
 
     def _open(self, ort, opts, providers, graphs: bool):
         """The session; with ``graphs``, CUDA graphs enabled, unless ONNX Runtime refuses them for this model
@@ -280,7 +283,7 @@ class OnnxRuntimeEngine(EngineBase):
     def _graphless_options(self):
         """Run options for a run that must not use a CUDA graph (host arrays: ONNX Runtime's own copies), or None
         when the session has no graphs."""
-        if not self.cuda_graphs:
+        if not self._graph_session:
             return None
         if self._host_run_options is None:
             ort = require("onnxruntime", "Running ONNX models")
@@ -293,7 +296,7 @@ class OnnxRuntimeEngine(EngineBase):
         ro = ort.RunOptions()
         # with our own compute stream ORT need not synchronise after the run: we order through events
         ro.add_run_config_entry("disable_synchronize_execution_providers", "1")
-        if self.cuda_graphs:  # -1: this run neither captures nor replays a graph
+        if self._graph_session:  # -1: this run neither captures nor replays a graph
             ro.add_run_config_entry("gpu_graph_id", str(graph_id if graph_id is not None else -1))
         return ro
 
@@ -310,7 +313,7 @@ class OnnxRuntimeEngine(EngineBase):
         caller = external_stream(stream, self.device_id) if stream is not None else cp.cuda.get_current_stream()
         if caller.ptr != self.stream.ptr:
             self.stream.wait_event(caller.record())
-        graphed = self._graph_for(xs) if self.cuda_graphs else None
+        graphed = self._graphs.get(self._key(xs)) if self.cuda_graphs else None
         if graphed is not None:
             self._run(graphed.binding, graphed.run_options)
             results = [device_output(outputs, i, spec, shape, self.stream)
@@ -349,28 +352,55 @@ class OnnxRuntimeEngine(EngineBase):
         except Exception as exc:  # ORT's own exception types
             raise EngineError(f"ONNX Runtime failed on {self.path.name}: {str(exc).splitlines()[0]}") from exc
 
-    def _graph_for(self, xs) -> _Graphed | None:
-        """The CUDA graph of these input buffers and shapes: made the second time they come (the video pipeline
-        reuses a few fixed buffers; a caller passing a new array each call never pays a capture), None for a
-        first sighting or past MAX_CUDA_GRAPHS. ONNX Runtime runs a new graph id normally, then captures it."""
+    def capture_graphs(self, arrays, stream=None) -> int:
+        """Capture a CUDA graph for each of these device input batches (one-input models), to be replayed whenever
+        ``infer`` gets an array at the same address with the same shape and type (the video pipeline's few fixed
+        input buffers); any other input runs without a graph. Returns how many graphs the engine holds.
+
+        ONNX Runtime captures in CUDA's global capture mode: while it captures, a CUDA call from another thread of
+        this process (a decoder, an allocation) breaks the capture and fails in that thread too. Call it before
+        starting threads that use the GPU, as the video pipeline does. A capture that fails turns graphs off for
+        this engine, said once."""
+        if not self.cuda_graphs or len(self.inputs) != 1:
+            return len(self._graphs)
         import cupy as cp
 
-        key = tuple((x.data.ptr, tuple(x.shape), x.dtype.str) for x in xs)
-        graphed = self._graphs.get(key)
-        if graphed is not None or len(self._graphs) >= MAX_CUDA_GRAPHS:
-            return graphed
-        if key not in self._seen:
-            self._seen.add(key)
-            return None
+        caller = external_stream(stream, self.device_id) if stream is not None else cp.cuda.get_current_stream()
+        self.stream.wait_event(caller.record())
+        for x in arrays:
+            xs = [device_input({self.inputs[0].name: x}, self.inputs[0])]
+            key = self._key(xs)
+            if key in self._graphs or len(self._graphs) >= MAX_CUDA_GRAPHS:
+                continue
+            graphed = self._graphs[key] = self._new_graph(xs)
+            try:  # ONNX Runtime runs a new graph id once as usual, then captures and replays it
+                for _ in range(2):
+                    self._run(graphed.binding, graphed.run_options)
+                self.stream.synchronize()
+            except EngineError as exc:
+                del self._graphs[key]
+                self.cuda_graphs = False
+                _say_once(self.path, "capture", f"runs without CUDA graphs: capturing one failed ({exc.reason})")
+                break
+        caller.wait_event(self.stream.record())
+        return len(self._graphs)
+
+    @staticmethod
+    def _key(xs) -> tuple:
+        return tuple((x.data.ptr, tuple(x.shape), x.dtype.str) for x in xs)
+
+    def _new_graph(self, xs) -> _Graphed:
+        """Outputs, binding and run options of a new graph id for these inputs (ids from 1: 0 is ONNX Runtime's
+        own)."""
+        import cupy as cp
+
         n = xs[0].shape[0]
         with self.stream:
             outs = [cp.empty(self._output_shape(spec, n), spec.numpy_dtype) for spec in self.outputs]
         io = self.session.io_binding()
         self._bind(io, xs, outs)
-        graphed = _Graphed(len(self._graphs) + 1, io, None, outs)  # ids from 1: 0 is ONNX Runtime's own
-        graphed.run_options = self._device_run_options(graphed.graph_id)
-        self._graphs[key] = graphed
-        return graphed
+        graph_id = len(self._graphs) + 1
+        return _Graphed(graph_id, io, self._device_run_options(graph_id), outs)
 
     def close(self) -> None:
         self._binding = None

@@ -52,7 +52,8 @@ def test_the_tuned_session_computes_what_the_default_one_does(pair, lite0_onnx, 
     tuned, untuned = pair
     assert tuned.cuda_graphs and tuned.tuning == "auto" and not untuned.cuda_graphs
     x = _photos_batch(lite0_onnx, photos, 32)
-    buf = cp.empty(x.shape, cp.float32)
+    buf = cp.zeros(x.shape, cp.float32)
+    assert tuned.capture_graphs([buf]) == 1
     for i in range(5):  # roll the batch so each replay reads other contents from the same address
         host = np.roll(x, i, axis=0)
         buf.set(host)
@@ -103,3 +104,25 @@ def test_an_int8_model_says_once_that_it_needs_tensorrt_to_be_fast(lite0_int8_pl
                 pass
     said = [r.getMessage() for r in caplog.records if "INT8 pays under TensorRT" in r.getMessage()]
     assert len(said) == 1
+
+
+def test_the_video_pipeline_captures_its_buffers_and_classifies_as_untuned(lite0_onnx, bikes):
+    """classify captures a graph per input buffer before its decoders start (ONNX Runtime's global-mode capture
+    would break on their CUDA calls), then replays them: the same top-1 as the untuned session on every frame."""
+    import engines
+    from engines.video import classify
+
+    _cuda_ok()
+    if importlib.util.find_spec("PyNvVideoCodec") is None:
+        pytest.skip("needs PyNvVideoCodec")
+    runs = {}
+    for tuning in ("auto", "off"):
+        with engines.open_engine(lite0_onnx[0], device="cuda:0", tuning=tuning) as eng:
+            run = classify([str(bikes)], eng, batch=16, top_k=1, buffers=4)
+            runs[tuning] = {(p.source, p.frame): p.indices[0] for p in run}
+            assert run.ok
+            if tuning == "auto":
+                assert len(eng._graphs) == 4 and eng.cuda_graphs
+    assert runs["auto"].keys() == runs["off"].keys() and len(runs["auto"]) == 250
+    same = sum(runs["auto"][k] == runs["off"][k] for k in runs["auto"])
+    assert same == len(runs["auto"])

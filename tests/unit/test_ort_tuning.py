@@ -116,20 +116,22 @@ def test_an_unknown_tuning_is_refused_with_the_choices(lite0_onnx):
     assert err.value.fix == "use one of: auto, off"
 
 
-def test_a_buffer_is_graphed_the_second_time_it_comes_and_replayed_after(cuda_engine):
+def test_captured_buffers_replay_their_graph_and_others_run_without(cuda_engine):
     eng, _, session = cuda_engine("auto")
     cp = cuda_engine.cp
     a = cp.asarray(np.zeros((4, 3, 224, 224), np.float32))
     b = cp.asarray(np.zeros((4, 3, 224, 224), np.float32))
-    outs = [eng.infer(x)[0] for x in (a, a, a, b, b, a)]
-    ids = [r[0] for r in session.runs]
-    assert ids == ["-1", "1", "1", "-1", "2", "1"]  # first sighting ungraphed; then one id per buffer
-    graph_bindings = {r[2] for r in session.runs if r[0] == "1"}
-    assert len(graph_bindings) == 1  # the same binding (addresses) every replay of graph 1
-    # every call returns its own array holding that run's result, not the graph's buffer that the next replay
-    # overwrites
-    assert [float(o.host[0, 0]) for o in outs] == [1, 2, 3, 4, 5, 6]
-    assert len({o.data.ptr for o in outs}) == 6
+    c = cp.asarray(np.zeros((4, 3, 224, 224), np.float32))
+    assert eng.capture_graphs([a, b]) == 2
+    assert [r[0] for r in session.runs] == ["1", "1", "2", "2"]  # ONNX Runtime: a run as usual, then the capture
+    session.runs.clear()
+    outs = [eng.infer(x)[0] for x in (a, b, c, a, c)]
+    assert [r[0] for r in session.runs] == ["1", "2", "-1", "1", "-1"]  # never captured while infer runs
+    assert len({r[2] for r in session.runs if r[0] == "1"}) == 1  # graph 1 always runs with its own binding
+    # every call returns its own array holding that run's result, not the graph's buffer the next replay overwrites
+    assert [float(o.host[0, 0]) for o in outs] == [1, 2, 3, 4, 5]
+    assert len({o.data.ptr for o in outs}) == 5
+    assert eng.capture_graphs([a, b]) == 2 and len(session.runs) == 5  # already held: nothing run again
 
 
 def test_graphs_are_capped_and_host_arrays_never_use_one(cuda_engine, monkeypatch):
@@ -137,15 +139,33 @@ def test_graphs_are_capped_and_host_arrays_never_use_one(cuda_engine, monkeypatc
     cp = cuda_engine.cp
     monkeypatch.setattr(oe, "MAX_CUDA_GRAPHS", 2)
     xs = [cp.asarray(np.zeros((2, 3, 224, 224), np.float32)) for _ in range(3)]
+    assert eng.capture_graphs(xs) == 2
+    assert eng.capture_graphs([xs[0][:1]]) == 2  # another shape at a held address: capped too
+    session.runs.clear()
     for x in xs:
-        eng.infer(x), eng.infer(x), eng.infer(x)
-    ids = [r[0] for r in session.runs]
-    assert ids == ["-1", "1", "1", "-1", "2", "2", "-1", "-1", "-1"]
+        eng.infer(x)
+    assert [r[0] for r in session.runs] == ["1", "2", "-1"]
     assert eng._graphless_options().get_run_config_entry("gpu_graph_id") == "-1"
-    # a batch of another size through the same buffer's memory is another graph key
-    y = xs[0][:1]
-    eng.infer(y), eng.infer(y)
-    assert [r[0] for r in session.runs[-2:]] == ["-1", "-1"]  # capped: no third graph
+
+
+def test_a_failed_capture_turns_graphs_off_and_says_so_once(cuda_engine, caplog):
+    eng, _, session = cuda_engine("auto")
+    cp = cuda_engine.cp
+    oe._told.clear()
+
+    def broken(io, ro):
+        raise RuntimeError("CUDA failure 901: operation failed due to a previous error during capture")
+
+    session.run_with_iobinding = broken
+    a = cp.asarray(np.zeros((2, 3, 224, 224), np.float32))
+    with caplog.at_level(logging.WARNING, logger="trtc"):
+        assert eng.capture_graphs([a, a[:1]]) == 0
+    assert not eng.cuda_graphs and eng._graphless_options().get_run_config_entry("gpu_graph_id") == "-1"
+    session.run_with_iobinding = Session.run_with_iobinding.__get__(session)
+    eng.infer(a)
+    assert session.runs[-1][0] == "-1"  # still never graph 0, which ONNX Runtime would capture by itself
+    said = [r.getMessage() for r in caplog.records if "capturing one failed" in r.getMessage()]
+    assert len(said) == 1
 
 
 def test_the_caller_s_output_buffer_gets_the_graph_s_result(cuda_engine):
@@ -153,6 +173,6 @@ def test_the_caller_s_output_buffer_gets_the_graph_s_result(cuda_engine):
     cp = cuda_engine.cp
     x = cp.asarray(np.zeros((2, 3, 224, 224), np.float32))
     mine = cp.asarray(np.full((2, 1000), -7, np.float32))
-    eng.infer(x), eng.infer(x)
+    eng.capture_graphs([x])
     got = eng.infer(x, outputs=[mine])[0]
     assert got is mine and float(mine.host[1, 999]) == 3
