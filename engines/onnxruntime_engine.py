@@ -141,14 +141,17 @@ def session_options(ort, threads: int | None = None, qdq_fusion: bool = True):
 
 
 # ``tuning="auto"``: the CUDA EP options that paid at trtc's fixed shapes, measured side by side on an H100 (ORT
-# 1.31.1, FP16, batch 64, device-resident input; docs/BENCHMARKS.md). img/s untuned -> tuned: ResNet-50 12,247 ->
-# 17,923, EfficientNet-Lite0 12,477 -> 16,364; start-up (session + first batch) ResNet-50 0.92 -> 0.85 s, Lite0 5.72
-# -> 3.69 s. prefer_nhwc gives most of the speed; HEURISTIC cuDNN algorithm choice ran as fast as the default
-# EXHAUSTIVE search (within 1%) and starts 1.5-2 s sooner; CUDA graphs add 5-7%. DEFAULT started fastest but ran at
-# 164-2,486 img/s (cuDNN's fallback kernels), so it is not used. ``tuning="off"``: the session as trtc opened it
-# before (only device_id), for comparison.
+# 1.31.1, FP16, batch 64, device-resident input; docs/BENCHMARKS.md). img/s default -> auto -> auto + CUDA graphs:
+# ResNet-50 12,247 -> 16,976 -> 17,923, EfficientNet-Lite0 12,477 -> 15,252 -> 16,364; start-up (session + first
+# batch) Lite0 5.72 -> 3.96 s, ResNet-50 0.92 -> 0.76 s. prefer_nhwc gives most of the speed; HEURISTIC cuDNN
+# algorithm choice ran as fast as the default EXHAUSTIVE search (within 1%) and starts 1.5-2 s sooner. DEFAULT
+# started fastest but ran at 164-2,486 img/s (cuDNN's fallback kernels), so it is not used.
+# ``tuning="graphs"`` adds CUDA graphs for the input buffers given to capture_graphs. Not the default: ONNX Runtime
+# captures in CUDA's global mode, which a CUDA call from any other thread breaks (on the H100 the video pipeline's
+# captures failed with CUDA error 901 even when made before its decoders started), so they are for an app calling
+# the engine from one thread. ``tuning="off"``: the session as trtc opened it before (only device_id).
 TUNED_CUDA_OPTIONS = {"cudnn_conv_algo_search": "HEURISTIC", "prefer_nhwc": "1"}
-TUNINGS = ("auto", "off")
+TUNINGS = ("auto", "graphs", "off")
 MAX_CUDA_GRAPHS = 16  # distinct (input buffers, shapes) captured per session; more run without a graph
 _told: set = set()  # (path, what) said once per process
 
@@ -196,10 +199,10 @@ class OnnxRuntimeEngine(EngineBase):
         CuPy; default: on when the device is CUDA and CuPy is installed). ``tf32``: the CUDA EP computes FP32
         convolutions and matrix products in TF32 on Ampere and later (its default, as PyTorch's cuDNN and
         TensorRT's FP32 builds do); ``tf32=False`` computes them in full FP32 (on an H100, Lite0's softmax against
-        the CPU EP: 4.2e-4 with TF32, 3.9e-7 without). ``tuning``: ``"auto"`` (NHWC kernels, heuristic cuDNN
-        algorithms and, on device buffers, CUDA graphs for the input buffers given to :meth:`capture_graphs`; see
-        TUNED_CUDA_OPTIONS) or
-        ``"off"`` (ONNX Runtime's defaults); the CPU EP is the same either way."""
+        the CPU EP: 4.2e-4 with TF32, 3.9e-7 without). ``tuning``: ``"auto"`` (NHWC kernels and heuristic cuDNN
+        algorithms; see TUNED_CUDA_OPTIONS), ``"graphs"`` (those and, on device buffers, CUDA graphs for the input
+        buffers given to :meth:`capture_graphs`: only for a single-threaded caller) or ``"off"`` (ONNX Runtime's
+        defaults); the CPU EP is the same in all three."""
         ort = require("onnxruntime", "Running ONNX models")
         if tuning not in TUNINGS:
             raise UsageProblem(f"unknown ONNX Runtime tuning {tuning!r}", f"use one of: {', '.join(TUNINGS)}")
@@ -226,10 +229,10 @@ class OnnxRuntimeEngine(EngineBase):
             providers[0][1]["user_compute_stream"] = str(self.stream.ptr)
         if kind == "cuda" and not tf32:
             providers[0][1]["use_tf32"] = "0"
-        if kind == "cuda" and tuning == "auto":
+        if kind == "cuda" and tuning in ("auto", "graphs"):
             providers[0][1].update(TUNED_CUDA_OPTIONS)
         self.session, self._graph_session = self._open(ort, opts, providers, graphs=kind == "cuda" and
-                                                    tuning == "auto" and self.stream is not None)
+                                                    tuning == "graphs" and self.stream is not None)
         # a session made with graphs enabled: every run that replays none says gpu_graph_id -1, else ONNX Runtime
         # would capture one of its own; cuda_graphs: whether capture_graphs may still make graphs
         self.cuda_graphs = self._graph_session

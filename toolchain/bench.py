@@ -41,6 +41,7 @@ from .validate import Runner, _classify
 
 SPAN = 20  # device input: calls between two host waits (the CUDA events give each call's own time)
 UNTUNED = "onnxruntime (untuned)"
+GRAPHS = "onnxruntime (graphs)"  # tuning="graphs": the tuned session with CUDA graphs of the fixed input buffer
 BACKENDS = {"onnx": "onnxruntime", "opencv": "opencv", "plan": "tensorrt", "pytorch": "pytorch eager",
             "torch": "torch (trtc compiled engine)"}
 
@@ -147,7 +148,7 @@ def ratios(rows: list[BenchRow]) -> None:
     for r in rows:
         base = refs.get((r.reference, r.batch))
         r.ratio_to_reference = round(r.throughput / base, 3) if base else None
-        plain = untuned.get((r.model, r.batch)) if r.backend == "onnxruntime" else None
+        plain = untuned.get((r.model, r.batch)) if r.backend in ("onnxruntime", GRAPHS) else None
         r.vs_untuned = round(r.throughput / plain, 3) if plain else None
 
 
@@ -216,7 +217,7 @@ def bench(models: list[str], batches: list[int] | None = None, *, device: str = 
     """``batches`` None: 1, 8 and 32, each model timed at those its batch range holds (a warning names the others);
     given ``batches`` outside a model's range are refused before anything runs. ``input``: "host", "device" or
     "auto" (device on CUDA with CuPy, else host). ``reference``: "none", "torch-compile", "torch-eager" or "auto"
-    (torch-compile on CUDA with torch installed, else none). ``ort_tuning``: "auto", "off" or "both". (The Python
+    (torch-compile on CUDA with torch installed, else none). ``ort_tuning``: a key of ORT_TUNINGS. (The Python
     defaults keep the rows of before; the CLI's are auto.)
 
     The steps: check the options, read every model (refusing given batches outside its range), then for each model
@@ -249,10 +250,15 @@ def bench(models: list[str], batches: list[int] | None = None, *, device: str = 
     return _report(rows, plan, reference, ort_tuning)
 
 
+ORT_TUNINGS = {"auto": ["auto"], "graphs": ["graphs"], "off": ["off"], "both": ["auto", "off"],
+               "all": ["auto", "graphs", "off"]}
+
+
 def _tunings(ort_tuning: str) -> list[str]:
-    if ort_tuning not in ("auto", "off", "both"):
-        raise UsageProblem(f"--ort-tuning {ort_tuning!r} is not auto, off or both", "e.g. --ort-tuning both")
-    return ["auto", "off"] if ort_tuning == "both" else [ort_tuning]
+    if ort_tuning not in ORT_TUNINGS:
+        raise UsageProblem(f"--ort-tuning {ort_tuning!r} is not one of {', '.join(ORT_TUNINGS)}",
+                           "e.g. --ort-tuning both")
+    return ORT_TUNINGS[ort_tuning]
 
 
 def input_mode(mode: str, device: str) -> str:
@@ -326,7 +332,7 @@ def _model_rows(spec: str, ref, tuning: str | None, batches: list[int], plan: _P
     runner = _OrtRunner(ref, plan.device, ort_options(tuning)) if tuning is not None else Runner(ref, plan.device)
     try:
         sizes, dtype = _batch_sizes(spec, ref, runner, batches, plan.warnings)
-        backend = UNTUNED if tuning == "off" else BACKENDS.get(ref.kind, ref.kind)
+        backend = {"off": UNTUNED, "graphs": GRAPHS}.get(tuning) or BACKENDS.get(ref.kind, ref.kind)
         rows = _timed_rows(spec, ref, runner, sizes, dtype, backend, plan)
     finally:
         close = getattr(runner.engine, "close", None)

@@ -469,7 +469,7 @@ def bench_video(video: str, model: str, *, streams=(1, 8, 16, 32), device: str =
                 first_result: bool = True, reporter: Reporter | None = None) -> VideoBenchReport:
     """See the module docstring. ``batch``: trtc's batch (default 64, or the model's largest when smaller). The
     latency run uses ``latency_video`` (default: ``video``) at batch ``latency_batch`` with NVDEC's
-    ``decode_latency`` mode ("low" only for streams without B-frames). ``ort_tuning``: "auto", "off" or "both".
+    ``decode_latency`` mode ("low" only for streams without B-frames). ``ort_tuning``: "auto", "graphs", "off" or "both".
 
     The steps: check the request, open the engine(s) and fit the batches, time to first result, warm every
     pipeline up, the rows of each stream count, the latency run, the memory run, the report."""
@@ -479,6 +479,9 @@ def bench_video(video: str, model: str, *, streams=(1, 8, 16, 32), device: str =
 
     reporter = reporter or Reporter()
     devices = _check_request(device, repeat, devices)
+    if ort_tuning == "all":
+        raise UsageProblem("--ort-tuning all is for models; a video benchmark takes auto, graphs, off or both",
+                           "e.g. --ort-tuning both")
     tunings = _tunings(ort_tuning)
     engine = engines.open_engine(model, device=device, **engine_options(model, tunings[0]))
     manifest = engines.read_manifest(model)

@@ -126,7 +126,9 @@ class Runner:
 
     batch_range = None  # (min, max) batch a plan's profile accepts
 
-    def __init__(self, ref: ModelRef, device: str):
+    def __init__(self, ref: ModelRef, device: str, exact: bool = False):
+        """``exact``: the reference of ``trtc validate``, whose FP32 is computed in full FP32 (ONNX Runtime's CUDA
+        EP otherwise runs FP32 convolutions in TF32, which is how a deployed model runs)."""
         self.ref = ref
         if ref.kind in ("onnx", "opencv"):
             if ref.kind == "opencv":  # OpenCV dnn: numpy in and out, like ONNX Runtime's host path
@@ -136,7 +138,7 @@ class Runner:
             else:
                 from engines.onnxruntime_engine import OnnxRuntimeEngine
 
-                self.engine = OnnxRuntimeEngine(ref.spec, device=device)
+                self.engine = OnnxRuntimeEngine(ref.spec, device=device, tf32=not exact)
             first = self.engine.inputs[0].shape
             self.fixed = isinstance(first[0], int)
             self.batch = first[0] if self.fixed else 32
@@ -247,7 +249,7 @@ def validate(reference: str, candidates: list[str], data: list[str], *, device: 
 
     x = _inputs_of(ref, datasets, contract)
     with reporter.phase(f"reference {model_label(ref.spec)} on {len(x)} samples", total=len(x)) as bar:
-        runner = Runner(ref, device)
+        runner = Runner(ref, device, exact=True)
         _check_runner(runner, ref, x, _data_from(ref, contract, ref, cands), ref, cands)
         ref_logits = _run_checked(runner, ref, x, bar, _data_from(ref, contract, ref, cands), ref, cands)
     probabilities = parity.looks_like_probabilities(ref_logits)

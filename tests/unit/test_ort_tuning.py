@@ -88,23 +88,26 @@ def cuda_engine(monkeypatch, lite0_onnx):
     return open_
 
 
-def test_a_tuned_cuda_session_asks_for_nhwc_heuristic_algorithms_and_graphs(cuda_engine):
+def test_a_tuned_cuda_session_asks_for_nhwc_heuristic_algorithms_and_graphs_only_when_told(cuda_engine):
     eng, asked, _ = cuda_engine("auto")
+    assert asked[-1]["prefer_nhwc"] == "1" and asked[-1]["cudnn_conv_algo_search"] == "HEURISTIC"
+    assert "enable_cuda_graph" not in asked[-1] and not eng.cuda_graphs and eng.capture_graphs([]) == 0
+    eng, asked, _ = cuda_engine("graphs")
     assert asked[-1]["prefer_nhwc"] == "1" and asked[-1]["cudnn_conv_algo_search"] == "HEURISTIC"
     assert asked[-1]["enable_cuda_graph"] == "1" and eng.cuda_graphs
     off, asked, _ = cuda_engine("off")
     assert not ({"prefer_nhwc", "cudnn_conv_algo_search", "enable_cuda_graph"} & set(asked[-1]))
     assert not off.cuda_graphs
     # host arrays only (no device buffers): tuned kernels, but no graphs (they need fixed device addresses)
-    host, asked, _ = cuda_engine("auto", device_buffers=False)
+    host, asked, _ = cuda_engine("graphs", device_buffers=False)
     assert asked[-1]["prefer_nhwc"] == "1" and "enable_cuda_graph" not in asked[-1] and not host.cuda_graphs
 
 
 def test_a_model_onnx_runtime_cannot_graph_runs_without_and_says_so_once(cuda_engine, caplog):
     oe._told.clear()
     with caplog.at_level(logging.WARNING, logger="trtc"):
-        eng, asked, _ = cuda_engine("auto", refuse_graphs=True)
-        cuda_engine("auto", refuse_graphs=True)
+        eng, asked, _ = cuda_engine("graphs", refuse_graphs=True)
+        cuda_engine("graphs", refuse_graphs=True)
     assert not eng.cuda_graphs and asked[-1]["prefer_nhwc"] == "1" and "enable_cuda_graph" not in asked[-1]
     said = [r.getMessage() for r in caplog.records if "without CUDA graphs" in r.getMessage()]
     assert len(said) == 1 and "every node runs on the CUDA execution provider" in said[0]
@@ -113,11 +116,11 @@ def test_a_model_onnx_runtime_cannot_graph_runs_without_and_says_so_once(cuda_en
 def test_an_unknown_tuning_is_refused_with_the_choices(lite0_onnx):
     with pytest.raises(UsageProblem, match="unknown ONNX Runtime tuning 'fast'") as err:
         oe.OnnxRuntimeEngine(lite0_onnx[0], tuning="fast")
-    assert err.value.fix == "use one of: auto, off"
+    assert err.value.fix == "use one of: auto, graphs, off"
 
 
 def test_captured_buffers_replay_their_graph_and_others_run_without(cuda_engine):
-    eng, _, session = cuda_engine("auto")
+    eng, _, session = cuda_engine("graphs")
     cp = cuda_engine.cp
     a = cp.asarray(np.zeros((4, 3, 224, 224), np.float32))
     b = cp.asarray(np.zeros((4, 3, 224, 224), np.float32))
@@ -135,7 +138,7 @@ def test_captured_buffers_replay_their_graph_and_others_run_without(cuda_engine)
 
 
 def test_graphs_are_capped_and_host_arrays_never_use_one(cuda_engine, monkeypatch):
-    eng, _, session = cuda_engine("auto")
+    eng, _, session = cuda_engine("graphs")
     cp = cuda_engine.cp
     monkeypatch.setattr(oe, "MAX_CUDA_GRAPHS", 2)
     xs = [cp.asarray(np.zeros((2, 3, 224, 224), np.float32)) for _ in range(3)]
@@ -149,7 +152,7 @@ def test_graphs_are_capped_and_host_arrays_never_use_one(cuda_engine, monkeypatc
 
 
 def test_a_failed_capture_turns_graphs_off_and_says_so_once(cuda_engine, caplog):
-    eng, _, session = cuda_engine("auto")
+    eng, _, session = cuda_engine("graphs")
     cp = cuda_engine.cp
     oe._told.clear()
 
@@ -169,7 +172,7 @@ def test_a_failed_capture_turns_graphs_off_and_says_so_once(cuda_engine, caplog)
 
 
 def test_the_caller_s_output_buffer_gets_the_graph_s_result(cuda_engine):
-    eng, _, session = cuda_engine("auto")
+    eng, _, session = cuda_engine("graphs")
     cp = cuda_engine.cp
     x = cp.asarray(np.zeros((2, 3, 224, 224), np.float32))
     mine = cp.asarray(np.full((2, 1000), -7, np.float32))
