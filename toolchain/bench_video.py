@@ -361,7 +361,8 @@ def _usual(video: str, streams: int, engine, spec, batch: int = 32) -> tuple[int
     return n, time.perf_counter() - t0
 
 
-def _ours(video: str, streams: int, engine, batch: int, limit: int | None = None, **kw) -> tuple[int, float, list]:
+def _ours(video: str, streams: int, engine, batch: int, limit: int | None = None,
+          **kw) -> tuple[int, float, list, list]:
     from engines.video import classify
 
     return _consume(classify([video] * streams, engine, batch=batch, top_k=5, **kw), limit)
@@ -469,7 +470,8 @@ def bench_video(video: str, model: str, *, streams=(1, 8, 16, 32), device: str =
                 first_result: bool = True, reporter: Reporter | None = None) -> VideoBenchReport:
     """See the module docstring. ``batch``: trtc's batch (default 64, or the model's largest when smaller). The
     latency run uses ``latency_video`` (default: ``video``) at batch ``latency_batch`` with NVDEC's
-    ``decode_latency`` mode ("low" only for streams without B-frames). ``ort_tuning``: "auto", "graphs", "off" or "both".
+    ``decode_latency`` mode ("low" only for streams without B-frames). ``ort_tuning``: "auto", "graphs", "off" or
+    "both".
 
     The steps: check the request, open the engine(s) and fit the batches, time to first result, warm every
     pipeline up, the rows of each stream count, the latency run, the memory run, the report."""
@@ -735,8 +737,8 @@ def _latency(bench: _Bench, lat_video: str, latency_batch: int, latency_frames: 
     with reporter.phase("latency: warm-up (30 frames)"):  # the batch shape's first run is not a camera's
         _ours(lat_video, 1, engine, latency_batch, limit=30, max_wait_ms=0.0, latency=decode_latency)
     with reporter.phase(f"latency: 1 stream at the file's frame rate, {latency_frames} frames"):
-        _, _, lat = _ours(lat_video, 1, engine, latency_batch, limit=latency_frames, realtime=True,
-                          max_wait_ms=0.0, latency=decode_latency)
+        _, _, lat, _ = _ours(lat_video, 1, engine, latency_batch, limit=latency_frames, realtime=True,
+                             max_wait_ms=0.0, latency=decode_latency)
     a = np.asarray(lat)
     total, dec = a[:, 0], a[:, 1]
     after = total - dec

@@ -49,12 +49,6 @@ log = logging.getLogger("trtc")
 DECODE_BATCH = 8
 
 
-# GPU pipelines running in this process: an engine's CUDA graphs are captured (ONNX Runtime captures in CUDA's
-# global mode, which another thread's CUDA call breaks) only by a pipeline that starts while no other one runs
-_running = {"count": 0}
-_running_lock = threading.Lock()
-
-
 def _gpu_count(cp) -> int:
     """GPUs CUDA can see, from the runtime (microseconds; nvidia-smi, twice, cost ~50 ms per classify() call, 5% of
     a one-stream run of a 600-frame clip on the H200)."""
@@ -223,11 +217,11 @@ class GpuBatches:
             pass
         log.info("warmed up batch %d in %.2f s", self.batch, time.perf_counter() - t0)
 
-    def open(self, sources: int, graphs: bool = False) -> None:
+    def open(self, sources: int) -> None:
         """Make the preprocessor, the rotating input buffers and their assembler (expecting ``sources`` writers
-        to call ``asm.source_done()`` when they finish), the inference stream; warm the engine up; with ``graphs``
-        (the caller starts its GPU threads only after this), have the engine capture CUDA graphs of the buffers;
-        start the clock. Call on the engine's GPU."""
+        to call ``asm.source_done()`` when they finish), the inference stream; warm the engine up; start the
+        clock. Call on the engine's GPU. (ONNX Runtime's CUDA graphs are not captured here: on an H100 their
+        replays failed with CUDA error 901 while the decoder threads ran, see engines/onnxruntime_engine.py.)"""
         cp = self.cp
         h, w = self.input_shape
         self.dtype = dtype = self.engine.inputs[0].numpy_dtype
@@ -241,22 +235,7 @@ class GpuBatches:
         self.infer_stream = getattr(self.engine, "stream", None) or cp.cuda.Stream(non_blocking=True)
         self.errors: list = []
         self._warm_up(bufs[0].data, self.infer_stream)
-        with _running_lock:
-            _running["count"] += 1
-            self._counted = True
-            if graphs and _running["count"] == 1 and hasattr(self.engine, "capture_graphs"):
-                self._capture([b.data for b in bufs])
         self.start = time.perf_counter()
-
-    def _capture(self, arrays) -> None:
-        t0 = time.perf_counter()
-        try:
-            held = self.engine.capture_graphs(arrays, stream=self.infer_stream)
-        except Exception as exc:  # noqa: BLE001 - graphs are a speed-up: run without them
-            log.warning("running without CUDA graphs: %s", exc)
-            return
-        if held:
-            log.info("%d CUDA graphs ready in %.2f s", held, time.perf_counter() - t0)
 
     def start_inference(self) -> threading.Thread:
         t = threading.Thread(target=self.infer_stage, args=(self.asm, self.infer_stream, self.results, self.errors),
@@ -275,10 +254,6 @@ class GpuBatches:
                 break
         for t in threads:
             t.join(timeout=10)
-        if getattr(self, "_counted", False):
-            with _running_lock:
-                _running["count"] -= 1
-            self._counted = False
         self.stats.seconds = time.perf_counter() - self.start
         self.stats.per_source = dict(self.counts)
 
@@ -366,7 +341,7 @@ class GpuPipeline(GpuBatches):
         return index / fps if fps else None
 
     def _run(self):
-        self.open(sources=len(self.srcs), graphs=True)  # the decoder threads start below
+        self.open(sources=len(self.srcs))
         threads = [threading.Thread(target=self.decode_stage, args=(s, self.pre, self.asm, self.dtype), daemon=True,
                                     name=f"trtc-nvdec-{i}") for i, s in enumerate(self.srcs)]
         for t in threads:
