@@ -45,7 +45,7 @@ def transport(lines: int, chunk: int = 256) -> float:
 
 
 def writing(lines: int) -> float:
-    from engines.video.pipeline import Prediction, _names
+    from engines.video.pipeline import Prediction, label_names
 
     labels = [f"class {i}" for i in range(1000)]
     row = ("/data/archive/2026/11/cam-0042/clip-000123.mp4", 0, 0, 0.0, [844, 892, 648, 827, 409],
@@ -54,7 +54,7 @@ def writing(lines: int) -> float:
         t0 = time.perf_counter()
         for i in range(lines):
             source, _frame, pts, t, idx, sc, lat, dec = row
-            p = Prediction(source, i, pts, t, idx, sc, _names(labels, idx), lat, dec)
+            p = Prediction(source, i, pts, t, idx, sc, label_names(labels, idx), lat, dec)
             sink.write((json.dumps(p.to_dict()) + "\n").encode())
         sink.flush()
         return (time.perf_counter() - t0) / lines
