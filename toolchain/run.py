@@ -345,7 +345,10 @@ class _Lines:
     def write(self, item) -> bool:
         """One prediction or event as a whole line; True for a prediction."""
         frame = hasattr(item, "frame")
-        line = getattr(item, "line", None) or json_line(item, self.with_latency)  # a worker may have formatted it
+        # a worker may have formatted a prediction's line (pred.line); an event's .line() is its stderr sentence
+        line = getattr(item, "line", None) if frame else None
+        if not isinstance(line, str):
+            line = json_line(item, self.with_latency)
         self.sink.write(line.encode() if self.tmp is not None else line)  # one whole line per call
         self.written += 1
         if not frame:  # a live source's event: a line of its own among the predictions
