@@ -1,0 +1,183 @@
+"""A stand-in for CuPy, backed by NumPy, that runs FramePusher's GPU path (engines.video.push._GpuPusher and
+GpuBatches: slots, launches, events, inference, top-k) on a machine without a GPU. Nothing about CUDA is proven
+here: it checks the control code (order, counts, closing, the release point) and times its Python.
+
+"Device" arrays are NumPy arrays whose ``.data.ptr`` is their host address. The preprocessing "kernel" runs when
+it is launched: slot i of its output is filled with (first byte of frame i) / 255, read through the frame's
+pointer, so a frame overwritten before its launch comes out with the wrong class. :class:`ValueEngine` then
+classifies a slot filled with v / 255 as class v. ``kernel_reads=False`` makes the kernel read nothing (for
+timing Python alone); ``launches`` records (frames per launch) for the tests.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.machinery
+import itertools
+import sys
+import time
+import types
+
+import numpy as np
+
+from engines.preprocess import MAX_FRAMES_PER_LAUNCH
+
+_ptrs = itertools.count(0x10000, 0x10)
+_ONE = types.SimpleNamespace(id=0)
+# µs of interpreter time (the lock held, spinning) each modelled CUDA call costs: set by install(cuda_us=...);
+# a kernel launch costs LAUNCH_FACTOR times as much (CuPy marshals its ~33 arguments)
+COST = {"call": 0.0}
+LAUNCH_FACTOR = 5
+
+
+def _spin(us: float) -> None:
+    if us:
+        end = time.perf_counter() + us * 1e-6
+        while time.perf_counter() < end:
+            pass
+
+
+class ndarray(np.ndarray):  # noqa: N801 - CuPy's name
+    @property
+    def data(self):
+        return types.SimpleNamespace(ptr=self.__array_interface__["data"][0], device_id=0)
+
+    @property
+    def device(self):
+        return _ONE
+
+
+def _dev(a):
+    return np.asarray(a).view(ndarray)
+
+
+class Stream:
+    def __init__(self, non_blocking=False, ptr=None):
+        self.ptr = ptr if ptr is not None else next(_ptrs)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def synchronize(self):
+        pass
+
+    def wait_event(self, event):
+        _spin(COST["call"])
+
+    def record(self, event=None):
+        ev = event or Event()
+        ev.record(self)
+        return ev
+
+
+class Event:
+    def __init__(self, block=False, disable_timing=False):
+        self.ptr = next(_ptrs)
+        self.recorded = 0
+        _spin(COST["call"])
+
+    def record(self, stream=None):
+        self.recorded += 1
+        _spin(COST["call"])
+
+    def synchronize(self):
+        pass
+
+    @property
+    def done(self):
+        return True
+
+
+class Device:
+    def __init__(self, index=0):
+        self.id = index
+
+    def __enter__(self):
+        _spin(COST["call"])
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def synchronize(self):
+        pass
+
+
+class RawKernel:
+    launches: list = []
+    reads = True
+
+    def __init__(self, code, name):
+        self.half = name.endswith("f16")
+
+    def compile(self):
+        pass
+
+    def __call__(self, grid, block, args, stream=None):
+        m = grid[1]
+        RawKernel.launches.append(m)
+        _spin(COST["call"] * LAUNCH_FACTOR)
+        if not RawKernel.reads:
+            return
+        srcs, out, (h, w) = args[:m], int(args[MAX_FRAMES_PER_LAUNCH + 14]), args[MAX_FRAMES_PER_LAUNCH + 15:][:2]
+        n = 3 * int(h) * int(w)
+        ctype, size = (ctypes.c_uint16, 2) if self.half else (ctypes.c_float, 4)
+        for i, p in enumerate(srcs):
+            v = ctypes.c_uint8.from_address(int(p)).value
+            slot = np.ctypeslib.as_array((ctype * n).from_address(out + i * n * size))
+            slot[:] = np.float16(v / 255).view(np.uint16) if self.half else np.float32(v / 255)
+
+
+class ValueEngine:
+    """A GPU engine stand-in: a (B, 3, 8, 8) input whose slot holds v / 255 is classified as class v (of 256).
+    ``delay``: seconds per batch, slept with the interpreter lock released (the GPU's time)."""
+
+    device = "cuda:0"
+
+    def __init__(self, delay: float = 0.0, dtype=np.float32):
+        self.inputs = [types.SimpleNamespace(shape=[None, 3, 8, 8], numpy_dtype=dtype)]
+        self.delay, self.batches = delay, []
+
+    def infer(self, x, stream=None):
+        self.batches.append(len(x))
+        if self.delay:
+            time.sleep(self.delay)
+        v = np.clip(np.nan_to_num(np.rint(np.asarray(x[:, 0, 0, 0], np.float32) * 255)), 0, 255).astype(int)
+        logits = np.zeros((len(x), 256), np.float32)
+        logits[np.arange(len(x)), v] = 10.0
+        return [_dev(logits)]
+
+
+def install(monkeypatch=None, kernel_reads: bool = True, cuda_us: float = 0.0):
+    """Put the stand-in in sys.modules as ``cupy`` (through ``monkeypatch`` when given, else for good), with a
+    fresh kernel cache (engines.preprocess keeps compiled kernels per process). ``cuda_us``: see COST."""
+    import engines.preprocess as pre
+
+    m = types.ModuleType("cupy")
+    m.__spec__ = importlib.machinery.ModuleSpec("cupy", None)
+    m.ndarray = ndarray
+    m.empty = lambda shape, dtype=np.float32: np.empty(shape, dtype).view(ndarray)
+    m.zeros = lambda shape, dtype=np.float32: np.zeros(shape, dtype).view(ndarray)
+    m.asarray = lambda a, dtype=None: a if isinstance(a, ndarray) and dtype is None else _dev(np.asarray(a, dtype))
+    m.from_dlpack = lambda a: _dev(np.from_dlpack(a))
+    m.asnumpy = lambda a, stream=None: np.array(a)
+    for name in ("argsort", "take_along_axis", "exp", "float32", "float16", "int32", "uint8"):
+        setattr(m, name, getattr(np, name))
+    m.RawKernel = RawKernel
+    RawKernel.launches, RawKernel.reads = [], kernel_reads
+    current = Stream(ptr=0)
+    m.cuda = types.SimpleNamespace(Stream=Stream, Device=Device, Event=Event, get_current_stream=lambda: current,
+                                   runtime=types.SimpleNamespace(eventRecord=lambda ev, s: _spin(COST["call"]),
+                                                                 getDeviceCount=lambda: 1))
+    m.FAKE = True
+    COST["call"] = cuda_us
+    if monkeypatch is not None:
+        monkeypatch.setitem(sys.modules, "cupy", m)
+        monkeypatch.setattr(pre, "_KERNELS", {})
+    else:
+        sys.modules["cupy"] = m
+        pre._KERNELS.clear()
+    return m
