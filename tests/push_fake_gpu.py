@@ -109,6 +109,7 @@ class Device:
 class RawKernel:
     launches: list = []
     reads = True
+    read_delay = 0.0  # seconds slept (the interpreter lock released) before the frames are read
 
     def __init__(self, code, name):
         self.half = name.endswith("f16")
@@ -122,6 +123,8 @@ class RawKernel:
         _spin(COST["call"] * LAUNCH_FACTOR)
         if not RawKernel.reads:
             return
+        if RawKernel.read_delay:
+            time.sleep(RawKernel.read_delay)
         srcs, out, (h, w) = args[:m], int(args[MAX_FRAMES_PER_LAUNCH + 14]), args[MAX_FRAMES_PER_LAUNCH + 15:][:2]
         n = 3 * int(h) * int(w)
         ctype, size = (ctypes.c_uint16, 2) if self.half else (ctypes.c_float, 4)
@@ -167,7 +170,7 @@ def install(monkeypatch=None, kernel_reads: bool = True, cuda_us: float = 0.0):
     for name in ("argsort", "take_along_axis", "exp", "float32", "float16", "int32", "uint8"):
         setattr(m, name, getattr(np, name))
     m.RawKernel = RawKernel
-    RawKernel.launches, RawKernel.reads = [], kernel_reads
+    RawKernel.launches, RawKernel.reads, RawKernel.read_delay = [], kernel_reads, 0.0
     current = Stream(ptr=0)
     m.cuda = types.SimpleNamespace(Stream=Stream, Device=Device, Event=Event, get_current_stream=lambda: current,
                                    runtime=types.SimpleNamespace(eventRecord=lambda ev, s: _spin(COST["call"]),

@@ -21,6 +21,7 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,6 +29,7 @@ import numpy as np
 from ..errors import TrtcError, UsageProblem
 from ..preprocess import PACKED, ColorSpace, PreprocessSpec, planes_from_surface, preprocess_packed, preprocess_yuv
 from ..topk import TopK
+from .assembler import Stopped
 from .live import LiveOptions
 from .pipeline import (Prediction, RunStats, SourceProblem, _check_batch, _default_batch, _input_shape, _manifest_of,
                        label_names)
@@ -159,11 +161,38 @@ class FramePusher:
         the frame (CuPy or torch stream, or a handle; default: the thread's current CuPy stream); trtc's read
         waits for it on the GPU.
 
-        Returns, for a device frame, a CUDA event (``cupy.cuda.Event``) recorded after trtc's kernel read the
-        frame: the frame's memory may be written again once it has completed (``stream.wait_event(ev)`` or
-        ``ev.synchronize()``); trtc keeps a reference to the frame until then, so dropping yours is safe. None:
-        nothing of the frame is read after push returns (NumPy frames, and dropped frames). A frame of the wrong
-        format or shape raises :class:`UsageProblem`; the stream and the others go on."""
+        Returns, for a device frame on a GPU engine, a :class:`PushHandle`: the frame is read later by a kernel
+        for a group of frames, and must not be written again before ``handle.done()``, or before the GPU-side
+        ``your_stream.wait_event(handle.wait())`` (``wait`` blocks until that kernel is enqueued and returns the
+        CUDA event recorded after it; None if the frame was dropped unread). trtc keeps a reference to the frame
+        until its prediction is out, so dropping yours is safe. None: nothing of the frame is read after push
+        returns (NumPy frames). A frame of the wrong format or shape raises :class:`UsageProblem`; the stream
+        and the others go on."""
+        meta = (pts, time, frame_id, format or self.format, colorspace or self.colorspace)
+        return self._call(stream, self._backend.push, frame, meta, cuda_stream)
+
+    def push_many(self, stream, frames, *, pts=None, times=None, frame_ids=None,
+                  format: str | None = None, colorspace: str | None = None, cuda_stream=None) -> list:  # noqa: A002
+        """Queue several frames of one ``stream`` at once, in order (cheaper per frame than ``push``: one check of
+        the pusher, one event on the producer stream, one lock). ``pts``, ``times``, ``frame_ids``: a value per
+        frame, or None. Every frame is checked before any is queued: a bad one raises :class:`UsageProblem` and
+        none of the call's frames is queued. Returns a list: what ``push`` returns, per frame."""
+        frames = list(frames)
+        n = len(frames)
+        cols = []
+        for label, values in (("pts", pts), ("times", times), ("frame_ids", frame_ids)):
+            values = [None] * n if values is None else list(values)
+            if len(values) != n:
+                raise UsageProblem(f"push_many got {n} frames and {len(values)} {label}", f"give one {label} value "
+                                   "per frame, or none")
+            cols.append(values)
+        fmt, cs = format or self.format, colorspace or self.colorspace
+        metas = [(p, t, i, fmt, cs) for p, t, i in zip(*cols, strict=True)]
+        return self._call(stream, self._backend.push_many, frames, metas, cuda_stream)
+
+    def _call(self, stream, fn, frames, metas, cuda_stream):
+        """``fn(st, frames, metas, cuda_stream)`` for the stream named ``stream``, counted as a push in progress
+        (close() waits for it)."""
         name = str(stream)
         with self._lock:
             if self._closed:
@@ -176,12 +205,12 @@ class FramePusher:
                 self._backend.add_stream(name)
             self._active += 1
         try:
-            meta = (pts, time, frame_id, format or self.format, colorspace or self.colorspace)
-            return self._backend.push(st, frame, meta, cuda_stream)
+            return fn(st, frames, metas, cuda_stream)
         finally:
             with self._lock:
                 self._active -= 1
-                self._lock.notify_all()
+                if self._closed:
+                    self._lock.notify_all()
 
     def results(self, timeout: float | None = None):
         """Predictions as they come (each stream's in order) until the pusher is closed and every frame is out.
@@ -296,14 +325,18 @@ class _HostPusher:
         self.hub.add(name, cap, self.options.policy, producer=False)
         self.counts[name] = 0
 
-    def push(self, st: _Stream, frame, meta, _cuda_stream):
-        pts, t, frame_id, fmt, colorspace = meta
+    def _check(self, frame, meta):
+        """(format, height, width) of a NumPy frame, or the UsageProblem that refuses it."""
         if not isinstance(frame, np.ndarray):
             raise UsageProblem(f"{type(self.engine).__name__} on {getattr(self.engine, 'device', 'cpu')} reads host "
                                f"memory, and this frame is a {type(frame).__name__}",
                                "push NumPy frames (cupy.asnumpy(x), tensor.cpu().numpy()), or open the engine on "
                                "the GPU")
-        fmt, h, w, _pitch = frame_layout(frame.shape, frame.strides, frame.dtype, fmt)
+        return frame_layout(frame.shape, frame.strides, frame.dtype, meta[3])[:3]
+
+    def push(self, st: _Stream, frame, meta, _cuda_stream):
+        pts, t, frame_id, _fmt, colorspace = meta
+        fmt, h, w = self._check(frame, meta)
         if fmt == "NV12":
             planes = planes_from_surface(frame, "NV12", h, w)
             x = preprocess_yuv(planes, self.spec, ColorSpace.parse(colorspace, h), self.dtype)
@@ -322,6 +355,11 @@ class _HostPusher:
                 raise TrtcError("the pusher stopped while this frame waited (counted as dropped)",
                                 "see the pusher's first error") from None
         return None
+
+    def push_many(self, st: _Stream, frames, metas, cuda_stream) -> list:
+        for frame, meta in zip(frames, metas, strict=True):  # every frame checked before any is queued
+            self._check(frame, meta)
+        return [self.push(st, frame, meta, cuda_stream) for frame, meta in zip(frames, metas, strict=True)]
 
     def predictions(self):
         yield from self._run
@@ -356,23 +394,96 @@ def _stream_ptr(stream) -> int:
     raise UsageProblem(f"cuda_stream must be a CUDA stream (CuPy, torch) or its handle, got {type(stream).__name__}")
 
 
+class PushHandle:
+    """The release point of one pushed device frame, returned by :meth:`FramePusher.push` (a list of them by
+    ``push_many``). The frame is read by a preprocessing kernel that trtc's writer thread enqueues for a group of
+    frames shortly after the push; until then the frame must not be overwritten.
+
+    ``wait(timeout=None)``: blocks the host until that kernel is enqueued; returns its CUDA event (recorded right
+    after the kernel), or None when the frame was dropped unread. ``event``: that event, None until then.
+    ``done()``: the frame will not be read again (its kernel has finished on the GPU, or it was dropped) - the
+    frame's memory may be written. ``synchronize()``: wait() and then the event, on the host. GPU-side, without a
+    host wait on the GPU: ``ev = h.wait(); if ev is not None: your_stream.wait_event(ev)`` before the write."""
+
+    __slots__ = ("event", "state", "_cond")
+
+    def __init__(self, cond):
+        self.event = None
+        self.state = _PENDING
+        self._cond = cond
+
+    def enqueued(self) -> bool:
+        """True once the frame's kernel is enqueued (``event`` is set) or the frame was dropped unread."""
+        return self.state != _PENDING
+
+    def dropped(self) -> bool:
+        return self.state == _DROPPED
+
+    def wait(self, timeout: float | None = None):
+        if self.state == _PENDING:
+            with self._cond:
+                if not self._cond.wait_for(lambda: self.state != _PENDING, timeout):
+                    raise TrtcError(f"the frame's kernel was not enqueued within {timeout} s",
+                                    "wait longer, or check that the pusher is running (pusher.stats)")
+        return self.event
+
+    def done(self) -> bool:
+        return self.state == _DROPPED or (self.state == _ENQUEUED and bool(self.event.done))
+
+    def synchronize(self) -> None:
+        ev = self.wait()
+        if ev is not None:
+            ev.synchronize()
+
+    def _settle(self, state, event=None) -> None:  # the writer's side (call with the pusher's lock held)
+        self.event, self.state = event, state
+
+
+_PENDING, _ENQUEUED, _DROPPED = 0, 1, 2
+
+
+@dataclass
+class _Kind:
+    """What a frame's geometry decides, looked up once per (shape, strides, dtype, format, colour space)."""
+
+    plan: object
+    height: int
+
+
 class _GpuPusher:
-    """Device frames -> ONE preprocessing kernel each, reading the frame in place, into a slot of the rotating
-    input buffers -> the video pipeline's GPU stages (:class:`~engines.video.gpu_pipeline.GpuBatches`: inference
-    on the GPU, top-k, (batch, k) results to the host). Each pushing thread has its own CUDA stream for its kernels
-    (as each decoder thread has), which first waits on the GPU for the frame's producer stream."""
+    """Device frames -> a queue (the caller's thread: checks from a cache, one event recorded on the frame's
+    producer stream, numbering; no kernel) -> ONE writer thread that takes every frame waiting and enqueues ONE
+    preprocessing kernel per run of up to MAX_FRAMES_PER_LAUNCH frames of one geometry (any streams) into
+    consecutive slots of the rotating input buffers, reading the frames in place, then one release event for the
+    group -> the video pipeline's GPU stages (:class:`~engines.video.gpu_pipeline.GpuBatches`: inference on the
+    GPU, top-k, (batch, k) results to the host). The writer's stream first waits, on the GPU, for each producer
+    stream's event. Order: one queue, numbered under its lock, slots taken in queue order."""
 
     def __init__(self, front: FramePusher, engine, spec, size, topk, max_wait_ms, options: LiveOptions, buffers):
+        from ..preprocess import MAX_FRAMES_PER_LAUNCH
         from .gpu_pipeline import GpuBatches
 
-        self.front = front
+        self.front, self.group = front, MAX_FRAMES_PER_LAUNCH
         self.gpu = GpuBatches(engine, spec, front.batch, topk, buffers, max_wait_ms, front.stats, size,
                               front.make_prediction, options.policy)
-        self.cp = self.gpu.cp
-        with self.cp.cuda.Device(self.gpu.device_id):
-            self.gpu.open(sources=1)  # the pusher is the one writer: its close() ends the run
-        self.infer = self.gpu.start_inference()
+        self.cp = cp = self.gpu.cp
+        self.block = options.policy == "block"
+        # frames waiting for the writer: drop-oldest drops the oldest beyond this, block waits for room
+        self.cap = options.queue_frames or max(front.batch, 2 * MAX_FRAMES_PER_LAUNCH)
+        self.pending: deque = deque()
+        self.lock = threading.Lock()
+        self.work, self.room, self.launched = (threading.Condition(self.lock) for _ in range(3))
+        self.closing = self.idle = False
+        self.kinds: dict = {}  # (shape, strides, dtype, format, colour space) -> _Kind
+        self.ready: dict = {}  # producer stream ptr -> the event re-recorded on it at each push
         self.local = threading.local()
+        self.ndarray = cp.ndarray
+        with cp.cuda.Device(self.gpu.device_id):
+            self.gpu.open(sources=1)  # the writer is the one source: close() ends the run
+            self.stream = cp.cuda.Stream(non_blocking=True)
+        self.infer = self.gpu.start_inference()
+        self.writer = threading.Thread(target=self._write_loop, daemon=True, name="trtc-push-writer")
+        self.writer.start()
 
     @property
     def dropped(self) -> dict:
@@ -382,77 +493,229 @@ class _GpuPusher:
         self.gpu.dropped[name] = 0
         self.gpu.counts[name] = 0
 
-    def _writer(self):
-        """This thread's CUDA stream and the event that orders it after the frame's producer."""
-        w = getattr(self.local, "w", None)
-        if w is None:
-            cp = self.cp
-            w = self.local.w = (cp.cuda.Stream(non_blocking=True), cp.cuda.Event(block=False, disable_timing=True))
-        return w
-
-    def _device_array(self, frame, stream):
-        """The frame as a CuPy array on this GPU, without a copy (NumPy: uploaded, the one copy it needs)."""
-        cp = self.cp
-        if not isinstance(frame, cp.ndarray):
-            with stream:  # DLPack's exchange orders ``stream`` after the producer's stream
-                if isinstance(frame, np.ndarray):
-                    frame = cp.asarray(frame)
-                elif hasattr(frame, "__dlpack__") or hasattr(frame, "__cuda_array_interface__"):
-                    frame = cp.from_dlpack(frame) if hasattr(frame, "__dlpack__") else cp.asarray(frame)
-                else:
-                    raise UsageProblem(f"cannot read a frame of type {type(frame).__name__}",
-                                       "push a device array with DLPack (CuPy, torch, ...) or a NumPy array")
-        if frame.device.id != self.gpu.device_id:
-            raise UsageProblem(f"the frame is on GPU {frame.device.id}, the engine on GPU {self.gpu.device_id}",
-                               "push frames that are on the engine's GPU")
-        return frame
-
+    # --------------------------------------------------------------------------------- the caller's thread
     def push(self, st: _Stream, frame, meta, cuda_stream):
-        with self.cp.cuda.Device(self.gpu.device_id):
-            return self._push(st, frame, meta, cuda_stream)
+        return self.push_many(st, [frame], [meta], cuda_stream)[0]
 
-    def _push(self, st: _Stream, frame, meta, cuda_stream):
-        cp, gpu = self.cp, self.gpu
-        pts, t, frame_id, fmt, colorspace = meta
-        stream, ready = self._writer()
-        arr = self._device_array(frame, stream)
+    def push_many(self, st: _Stream, frames, metas, cuda_stream) -> list:
+        """Check every frame (a dict hit per frame of a known geometry), order trtc's reads after the producer
+        (one event record for all), queue them; returns a PushHandle per device frame (None for NumPy frames,
+        uploaded already)."""
+        items = []
+        for frame, (pts, t, frame_id, fmt, colorspace) in zip(frames, metas, strict=True):
+            if type(frame) is self.ndarray:
+                arr, host = frame, None
+            else:
+                arr, host = self._import(frame)
+            data = arr.data
+            if data.device_id != self.gpu.device_id:
+                raise UsageProblem(f"the frame is on GPU {data.device_id}, the engine on GPU {self.gpu.device_id}",
+                                   "push frames that are on the engine's GPU")
+            key = (arr.shape, arr.strides, arr.dtype, fmt, colorspace)
+            kind = self.kinds.get(key) or self._kind(arr, fmt, colorspace, key)
+            items.append((arr, data.ptr, kind.plan, pts, t, frame_id, host))
+        if not items:
+            return []
+        producers = [self._producer(cuda_stream)]
+        if any(it[6] is not None for it in items):  # imported on this thread's stream
+            producers.append(self._import_stream().ptr)
+        ready = []
+        for producer in producers:  # the writer's stream waits for these on the GPU before its kernel
+            ev = self.ready.get(producer) or self._ready_event(producer)
+            self.cp.cuda.runtime.eventRecord(ev.ptr, producer)
+            ready.append(ev)
+        return self._enqueue(st, items, tuple(ready))
+
+    def _enqueue(self, st: _Stream, items, ready) -> list:
+        handles = []
+        now, received = time.perf_counter(), time.time()
+        decoded = self.front.stats.decoded
+        with self.lock:
+            for arr, ptr, plan, pts, t, frame_id, host in items:
+                while self.block and len(self.pending) >= self.cap and not self.gpu.stop.is_set():
+                    self.room.wait()
+                if self.gpu.stop.is_set():
+                    raise TrtcError("the pusher stopped while this frame waited for room",
+                                    "see the pusher's first error")
+                index = st.number(frame_id)
+                decoded[st.name] = decoded.get(st.name, 0) + 1
+                if len(self.pending) >= self.cap:  # drop-oldest: the oldest waiting frame makes room
+                    self._drop(self.pending.popleft())
+                h = PushHandle(self.launched)
+                slot = (st.name, index, pts, t, now, None, received, arr)  # arr: kept until its result is out
+                self.pending.append((ptr, plan, slot, ready, h))
+                handles.append(h if not host else None)  # host: an uploaded NumPy frame, read already
+            if self.idle:
+                self.work.notify()
+        return handles
+
+    def _drop(self, item) -> None:
+        """A queued frame that will not be read (call with the lock held): counted, its handle settled."""
+        name = item[2][0]
+        self.gpu.dropped[name] = self.gpu.dropped.get(name, 0) + 1
+        item[4]._settle(_DROPPED)
+
+    def _producer(self, cuda_stream) -> int:
+        if cuda_stream is not None:
+            return _stream_ptr(cuda_stream)
+        with self.cp.cuda.Device(self.gpu.device_id):
+            return self.cp.cuda.get_current_stream().ptr
+
+    def _ready_event(self, producer: int):
+        with self.lock, self.cp.cuda.Device(self.gpu.device_id):
+            ev = self.ready.get(producer)
+            if ev is None:
+                ev = self.ready[producer] = self.cp.cuda.Event(block=False, disable_timing=True)
+            return ev
+
+    def _kind(self, arr, fmt, colorspace, key) -> _Kind:
         fmt, h, w, pitch = frame_layout(arr.shape, arr.strides, arr.dtype, fmt)
         cs = ColorSpace.parse(colorspace, h) if fmt == "NV12" else ColorSpace()
-        plan = gpu.pre.plan(fmt, (arr.shape[0], pitch), np.uint8, h, w, cs, gpu.dtype)
-        producer = _stream_ptr(cuda_stream) if cuda_stream is not None else cp.cuda.get_current_stream().ptr
-        cp.cuda.runtime.eventRecord(ready.ptr, producer)
-        stream.wait_event(ready)  # on the GPU: the kernel reads the frame after its producer wrote it
-        lost: list = []
-        with st.lock:
-            index = st.number(frame_id)
-            now = time.perf_counter()
-            slot = (st.name, index, pts, t, now, None, time.time(), arr)  # arr: kept until its result is out
-            dropped = gpu.write(gpu.asm, gpu.pre, plan, [arr.data.ptr], [slot], stream, gpu.policy == "block",
-                                lambda m, exc: lost.append(exc))
-            self.front.stats.decoded[st.name] = self.front.stats.decoded.get(st.name, 0) + 1
-            gpu.dropped[st.name] += dropped
-        if lost:
-            raise TrtcError(f"{st.name}: frame {index} lost: preprocessing failed: {type(lost[0]).__name__}: "
-                            f"{lost[0]}", "check the frame's memory and the GPU's health")
-        if dropped:
-            return None
-        released = cp.cuda.Event(block=False, disable_timing=True)
-        released.record(stream)
-        return released
+        gpu = self.gpu
+        with self.cp.cuda.Device(gpu.device_id):
+            plan = gpu.pre.plan(fmt, (arr.shape[0], pitch), np.uint8, h, w, cs, gpu.dtype)
+        kind = self.kinds[key] = _Kind(plan, h)
+        return kind
 
+    def _import_stream(self):
+        s = getattr(self.local, "stream", None)
+        if s is None:
+            with self.cp.cuda.Device(self.gpu.device_id):
+                s = self.local.stream = self.cp.cuda.Stream(non_blocking=True)
+        return s
+
+    def _import(self, frame):
+        """(device array, True) for a NumPy frame uploaded, (device array, False) for another library's device
+        array taken through DLPack without a copy, on this thread's import stream, which the writer then waits
+        for (DLPack's exchange orders that stream after the stream the frame was written on)."""
+        cp = self.cp
+        with cp.cuda.Device(self.gpu.device_id), self._import_stream():
+            if isinstance(frame, np.ndarray):
+                return cp.asarray(frame), True
+            if hasattr(frame, "__dlpack__"):
+                return cp.from_dlpack(frame), False
+            if hasattr(frame, "__cuda_array_interface__"):
+                return cp.asarray(frame), False
+        raise UsageProblem(f"cannot read a frame of type {type(frame).__name__}",
+                           "push a device array with DLPack (CuPy, torch, ...) or a NumPy array")
+
+    # ----------------------------------------------------------------------------------------- the writer
+    def _write_loop(self) -> None:
+        """Take every frame waiting, write them (:meth:`_write_group`), until closed and nothing waits. Runs in
+        its own thread, on the engine's GPU."""
+        try:
+            with self.cp.cuda.Device(self.gpu.device_id):
+                while True:
+                    with self.lock:
+                        while not self.pending and not self.closing:
+                            self.idle = True
+                            self.work.wait()
+                        self.idle = False
+                        if not self.pending:
+                            return
+                        group = list(self.pending)
+                        self.pending.clear()
+                        self.room.notify_all()
+                    self._write_group(group)
+        except BaseException as exc:  # noqa: BLE001 - the pusher stops; push, results() and close() say why
+            self.front._errors.append(exc)
+            self.abort()
+            with self.lock:
+                while self.pending:
+                    self._drop(self.pending.popleft())
+
+    def _write_group(self, group: list) -> None:
+        """Frames taken from the queue, in order: the writer's stream waits for their producers' events, then
+        ONE kernel per run of up to MAX_FRAMES_PER_LAUNCH frames of one plan into consecutive slots, then ONE
+        release event after them all, handed to every frame's handle."""
+        stream = self.stream
+        for ev in {ev for item in group for ev in item[3]}:
+            stream.wait_event(ev)
+        written, failed, start = [], [], 0
+        while start < len(group):
+            plan, end = group[start][1], start + 1
+            while end < len(group) and group[end][1] is plan:
+                end += 1
+            self._write_run(group[start:end], written, failed)
+            start = end
+        release = None
+        if written:
+            release = self.cp.cuda.Event(block=False, disable_timing=True)
+            release.record(stream)
+        with self.lock:
+            for item in written:
+                item[4]._settle(_ENQUEUED, release)
+            for item in group:
+                if item[4].state == _PENDING:  # no slot (drop-oldest), stopped, or its launch failed
+                    self._drop(item)
+            self.launched.notify_all()
+        if failed:
+            self._report(failed)
+
+    def _write_run(self, run: list, written: list, failed: list) -> None:
+        """Frames of one plan into the next free slots: ONE kernel per run of consecutive slots (at most
+        MAX_FRAMES_PER_LAUNCH), after the buffer's "free" event. Frames that find no slot are left out of
+        ``written`` (the caller drops them); a failed launch's frames go to ``failed`` and their slots are lost."""
+        gpu, stream, pos = self.gpu, self.stream, 0
+        while pos < len(run):
+            try:
+                got = gpu.asm.reserve([item[2] for item in run[pos:pos + self.group]], wait=self.block)
+            except Stopped:
+                return
+            if got is None:
+                return
+            buf, start, m = got
+            part, ev = run[pos:pos + m], None
+            try:
+                stream.wait_event(buf.free)  # inference has read this buffer's previous batch (GPU-side wait)
+                gpu.pre.launch(run[pos][1], [item[0] for item in part], buf.data.data.ptr + start * buf.slot_bytes,
+                               stream)
+                ev = buf.event_for(stream.ptr)
+                ev.record(stream)
+                written.extend(part)
+            except Exception as exc:  # noqa: BLE001 - these frames are lost (counted), the writer goes on
+                failed.append((part, exc))
+                ev = None
+            finally:
+                gpu.asm.commit(buf, start, m, stream.ptr, ev)
+            pos += m
+
+    def _report(self, failed: list) -> None:
+        for part, exc in failed:
+            names = sorted({item[2][0] for item in part})
+            reason = (f"{len(part)} frame(s) of {', '.join(names)} lost: preprocessing failed: "
+                      f"{type(exc).__name__}: {exc} (counted as dropped)")
+            log.error("%s", reason)
+            self.front.problems.append(SourceProblem(names[0], reason, self.gpu.counts.get(names[0], 0)))
+
+    # ------------------------------------------------------------------------------------------ the run
     def predictions(self):
         with self.cp.cuda.Device(self.gpu.device_id):
             yield from self.gpu.collect_stage(self.gpu.results, self.gpu.errors, self.gpu.start)
 
     def close(self, drain: bool) -> None:
+        """``drain``: the writer writes every frame queued, then the last partial buffer runs. Else what waits is
+        dropped (counted) and the run stops after the batch inference runs now."""
+        with self.lock:
+            self.closing = True
+            if not drain:
+                self.gpu.stop.set()
+                while self.pending:
+                    self._drop(self.pending.popleft())
+            self.work.notify_all()
+            self.room.notify_all()
         if not drain:
-            self.gpu.stop.set()  # inference ends after the batch it runs; frames in other buffers are dropped
+            self.gpu.asm.halt()  # a writer waiting for a slot gives up; buffers not taken are counted by settle
+        self.writer.join()
         self.gpu.asm.source_done()  # the one writer is done: a partial buffer runs at once, then the run ends
         self.infer.join()
 
     def abort(self) -> None:
         self.gpu.stop.set()
         self.gpu.asm.halt()
+        with self.lock:
+            self.room.notify_all()
+            self.launched.notify_all()
 
     def settle(self) -> None:
         gpu = self.gpu

@@ -1,0 +1,170 @@
+"""engines.video.FramePusher's GPU path on the CPU: a NumPy stand-in for CuPy (tests/push_fake_gpu.py) whose
+"kernel" reads each frame through its pointer when it is launched, and an engine that gives a frame filled with v
+class v. Checks the batched writer: frames of many streams and threads grouped into launches of up to
+MAX_FRAMES_PER_LAUNCH, each stream's order, pushed = classified + dropped, close with frames still queued,
+push_many, and the release point (a frame overwritten once its handle says so is not misread). Nothing about CUDA
+is proven here: tests/gpu/test_push_gpu.py runs the same on a GPU."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from engines.errors import UsageProblem
+from engines.preprocess import MAX_FRAMES_PER_LAUNCH, PreprocessSpec
+from tests import push_fake_gpu
+
+SPEC = PreprocessSpec(size=(8, 8), resize=None, mean=(0, 0, 0), std=(1, 1, 1))
+
+
+@pytest.fixture
+def cp(monkeypatch):
+    return push_fake_gpu.install(monkeypatch)
+
+
+def pusher(engine=None, **kw):
+    from engines.video import FramePusher
+
+    kw.setdefault("batch", 32)
+    kw.setdefault("on_lag", "block")
+    return FramePusher(engine or push_fake_gpu.ValueEngine(), preprocess=SPEC, top_k=1, **kw)
+
+
+def nv12(cp, v: int):
+    f = cp.zeros((24, 16), np.uint8)
+    f[...] = v
+    return f
+
+
+def test_sixteen_threads_batched_launches_each_stream_in_order(cp):
+    n_streams, n_frames = 16, 60
+    frames = {s: [nv12(cp, (s * 7 + i) % 256) for i in range(n_frames)] for s in range(n_streams)}
+    eng = push_fake_gpu.ValueEngine(delay=0.002)
+    with pusher(eng, max_wait_ms=5) as p:
+        assert type(p._backend).__name__ == "_GpuPusher"
+
+        def produce(s):
+            for i, f in enumerate(frames[s]):
+                h = p.push(f"cam{s}", f, pts=10 * i, frame_id=i)
+                assert h is not None
+        threads = [threading.Thread(target=produce, args=(s,)) for s in range(n_streams)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    preds = list(p.results())
+    assert len(preds) == n_streams * n_frames and not p.stats.dropped
+    for s in range(n_streams):
+        mine = [q for q in preds if q.source == f"cam{s}"]
+        assert [q.frame for q in mine] == list(range(n_frames))
+        assert [q.pts for q in mine] == [10 * i for i in range(n_frames)]
+        assert [q.indices[0] for q in mine] == [(s * 7 + i) % 256 for i in range(n_frames)]
+    launches = push_fake_gpu.RawKernel.launches
+    assert sum(launches) == n_streams * n_frames
+    assert max(launches) <= MAX_FRAMES_PER_LAUNCH
+    assert len(launches) < n_streams * n_frames / 2, f"not batched: {len(launches)} launches"
+    assert p.stats.decoded == {f"cam{s}": n_frames for s in range(n_streams)}
+
+
+def test_drop_oldest_counts_every_frame_and_keeps_order(cp):
+    """A slow engine and four fast pushers: pushes never wait, drops are counted, pushed = classified + dropped
+    per stream exactly, and each stream's classified frames stay in order."""
+    eng = push_fake_gpu.ValueEngine(delay=0.03)
+    p = pusher(eng, batch=8, on_lag="drop-oldest", max_wait_ms=5)
+    frames = [nv12(cp, i) for i in range(200)]
+
+    def produce(s):
+        for i, f in enumerate(frames):
+            p.push(f"cam{s}", f, frame_id=i)
+    threads = [threading.Thread(target=produce, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stats = p.close()
+    preds = list(p.results())
+    assert sum(stats.dropped.values()) > 100
+    for s in range(4):
+        mine = [q for q in preds if q.source == f"cam{s}"]
+        assert stats.decoded[f"cam{s}"] == 200 == len(mine) + stats.dropped.get(f"cam{s}", 0)
+        assert [q.frame for q in mine] == sorted(q.frame for q in mine)
+        assert all(q.indices[0] == q.frame for q in mine)
+
+
+@pytest.mark.parametrize("drain", [True, False])
+def test_close_with_frames_still_queued_for_the_writer(cp, drain):
+    """Frames pushed faster than a slow engine runs: close(drain=True) classifies every one; drain=False counts
+    what did not run as dropped. Either way pushed = classified + dropped, and nothing is classified twice."""
+    eng = push_fake_gpu.ValueEngine(delay=0.05)
+    p = pusher(eng, batch=4, buffers=2, max_wait_ms=1000)
+    for i in range(40):
+        p.push("cam", nv12(cp, i), frame_id=i)
+    stats = p.close(drain=drain)
+    preds = list(p.results())
+    assert [q.frame for q in preds] == list(range(len(preds)))
+    assert all(q.indices[0] == q.frame for q in preds)
+    assert stats.decoded["cam"] == 40 == len(preds) + stats.dropped.get("cam", 0)
+    assert (len(preds) == 40) if drain else (len(preds) < 40)
+
+
+def test_push_many_queues_in_order_and_refuses_a_bad_frame_whole(cp):
+    with pusher(batch=8, max_wait_ms=5) as p:
+        handles = p.push_many("cam", [nv12(cp, v) for v in range(20)], pts=list(range(100, 120)))
+        assert len(handles) == 20 and all(h is not None for h in handles)
+        with pytest.raises(UsageProblem, match="even-sized"):
+            p.push_many("cam", [nv12(cp, 50), cp.zeros((25, 16), np.uint8)])
+        with pytest.raises(UsageProblem, match="3 frame_ids"):
+            p.push_many("cam", [nv12(cp, 1), nv12(cp, 2)], frame_ids=[1, 2, 3])
+        p.push("cam", nv12(cp, 20))
+        for h in handles:
+            assert h.wait(timeout=5) is not None and h.done()
+    preds = list(p.results())
+    assert [q.indices[0] for q in preds] == list(range(21))  # the refused call queued nothing
+    assert [q.frame for q in preds] == list(range(21)) and preds[3].pts == 103
+    assert p.stats.decoded == {"cam": 21}
+
+
+def test_a_frame_overwritten_at_its_release_point_is_read_first(cp):
+    """One frame buffer reused for every frame, rewritten as soon as the previous push's handle says its kernel
+    is enqueued (polling enqueued(), or wait(): the host forms of the release point). The stand-in kernel sleeps
+    1 ms, the interpreter lock released, then reads the frame: a handle settled before its kernel's launch
+    returned lets the frame be overwritten first, and a prediction comes out wrong."""
+    import time
+
+    push_fake_gpu.RawKernel.read_delay = 0.001
+    buf = nv12(cp, 0)
+    with pusher(batch=16, max_wait_ms=5) as p:
+        h = None
+        for i in range(60):
+            if h is not None and i % 2:
+                while not h.enqueued():
+                    time.sleep(0)
+                assert h.event is not None
+            elif h is not None:
+                assert h.wait(timeout=5) is not None
+            buf[...] = i
+            h = p.push("ring", buf, frame_id=i)
+    assert [q.indices[0] for q in p.results()] == list(range(60))
+
+
+def test_a_failed_launch_loses_its_frames_counted_and_the_run_goes_on(cp, monkeypatch):
+    real = push_fake_gpu.RawKernel.__call__
+    calls = []
+
+    def flaky(self, grid, block, args, stream=None):
+        calls.append(grid[1])
+        if len(calls) == 2:
+            raise RuntimeError("CUDA_ERROR_ILLEGAL_ADDRESS")
+        return real(self, grid, block, args, stream)
+    monkeypatch.setattr(push_fake_gpu.RawKernel, "__call__", flaky)
+    with pusher(batch=4, max_wait_ms=5) as p:
+        handles = []
+        for i in range(12):
+            handles.append(p.push("cam", nv12(cp, i)))
+            handles[-1].wait(timeout=5)  # one frame per launch
+    preds = list(p.results())
+    assert len(preds) == 11 and p.stats.dropped == {"cam": 1} and handles[1].dropped()
+    assert [q.indices[0] for q in preds] == [0] + list(range(2, 12))
+    assert "preprocessing failed" in str(p.problems[0])
