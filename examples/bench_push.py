@@ -1,9 +1,10 @@
 """The push targets of issue 27 on a GPU: frames already on the device (1080p NV12) pushed into
 engines.video.FramePusher from 1 and 16 threads, against the engine alone at the same batch in the same run;
-optionally GPU memory over a long push (--soak SECONDS). Prints a table, writes JSON.
+``--many 8`` also pushes 8 frames per push_many call; optionally GPU memory over a long push (--soak SECONDS).
+Prints a table, writes JSON.
 
     python3 examples/bench_push.py --model resnet50.fp16.onnx --model lite0.fp16.onnx --video bikes1080.mp4 \\
-        --batch 32 --threads 1,16 --seconds 20 --soak 600 --json push.json
+        --batch 32 --threads 1,16 --many 1,8 --seconds 20 --soak 600 --json push.json
 """
 
 from __future__ import annotations
@@ -49,9 +50,10 @@ def engine_only(engine, batch: int, seconds: float) -> float:
     return n * batch / (time.perf_counter() - t0)
 
 
-def push_rate(engine, frames, batch: int, threads: int, seconds: float, soak: bool = False) -> dict:
+def push_rate(engine, frames, batch: int, threads: int, seconds: float, soak: bool = False, many: int = 1) -> dict:
     """Frames classified per second while ``threads`` threads push device frames (on_lag=block: every frame is
-    classified); with ``soak``, GPU memory sampled every 10 s."""
+    classified), one per push() call, or ``many`` per push_many() call; with ``soak``, GPU memory sampled every
+    10 s."""
     import cupy as cp
 
     from engines._gpu import memory_used_mib
@@ -64,8 +66,12 @@ def push_rate(engine, frames, batch: int, threads: int, seconds: float, soak: bo
         def produce(k):
             i = 0
             while not stop.is_set():
-                p.push(f"cam{k}", frames[i % len(frames)], frame_id=i)
-                i += 1
+                if many == 1:
+                    p.push(f"cam{k}", frames[i % len(frames)], frame_id=i)
+                else:
+                    p.push_many(f"cam{k}", [frames[(i + j) % len(frames)] for j in range(many)],
+                                frame_ids=list(range(i, i + many)))
+                i += many
         workers = [threading.Thread(target=produce, args=(k,)) for k in range(threads)]
         for w in workers:
             w.start()
@@ -80,7 +86,7 @@ def push_rate(engine, frames, batch: int, threads: int, seconds: float, soak: bo
         stop.set()
         for w in workers:
             w.join()
-    return {"threads": threads, "fps": round(fps, 1), "dropped": sum(p.stats.dropped.values()),
+    return {"threads": threads, "many": many, "fps": round(fps, 1), "dropped": sum(p.stats.dropped.values()),
             "memory_mib": samples}
 
 
@@ -92,12 +98,13 @@ def bench(model: str, args) -> list[dict]:
     with engines.open_engine(model, device=args.device) as engine:
         for batch in args.batch:
             ref = engine_only(engine, batch, args.seconds)
-            for threads in args.threads:
-                r = push_rate(engine, frames, batch, threads, args.seconds)
+            for threads, many in ((t, m) for m in args.many for t in args.threads):
+                r = push_rate(engine, frames, batch, threads, args.seconds, many=many)
                 rows.append({"model": Path(model).name, "batch": batch, "engine_only_fps": round(ref, 1), **r,
                              "ratio": round(r["fps"] / ref, 3)})
+                call = "push" if many == 1 else f"push_many({many})"
                 print(f"{rows[-1]['model']:<28} batch {batch:>3}  threads {threads:>2}  engine-only {ref:8.1f} fps"
-                      f"  push {r['fps']:8.1f} fps  {r['fps'] / ref:5.3f}x", flush=True)
+                      f"  {call} {r['fps']:8.1f} fps  {r['fps'] / ref:5.3f}x", flush=True)
             if args.soak:
                 s = push_rate(engine, frames, batch, max(args.threads), args.soak, soak=True)
                 mem = s["memory_mib"]
@@ -114,6 +121,8 @@ def main() -> None:
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--batch", type=lambda s: [int(x) for x in s.split(",")], default=[32])
     ap.add_argument("--threads", type=lambda s: [int(x) for x in s.split(",")], default=[1, 16])
+    ap.add_argument("--many", type=lambda s: [int(x) for x in s.split(",")], default=[1],
+                    help="frames per call: 1 is push(), more is push_many() (e.g. 1,8)")
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--soak", type=float, default=0.0, help="also push this long and sample GPU memory")
     ap.add_argument("--json", help="write the rows here")

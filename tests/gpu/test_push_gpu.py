@@ -1,7 +1,7 @@
 """engines.video.FramePusher on a real GPU (issue 27): the packed-pixel kernel against the numpy reference on the
 device, bikes.mp4 decoded by PyAV and pushed as device NV12 (CuPy, and torch through DLPack) against classify,
-zero host copies of pixels, 16 pushing threads, the release event, a wrong frame refused, memory flat while
-pushing. Skipped without an NVIDIA GPU and CuPy."""
+zero host copies of pixels, 16 pushing threads, the release handle, push_many, a wrong frame refused, memory flat
+while pushing. Skipped without an NVIDIA GPU and CuPy."""
 
 from __future__ import annotations
 
@@ -182,9 +182,11 @@ def test_sixteen_threads_each_stream_in_order(host_frames, cuda_lite0, classifie
         assert [q.indices[0] for q in mine] == [c.indices[0] for c in classified]
 
 
-def test_release_event_marks_when_the_frame_may_be_overwritten(host_frames, cuda_lite0, classified):
-    """One device buffer reused for every frame: each frame is copied in only after the previous push's event
-    completed (the documented release point); every prediction is still its own frame's."""
+def test_release_handle_marks_when_the_frame_may_be_overwritten(host_frames, cuda_lite0, classified):
+    """One device buffer reused for every frame: each frame is copied in only after the previous push's handle
+    released it (the documented release point: GPU-side, the stream waits for the event handle.wait() returns
+    once the frame's batched kernel is enqueued; host-side, handle.done()); every prediction is still its own
+    frame's."""
     import cupy as cp
 
     from engines.video import FramePusher
@@ -192,15 +194,47 @@ def test_release_event_marks_when_the_frame_may_be_overwritten(host_frames, cuda
     buf = cp.empty(host_frames[0][0].shape, cp.uint8)
     stream = cp.cuda.Stream(non_blocking=True)
     with FramePusher(cuda_lite0, batch=16, top_k=1, on_lag="block", colorspace=host_frames[0][3]) as p:
-        ev = None
+        h = None
         for i, (nv12, *_rest) in enumerate(host_frames[:64]):
-            if ev is not None:
-                stream.wait_event(ev)  # the GPU-side form of the release point
+            if h is not None and i % 2:
+                stream.wait_event(h.wait(timeout=10))  # the GPU-side form of the release point
+            elif h is not None:
+                while not h.done():  # the host-side form
+                    time.sleep(0)
             with stream:
                 buf.set(nv12, stream=stream)
-            ev = p.push("ring", buf, frame_id=i, cuda_stream=stream)
-            assert ev is not None
+            h = p.push("ring", buf, frame_id=i, cuda_stream=stream)
+            assert h is not None and not h.dropped()
+        h.synchronize()
     assert [q.indices[0] for q in p.results()] == [c.indices[0] for c in classified[:64]]
+
+
+def test_push_many_gives_what_push_gives(host_frames, cuda_lite0, classified):
+    """The 250 frames pushed eight at a time by push_many from two threads (two streams): the same top-1 as
+    classify, each stream in order; the kernels batch frames of both streams."""
+    import cupy as cp
+
+    from engines.video import FramePusher
+
+    frames = [(_pitched(cp, nv12), pts) for nv12, _rgb, pts, _cs in host_frames]
+
+    def many(p, name):
+        for s in range(0, 250, 8):
+            part = frames[s:s + 8]
+            handles = p.push_many(name, [f for f, _ in part], pts=[t for _, t in part],
+                                  frame_ids=list(range(s, s + len(part))))
+            assert len(handles) == len(part)
+    with FramePusher(cuda_lite0, batch=32, top_k=1, on_lag="block", colorspace=host_frames[0][3]) as p:
+        threads = [threading.Thread(target=many, args=(p, name)) for name in ("a", "b")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    preds = list(p.results())
+    for name in ("a", "b"):
+        mine = [q for q in preds if q.source == name]
+        assert [q.frame for q in mine] == list(range(250))
+        assert [q.indices[0] for q in mine] == [c.indices[0] for c in classified]
 
 
 def test_a_wrong_frame_is_refused_and_other_streams_go_on(host_frames, cuda_lite0):
