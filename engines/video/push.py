@@ -1,18 +1,21 @@
 """Frames an app already has -> Predictions: the runtime as a library for apps that capture their own frames.
 
     with FramePusher(engine, batch=32, max_wait_ms=50) as pusher:          # from any number of threads:
-        pusher.push("cam1", frame, pts=pts, frame_id=n)                     # frame: NV12 / RGB / BGR, device or NumPy
+        pusher.push("cam1", frame, pts=pts, frame_id=n)                     # NV12 / RGB / BGR, device or NumPy
         for pred in pusher.results(timeout=0):                              # or FramePusher(..., callback=fn)
             print(pred.source, pred.frame, pred.labels[0])
 
-No decoder: the stages after it are the video pipeline's own. On a GPU engine (:class:`_GpuPusher`) a pushed
-device array (CuPy, torch, anything with DLPack) is read in place by the preprocessing kernel, which writes it
-into a slot of the rotating input buffers (:class:`~engines.video.gpu_pipeline.GpuBatches`: the assembler,
-inference on the GPU, top-k, results to the host; the same code as ``classify``'s GPU path). On the CPU, or an
-engine that takes host arrays (:class:`_HostPusher`), NumPy frames are preprocessed by the numpy reference in the
-pushing thread and batched through a :class:`~engines.video.hub.FrameHub` into the CPU path's
+No decoder: the stages after it are the video pipeline's own. On a GPU engine (:class:`_GpuPusher`) push only
+checks a device array (CuPy, torch, anything with DLPack), records an event on its producer stream and queues it;
+one writer thread reads the frames waiting in place with ONE preprocessing kernel per group of up to 16, which
+writes them into slots of the rotating input buffers (:class:`~engines.video.gpu_pipeline.GpuBatches`: the
+assembler, inference on the GPU, top-k, results to the host; the same code as ``classify``'s GPU path). On the
+CPU, or an engine that takes host arrays (:class:`_HostPusher`), NumPy frames are preprocessed by the numpy
+reference in the pushing thread and batched through a :class:`~engines.video.hub.FrameHub` into the CPU path's
 ``infer_and_collect``. Both honour ``on_lag`` as live sources do ("drop-oldest" or "block", drops counted) and
-``max_wait_ms`` bounds a batch's age. The frame contract (formats, ownership, lifetime, threading): docs/PUSH.md.
+``max_wait_ms`` bounds a batch's age. ``push_many`` queues several frames of one stream at once. A device frame
+is read after push returns: push returns a :class:`PushHandle` that says when the frame may be written again.
+The frame contract (formats, ownership, the release point, threading): docs/PUSH.md.
 """
 
 from __future__ import annotations
@@ -554,6 +557,7 @@ class _GpuPusher:
         name = item[2][0]
         self.gpu.dropped[name] = self.gpu.dropped.get(name, 0) + 1
         item[4]._settle(_DROPPED)
+        self.launched.notify_all()  # an app thread may wait on its handle
 
     def _producer(self, cuda_stream) -> int:
         if cuda_stream is not None:

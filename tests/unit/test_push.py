@@ -198,3 +198,15 @@ def test_arguments_are_checked_once():
         pusher(max_wait_ms=-1)
     with pytest.raises(UsageProblem, match="frame format"):
         FramePusher(MeanEngine(), preprocess=SPEC, format="YUY2")
+
+
+def test_push_many_on_the_cpu_path_keeps_order_and_refuses_a_bad_frame_whole():
+    with pusher(on_lag="block", max_wait_ms=5) as p:
+        assert p.push_many("cam", [rgb(v) for v in range(6)], frame_ids=[f"f{v}" for v in range(6)]) == [None] * 6
+        with pytest.raises(UsageProblem, match="uint8"):
+            p.push_many("cam", [rgb(9), rgb(9).astype(np.float32)])
+        p.push_many("cam", [rgb(6)], times=[0.5])
+    preds = list(p.results())
+    assert [q.indices[0] for q in preds] == list(range(7))
+    assert [q.frame for q in preds[:6]] == [f"f{v}" for v in range(6)] and preds[6].time == 0.5
+    assert p.stats.decoded == {"cam": 7}

@@ -99,14 +99,17 @@ def test_close_with_frames_still_queued_for_the_writer(cp, drain):
     what did not run as dropped. Either way pushed = classified + dropped, and nothing is classified twice."""
     eng = push_fake_gpu.ValueEngine(delay=0.05)
     p = pusher(eng, batch=4, buffers=2, max_wait_ms=1000)
-    for i in range(40):
-        p.push("cam", nv12(cp, i), frame_id=i)
+    handles = [p.push("cam", nv12(cp, i), frame_id=i) for i in range(40)]
     stats = p.close(drain=drain)
     preds = list(p.results())
     assert [q.frame for q in preds] == list(range(len(preds)))
     assert all(q.indices[0] == q.frame for q in preds)
     assert stats.decoded["cam"] == 40 == len(preds) + stats.dropped.get("cam", 0)
     assert (len(preds) == 40) if drain else (len(preds) < 40)
+    for h in handles:  # every handle settled: none left for an app to wait on forever
+        assert h.enqueued() and (h.wait(timeout=1) is None) == h.dropped()
+    # a frame written into a buffer that never ran was read (its handle is released), and is counted as dropped
+    assert sum(h.dropped() for h in handles) <= (0 if drain else stats.dropped["cam"])
 
 
 def test_push_many_queues_in_order_and_refuses_a_bad_frame_whole(cp):
