@@ -733,6 +733,11 @@ class _GpuPusher:
         gpu.asm.order.clear()
         with self.cp.cuda.Device(gpu.device_id):
             gpu.shutdown([self.infer])
+        if self.front._errors:  # the batch inference failed on is gone with its frames: they were not classified
+            for name, n in self.front.stats.decoded.items():
+                lost = n - gpu.counts.get(name, 0) - gpu.dropped.get(name, 0)
+                if lost > 0:
+                    gpu.dropped[name] = gpu.dropped.get(name, 0) + lost
         for name, n in gpu.dropped.items():
             if n:
                 self.front.stats.dropped[name] = n

@@ -171,3 +171,46 @@ def test_a_failed_launch_loses_its_frames_counted_and_the_run_goes_on(cp, monkey
     assert len(preds) == 11 and p.stats.dropped == {"cam": 1} and handles[1].dropped()
     assert [q.indices[0] for q in preds] == [0] + list(range(2, 12))
     assert "preprocessing failed" in str(p.problems[0])
+
+
+def test_max_wait_bounds_a_partial_batch(cp):
+    import time
+
+    with pusher(batch=64, max_wait_ms=30) as p:
+        t0 = time.perf_counter()
+        p.push("cam", nv12(cp, 7))
+        pred = next(iter(p.results(timeout=5)))
+        waited = time.perf_counter() - t0
+    assert pred.indices[0] == 7 and 0.025 < waited < 1.0
+
+
+def test_an_engine_failure_stops_pushes_and_blocked_pushers(cp):
+    """The engine fails: results() raises its reason; pushers (also those waiting for room under block) stop
+    with an error instead of hanging, and close() returns."""
+    import time
+
+    from engines.errors import TrtcError
+
+    class Broken(push_fake_gpu.ValueEngine):
+        def infer(self, x, stream=None):
+            if self.batches:
+                raise RuntimeError("out of memory")
+            return super().infer(x, stream)  # the warm-up
+    p = pusher(Broken(), batch=4, max_wait_ms=1, queue_frames=4)
+    errors = []
+
+    def produce():
+        try:
+            for i in range(10_000):
+                p.push("cam", nv12(cp, i % 256))
+                time.sleep(0.0005)
+        except TrtcError as exc:
+            errors.append(exc)
+    t = threading.Thread(target=produce)
+    t.start()
+    with pytest.raises(TrtcError, match="out of memory"):
+        list(p.results(timeout=5))
+    t.join(5)
+    assert not t.is_alive() and errors
+    p.close()
+    assert p.stats.decoded["cam"] == p.stats.frames + sum(p.stats.dropped.values())
