@@ -176,8 +176,8 @@ def test_models_that_do_not_classify_the_same_classes_or_sizes_are_a_usage_probl
     calls = []
     real = v.Runner.__init__
 
-    def undeclared(self, ref, device):
-        real(self, ref, device)
+    def undeclared(self, ref, device, **kw):
+        real(self, ref, device, **kw)
         if self.ref.spec == str(big):
             from engines.base import TensorSpec
 
