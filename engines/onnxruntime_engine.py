@@ -254,8 +254,10 @@ class OnnxRuntimeEngine(EngineBase):
                 with_graphs = [(providers[0][0], {**providers[0][1], "enable_cuda_graph": "1"}), *providers[1:]]
                 return self._session(ort, opts, with_graphs), True
             except EngineError as exc:
+                session = self._session(ort, opts, providers)  # a model that cannot load at all fails here
                 _say_once(self.path, "graph", f"runs without CUDA graphs ({exc.reason}); ONNX Runtime captures a "
                                               "graph only when every node runs on the CUDA execution provider")
+                return session, False
         return self._session(ort, opts, providers), False
 
     def _session(self, ort, opts, providers):
