@@ -73,6 +73,18 @@ def providers_for(device: str) -> list:
     return [("CUDAExecutionProvider", {"device_id": index}), "CPUExecutionProvider"]
 
 
+def manifest_precision(path) -> dict | None:
+    """The precision recipe of ``path``'s manifest ({} when it has none), or None without a readable manifest."""
+    import json
+
+    from .manifest import manifest_path
+
+    try:
+        return json.loads(manifest_path(path).read_text()).get("precision") or {}
+    except (OSError, ValueError):
+        return None
+
+
 def qdq_fusion_safe(path, device: str) -> bool:
     """Whether ONNX Runtime may rewrite this model's Q/DQ pairs with its QDQ graph transformers.
 
@@ -81,16 +93,7 @@ def qdq_fusion_safe(path, device: str) -> bool:
     returned wrong logits here: 0% top-1 agreement on EfficientNet-Lite0 on the CPU and under the CUDA EP, while
     the same graph run op by op agrees like its FP32-scale twin. TensorRT does its own fusion; for ONNX Runtime
     such models run op by op (``session.disable_quant_qdq``), which computes exactly what the graph says."""
-    from .manifest import manifest_path
-
-    mp = manifest_path(path)
-    try:
-        import json
-
-        precision = json.loads(mp.read_text()).get("precision") or {}
-    except (OSError, ValueError):
-        return True
-    return qdq_fusion_ok(precision)
+    return qdq_fusion_ok(manifest_precision(path) or {})
 
 
 def qdq_fusion_ok(precision: dict) -> bool:
@@ -112,16 +115,9 @@ def runtime_warning(precision: dict, runtime: str) -> str | None:
             f"{runtime} runs it only op by op, and a default {runtime} session of your own gives wrong answers")
 
 
-def _warn_runtime(path) -> None:
-    import json
+def _warn_runtime(path, precision: dict) -> None:
     import logging
 
-    from .manifest import manifest_path
-
-    try:
-        precision = json.loads(manifest_path(path).read_text()).get("precision") or {}
-    except (OSError, ValueError):
-        return
     text = runtime_warning(precision, "onnxruntime")
     if text:
         logging.getLogger("trtc").warning("%s: %s", Path(path).name, text)
@@ -147,9 +143,9 @@ def session_options(ort, threads: int | None = None, qdq_fusion: bool = True):
 # algorithm choice ran as fast as the default EXHAUSTIVE search (within 1%) and starts 1.5-2 s sooner. DEFAULT
 # started fastest but ran at 164-2,486 img/s (cuDNN's fallback kernels), so it is not used.
 # ``tuning="graphs"`` adds CUDA graphs for the input buffers given to capture_graphs. Not the default: ONNX Runtime
-# captures in CUDA's global mode, which a CUDA call from any other thread breaks (on the H100 the video pipeline's
-# captures failed with CUDA error 901 even when made before its decoders started), so they are for an app calling
-# the engine from one thread. ``tuning="off"``: the session as trtc opened it before (only device_id).
+# captures in CUDA's global mode, which a CUDA call from any other thread breaks (on the H100, captures made while
+# the video pipeline's decoders ran failed with CUDA error 901, and a graph captured before they started failed in
+# its replay), so they are for an app calling the engine from one thread. ``tuning="off"``: the session as trtc opened it before (only device_id).
 TUNED_CUDA_OPTIONS = {"cudnn_conv_algo_search": "HEURISTIC", "prefer_nhwc": "1"}
 TUNINGS = ("auto", "graphs", "off")
 MAX_CUDA_GRAPHS = 16  # distinct (input buffers, shapes) captured per session; more run without a graph
@@ -165,19 +161,9 @@ def _say_once(path, what: str, text: str) -> None:
         logging.getLogger("trtc").warning("%s: %s", Path(path).name, text)
 
 
-def _int8_note(path, kind: str) -> None:
+def _int8_note(path, kind: str, precision: dict) -> None:
     """INT8 Q/DQ models under the CUDA EP compute through Q/DQ pairs, not integer kernels: say it once."""
-    import json
-
-    from .manifest import manifest_path
-
-    if kind != "cuda":
-        return
-    try:
-        precision = json.loads(manifest_path(path).read_text()).get("precision") or {}
-    except (OSError, ValueError):
-        return
-    if precision.get("mode") == "int8":
+    if kind == "cuda" and precision.get("mode") == "int8":
         _say_once(path, "int8", "an INT8 model runs no faster than FP16 under ONNX Runtime's CUDA execution "
                                 "provider (it computes the Q/DQ pairs); INT8 pays under TensorRT: trtc build "
                                 f"{Path(path).name}, or use the FP16 model here")
@@ -209,10 +195,11 @@ class OnnxRuntimeEngine(EngineBase):
         self.path = Path(path)
         self.device = device
         kind, self.device_id = parse_device(device)
+        precision = manifest_precision(self.path) or {}  # read once: the Q/DQ rule and the warnings below
         if qdq_fusion is None:
-            qdq_fusion = qdq_fusion_safe(self.path, device)
+            qdq_fusion = qdq_fusion_ok(precision)
             if not qdq_fusion:
-                _warn_runtime(self.path)
+                _warn_runtime(self.path, precision)
         self.qdq_fusion = qdq_fusion  # False: runs op by op, unlike a default session (the manifest says why)
         self.tuning = tuning
         opts = session_options(ort, threads, qdq_fusion)
@@ -239,7 +226,7 @@ class OnnxRuntimeEngine(EngineBase):
         self.inputs = [_spec(a) for a in self.session.get_inputs()]
         self.outputs = [_spec(a) for a in self.session.get_outputs()]
         self._output_names = [o.name for o in self.outputs]
-        _int8_note(self.path, kind)
+        _int8_note(self.path, kind, precision)
 
         self._binding = None
         self._run_options = None
@@ -318,17 +305,15 @@ class OnnxRuntimeEngine(EngineBase):
         caller = external_stream(stream, self.device_id) if stream is not None else cp.cuda.get_current_stream()
         if caller.ptr != self.stream.ptr:
             self.stream.wait_event(caller.record())
+        results = [device_output(outputs, i, spec, shape, self.stream)
+                   for i, (spec, shape) in enumerate(zip(self.outputs, shapes))]
         graphed = self._graphs.get(self._key(xs)) if self.cuda_graphs else None
         if graphed is not None:
             self._run(graphed.binding, graphed.run_options)
-            results = [device_output(outputs, i, spec, shape, self.stream)
-                       for i, (spec, shape) in enumerate(zip(self.outputs, shapes))]
             with self.stream:  # the graph writes the same buffers every replay: the caller gets its own copy
                 for dst, src in zip(results, graphed.outputs):
                     dst[...] = src
         else:
-            results = [device_output(outputs, i, spec, shape, self.stream)
-                       for i, (spec, shape) in enumerate(zip(self.outputs, shapes))]
             if self._binding is None:
                 self._binding, self._run_options = self.session.io_binding(), self._device_run_options()
             self._bind(self._binding, xs, results)
@@ -363,9 +348,10 @@ class OnnxRuntimeEngine(EngineBase):
         input buffers); any other input runs without a graph. Returns how many graphs the engine holds.
 
         ONNX Runtime captures in CUDA's global capture mode: while it captures, a CUDA call from another thread of
-        this process (a decoder, an allocation) breaks the capture and fails in that thread too. Call it before
-        starting threads that use the GPU, as the video pipeline does. A capture that fails turns graphs off for
-        this engine, said once."""
+        this process (a decoder, an allocation) breaks the capture and fails in that thread too, and on an H100 a
+        graph captured before a video pipeline's decoders started failed in its replay while they ran. So graphs
+        are for a caller whose process runs no other CUDA work meanwhile (trtc bench's engine rows); the video
+        pipeline captures none. A capture that fails turns graphs off for this engine, said once."""
         if not self.cuda_graphs or len(self.inputs) != 1:
             return len(self._graphs)
         import cupy as cp
