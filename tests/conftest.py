@@ -228,3 +228,12 @@ def test_videos(tmp_path_factory, bikes):
     from toolchain.datasets import make_test_videos
 
     return make_test_videos(tmp_path_factory.mktemp("videos"))
+
+
+@pytest.fixture(scope="module")
+def cpu_lite0(lite0_onnx):
+    """The real Lite0 opened with ONNX Runtime on the CPU, once per test module."""
+    import engines
+
+    with engines.open_engine(lite0_onnx[0], device="cpu") as eng:
+        yield eng

@@ -32,14 +32,6 @@ def rtsp():
     return rtsp_server
 
 
-@pytest.fixture(scope="module")
-def engine(lite0_onnx):
-    import engines
-
-    with engines.open_engine(lite0_onnx[0], device="cpu") as eng:
-        yield eng
-
-
 def _trtc(*args, **kw):
     return subprocess.Popen([sys.executable, "-m", "toolchain", *map(str, args)], cwd=kw.pop("cwd", None),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)

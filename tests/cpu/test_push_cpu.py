@@ -14,14 +14,6 @@ pytestmark = needs_export
 
 
 @pytest.fixture(scope="module")
-def engine(lite0_onnx):
-    import engines
-
-    with engines.open_engine(lite0_onnx[0], device="cpu") as eng:
-        yield eng
-
-
-@pytest.fixture(scope="module")
 def frames(bikes):
     """bikes.mp4 decoded by PyAV: (NV12 array, RGB array, pts, colour space) per frame."""
     import av

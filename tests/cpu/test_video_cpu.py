@@ -14,14 +14,6 @@ pytestmark = needs_export
 
 
 @pytest.fixture(scope="module")
-def engine(lite0_onnx):
-    import engines
-
-    with engines.open_engine(lite0_onnx[0], device="cpu") as eng:
-        yield eng
-
-
-@pytest.fixture(scope="module")
 def direct_top1(lite0_onnx, bikes):
     """The reference: every frame decoded here in the main thread, converted with the numpy reference maths and
     run through an ONNX Runtime session directly (no engines wrapper, no batching across threads)."""
