@@ -9,29 +9,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from fractions import Fraction
 
 import pytest
+
+from tests.clips import encode_clip
 
 pytestmark = pytest.mark.slow  # Ray starts in ~5 s, each actor loads ONNX Runtime (~3 s on two cores)
 
 
 def _clip(bikes, path, frames, size, fmt=None):
-    import av
-
-    with av.open(str(bikes)) as src, av.open(str(path), "w", format=fmt) as sink:
-        s = sink.add_stream("libx264", rate=25)
-        s.width, s.height, s.pix_fmt = size[0], size[1], "yuv420p"
-        for i, f in enumerate(src.decode(video=0)):
-            if i >= frames:
-                break
-            g = f.reformat(width=size[0], height=size[1], format="yuv420p")
-            g.pts, g.time_base = i, Fraction(1, 25)
-            for p in s.encode(g):
-                sink.mux(p)
-        for p in s.encode():
-            sink.mux(p)
-    return str(path)
+    return str(encode_clip(bikes, path, "libx264", size, frames=frames, fmt=fmt))
 
 
 @pytest.fixture(scope="module")
