@@ -73,16 +73,23 @@ def providers_for(device: str) -> list:
     return [("CUDAExecutionProvider", {"device_id": index}), "CPUExecutionProvider"]
 
 
-def manifest_precision(path) -> dict | None:
-    """The precision recipe of ``path``'s manifest ({} when it has none), or None without a readable manifest."""
+def _manifest_json(path) -> dict | None:
+    """``path``'s manifest as JSON, or None without a readable one."""
     import json
 
     from .manifest import manifest_path
 
     try:
-        return json.loads(manifest_path(path).read_text()).get("precision") or {}
+        doc = json.loads(manifest_path(path).read_text())
     except (OSError, ValueError):
         return None
+    return doc if isinstance(doc, dict) else None
+
+
+def manifest_precision(path) -> dict | None:
+    """The precision recipe of ``path``'s manifest ({} when it has none), or None without a readable manifest."""
+    doc = _manifest_json(path)
+    return None if doc is None else (doc.get("precision") or {})
 
 
 def qdq_fusion_safe(path, device: str) -> bool:
@@ -169,6 +176,24 @@ def _int8_note(path, kind: str, precision: dict) -> None:
                                 f"{Path(path).name}, or use the FP16 model here")
 
 
+def _expected_key(inputs, doc: dict):
+    """The input shapes the video pipeline will feed (its default batch: a fixed batch dimension, else the
+    manifest's opt batch capped at 64, see engines.video.pipeline._default_batch), or None when that is unknown or
+    another dimension is not fixed."""
+    dims = [spec.shape for spec in inputs]
+    first = dims[0][0] if dims and dims[0] else None
+    if isinstance(first, int) and first > 0:
+        n = first
+    else:
+        opt = (doc.get("batch") or {}).get("opt")
+        if not isinstance(opt, int) or opt < 1:
+            return None
+        n = min(64, opt)
+    if any(not all(isinstance(d, int) and d > 0 for d in shape[1:]) for shape in dims):
+        return None
+    return tuple((n, *shape[1:]) for shape in dims)
+
+
 class _Graphed:
     """One captured CUDA graph: its ONNX Runtime id, the IOBinding with the input and output addresses it was
     captured with, the outputs it writes, and its run options."""
@@ -180,7 +205,7 @@ class _Graphed:
 class OnnxRuntimeEngine(EngineBase):
     def __init__(self, path: str | os.PathLike, device: str = "cpu", threads: int | None = None,
                  qdq_fusion: bool | None = None, device_buffers: bool | None = None, tf32: bool = True,
-                 tuning: str = "auto"):
+                 tuning: str = "auto", quick_start: bool = True):
         """``device_buffers``: give the session a CUDA stream of its own so device arrays run zero-copy (needs
         CuPy; default: on when the device is CUDA and CuPy is installed). ``tf32``: the CUDA EP computes FP32
         convolutions and matrix products in TF32 on Ampere and later (its default, as PyTorch's cuDNN and
@@ -188,14 +213,19 @@ class OnnxRuntimeEngine(EngineBase):
         the CPU EP: 4.2e-4 with TF32, 3.9e-7 without). ``tuning``: ``"auto"`` (NHWC kernels and heuristic cuDNN
         algorithms; see TUNED_CUDA_OPTIONS), ``"graphs"`` (those and, on device buffers, CUDA graphs for the input
         buffers given to :meth:`capture_graphs`: only for a single-threaded caller) or ``"off"`` (ONNX Runtime's
-        defaults); the CPU EP is the same in all three."""
+        defaults); the CPU EP is the same in all three. ``quick_start`` (tuned CUDA sessions on device buffers):
+        the tuned session prepares each new input shape on a thread of its own, starting at open with the
+        manifest's batch, while the batches that come meanwhile run on a second session with cuDNN's default
+        algorithms (engines._ort_quick says why and what it costs); False: every batch runs the tuned session,
+        the first of each shape taking its preparation time."""
         ort = require("onnxruntime", "Running ONNX models")
         if tuning not in TUNINGS:
             raise UsageProblem(f"unknown ONNX Runtime tuning {tuning!r}", f"use one of: {', '.join(TUNINGS)}")
         self.path = Path(path)
         self.device = device
         kind, self.device_id = parse_device(device)
-        precision = manifest_precision(self.path) or {}  # read once: the Q/DQ rule and the warnings below
+        doc = _manifest_json(self.path) or {}  # read once: the Q/DQ rule, the warnings and the batch below
+        precision = doc.get("precision") or {}
         if qdq_fusion is None:
             qdq_fusion = qdq_fusion_ok(precision)
             if not qdq_fusion:
@@ -232,6 +262,47 @@ class OnnxRuntimeEngine(EngineBase):
         self._run_options = None
         self._host_run_options = None
         self._graphs: dict = {}  # (input addresses, shapes, dtypes) -> _Graphed, made by capture_graphs
+        self.quick = None  # a QuickStart when the first batches of a shape may run on the quick session
+        if quick_start and kind == "cuda" and tuning in ("auto", "graphs") and self.stream is not None:
+            self._start_quick(ort, opts, providers, doc)
+
+    def _start_quick(self, ort, opts, providers, doc: dict) -> None:
+        """The quick session's options (cuDNN's default algorithms, NCHW, no graphs, a stream of its own), and the
+        tuned session's preparation of the batch the video pipeline will use (the manifest's, as
+        engines.video's default batch: a fixed batch, else its opt capped at 64)."""
+        import cupy as cp
+
+        from ._ort_quick import QuickStart
+
+        with cp.cuda.Device(self.device_id):
+            self._quick_stream = cp.cuda.Stream(non_blocking=True)
+        skip = (*TUNED_CUDA_OPTIONS, "enable_cuda_graph")
+        quick = {k: v for k, v in providers[0][1].items() if k not in skip}
+        quick.update(cudnn_conv_algo_search="DEFAULT", user_compute_stream=str(self._quick_stream.ptr))
+        quick_providers = [(providers[0][0], quick), *providers[1:]]
+        self._quick_run_options = None
+        self.quick = QuickStart(self._prepare_shape, lambda: self._session(ort, opts, quick_providers),
+                                self.path.name)
+        key = _expected_key(self.inputs, doc)
+        if key is not None:
+            self.quick.start(key)
+
+    def _prepare_shape(self, key) -> None:
+        """Run the tuned session once on zeros of these input shapes (on the quick start's thread)."""
+        import cupy as cp
+
+        with cp.cuda.Device(self.device_id), self.stream:
+            xs = [cp.zeros(shape, spec.numpy_dtype) for spec, shape in zip(self.inputs, key)]
+            outs = [cp.empty(self._output_shape(spec, key[0][0]), spec.numpy_dtype) for spec in self.outputs]
+            io = self.session.io_binding()
+            self._bind(io, xs, outs)
+            self._run(io, self._device_run_options())
+            self.stream.record().synchronize()
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """Wait until the tuned session has prepared every input shape it started on (quick start); False when
+        ``timeout`` seconds passed first. Benchmarks call it before timing."""
+        return True if self.quick is None else self.quick.wait(timeout)
 
     def _open(self, ort, opts, providers, graphs: bool):
         """The session; with ``graphs``, CUDA graphs enabled, unless ONNX Runtime refuses them for this model
@@ -283,12 +354,12 @@ class OnnxRuntimeEngine(EngineBase):
             self._host_run_options.add_run_config_entry("gpu_graph_id", "-1")
         return self._host_run_options
 
-    def _device_run_options(self, graph_id: int | None = None):
+    def _device_run_options(self, graph_id: int | None = None, graphs: bool = True):
         ort = require("onnxruntime", "Running ONNX models")
         ro = ort.RunOptions()
         # with our own compute stream ORT need not synchronise after the run: we order through events
         ro.add_run_config_entry("disable_synchronize_execution_providers", "1")
-        if self._graph_session:  # -1: this run neither captures nor replays a graph
+        if graphs and self._graph_session:  # -1: this run neither captures nor replays a graph
             ro.add_run_config_entry("gpu_graph_id", str(graph_id if graph_id is not None else -1))
         return ro
 
@@ -303,6 +374,9 @@ class OnnxRuntimeEngine(EngineBase):
         n = xs[0].shape[0]
         shapes = [self._output_shape(spec, n) for spec in self.outputs]
         caller = external_stream(stream, self.device_id) if stream is not None else cp.cuda.get_current_stream()
+        quick = self.quick.route(tuple(tuple(x.shape) for x in xs)) if self.quick is not None else None
+        if quick is not None:
+            return self._infer_quick(quick, xs, outputs, shapes, caller)
         if caller.ptr != self.stream.ptr:
             self.stream.wait_event(caller.record())
         results = [device_output(outputs, i, spec, shape, self.stream)
@@ -320,6 +394,23 @@ class OnnxRuntimeEngine(EngineBase):
             self._run(self._binding, self._run_options)
         if caller.ptr != self.stream.ptr:
             caller.wait_event(self.stream.record())
+        return results
+
+    def _infer_quick(self, session, xs, outputs, shapes, caller) -> list:
+        """One batch on the quick session, on its own stream, ordered with the caller's through events."""
+        qs = self._quick_stream
+        qs.wait_event(caller.record())
+        results = [device_output(outputs, i, spec, shape, qs) for i, (spec, shape) in enumerate(zip(self.outputs,
+                                                                                                   shapes))]
+        if self._quick_run_options is None:
+            self._quick_run_options = self._device_run_options(graphs=False)
+        io = session.io_binding()
+        self._bind(io, xs, results)
+        try:
+            session.run_with_iobinding(io, self._quick_run_options)
+        except Exception as exc:  # ORT's own exception types
+            raise EngineError(f"ONNX Runtime failed on {self.path.name}: {str(exc).splitlines()[0]}") from exc
+        caller.wait_event(qs.record())
         return results
 
     def _output_shape(self, spec, n: int) -> tuple:
@@ -354,6 +445,7 @@ class OnnxRuntimeEngine(EngineBase):
         pipeline captures none. A capture that fails turns graphs off for this engine, said once."""
         if not self.cuda_graphs or len(self.inputs) != 1:
             return len(self._graphs)
+        self.wait_ready()  # a preparation running on its thread would break the capture
         import cupy as cp
 
         caller = external_stream(stream, self.device_id) if stream is not None else cp.cuda.get_current_stream()
@@ -394,6 +486,8 @@ class OnnxRuntimeEngine(EngineBase):
         return _Graphed(graph_id, io, self._device_run_options(graph_id), outs)
 
     def close(self) -> None:
+        self.wait_ready()  # the preparing thread runs the session: let it finish before the session goes
+        self.quick = None
         self._binding = None
         self._graphs = {}
         self.session = None

@@ -91,6 +91,7 @@ def install(monkeypatch):
     m = types.ModuleType("cupy")
     m.ndarray = ndarray
     m.empty = lambda shape, dtype=np.float32: ndarray(np.zeros(shape, dtype))
+    m.zeros = lambda shape, dtype=np.float32: ndarray(np.zeros(shape, dtype))
     m.asarray = lambda a, dtype=None: a if isinstance(a, ndarray) else ndarray(np.ascontiguousarray(a, dtype))
     m.asnumpy = lambda a, stream=None: a.host.copy()
     current = Stream(ptr=0)

@@ -138,7 +138,8 @@ class Runner:
             else:
                 from engines.onnxruntime_engine import OnnxRuntimeEngine
 
-                self.engine = OnnxRuntimeEngine(ref.spec, device=device, tf32=not exact)
+                # no quick start: every batch through the tuned session, whichever batch comes first
+                self.engine = OnnxRuntimeEngine(ref.spec, device=device, tf32=not exact, quick_start=False)
             first = self.engine.inputs[0].shape
             self.fixed = isinstance(first[0], int)
             self.batch = first[0] if self.fixed else 32

@@ -128,3 +128,24 @@ def test_the_video_pipeline_classifies_as_untuned_with_each_tuning(lite0_onnx, b
         assert runs[tuning].keys() == runs["off"].keys() and len(runs[tuning]) == 250
         same = sum(runs[tuning][k] == runs["off"][k] for k in runs[tuning])
         assert same == len(runs[tuning]), tuning
+
+
+def test_quick_start_answers_a_new_shape_at_once_and_agrees_with_the_tuned_session(lite0_onnx, photos):
+    """The first batch of a shape the tuned session has not prepared runs on the quick session (cuDNN's default
+    algorithms); once the tuned session is ready, the same batch through it gives the same top-1, logits within
+    2e-2 (TF32 and other kernels), and the quick session is not used again."""
+    import cupy as cp
+
+    import engines
+
+    _cuda_ok()
+    with engines.open_engine(lite0_onnx[0], device="cuda:0") as eng:
+        assert eng.quick is not None
+        buf = cp.asarray(_photos_batch(lite0_onnx, photos, 5))  # not the batch prepared at open
+        first = cp.asnumpy(eng.infer(buf)[0])
+        assert eng.quick.quick_runs == 1
+        assert eng.wait_ready(300)
+        tuned = cp.asnumpy(eng.infer(buf)[0])
+        assert eng.quick.quick_runs == 1 and eng.quick._quick is None
+    assert (first.argmax(1) == tuned.argmax(1)).all()
+    assert np.abs(first - tuned).max() < 2e-2, float(np.abs(first - tuned).max())

@@ -8,6 +8,7 @@ tests/gpu/test_ort_tuning_gpu.py."""
 from __future__ import annotations
 
 import logging
+import threading
 
 import numpy as np
 import pytest
@@ -30,8 +31,10 @@ class Binding:
 class Session:
     """Records each run's graph id and bindings; "computes" by filling the bound output with the run's number."""
 
-    def __init__(self, real, registry: dict):
+    def __init__(self, real, registry: dict, providers=None):
         self.real, self.registry, self.runs = real, registry, []
+        self.options = providers[0][1] if providers else {}
+        self.gate = None  # a threading.Event the quick start's preparing thread waits on (tests of quick start)
 
     def get_inputs(self):
         return self.real.get_inputs()
@@ -43,7 +46,14 @@ class Session:
         return Binding()
 
     def run_with_iobinding(self, io, ro):
-        graph_id = ro.get_run_config_entry("gpu_graph_id") if ro is not None else None
+        try:
+            graph_id = ro.get_run_config_entry("gpu_graph_id") if ro is not None else None
+        except RuntimeError:  # ONNX Runtime's answer for an entry never set
+            graph_id = None
+        if self.gate is not None and threading.current_thread().name == "trtc-ort-prepare":
+            assert self.gate.wait(10), "the test never opened the gate"
+            if getattr(self.gate, "fail", None):
+                raise RuntimeError(self.gate.fail)
         self.runs.append((graph_id, dict(io.inputs), id(io)))
         for ptr, _shape in io.outputs.values():
             self.registry[ptr].host[...] = len(self.runs)
@@ -68,23 +78,29 @@ def cuda_engine(monkeypatch, lite0_onnx):
     cp.empty = empty
     real = ort.InferenceSession(str(lite0_onnx[0]), providers=["CPUExecutionProvider"])
     asked = []
+    sessions = []
 
-    def open_(tuning="auto", refuse_graphs=False, device_buffers=True):
+    def open_(tuning="auto", refuse_graphs=False, device_buffers=True, quick_start=False, gate=None):
         def session(self, ort_, opts, providers):
             asked.append(providers[0][1].copy())
             if refuse_graphs and providers[0][1].get("enable_cuda_graph") == "1":
                 raise EngineError("ONNX Runtime cannot load m.onnx: This session cannot use the CUDA Graph feature")
-            return Session(real, registry)
+            s = Session(real, registry, providers)
+            s.gate = gate if providers[0][1].get("cudnn_conv_algo_search") != "DEFAULT" else None
+            sessions.append(s)
+            return s
 
         monkeypatch.setattr(oe.OnnxRuntimeEngine, "_session", session)
         monkeypatch.setattr("engines._gpu.check_gpu_index", lambda i: None)
         monkeypatch.setattr(oe, "providers_for", lambda d: [("CUDAExecutionProvider", {"device_id": 0}),
                                                             "CPUExecutionProvider"])
-        eng = oe.OnnxRuntimeEngine(lite0_onnx[0], device="cuda:0", tuning=tuning, device_buffers=device_buffers)
+        eng = oe.OnnxRuntimeEngine(lite0_onnx[0], device="cuda:0", tuning=tuning, device_buffers=device_buffers,
+                                   quick_start=quick_start)
         return eng, asked, eng.session
 
     open_.cp = cp
     open_.registry = registry
+    open_.sessions = sessions
     return open_
 
 
@@ -179,3 +195,82 @@ def test_the_caller_s_output_buffer_gets_the_graph_s_result(cuda_engine):
     eng.capture_graphs([x])
     got = eng.infer(x, outputs=[mine])[0]
     assert got is mine and float(mine.host[1, 999]) == 3
+
+
+# Quick start (engines/_ort_quick.py): a tuned session's first run of a shape prepares it (seconds for Lite0 on an
+# H100); the batches that come meanwhile run on a second session with cuDNN's default algorithms.
+
+def _manifest_batch(path) -> int:
+    import json
+
+    from engines.manifest import manifest_path
+
+    return min(64, json.loads(manifest_path(path).read_text())["batch"]["opt"])
+
+
+def test_quick_start_opens_a_default_algorithm_session_on_its_own_stream(cuda_engine, lite0_onnx):
+    gate = threading.Event()
+    eng, asked, tuned = cuda_engine("graphs", quick_start=True, gate=gate)
+    x = cuda_engine.cp.asarray(np.zeros((2, 3, 224, 224), np.float32))
+    eng.infer(x)
+    quick = asked[-1]
+    assert quick["cudnn_conv_algo_search"] == "DEFAULT"
+    assert not {"prefer_nhwc", "enable_cuda_graph"} & set(quick)
+    assert quick["user_compute_stream"] != asked[0]["user_compute_stream"] and quick["device_id"] == 0
+    gate.set()
+    assert eng.wait_ready(10)
+    # at open the tuned session prepared the batch the video pipeline defaults to (the manifest's opt, <= 64)
+    n = _manifest_batch(lite0_onnx[0])
+    prepared = [r[1]["input"][1] for r in tuned.runs]
+    assert prepared[0] == (n, 3, 224, 224) and (2, 3, 224, 224) in prepared
+    assert all(r[0] == "-1" for r in tuned.runs)  # preparing never captures a graph
+
+
+def test_batches_run_on_the_quick_session_until_the_tuned_one_has_prepared_their_shape(cuda_engine):
+    gate = threading.Event()
+    eng, _, tuned = cuda_engine("auto", quick_start=True, gate=gate)
+    cp = cuda_engine.cp
+    x = cp.asarray(np.zeros((4, 3, 224, 224), np.float32))
+    outs = [eng.infer(x)[0] for _ in range(3)]
+    quick = cuda_engine.sessions[-1]
+    assert quick is not tuned and len(quick.runs) == 3 and eng.quick.quick_runs == 3
+    assert [float(o.host[0, 0]) for o in outs] == [1, 2, 3]  # each call's own result, from the quick session
+    assert not tuned.runs  # the preparation waits at the gate
+    gate.set()
+    assert eng.wait_ready(10)
+    assert eng.quick._quick is None  # let go once nothing is being prepared
+    prepared = len(tuned.runs)
+    eng.infer(x)
+    assert len(tuned.runs) == prepared + 1 and len(quick.runs) == 3 and eng.quick.quick_runs == 3
+    # a new shape: prepared in its turn, meanwhile on a new quick session
+    gate.clear()
+    eng.infer(x[:1])
+    assert cuda_engine.sessions[-1] is not quick and len(cuda_engine.sessions[-1].runs) == 1
+    gate.set()
+    eng.close()  # waits for the preparation, which runs the session
+    assert tuned.runs[-1][1]["input"][1] == (1, 3, 224, 224)
+
+
+def test_a_failed_preparation_leaves_the_error_to_the_tuned_run(cuda_engine):
+    gate = threading.Event()
+    gate.fail = "CUDA failure 2: out of memory"
+    eng, _, tuned = cuda_engine("auto", quick_start=True, gate=gate)
+    gate.set()
+    assert eng.wait_ready(10)
+    x = cuda_engine.cp.asarray(np.zeros((2, 3, 224, 224), np.float32))
+    eng.infer(x)  # prepared in the background: quick session; the preparation fails
+    assert eng.wait_ready(10) and (((2, 3, 224, 224),) in eng.quick.failed)
+    # that shape now runs the tuned session in the caller's thread, which meets the error itself
+    with pytest.raises(EngineError, match="out of memory"):
+        tuned.run_with_iobinding = lambda io, ro: (_ for _ in ()).throw(RuntimeError(gate.fail))
+        eng.infer(x)
+
+
+def test_no_quick_start_when_told_or_untuned_or_on_host_arrays(cuda_engine):
+    eng, asked, tuned = cuda_engine("auto", quick_start=False)
+    eng.infer(cuda_engine.cp.asarray(np.zeros((2, 3, 224, 224), np.float32)))
+    assert eng.quick is None and len(asked) == 1 and len(tuned.runs) == 1
+    off, asked, _ = cuda_engine("off", quick_start=True)
+    assert off.quick is None and off.wait_ready(0)
+    host, asked, _ = cuda_engine("auto", quick_start=True, device_buffers=False)
+    assert host.quick is None
