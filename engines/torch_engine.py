@@ -23,6 +23,9 @@ INT8 is refused: it needs TensorRT or ONNX Runtime (``trtc quantize m.onnx --pre
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import io
 import json
 import logging
 import os
@@ -123,22 +126,29 @@ def fp16_graph(gm, keep: set[str] | None = None) -> list[str]:
     return kept
 
 
-class _Model:
-    """The program's module with trtc's input and output contract: takes the input as given (FP32 or FP16, any
-    layout), computes in the engine's precision, returns FP32 logits."""
-
-    def __new__(cls, gm, dtype):
-        torch = require_torch()
-
-        class Wrapped(torch.nn.Module):
-            def __init__(self):
+def _model_class(torch):
+    """The wrapper giving a program trtc's input and output contract: takes the input as given (FP32 or FP16, any
+    layout), computes in the engine's precision, returns FP32 logits. One class per process, a module attribute, so
+    that a saved compiled function (:func:`_aot_compile`) finds it again by name."""
+    cls = globals().get("_TrtcModel")
+    if cls is None:
+        class _TrtcModel(torch.nn.Module):
+            def __init__(self, gm, dtype):
                 super().__init__()
-                self.gm = gm
+                self.gm, self.dtype = gm, dtype
 
             def forward(self, x):
-                return self.gm(x.to(dtype)).float()
+                out = self.gm(x.to(self.dtype))
+                return (out[0] if isinstance(out, (tuple, list)) else out).float()
 
-        return Wrapped()
+        _TrtcModel.__qualname__ = "_TrtcModel"
+        cls = globals()["_TrtcModel"] = _TrtcModel
+    return cls
+
+
+def _call(model, x):
+    """What is compiled: the model is an argument, so a saved compiled function holds no weights."""
+    return model(x)
 
 
 def load_program(path: Path, precision: str):
@@ -155,7 +165,72 @@ def load_program(path: Path, precision: str):
     gm.requires_grad_(False)
     kept = fp16_graph(gm) if precision == "fp16" else []
     dtype = torch.float16 if precision == "fp16" else torch.float32
-    return _Model(gm, dtype), kept
+    return _model_class(torch)(gm, dtype), kept
+
+
+# ------------------------------------------------------------------------------------------- the plain program
+def _code_globals(torch) -> dict:
+    """The names the generated code of an exported program refers to (torch.fx's own globals for aten code)."""
+    import math
+
+    return {"torch": torch, "inf": math.inf, "nan": math.nan, "NoneType": type(None), "device": torch.device}
+
+
+def plain_program(gm, kept: list[str]) -> dict | None:
+    """The loaded program in a form that loads in milliseconds (no ``torch.export.load``): its forward's Python code
+    and the tensors it reads, by attribute path; ``gm`` (``ExportedProgram.module()``, after :func:`fp16_graph`) is
+    changed in place (the shape-check module dropped, plain code generation). None for a program this cannot hold
+    (a submodule call other than the shape check, an unknown global): such a program is loaded the slow way."""
+    torch = require_torch()
+    graph = gm.graph
+    for node in list(graph.nodes):
+        if node.op == "call_module" and node.target == "_guards_fn" and not node.users:
+            graph.erase_node(node)  # the program's input checks (shapes): the engine checks the batch itself
+    graph.set_codegen(torch.fx.graph.CodeGen())
+    code = gm.recompile()
+    if not set(code.globals) <= set(_code_globals(torch)) | {"fx_pytree", "pytree"} or \
+            any(n.op == "call_module" for n in graph.nodes):
+        return None
+    params = {name for name, _ in gm.named_parameters()}
+    tensors, kinds = {}, {}
+    for node in graph.nodes:
+        if node.op == "get_attr":
+            obj = gm
+            for part in node.target.split("."):
+                obj = getattr(obj, part)
+            if not isinstance(obj, torch.Tensor):
+                return None
+            tensors[node.target] = obj.detach()
+            kinds[node.target] = "param" if node.target in params else "buffer"
+    return {"code": code.src, "tensors": tensors, "kinds": kinds, "kept": list(kept)}
+
+
+def module_from_plain(plain: dict):
+    """The module of a :func:`plain_program`: a module tree holding its tensors, whose class (named after a hash of
+    the code, a module attribute, so a saved compiled function finds it by name) runs its code."""
+    import hashlib
+
+    torch = require_torch()
+    name = "_TrtcProgram_" + hashlib.sha256(plain["code"].encode()).hexdigest()[:16]
+    cls = globals().get(name)
+    if cls is None:
+        namespace = _code_globals(torch)
+        exec(compile(plain["code"], f"<trtc program {name}>", "exec"), namespace)  # noqa: S102 - trtc's own file
+        cls = globals()[name] = type(name, (torch.nn.Module,), {"forward": namespace["forward"],
+                                                                "__module__": __name__})
+    root = cls()
+    for path, tensor in plain["tensors"].items():
+        *parents, leaf = path.split(".")
+        mod = root
+        for part in parents:
+            if part not in mod._modules:
+                mod.add_module(part, torch.nn.Module())
+            mod = mod._modules[part]
+        if plain["kinds"][path] == "param":
+            mod.register_parameter(leaf, torch.nn.Parameter(tensor, requires_grad=False))
+        else:
+            mod.register_buffer(leaf, tensor)
+    return root
 
 
 # ----------------------------------------------------------------------------------------------------- the cache
@@ -181,6 +256,63 @@ def cache_key(device: str, torch_version: str, batch: int, precision: str, layou
     py = f"py{platform.python_version_tuple()[0]}{platform.python_version_tuple()[1]}"
     return (f"{_clean(device)}-torch{_clean(torch_version)}-{py}-b{batch}-{precision}-{layout}-{dtype}-"
             f"{model_sha[:12]}")
+
+
+def program_key(torch_version: str, precision: str, model_sha: str) -> str:
+    """The key of a program's plain copy (:func:`plain_program`): torch and Python versions (the aten code it holds),
+    precision (FP16 casts and weights) and the model's hash; not the GPU or batch size (it holds no compiled code)."""
+    py = f"py{platform.python_version_tuple()[0]}{platform.python_version_tuple()[1]}"
+    return f"program-torch{_clean(torch_version)}-{py}-{precision}-{model_sha[:12]}"
+
+
+def plain_bytes(plain: dict) -> bytes:
+    buf = io.BytesIO()
+    require_torch().save(plain, buf)
+    return buf.getvalue()
+
+
+def read_plain(path: Path, key: str) -> dict | None:
+    """The plain program kept in ``path`` for ``key``; None (with a log line) for a missing, damaged or foreign one."""
+    payload = read_cache(path, key)
+    if payload is None:
+        return None
+    try:
+        plain = require_torch().load(io.BytesIO(payload), weights_only=True)
+        if not isinstance(plain, dict) or {"code", "tensors", "kinds", "kept"} - set(plain):
+            raise ValueError("not a plain program")
+    except Exception as exc:  # noqa: BLE001 - torch.load raises many kinds for damaged bytes
+        log.warning("ignored the plain program %s (%s); loading the program itself", path.name,
+                    str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        return None
+    return plain
+
+
+_CUDNN_LOCK = threading.Lock()
+_CUDNN_STATE = {"depth": 0, "saved": None}
+
+
+@contextlib.contextmanager
+def cudnn_benchmark_on(torch, enabled: bool = True):
+    """cuDNN's benchmark mode on inside the block (cuDNN times its convolution algorithms for each new shape and keeps
+    the fastest), the caller's setting back after it. The setting is process-wide: other threads' convolutions meanwhile
+    are timed too. Nested and concurrent blocks (engines warming up in several threads) share one count: the setting
+    the first one found comes back when the last one ends."""
+    if not enabled:
+        yield
+        return
+    cudnn = torch.backends.cudnn
+    with _CUDNN_LOCK:
+        if _CUDNN_STATE["depth"] == 0:
+            _CUDNN_STATE["saved"] = bool(cudnn.benchmark)
+        _CUDNN_STATE["depth"] += 1
+        cudnn.benchmark = True
+    try:
+        yield
+    finally:
+        with _CUDNN_LOCK:
+            _CUDNN_STATE["depth"] -= 1
+            if _CUDNN_STATE["depth"] == 0:
+                cudnn.benchmark = _CUDNN_STATE["saved"]
 
 
 def user_cache_dir() -> Path:
@@ -217,14 +349,15 @@ def read_cache(path: Path, key: str) -> bytes | None:
     return payload
 
 
-def write_cache(dirs: list[Path], key: str, payload: bytes) -> Path | None:
-    """Write the cache file atomically in the first folder that takes it; None (a log line) where none does."""
+def write_cache(dirs: list[Path], key: str, payload: bytes, suffix: str = ".bin") -> Path | None:
+    """Write the cache file ``key + suffix`` atomically in the first folder that takes it; None (a log line) where none
+    does."""
     from ._io import atomic_write_bytes
     from .errors import TrtcError
 
     data = CACHE_MAGIC + json.dumps({"key": key, "bytes": len(payload)}).encode() + b"\n" + payload
     for folder in dirs:
-        target = folder / f"{key}.bin"
+        target = folder / f"{key}{suffix}"
         try:
             folder.mkdir(parents=True, exist_ok=True)
             atomic_write_bytes(target, data)
@@ -284,12 +417,15 @@ def _program_specs(gm) -> tuple[list[TensorSpec], list[TensorSpec], tuple | None
 class TorchEngine(EngineBase):
     def __init__(self, path: str | os.PathLike, device: str = "cpu", precision: str | None = None,
                  compile: bool | None = None, cuda_graph: bool = True, cache: bool = True, progress=None,
-                 cudnn_benchmark: bool = True):
+                 cudnn_benchmark: bool = True, precompile: bool = True):
         """``precision``: fp32 (default) or fp16 (trtc quantize's keep-list computes in FP32); int8 is refused.
         ``compile``: Inductor (default on CUDA; on the CPU the program runs eagerly unless True). ``cuda_graph``:
         replay CUDA graphs (CUDA only). ``cache``: keep and reuse Inductor's compiled artifacts beside the model.
         ``progress``: called with a line of text before a compilation (default: the ``trtc`` log).
-        ``cudnn_benchmark``: let cuDNN time its convolution algorithms for each fixed shape (process-wide). An FP32
+        ``cudnn_benchmark``: let cuDNN time its convolution algorithms while the engine warms up and captures its
+        graphs (:func:`cudnn_benchmark_on`), so the graphs replay the fastest ones. ``precompile``: save (and load) the
+        compiled function itself with the cache (Dynamo's AOT precompile, where torch has it), so a second start does
+        not trace the program again. An FP32
         engine turns torch's TF32 convolutions and matrix products off (process-wide): on an H100 Lite0 in TF32
         disagreed with the FP32 reference on 1 of 276 top-1s (max logit difference 0.05)."""
         t0 = time.perf_counter()
@@ -308,24 +444,26 @@ class TorchEngine(EngineBase):
                                "give the .pt2 that trtc export --program writes")
         self.compile = kind == "cuda" if compile is None else bool(compile)
         self.cuda_graph = bool(cuda_graph) and kind == "cuda"
-        self.cache, self.progress = cache, progress
+        self.cache, self.progress, self.precompile = cache, progress, precompile
+        self.cudnn_benchmark = bool(cudnn_benchmark) and kind == "cuda"
         self.compile_stats: dict = {}
+        self.program_from = "export"  # or "cache": the plain copy of the program kept beside the model
         self._runs: dict = {}
         self._lock = threading.Lock()
         self.stream = None
         if kind == "cuda":
-            self._open_cuda(torch, cudnn_benchmark)
+            self._open_cuda(torch)
+        self._sha = self.manifest.artifact.get("sha256", "") if self.manifest else _sha(self.path)
         t1 = time.perf_counter()
-        self.module, self.kept_fp32 = load_program(self.path, self.precision)
+        self.module, self.kept_fp32 = self._load_module(torch)
         self.timings["load_program_s"] = time.perf_counter() - t1
         self._set_specs()
         if kind == "cuda":
             self.module.to(self._torch_device).to(memory_format=torch.channels_last)
-        self._sha = self.manifest.artifact.get("sha256", "") if self.manifest else _sha(self.path)
         self.timings["open_s"] = time.perf_counter() - t0
         self.preferred_layout = "NHWC" if kind == "cuda" else "NCHW"  # what the first convolution reads best
 
-    def _open_cuda(self, torch, cudnn_benchmark: bool) -> None:
+    def _open_cuda(self, torch) -> None:
         from ._gpu import check_gpu_index
 
         check_gpu_index(self.device_id)
@@ -338,11 +476,32 @@ class TorchEngine(EngineBase):
         self._torch_device = torch.device("cuda", self.device_id)
         self._tstream = torch.cuda.ExternalStream(self.stream.ptr, device=self._torch_device)
         self._pool = torch.cuda.graph_pool_handle()
-        if cudnn_benchmark:
-            torch.backends.cudnn.benchmark = True
         if self.precision == "fp32":  # FP32 means FP32: torch's default runs FP32 convolutions in TF32 (process-wide)
             torch.backends.cudnn.allow_tf32 = False
             torch.backends.cuda.matmul.allow_tf32 = False
+
+    def _load_module(self, torch):
+        """The program's module and the nodes kept in FP32: from the plain copy in the cache where there is one
+        (no ``torch.export.load``: milliseconds instead of seconds), else loaded from the program, then kept as a plain
+        copy for the next start (when compiling). Both compile the same module, so Inductor's caches hit."""
+        dtype = torch.float16 if self.precision == "fp16" else torch.float32
+        key = program_key(torch.__version__, self.precision, self._sha)
+        dirs = cache_dirs(self.path, self._sha) if self.cache and self.manifest is not None else []
+        for folder in dirs:
+            plain = read_plain(folder / f"{key}.program", key)
+            if plain is not None:
+                self.program_from = "cache"
+                log.info("loaded %s (%s) from its plain copy %s", self.path.name, self.precision, folder)
+                return _model_class(torch)(module_from_plain(plain), dtype), plain["kept"]
+        module, kept = load_program(self.path, self.precision)
+        plain = plain_program(module.gm, kept) if dirs else None
+        if plain is None:
+            return module, kept
+        if self.compile:
+            written = write_cache(dirs, key, plain_bytes(plain), suffix=".program")
+            if written is not None:
+                log.info("kept a plain copy of %s (%s) in %s", self.path.name, self.precision, written)
+        return _model_class(torch)(module_from_plain(plain), dtype), kept
 
     def _set_specs(self) -> None:
         dtype = "float16" if self.precision == "fp16" else "float32"
@@ -456,20 +615,23 @@ class TorchEngine(EngineBase):
 
     def _capture(self, fn, xt) -> tuple:
         """A CUDA graph of ``fn(xt)`` reading ``xt`` where it lies, captured on the engine's stream after one
-        warm-up run there; other threads' CUDA calls (decoders, kernels) go on meanwhile (thread-local capture)."""
+        warm-up run there (cuDNN's benchmark mode on for both: the graph keeps the fastest algorithms); other threads'
+        CUDA calls (decoders, kernels) go on meanwhile (thread-local capture)."""
         torch = require_torch()
         t0 = time.perf_counter()
-        fn(xt)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool, stream=self._tstream, capture_error_mode="thread_local"):
-            out = fn(xt)
+        with cudnn_benchmark_on(torch, self.cudnn_benchmark):
+            fn(xt)
+            with torch.cuda.graph(graph, pool=self._pool, stream=self._tstream, capture_error_mode="thread_local"):
+                out = fn(xt)
         self.timings["capture_s"] = self.timings.get("capture_s", 0.0) + time.perf_counter() - t0
         return graph, out
 
     # ----------------------------------------------------------------------------------------------- compiling
     def _compiled(self, xt, layout: str):
-        """The callable for ``xt``'s shape: the module itself (eager), or ``torch.compile(dynamic=False)`` run once
-        here (Inductor compiles at the first call), Inductor's artifacts loaded from and saved to the cache."""
+        """The callable for ``xt``'s shape: the module itself (eager), a precompiled function from the cache (no trace,
+        no compile), or ``torch.compile(dynamic=False)`` run once here (Inductor compiles at the first call), Inductor's
+        artifacts and the precompiled function loaded from and saved to the cache."""
         if not self.compile:
             return self.module
         torch = require_torch()
@@ -477,31 +639,80 @@ class TorchEngine(EngineBase):
         b, dtype = int(xt.shape[0]), str(xt.dtype).replace("torch.", "")
         key = cache_key(self._device_label(), torch.__version__, b, self.precision, layout, dtype, self._sha)
         dirs = cache_dirs(self.path, self._sha) if self.cache else []
+        what = f"{self.path.name} ({self.precision}) for batch {b} on {self._device_name()}"
+        hits, t0 = _counter(torch, "fxgraph_cache_hit"), time.perf_counter()
         loaded = self._load_cache(dirs, key)
-        where = "from its cache" if loaded else "about 20 s the first time for ResNet-50 on an H100; " + \
-            ("cached beside the model" if self.cache else "not cached")
-        self._say(f"compiling {self.path.name} ({self.precision}) for batch {b} on {self._device_name()} ({where})",
-                  loud=not loaded)
-        hits = _counter(torch, "fxgraph_cache_hit")
-        t0 = time.perf_counter()
-        fn = torch.compile(self.module, dynamic=False)
+        fn, aot = self._load_precompiled(torch, dirs, key, xt), None
+        start = "precompiled" if fn is not None else None
+        if fn is not None:
+            self._say(f"started {what} from its compile cache (precompiled: no trace, no compile)", loud=False)
+        else:
+            where = "from its cache" if loaded else "about 20 s the first time for ResNet-50 on an H100; " + \
+                ("cached beside the model" if self.cache else "not cached")
+            self._say(f"compiling {what} ({where})", loud=not loaded)
+            fn, aot = self._compile_now(torch, xt, b)
+        seconds = time.perf_counter() - t0
+        hit = _counter(torch, "fxgraph_cache_hit") > hits
+        start = start or ("inductor cache" if hit else "cold")
+        self.compile_stats[(b, dtype, layout)] = {"seconds": seconds, "cache_file": bool(loaded), "start": start,
+                                                  "inductor_cache_hit": hit, "precompiled": start == "precompiled",
+                                                  "key": key}
+        self.timings["compile_s"] = self.timings.get("compile_s", 0.0) + seconds
+        log.info("started %s in %.1f s (%s)", what, seconds, {"precompiled": "precompiled function from the cache",
+                 "inductor cache": "traced, Inductor cache hit", "cold": "traced and compiled"}[start])
+        if dirs and start != "precompiled":
+            self._save_cache(torch, dirs, key, aot)
+        return fn
+
+    def _compile_now(self, torch, xt, b: int):
+        """``torch.compile`` run once on ``xt``: precompiled (a function that can be saved, Dynamo's AOT precompile)
+        where torch has it and the cache is on, else (or where that fails) plainly. Returns (callable, the precompiled
+        function or None)."""
+        aot = None
+        if self.cache and self.precompile and precompile_supported(torch):
+            try:
+                with torch._dynamo.config.patch(enable_aot_compile=True):
+                    aot = torch.compile(_call, fullgraph=True, dynamic=False).aot_compile(((self.module, xt), {}))
+            except Exception as exc:  # noqa: BLE001 - an experimental API: compile as before
+                log.info("Dynamo's AOT precompile failed on %s (%s); compiling without it", self.path.name,
+                         str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        fn = functools.partial(aot, self.module) if aot is not None else torch.compile(self.module, dynamic=False)
         try:
-            fn(xt)
-            if self.stream is not None:
-                self._tstream.synchronize()
+            self._first_run(torch, fn, xt)
         except Exception as exc:  # noqa: BLE001 - Inductor and Dynamo raise many kinds
             raise EngineError(f"torch.compile failed on {self.path.name} at batch {b}: {str(exc).splitlines()[0]}",
                               "run it eagerly (open_engine(..., compile=False)) and report the model") from exc
-        seconds = time.perf_counter() - t0
-        hit = _counter(torch, "fxgraph_cache_hit") > hits
-        self.compile_stats[(b, dtype, layout)] = {"seconds": seconds, "cache_file": bool(loaded),
-                                                  "inductor_cache_hit": hit, "key": key}
-        self.timings["compile_s"] = self.timings.get("compile_s", 0.0) + seconds
-        log.info("compiled %s for batch %d in %.1f s (%s)", self.path.name, b, seconds,
-                 "Inductor cache hit" if hit else "Inductor compiled")
-        if dirs and not loaded:
-            self._save_cache(torch, dirs, key)
-        return fn
+        return fn, aot
+
+    def _first_run(self, torch, fn, xt) -> None:
+        """Run ``fn`` once (Inductor compiles or loads its kernels, cuDNN times its algorithms) and wait for it."""
+        with cudnn_benchmark_on(torch, self.cudnn_benchmark):
+            fn(xt)
+            if self.stream is not None:
+                self._tstream.synchronize()
+
+    def _load_precompiled(self, torch, dirs: list[Path], key: str, xt):
+        """The precompiled function of ``key`` from the cache, run once on ``xt``; None where there is none, or it does
+        not load or run here (a log line; compiled again)."""
+        if not (self.precompile and dirs and precompile_supported(torch)):
+            return None
+        for folder in dirs:
+            path = folder / f"{key}.aot"
+            payload = read_cache(path, key)
+            if payload is None:
+                continue
+            try:
+                with torch._dynamo.config.patch(enable_aot_compile=True):
+                    aot = torch.compiler.load_compiled_function(io.BytesIO(payload))
+                fn = functools.partial(aot, self.module)
+                self._first_run(torch, fn, xt)
+            except Exception as exc:  # noqa: BLE001 - a function torch cannot load or whose guards fail: compile
+                log.warning("ignored the precompiled function %s (%s); compiling again", path.name,
+                            str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+                continue
+            log.info("loaded the precompiled function %s", path)
+            return fn
+        return None
 
     def _load_cache(self, dirs: list[Path], key: str) -> Path | None:
         """Load the first cache file of ``key`` that is whole and meant for it; None where there is none."""
@@ -521,16 +732,22 @@ class TorchEngine(EngineBase):
             return path
         return None
 
-    def _save_cache(self, torch, dirs: list[Path], key: str) -> None:
+    def _save_cache(self, torch, dirs: list[Path], key: str, aot=None) -> None:
+        """Keep Inductor's artifacts (``.bin``) and the precompiled function (``.aot``, where there is one)."""
         try:
             saved = torch.compiler.save_cache_artifacts()
         except Exception as exc:  # noqa: BLE001 - never fail a run for a cache
             log.info("torch could not serialise its compiled code: %s", exc)
-            return
+            saved = None
         if saved is not None and saved[0]:
             written = write_cache(dirs, key, bytes(saved[0]))
             if written is not None:
                 log.info("kept Inductor's compiled code in %s (%d bytes)", written, len(saved[0]))
+        data = precompiled_bytes(aot) if aot is not None else None
+        if data:
+            written = write_cache(dirs, key, data, suffix=".aot")
+            if written is not None:
+                log.info("kept the precompiled function in %s (%d bytes)", written, len(data))
 
     def _device_label(self) -> str:
         return device_label(self.device_id)
@@ -553,6 +770,27 @@ class TorchEngine(EngineBase):
             self.stream.synchronize()
         self._runs.clear()
         self.module = None
+
+
+def precompile_supported(torch) -> bool:
+    """Whether this torch has Dynamo's AOT precompile (``torch.compile(...).aot_compile``, 2.10 and later; behind
+    ``torch._dynamo.config.enable_aot_compile``, off by default in 2.11) and its loader."""
+    return hasattr(torch.compiler, "load_compiled_function") and hasattr(torch._dynamo.config, "enable_aot_compile")
+
+
+def precompiled_bytes(aot) -> bytes | None:
+    """The saved form of a precompiled function (``AOTCompiledFunction.serialize``); None (a log line) where torch
+    cannot save it."""
+    try:
+        data = type(aot).serialize(aot)
+        data = getattr(data, "serialized_data", data)
+        if not isinstance(data, (bytes, bytearray)):
+            raise TypeError(f"serialize gave {type(data).__name__}")
+        return bytes(data)
+    except Exception as exc:  # noqa: BLE001 - never fail a run for a cache
+        log.info("torch could not save the precompiled function: %s", str(exc).splitlines()[0] if str(exc) else
+                 type(exc).__name__)
+        return None
 
 
 def _counter(torch, name: str) -> int:

@@ -198,3 +198,97 @@ def test_quantize_refuses_a_program_with_the_way_to_each_precision(tmp_path):
     assert "trtc quantize m.onnx --precision int8" in r.output
     r = CliRunner().invoke(cli, ["quantize", str(pt2), "--precision", "fp16"])
     assert r.exit_code == 2 and "torch-fp16:m.pt2" in r.output
+
+
+def test_program_key_names_what_the_plain_copy_depends_on():
+    key = te.program_key("2.11.0+cu130", "fp16", SHA)
+    assert key.startswith("program-torch2.11.0-cu130-py") and key.endswith("-fp16-" + SHA[:12])
+    others = [te.program_key("2.12.0", "fp16", SHA), te.program_key("2.11.0+cu130", "fp32", SHA),
+              te.program_key("2.11.0+cu130", "fp16", "cd" * 32)]
+    assert len({key, *others}) == 4 and not any(k == _key() for k in (key, *others))
+
+
+@needs_torch
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_plain_program_round_trip_computes_the_same(tmp_path, precision):
+    """The program's plain copy (code and tensors) written as a cache file and read back builds a module that computes
+    exactly what the program's module does, FP16 casts included; a damaged file is ignored."""
+    import torch
+
+    _, x, program = _tiny_program()
+    gm = program.module()
+    kept = te.fp16_graph(gm) if precision == "fp16" else []
+    x = x.half() if precision == "fp16" else x
+    with torch.no_grad():
+        ref = gm(x)
+    plain = te.plain_program(gm, kept)
+    assert plain is not None and plain["kept"] == kept
+    key = te.program_key(torch.__version__, precision, SHA)
+    written = te.write_cache([tmp_path], key, te.plain_bytes(plain), suffix=".program")
+    back = te.read_plain(written, key)
+    dtype = torch.float16 if precision == "fp16" else torch.float32
+    model = te._model_class(torch)(te.module_from_plain(back), dtype)
+    with torch.no_grad():
+        got = model(x)
+    assert got.dtype is torch.float32 and torch.equal(got, ref.float())
+    assert type(model.gm).__module__ == "engines.torch_engine"  # found again by name when a saved function loads
+    assert getattr(te, type(model.gm).__name__) is type(model.gm)
+    assert te.read_plain(written, te.program_key(torch.__version__, "fp32" if precision == "fp16" else "fp16",
+                                                 SHA)) is None  # another precision's key
+    raw = written.read_bytes()
+    written.write_bytes(raw[:-40] + b"\x00" * 40)  # same length, damaged bytes
+    assert te.read_plain(written, key) is None
+
+
+class _Cudnn:
+    benchmark = False
+
+
+def _fake_torch():
+    import types
+
+    return types.SimpleNamespace(backends=types.SimpleNamespace(cudnn=_Cudnn()))
+
+
+@pytest.mark.parametrize("callers", [False, True])
+def test_cudnn_benchmark_is_on_only_inside_and_the_callers_setting_comes_back(callers):
+    torch = _fake_torch()
+    cudnn = torch.backends.cudnn
+    cudnn.benchmark = callers
+    with te.cudnn_benchmark_on(torch):
+        assert cudnn.benchmark is True
+        with te.cudnn_benchmark_on(torch):  # nested (another engine warming up meanwhile)
+            assert cudnn.benchmark is True
+        assert cudnn.benchmark is True, "the inner block ended the outer one's benchmark mode"
+    assert cudnn.benchmark is callers
+    with pytest.raises(RuntimeError):
+        with te.cudnn_benchmark_on(torch):
+            raise RuntimeError("capture failed")
+    assert cudnn.benchmark is callers
+    with te.cudnn_benchmark_on(torch, enabled=False):
+        assert cudnn.benchmark is callers
+
+
+def test_cudnn_benchmark_blocks_in_two_threads_restore_once_both_end():
+    import threading
+
+    torch = _fake_torch()
+    cudnn = torch.backends.cudnn
+    cudnn.benchmark = False
+    entered, release = threading.Barrier(2), threading.Event()
+    seen = []
+
+    def warm_up():
+        with te.cudnn_benchmark_on(torch):
+            entered.wait()
+            release.wait()
+            seen.append(cudnn.benchmark)
+
+    a = threading.Thread(target=warm_up)
+    a.start()
+    with te.cudnn_benchmark_on(torch):
+        entered.wait()
+    assert cudnn.benchmark is True, "the first block to end turned benchmark mode off under the other"
+    release.set()
+    a.join()
+    assert seen == [True] and cudnn.benchmark is False
