@@ -15,6 +15,7 @@ import ctypes
 import importlib.machinery
 import itertools
 import sys
+import threading
 import time
 import types
 
@@ -28,6 +29,18 @@ _ONE = types.SimpleNamespace(id=0)
 # a kernel launch costs LAUNCH_FACTOR times as much (CuPy marshals its ~33 arguments)
 COST = {"call": 0.0}
 LAUNCH_FACTOR = 5
+# when a list: what the stand-in's streams did, in order, for tests of the ordering between streams:
+# ("record", event ptr, stream ptr, n), ("wait", stream ptr, (stream ptr, n) of the event's last record or None),
+# ("launch", stream ptr, frame pointers); n numbers the records. Tests append their own entries (e.g. pushes)
+TRACE: dict = {"log": None}
+_EVENTS: dict = {}  # event ptr -> Event, for runtime.eventRecord on raw pointers
+_records = itertools.count()
+_TLS = threading.local()  # the thread's current stream ("with stream:"), else the null stream
+
+
+def _log(*entry) -> None:
+    if TRACE["log"] is not None:
+        TRACE["log"].append(entry)
 
 
 def _spin(us: float) -> None:
@@ -55,16 +68,20 @@ class Stream:
     def __init__(self, non_blocking=False, ptr=None):
         self.ptr = ptr if ptr is not None else next(_ptrs)
 
-    def __enter__(self):
+    def __enter__(self):  # the thread's current stream, as CuPy's
+        self._outer = getattr(_TLS, "stream", None)
+        _TLS.stream = self
         return self
 
     def __exit__(self, *exc):
+        _TLS.stream = self._outer
         return False
 
     def synchronize(self):
         pass
 
     def wait_event(self, event):
+        _log("wait", self.ptr, event.last)
         _spin(COST["call"])
 
     def record(self, event=None):
@@ -77,10 +94,14 @@ class Event:
     def __init__(self, block=False, disable_timing=False):
         self.ptr = next(_ptrs)
         self.recorded = 0
+        self.last = None  # (stream ptr, record number) of the last record
+        _EVENTS[self.ptr] = self
         _spin(COST["call"])
 
     def record(self, stream=None):
         self.recorded += 1
+        self.last = (stream.ptr if stream is not None else 0, next(_records))
+        _log("record", self.ptr, *self.last)
         _spin(COST["call"])
 
     def synchronize(self):
@@ -120,6 +141,7 @@ class RawKernel:
     def __call__(self, grid, block, args, stream=None):
         m = grid[1]
         RawKernel.launches.append(m)
+        _log("launch", stream.ptr if stream is not None else 0, tuple(int(p) for p in args[:m]))
         _spin(COST["call"] * LAUNCH_FACTOR)
         if not RawKernel.reads:
             return
@@ -155,6 +177,10 @@ class ValueEngine:
         return [_dev(logits)]
 
 
+def _event_record(ev_ptr: int, stream_ptr: int) -> None:
+    _EVENTS[ev_ptr].record(types.SimpleNamespace(ptr=stream_ptr))
+
+
 def install(monkeypatch=None, kernel_reads: bool = True, cuda_us: float = 0.0):
     """Put the stand-in in sys.modules as ``cupy`` (through ``monkeypatch`` when given, else for good), with a
     fresh kernel cache (engines.preprocess keeps compiled kernels per process). ``cuda_us``: see COST."""
@@ -173,9 +199,10 @@ def install(monkeypatch=None, kernel_reads: bool = True, cuda_us: float = 0.0):
     m.RawKernel = RawKernel
     RawKernel.launches, RawKernel.reads, RawKernel.read_delay = [], kernel_reads, 0.0
     current = Stream(ptr=0)
-    m.cuda = types.SimpleNamespace(Stream=Stream, Device=Device, Event=Event, get_current_stream=lambda: current,
-                                   runtime=types.SimpleNamespace(eventRecord=lambda ev, s: _spin(COST["call"]),
-                                                                 getDeviceCount=lambda: 1))
+    m.cuda = types.SimpleNamespace(Stream=Stream, Device=Device, Event=Event,
+                                   get_current_stream=lambda device_id=-1: getattr(_TLS, "stream", None) or current,
+                                   runtime=types.SimpleNamespace(eventRecord=_event_record, getDeviceCount=lambda: 1))
+    TRACE["log"] = None
     m.FAKE = True
     COST["call"] = cuda_us
     if monkeypatch is not None:

@@ -141,9 +141,11 @@ class FramePusher:
         self.callback = callback
         self.problems: list[SourceProblem] = []
         self._streams: dict[str, _Stream] = {}
-        self._lock = threading.Condition()
+        self._lock = threading.Lock()  # new streams, close()
         self._closed = False
-        self._active = 0
+        # one token per push in progress: deque.append/pop are atomic, so a push takes no lock here (close() waits
+        # for the deque to empty; a push appends before it checks _closed, so close() cannot miss it)
+        self._active: deque = deque()
         self._out: queue.Queue = queue.Queue()
         self._errors: list = []  # the engine's or the pipeline's: the pusher stops
         self._callback_errors: list = []  # the app's callback's: the pusher goes on
@@ -172,7 +174,13 @@ class FramePusher:
         returns (NumPy frames). A frame of the wrong format or shape raises :class:`UsageProblem`; the stream
         and the others go on."""
         meta = (pts, time, frame_id, format or self.format, colorspace or self.colorspace)
-        return self._call(stream, self._backend.push, frame, meta, cuda_stream)
+        active = self._active
+        active.append(None)
+        try:
+            st = self._stream(stream)
+            return self._backend.push(st, frame, meta, cuda_stream)
+        finally:
+            active.pop()
 
     def push_many(self, stream, frames, *, pts=None, times=None, frame_ids=None,
                   format: str | None = None, colorspace: str | None = None, cuda_stream=None) -> list:  # noqa: A002
@@ -196,24 +204,28 @@ class FramePusher:
     def _call(self, stream, fn, frames, metas, cuda_stream):
         """``fn(st, frames, metas, cuda_stream)`` for the stream named ``stream``, counted as a push in progress
         (close() waits for it)."""
-        name = str(stream)
-        with self._lock:
-            if self._closed:
-                raise UsageProblem(f"push to {name!r} after the pusher was closed", "push before close()")
-            if self._errors:
-                raise TrtcError(f"the pusher stopped: {self._errors[0]}", "see the first error; open a new pusher")
-            st = self._streams.get(name)
-            if st is None:
-                st = self._streams[name] = _Stream(name)
-                self._backend.add_stream(name)
-            self._active += 1
+        self._active.append(None)
         try:
-            return fn(st, frames, metas, cuda_stream)
+            return fn(self._stream(stream), frames, metas, cuda_stream)
         finally:
+            self._active.pop()
+
+    def _stream(self, stream) -> _Stream:
+        """The stream named ``stream`` (made on its first push), or the reason no push is taken now. Call with a
+        token in ``_active``."""
+        if self._closed:
+            raise UsageProblem(f"push to {str(stream)!r} after the pusher was closed", "push before close()")
+        if self._errors:
+            raise TrtcError(f"the pusher stopped: {self._errors[0]}", "see the first error; open a new pusher")
+        name = stream if type(stream) is str else str(stream)
+        st = self._streams.get(name)
+        if st is None:
             with self._lock:
-                self._active -= 1
-                if self._closed:
-                    self._lock.notify_all()
+                st = self._streams.get(name)
+                if st is None:
+                    self._backend.add_stream(name)  # before the stream is seen: its counters exist
+                    st = self._streams[name] = _Stream(name)
+        return st
 
     def results(self, timeout: float | None = None):
         """Predictions as they come (each stream's in order) until the pusher is closed and every frame is out.
@@ -240,8 +252,8 @@ class FramePusher:
             if self._closed:
                 return self.stats
             self._closed = True
-            while self._active:
-                self._lock.wait(0.5)
+        while self._active:  # pushes in progress (each appended its token before it looked at _closed)
+            time.sleep(0.001)
         self._backend.close(drain)
         self._thread.join()
         self._backend.settle()
@@ -443,6 +455,7 @@ class PushHandle:
 
 
 _PENDING, _ENQUEUED, _DROPPED = 0, 1, 2
+_PER_THREAD_STREAM = 2  # cudaStreamPerThread: a different stream in each thread
 
 
 @dataclass
@@ -478,12 +491,20 @@ class _GpuPusher:
         self.work, self.room, self.launched = (threading.Condition(self.lock) for _ in range(3))
         self.closing = self.idle = False
         self.kinds: dict = {}  # (shape, strides, dtype, format, colour space) -> _Kind
-        self.ready: dict = {}  # producer stream ptr -> the event re-recorded on it at each push
+        self.ready: dict = {}  # producer stream ptr -> the event re-recorded on it at each push (eager producers)
         self.local = threading.local()
-        self.ndarray = cp.ndarray
+        self.ndarray, self.stream_type = cp.ndarray, cp.cuda.Stream
         with cp.cuda.Device(self.gpu.device_id):
             self.gpu.open(sources=1)  # the writer is the one source: close() ends the run
             self.stream = cp.cuda.Stream(non_blocking=True)
+            # recorded by the writer on each lazy producer of a group, then waited for (one event serves them all:
+            # a stream's wait takes the event's state at the wait call)
+            self.sync_event = cp.cuda.Event(block=False, disable_timing=True)
+            try:  # CuPy >= 10 names the device: no device switch per push
+                cp.cuda.get_current_stream(self.gpu.device_id)
+                self.current_stream = cp.cuda.get_current_stream
+            except TypeError:
+                self.current_stream = self._current_stream_switching
         self.infer = self.gpu.start_inference()
         self.writer = threading.Thread(target=self._write_loop, daemon=True, name="trtc-push-writer")
         self.writer.start()
@@ -498,57 +519,82 @@ class _GpuPusher:
 
     # --------------------------------------------------------------------------------- the caller's thread
     def push(self, st: _Stream, frame, meta, cuda_stream):
-        return self.push_many(st, [frame], [meta], cuda_stream)[0]
+        item, imported = self._item(frame, meta)
+        return self._enqueue(st, (item,), self._syncs(cuda_stream, imported))[0]
 
     def push_many(self, st: _Stream, frames, metas, cuda_stream) -> list:
-        """Check every frame (a dict hit per frame of a known geometry), order trtc's reads after the producer
-        (one event record for all), queue them; returns a PushHandle per device frame (None for NumPy frames,
-        uploaded already)."""
-        items = []
-        for frame, (pts, t, frame_id, fmt, colorspace) in zip(frames, metas, strict=True):
-            if type(frame) is self.ndarray:
-                arr, host = frame, None
-            else:
-                arr, host = self._import(frame)
-            data = arr.data
-            if data.device_id != self.gpu.device_id:
-                raise UsageProblem(f"the frame is on GPU {data.device_id}, the engine on GPU {self.gpu.device_id}",
-                                   "push frames that are on the engine's GPU")
-            key = (arr.shape, arr.strides, arr.dtype, fmt, colorspace)
-            kind = self.kinds.get(key) or self._kind(arr, fmt, colorspace, key)
-            items.append((arr, data.ptr, kind.plan, pts, t, frame_id, host))
+        """Check every frame (a dict hit per frame of a known geometry), order trtc's reads after the producer,
+        queue them; returns a PushHandle per device frame (None for NumPy frames, uploaded already)."""
+        items, imported = [], False
+        for frame, meta in zip(frames, metas, strict=True):
+            item, imp = self._item(frame, meta)
+            items.append(item)
+            imported = imported or imp
         if not items:
             return []
-        producers = [self._producer(cuda_stream)]
-        if any(it[6] is not None for it in items):  # imported on this thread's stream
-            producers.append(self._import_stream().ptr)
-        ready = []
-        for producer in producers:  # the writer's stream waits for these on the GPU before its kernel
-            ev = self.ready.get(producer) or self._ready_event(producer)
-            self.cp.cuda.runtime.eventRecord(ev.ptr, producer)
-            ready.append(ev)
-        return self._enqueue(st, items, tuple(ready))
+        return self._enqueue(st, items, self._syncs(cuda_stream, imported))
 
-    def _enqueue(self, st: _Stream, items, ready) -> list:
+    def _item(self, frame, meta) -> tuple:
+        """((array, pointer, launch plan, pts, time, frame_id, host), imported) for one frame, or the
+        UsageProblem that refuses it. ``host``: None for a CuPy array, True for an uploaded NumPy frame, False for
+        one taken through DLPack; ``imported``: on this thread's import stream."""
+        pts, t, frame_id, fmt, colorspace = meta
+        if type(frame) is self.ndarray:
+            arr, host = frame, None
+        else:
+            arr, host = self._import(frame)
+        data = arr.data
+        if data.device_id != self.gpu.device_id:
+            raise UsageProblem(f"the frame is on GPU {data.device_id}, the engine on GPU {self.gpu.device_id}",
+                               "push frames that are on the engine's GPU")
+        key = (arr.shape, arr.strides, arr.dtype, fmt, colorspace)
+        kind = self.kinds.get(key) or self._kind(arr, fmt, colorspace, key)
+        return (arr, data.ptr, kind.plan, pts, t, frame_id, host), host is not None
+
+    def _syncs(self, cuda_stream, imported: bool) -> tuple:
+        """What the writer's stream waits for before it reads these frames: per producer, either the producer's
+        CuPy stream itself (lazy: the writer records its event there once per group, so a push makes no CUDA
+        call) or an event recorded on it now (eager: a handle, a torch stream, CuPy's per-thread default stream,
+        an external stream, a stream of another GPU: streams trtc cannot keep alive or record on from its
+        writer thread)."""
+        if cuda_stream is None:
+            s = self.current_stream(self.gpu.device_id)
+        elif type(cuda_stream) is self.stream_type:
+            s = cuda_stream
+        else:
+            s = None
+        if s is not None and type(s) is self.stream_type and s.ptr != _PER_THREAD_STREAM and \
+                getattr(s, "device_id", self.gpu.device_id) == self.gpu.device_id:
+            producer = s  # the item keeps the stream object alive until the writer recorded on it
+        else:
+            ptr = s.ptr if s is not None else _stream_ptr(cuda_stream)
+            producer = self.ready.get(ptr) or self._ready_event(ptr)
+            self.cp.cuda.runtime.eventRecord(producer.ptr, ptr)
+        if imported:  # this thread's import stream (ours): after the upload, or DLPack's wait on the producer
+            return producer, self._import_stream()
+        return (producer,)
+
+    def _enqueue(self, st: _Stream, items, syncs) -> list:
         handles = []
         now, received = time.perf_counter(), time.time()
-        decoded = self.front.stats.decoded
+        decoded, pending, cap, stop = self.front.stats.decoded, self.pending, self.cap, self.gpu.stop
         with self.lock:
             for arr, ptr, plan, pts, t, frame_id, host in items:
-                while self.block and len(self.pending) >= self.cap and not self.gpu.stop.is_set():
+                while self.block and len(pending) >= cap and not stop.is_set():
                     self.room.wait()
-                if self.gpu.stop.is_set():
+                if stop.is_set():
                     raise TrtcError("the pusher stopped while this frame waited for room",
                                     "see the pusher's first error")
                 index = st.number(frame_id)
                 decoded[st.name] = decoded.get(st.name, 0) + 1
-                if len(self.pending) >= self.cap:  # drop-oldest: the oldest waiting frame makes room
-                    self._drop(self.pending.popleft())
+                if len(pending) >= cap:  # drop-oldest: the oldest waiting frame makes room
+                    self._drop(pending.popleft())
                 h = PushHandle(self.launched)
                 slot = (st.name, index, pts, t, now, None, received, arr)  # arr: kept until its result is out
-                self.pending.append((ptr, plan, slot, ready, h))
+                pending.append((ptr, plan, slot, syncs, h))
                 handles.append(h if not host else None)  # host: an uploaded NumPy frame, read already
             if self.idle:
+                self.idle = False  # one wake-up, however many pushes come before the writer runs
                 self.work.notify()
         return handles
 
@@ -559,11 +605,9 @@ class _GpuPusher:
         item[4]._settle(_DROPPED)
         self.launched.notify_all()  # an app thread may wait on its handle
 
-    def _producer(self, cuda_stream) -> int:
-        if cuda_stream is not None:
-            return _stream_ptr(cuda_stream)
-        with self.cp.cuda.Device(self.gpu.device_id):
-            return self.cp.cuda.get_current_stream().ptr
+    def _current_stream_switching(self, device_id: int):
+        with self.cp.cuda.Device(device_id):
+            return self.cp.cuda.get_current_stream()
 
     def _ready_event(self, producer: int):
         with self.lock, self.cp.cuda.Device(self.gpu.device_id):
@@ -632,9 +676,13 @@ class _GpuPusher:
         """Frames taken from the queue, in order: the writer's stream waits for their producers' events, then
         ONE kernel per run of up to MAX_FRAMES_PER_LAUNCH frames of one plan into consecutive slots, then ONE
         release event after them all, handed to every frame's handle."""
-        stream = self.stream
-        for ev in {ev for item in group for ev in item[3]}:
-            stream.wait_event(ev)
+        stream, stream_type, ev = self.stream, self.stream_type, self.sync_event
+        for sync in {sync.ptr: sync for item in group for sync in item[3]}.values():
+            if type(sync) is stream_type:  # a lazy producer: everything enqueued on it so far
+                ev.record(sync)
+                stream.wait_event(ev)
+            else:
+                stream.wait_event(sync)
         written, failed, start = [], [], 0
         while start < len(group):
             plan, end = group[start][1], start + 1

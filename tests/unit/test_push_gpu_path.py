@@ -214,3 +214,84 @@ def test_an_engine_failure_stops_pushes_and_blocked_pushers(cp):
     assert not t.is_alive() and errors
     p.close()
     assert p.stats.decoded["cam"] == p.stats.frames + sum(p.stats.dropped.values())
+
+
+def _unordered_reads(log: list, writer: int) -> list:
+    """Frames a launch on the writer's stream read without the writer first waiting for an event recorded on the
+    frame's producer stream after the frame's push (the push's log entry: ("push", producer ptr, frame ptr))."""
+    at = {e[3]: i for i, e in enumerate(log) if e[0] == "record"}  # record number -> log position
+    pushed, waits, bad = {}, [], []
+    for i, e in enumerate(log):
+        if e[0] == "push":
+            pushed[e[2]] = (i, e[1])
+        elif e[0] == "wait" and e[1] == writer and e[2] is not None:
+            waits.append(e[2])
+        elif e[0] == "launch" and e[1] == writer:
+            for ptr in e[2]:
+                k, producer = pushed[ptr]
+                if not any(s == producer and at[n] > k for s, n in waits):
+                    bad.append((ptr, producer))
+    return bad
+
+
+@pytest.mark.parametrize("how", ["current", "argument", "handle", "per-thread", "torch"])
+def test_every_read_waits_for_its_producer_streams_work_before_the_push(cp, how):
+    """Four threads push, each on its own producer stream (the thread's current CuPy stream, a CuPy stream given
+    as cuda_stream, a raw handle, CuPy's per-thread default stream, a torch-like stream): every launch reads each
+    of its frames only after the writer's stream waited for an event recorded on that frame's producer after the
+    push. CuPy streams of the engine's GPU cost the push no CUDA call (the writer records once per group); the
+    others get an event recorded by the push."""
+    log = push_fake_gpu.TRACE["log"] = []
+    lock = threading.Lock()
+    n_threads, n_frames = 4, 40
+    frames = [[nv12(cp, (10 * s + i) % 256) for i in range(n_frames)] for s in range(n_threads)]
+    streams = [cp.cuda.Stream(ptr=2) if how == "per-thread" else cp.cuda.Stream() for _ in range(n_threads)]
+    with pusher(max_wait_ms=1) as p:
+        def produce(s):
+            st = streams[s]
+            arg = {"current": None, "argument": st, "handle": st.ptr, "per-thread": None,
+                   "torch": type("TorchStream", (), {"cuda_stream": st.ptr})()}[how]
+            with st:
+                for f in frames[s]:
+                    with lock:  # the frame's write on st precedes the push (the log's order is the calls' order)
+                        log.append(("push", st.ptr, f.data.ptr))
+                        p.push(f"cam{s}", f, cuda_stream=arg)
+        threads = [threading.Thread(target=produce, args=(s,)) for s in range(n_threads)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        writer = p._backend.stream.ptr
+    preds = list(p.results())
+    assert len(preds) == n_threads * n_frames
+    assert sorted(q.indices[0] for q in preds) == sorted((10 * s + i) % 256 for s in range(n_threads)
+                                                          for i in range(n_frames))
+    assert sum(len(e[2]) for e in log if e[0] == "launch") == n_threads * n_frames
+    assert _unordered_reads(log, writer) == []
+    lazy = how in ("current", "argument")
+    assert (p._backend.ready == {}) == lazy  # eager producers have an event recorded by push
+    assert sum(e[0] == "launch" for e in log) < n_threads * n_frames / 2  # groups, not a launch per push
+
+
+def test_push_many_from_two_producer_streams_in_one_group(cp):
+    """Frames of two producer streams queued while the writer is busy go out in one group: its kernel waits for
+    both producers (one event each, recorded after both pushes)."""
+    log = push_fake_gpu.TRACE["log"] = []
+    a, b = cp.cuda.Stream(), cp.cuda.Stream()
+    fa, fb = [nv12(cp, i) for i in range(6)], [nv12(cp, 100 + i) for i in range(6)]
+    with pusher(max_wait_ms=1) as p:
+        backend = p._backend
+        with backend.lock:
+            backend.idle = False  # the writer waits for work: the pushes below do not wake it
+        for st, fs in ((a, fa), (b, fb)):
+            log.extend(("push", st.ptr, f.data.ptr) for f in fs)
+            t = threading.Thread(target=p.push_many, args=(f"s{st.ptr}", fs), kwargs={"cuda_stream": st})
+            t.start()
+            t.join()
+        with backend.lock:
+            backend.work.notify()
+        writer = backend.stream.ptr
+    preds = list(p.results())
+    assert sorted(q.indices[0] for q in preds) == list(range(6)) + list(range(100, 106))
+    assert _unordered_reads(log, writer) == []
+    assert [len(e[2]) for e in log if e[0] == "launch"] == [12]
