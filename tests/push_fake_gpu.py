@@ -31,7 +31,8 @@ COST = {"call": 0.0}
 LAUNCH_FACTOR = 5
 # when a list: what the stand-in's streams did, in order, for tests of the ordering between streams:
 # ("record", event ptr, stream ptr, n), ("wait", stream ptr, (stream ptr, n) of the event's last record or None),
-# ("launch", stream ptr, frame pointers); n numbers the records. Tests append their own entries (e.g. pushes)
+# ("launch", stream ptr, frame pointers), ("infer", stream ptr) (ValueEngine); n numbers the records. Tests
+# append their own entries (e.g. pushes)
 TRACE: dict = {"log": None}
 _EVENTS: dict = {}  # event ptr -> Event, for runtime.eventRecord on raw pointers
 _records = itertools.count()
@@ -168,6 +169,7 @@ class ValueEngine:
 
     def infer(self, x, stream=None):
         self.batches.append(len(x))
+        _log("infer", stream.ptr if stream is not None else 0)
         if self.delay:
             time.sleep(self.delay)
         with np.errstate(all="ignore"):  # rows past a partial batch hold whatever the buffer held

@@ -7,9 +7,11 @@
         stream writes them into a reserved run of slots of an input buffer -> an event recorded after it
     infer_stage (one thread)
         a full (or timed-out partial) buffer -> the inference stream waits on the writers' events
-        -> engine.infer(buffer) -> top-k on the GPU -> the buffer's "free" event -> the buffer goes back
+        -> engine.infer(buffer) -> the buffer's "free" event -> the buffer goes back (nothing else: this thread's
+        host time between engine calls is what a host-bound engine waits for)
     collect_stage (the caller's thread)
-        waits for a batch's top-k, copies (batch, k) indices and scores to the host, yields Predictions
+        top-k on the GPU, on its own stream after the batch's inference, waits for it, copies (batch, k) indices
+        and scores to the host, yields Predictions
 
 The stages after the decoders (slots, the kernel's write, inference, collection) are :class:`GpuBatches`, which
 :class:`engines.video.push.FramePusher` shares for frames an app pushes.
@@ -117,7 +119,9 @@ class GpuBatches:
         return 0
 
     def infer_stage(self, asm: SlotAssembler, infer_stream, results: queue.Queue, errors: list) -> None:
-        """Full (or timed-out) buffers -> engine -> top-k on the GPU. Runs in one thread, on the engine's GPU."""
+        """Full (or timed-out) buffers -> engine (its outputs to collect_stage, which enqueues top-k). Runs in
+        one thread, on the engine's GPU. Each engine call returns arrays of its own (every backend allocates its
+        outputs per call), so the next call cannot overwrite a batch's outputs before its top-k reads them."""
         with self.cp.cuda.Device(self.device_id):
             self._infer_stage(asm, infer_stream, results, errors)
 
@@ -142,16 +146,14 @@ class GpuBatches:
                 # shape also keeps CUDA graphs possible
                 t2 = time.perf_counter()
                 out = self.engine.infer(buf.data, stream=infer_stream)[0]
-                t3 = time.perf_counter()
-                idx, sc = self.topk.device(out[:n], stream=infer_stream)
-                buf.free.record(infer_stream)
+                prof["engine_call_s"] += time.perf_counter() - t2
+                buf.free.record(infer_stream)  # the buffer's next writers wait for this on the GPU
                 done = infer_stream.record()
                 meta = buf.meta
                 asm.release(buf)
-                t4 = time.perf_counter()
-                results.put((meta, idx, sc, done))
-                prof["engine_call_s"] += t3 - t2
-                prof["topk_call_s"] += t4 - t3
+                # top-k is enqueued by the collecting thread (collect_stage), not here: this thread's host time
+                # between two engine calls is what the engine waits for when the host is the limit
+                results.put((meta, out[:n], done))
         except BaseException as exc:  # noqa: BLE001 - surfaced in the caller's thread
             errors.append(exc)
             self.stop.set()
@@ -167,7 +169,7 @@ class GpuBatches:
 
     def collect_stage(self, results: queue.Queue, errors: list, start: float):
         """Batches' top-k -> host -> Predictions (and live sources' events), in the caller's thread."""
-        cp = self.cp
+        cp, topk_stream = self.cp, self.topk_stream
         while True:
             try:  # a short wait, so that a live source's events come out while it has no frames
                 item = results.get(timeout=0.2)
@@ -177,10 +179,15 @@ class GpuBatches:
             yield from self._events_out()
             if item is None:
                 break
-            meta, idx, sc, done = item
-            done.synchronize()
+            meta, out, done = item
+            t0 = time.perf_counter()
+            topk_stream.wait_event(done)  # the engine's outputs are written (each call's own arrays)
+            idx, sc = self.topk.device(out, stream=topk_stream)
+            self.stats.infer_stage["topk_call_s"] += time.perf_counter() - t0
+            topk_stream.synchronize()
             idx_h = cp.asnumpy(idx)  # (n, k): the only device->host copies
             sc_h = cp.asnumpy(sc)
+            del out, idx, sc
             now = time.perf_counter()  # the results are on the host
             self.stats.batches += 1
             self.stats.batch_sizes.append(len(meta))
@@ -233,6 +240,7 @@ class GpuBatches:
         self.asm.sources_live = sources
         self.results: queue.Queue = queue.Queue(maxsize=self.n_buffers)
         self.infer_stream = getattr(self.engine, "stream", None) or cp.cuda.Stream(non_blocking=True)
+        self.topk_stream = cp.cuda.Stream(non_blocking=True)  # top-k, enqueued by collect_stage's thread
         self.errors: list = []
         self._warm_up(bufs[0].data, self.infer_stream)
         self.start = time.perf_counter()

@@ -295,3 +295,21 @@ def test_push_many_from_two_producer_streams_in_one_group(cp):
     assert sorted(q.indices[0] for q in preds) == list(range(6)) + list(range(100, 106))
     assert _unordered_reads(log, writer) == []
     assert [len(e[2]) for e in log if e[0] == "launch"] == [12]
+
+
+def test_top_k_of_each_batch_waits_for_that_batchs_inference(cp):
+    """Top-k is enqueued by the result thread on its own stream: for every batch, that stream first waits for an
+    event recorded on the inference stream after the batch's engine call (the i-th wait after the i-th call)."""
+    log = push_fake_gpu.TRACE["log"] = []
+    frames = [nv12(cp, i) for i in range(100)]
+    with pusher(batch=8, max_wait_ms=1) as p:
+        for i, f in enumerate(frames):
+            p.push("cam", f, frame_id=i)
+        gpu = p._backend.gpu
+    assert [q.indices[0] for q in p.results()] == list(range(100))
+    at = {e[3]: i for i, e in enumerate(log) if e[0] == "record"}
+    calls = [i for i, e in enumerate(log) if e == ("infer", gpu.infer_stream.ptr)][1:]  # [0]: the warm-up
+    waits = [at[e[2][1]] for e in log if e[0] == "wait" and e[1] == gpu.topk_stream.ptr]
+    assert len(calls) == len(waits) == p.stats.batches
+    assert all(w > c for c, w in zip(calls, waits))
+    assert all(log[w][2] == gpu.infer_stream.ptr for w in waits)
