@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import threading
 import time
 from pathlib import Path
@@ -126,7 +127,12 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--soak", type=float, default=0.0, help="also push this long and sample GPU memory")
     ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--switch-interval-ms", type=float, default=0.0,
+                    help="sys.setswitchinterval for the run (default: Python's 5 ms): how long a thread that wants the "
+                         "interpreter lock (the inference thread, back from the engine) may wait for a running one")
     args = ap.parse_args()
+    if args.switch_interval_ms:
+        sys.setswitchinterval(args.switch_interval_ms / 1000)
     rows = [r for m in args.model for r in bench(m, args)]
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

@@ -105,7 +105,10 @@ def main() -> None:
     ap.add_argument("--cuda-us", type=float, default=0.0,
                     help="model each CUDA call (event, record, stream wait, device switch) as this many µs of "
                          "interpreter time, a kernel launch 5x (tests/push_fake_gpu.py); 0: Python alone")
+    ap.add_argument("--switch-interval-ms", type=float, default=0.0, help="sys.setswitchinterval (default 5 ms)")
     args = ap.parse_args()
+    if args.switch_interval_ms:
+        sys.setswitchinterval(args.switch_interval_ms / 1000)
     from tests.push_fake_gpu import install
 
     cp = install(kernel_reads=False, cuda_us=args.cuda_us)

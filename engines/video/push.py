@@ -5,10 +5,10 @@
         for pred in pusher.results(timeout=0):                              # or FramePusher(..., callback=fn)
             print(pred.source, pred.frame, pred.labels[0])
 
-No decoder: the stages after it are the video pipeline's own. On a GPU engine (:class:`_GpuPusher`) push only
-checks a device array (CuPy, torch, anything with DLPack), records an event on its producer stream and queues it;
-one writer thread reads the frames waiting in place with ONE preprocessing kernel per group of up to 16, which
-writes them into slots of the rotating input buffers (:class:`~engines.video.gpu_pipeline.GpuBatches`: the
+No decoder: the stages after it are the video pipeline's own. On a GPU engine (:class:`_GpuPusher`) push only checks
+a device array (CuPy, torch, anything with DLPack), notes its producer stream and queues it (no CUDA call for a CuPy
+stream); one writer thread reads the frames waiting in place with ONE preprocessing kernel per group of up to 16,
+which writes them into slots of the rotating input buffers (:class:`~engines.video.gpu_pipeline.GpuBatches`: the
 assembler, inference on the GPU, top-k, results to the host; the same code as ``classify``'s GPU path). On the
 CPU, or an engine that takes host arrays (:class:`_HostPusher`), NumPy frames are preprocessed by the numpy
 reference in the pushing thread and batched through a :class:`~engines.video.hub.FrameHub` into the CPU path's
@@ -185,7 +185,7 @@ class FramePusher:
     def push_many(self, stream, frames, *, pts=None, times=None, frame_ids=None,
                   format: str | None = None, colorspace: str | None = None, cuda_stream=None) -> list:  # noqa: A002
         """Queue several frames of one ``stream`` at once, in order (cheaper per frame than ``push``: one check of
-        the pusher, one event on the producer stream, one lock). ``pts``, ``times``, ``frame_ids``: a value per
+        the pusher, one producer stream, one lock). ``pts``, ``times``, ``frame_ids``: a value per
         frame, or None. Every frame is checked before any is queued: a bad one raises :class:`UsageProblem` and
         none of the call's frames is queued. Returns a list: what ``push`` returns, per frame."""
         frames = list(frames)
@@ -467,13 +467,15 @@ class _Kind:
 
 
 class _GpuPusher:
-    """Device frames -> a queue (the caller's thread: checks from a cache, one event recorded on the frame's
-    producer stream, numbering; no kernel) -> ONE writer thread that takes every frame waiting and enqueues ONE
-    preprocessing kernel per run of up to MAX_FRAMES_PER_LAUNCH frames of one geometry (any streams) into
-    consecutive slots of the rotating input buffers, reading the frames in place, then one release event for the
-    group -> the video pipeline's GPU stages (:class:`~engines.video.gpu_pipeline.GpuBatches`: inference on the
-    GPU, top-k, (batch, k) results to the host). The writer's stream first waits, on the GPU, for each producer
-    stream's event. Order: one queue, numbered under its lock, slots taken in queue order."""
+    """Device frames -> a queue (the caller's thread: checks from a cache, the frame's producer stream noted (or, for a
+    stream trtc cannot record on later, an event recorded on it), numbering; no kernel) -> ONE writer thread that
+    takes every frame waiting and enqueues ONE preprocessing kernel per run of up to MAX_FRAMES_PER_LAUNCH frames of
+    one geometry (any streams) into consecutive slots of the rotating input buffers, reading the frames in place,
+    then one release event for the group -> the video pipeline's GPU stages
+    (:class:`~engines.video.gpu_pipeline.GpuBatches`: inference on the GPU, top-k, (batch, k) results to the host).
+    The writer's stream first waits, on the GPU, for each producer stream of the group: an event the writer records
+    on it then (everything enqueued there up to the group, which includes all before each push), or the event its
+    push recorded. Order: one queue, numbered under its lock, slots taken in queue order."""
 
     def __init__(self, front: FramePusher, engine, spec, size, topk, max_wait_ms, options: LiveOptions, buffers):
         from ..preprocess import MAX_FRAMES_PER_LAUNCH
