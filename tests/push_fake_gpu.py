@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 import types
+import weakref
 
 import numpy as np
 
@@ -34,7 +35,7 @@ LAUNCH_FACTOR = 5
 # ("launch", stream ptr, frame pointers), ("infer", stream ptr) (ValueEngine); n numbers the records. Tests
 # append their own entries (e.g. pushes)
 TRACE: dict = {"log": None}
-_EVENTS: dict = {}  # event ptr -> Event, for runtime.eventRecord on raw pointers
+_EVENTS = weakref.WeakValueDictionary()  # event ptr -> Event, for runtime.eventRecord on raw pointers
 _records = itertools.count()
 _TLS = threading.local()  # the thread's current stream ("with stream:"), else the null stream
 
