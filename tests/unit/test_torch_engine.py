@@ -284,11 +284,14 @@ def test_cudnn_benchmark_blocks_in_two_threads_restore_once_both_end():
             release.wait()
             seen.append(cudnn.benchmark)
 
-    a = threading.Thread(target=warm_up)
+    a = threading.Thread(target=warm_up, daemon=True)
     a.start()
-    with te.cudnn_benchmark_on(torch):
-        entered.wait()
-    assert cudnn.benchmark is True, "the first block to end turned benchmark mode off under the other"
-    release.set()
-    a.join()
+    try:
+        with te.cudnn_benchmark_on(torch):
+            entered.wait(timeout=30)
+        during = cudnn.benchmark
+    finally:
+        release.set()
+        a.join(timeout=30)
+    assert during is True, "the first block to end turned benchmark mode off under the other"
     assert seen == [True] and cudnn.benchmark is False
