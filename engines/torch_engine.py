@@ -12,10 +12,13 @@ the device-array contract of :class:`~engines.onnxruntime_engine.OnnxRuntimeEngi
 array (CuPy, DLPack) in -> CuPy out, enqueued on the engine's stream, ordered with the caller's ``stream`` through
 CUDA events, without a host synchronisation.
 
-Compilation takes seconds to tens of seconds (ResNet-50 on an H100: about 20 s). Inductor's compiled artifacts are
-kept beside the model (``m.pt2.inductor/``; a user cache folder where the model's folder is read-only), keyed by GPU,
-torch version, batch size, precision and layout (:func:`cache_key`), so a second start of the same model is fast.
-A corrupt or mismatched cache file is ignored with a log line.
+Compilation takes seconds to tens of seconds (ResNet-50 on an H100: about 20 s). The first start keeps beside the
+model (``m.pt2.inductor/``; a user cache folder where the model's folder is read-only) a plain copy of the program
+(:func:`plain_program`: no ``torch.export.load`` next time), Inductor's compiled artifacts and the precompiled
+function (Dynamo's AOT precompile: no trace, no compile next time), keyed by GPU, torch version, batch size,
+precision and layout (:func:`cache_key`, :func:`program_key`). A corrupt or mismatched cache file is ignored with a
+log line and compiled again. cuDNN's benchmark mode is on while a shape warms up and its graphs are captured
+(:func:`cudnn_benchmark_on`).
 
 On the CPU the program runs eagerly (``compile=True`` compiles it with Inductor's C++ backend; slow to compile).
 INT8 is refused: it needs TensorRT or ONNX Runtime (``trtc quantize m.onnx --precision int8``).
