@@ -228,39 +228,86 @@ SECOND_START = textwrap.dedent('''
     import json, sys, time
     import numpy as np
     t0 = time.perf_counter()
+    import torch
+    if len(sys.argv) > 2:
+        torch.__version__ = sys.argv[2]  # a torch upgrade, as far as the cache's keys can tell
     import engines
     e = engines.open_engine(sys.argv[1], compile=True)
-    e.infer(np.zeros((4, 3, 32, 32), np.float32))
+    x = np.random.default_rng(0).standard_normal((4, 3, 32, 32)).astype(np.float32)
+    logits = e.infer(x)[0]
     stats = list(e.compile_stats.values())[0]
+    e.infer(x[:2])  # another batch size: its own key
     print(json.dumps({"seconds": time.perf_counter() - t0, "cache_file": stats["cache_file"],
-                      "hit": stats["inductor_cache_hit"]}))
+                      "hit": stats["inductor_cache_hit"], "start": stats["start"], "program_from": e.program_from,
+                      "batch2": list(e.compile_stats.values())[1]["start"], "logits": logits.tolist()}))
 ''')
+
+
+def _start(script, pt2, caches, *args):
+    """One start of the engine in a fresh process with an empty Inductor cache of its own."""
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(caches), "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, str(script), str(pt2), *args], capture_output=True, text=True, env=env,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.slow
 def test_second_start_loads_the_cache_beside_the_model(tiny, tmp_path):
-    """Compiled with Inductor in one process, the artifacts kept beside the model; a second process with an empty
-    Inductor cache of its own loads them from there and Inductor reports a cache hit. (On the CPU Inductor still
-    compiles its C++ kernels again, so the second start is not faster here; on a GPU the Triton kernels are in the
-    cache: tests/gpu/test_torch_engine_gpu.py times it.)"""
-    _, _, pt2, _ = tiny
+    """Compiled with Inductor in one process, the artifacts kept beside the model: the program's plain copy, Inductor's
+    artifacts and the precompiled function. A second process with an empty Inductor cache of its own loads the program
+    from its plain copy (no torch.export.load) and runs the precompiled function (no trace, no compile), with the same
+    logits bit for bit; another batch size is compiled (its own key). Damaged files are compiled again, said, not
+    fatal. (On the CPU the second start is not much faster: tests/gpu/test_torch_engine_gpu.py times it on a GPU.)"""
+    from engines.torch_engine import precompile_supported, require_torch
+
+    pt2 = tmp_path / "tiny.pt2"
+    for suffix in ("", ".json"):
+        (tmp_path / f"tiny.pt2{suffix}").write_bytes((tiny[2].parent / f"tiny.pt2{suffix}").read_bytes())
     script = tmp_path / "second_start.py"
     script.write_text(SECOND_START)
-
-    def start(name):
-        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / name), "PYTHONPATH": str(ROOT)}
-        out = subprocess.run([sys.executable, str(script), str(pt2)], capture_output=True, text=True, env=env,
-                             timeout=600)
-        assert out.returncode == 0, out.stderr[-3000:]
-        return json.loads(out.stdout.strip().splitlines()[-1])
-
-    first = start("first")
-    files = list((pt2.parent / "tiny.pt2.inductor").glob("*-b4-fp32-nchw-float32-*.bin"))
-    assert len(files) == 1, "the compiled artifacts were not kept beside the model"
-    second = start("second")
+    first = _start(script, pt2, tmp_path / "first")
+    folder = tmp_path / "tiny.pt2.inductor"
+    assert len(list(folder.glob("program-*-fp32-*.program"))) == 1, "the plain program was not kept"
+    assert len(list(folder.glob("*-b4-fp32-nchw-float32-*.bin"))) == 1, "Inductor's artifacts were not kept"
+    second = _start(script, pt2, tmp_path / "second")
     print(f"tiny net on the CPU: first start {first['seconds']:.1f} s, second {second['seconds']:.1f} s")
-    assert not first["cache_file"] and first["hit"] is False
-    assert second["cache_file"] and second["hit"]
-    files[0].write_bytes(files[0].read_bytes()[:100])  # a damaged cache: compiled again, said, not fatal
-    third = start("third")
-    assert not third["cache_file"] and not third["hit"]
+    assert (first["start"], first["program_from"], first["cache_file"], first["hit"]) == ("cold", "export", False, False)
+    assert second["program_from"] == "cache" and second["cache_file"]
+    if precompile_supported(require_torch()):
+        assert len(list(folder.glob("*-b4-fp32-nchw-float32-*.aot"))) == 1
+        assert second["start"] == "precompiled"
+    else:
+        assert second["start"] == "inductor cache"
+    assert second["logits"] == first["logits"]
+    assert first["batch2"] == "cold" and second["batch2"] == second["start"]  # the first start kept batch 2 too
+    for damaged in folder.glob("*-b4-*"):
+        damaged.write_bytes(damaged.read_bytes()[:100])
+    for damaged in folder.glob("program-*"):
+        damaged.write_bytes(damaged.read_bytes()[:-10])
+    third = _start(script, pt2, tmp_path / "third")
+    assert (third["start"], third["program_from"], third["cache_file"]) == ("cold", "export", False)
+    assert third["logits"] == first["logits"]
+
+
+@pytest.mark.slow
+def test_the_cache_is_not_used_for_another_torch_or_another_model(tiny, tmp_path):
+    """A start under another torch version compiles afresh (the kept files are not loaded), and so does a start of a
+    replaced model (another hash) with the same file name, which computes the new model's logits."""
+    from toolchain.cli import cli
+
+    pt2 = tmp_path / "tiny.pt2"
+    for suffix in ("", ".json"):
+        (tmp_path / f"tiny.pt2{suffix}").write_bytes((tiny[2].parent / f"tiny.pt2{suffix}").read_bytes())
+    script = tmp_path / "second_start.py"
+    script.write_text(SECOND_START)
+    first = _start(script, pt2, tmp_path / "first")
+    upgraded = _start(script, pt2, tmp_path / "upgraded", "9.9.9")
+    assert (upgraded["start"], upgraded["program_from"], upgraded["cache_file"]) == ("cold", "export", False)
+    (tmp_path / "other.py").write_text(TINY.replace("manual_seed(0)", "manual_seed(1)"))
+    r = CliRunner().invoke(cli, ["export", f"{tmp_path / 'other.py'}:build", "-o", str(tmp_path / "tiny.onnx"),
+                                 "--input-size", "32", "--program", "--force"])
+    assert r.exit_code == 0, r.output
+    replaced = _start(script, pt2, tmp_path / "replaced")
+    assert (replaced["start"], replaced["program_from"], replaced["cache_file"]) == ("cold", "export", False)
+    assert replaced["logits"] != first["logits"]
