@@ -1,0 +1,128 @@
+"""Where a start of the compiled PyTorch engine goes: the first start of a model (empty caches) and the second (the
+cache beside the model from the first), each in a fresh process, by phase.
+
+    python examples/torch_start_cost.py MODEL.pt2 --device cuda:0 --batch 64 --precision fp16 --json starts.json
+    python examples/torch_start_cost.py MODEL.pt2 --device cpu --batch 8          # the CPU: Inductor's C++ backend
+
+MODEL.pt2 is what ``trtc export SOURCE -o MODEL.onnx --program`` writes (no model: ``--export pretrained:
+efficientnet-lite0`` exports one into ``--workdir`` first). The model's cache folder (MODEL.pt2.inductor/) is
+emptied first; the first start gets an Inductor cache of its own, and so does the second, so it sees only what
+trtc kept beside the model; further starts share the second's Inductor cache (as on a machine that keeps it).
+Phases: import torch; load (the program, or its plain copy from the cache); compile (trace and Inductor, or the
+precompiled function from the cache, with the first run); capture (CUDA graphs); first result (the first batch,
+from the start of the process). ``--no-cudnn-benchmark`` opens the engine without cuDNN's algorithm search. ``--pycache DIR`` gives the starts a bytecode cache
+(PYTHONPYCACHEPREFIX, and PYTHONDONTWRITEBYTECODE unset) for installs whose site-packages hold no bytecode: there
+every start compiles torch's Python source again (seconds; ``python -m compileall`` on the install fixes it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+START = """
+import importlib.util, json, os, sys, time
+t0 = time.perf_counter()
+import numpy as np
+import engines
+path, device, batch, precision = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+e = engines.open_engine(path, device=device, precision=precision, compile=True, cudnn_benchmark=sys.argv[5] == "1")
+t1 = time.perf_counter()
+x = np.zeros((batch, *e.inputs[0].shape[1:]), np.float16 if precision == "fp16" else np.float32)
+if device.startswith("cuda"):
+    import cupy as cp
+    x = cp.asarray(x)
+    out = cp.asnumpy(e.infer(x)[0])
+else:
+    out = e.infer(x)[0]
+t2 = time.perf_counter()
+st = list(e.compile_stats.values())[0]
+print(json.dumps({"total_s": t2 - t0, "open_s": t1 - t0, "first_batch_s": t2 - t1, "program_from": e.program_from,
+                  "start": st["start"], "cache_file": st["cache_file"], "logit0": float(out.ravel()[0]),
+                  "torch_bytecode_cached": os.path.exists(importlib.util.cache_from_source(
+                      importlib.util.find_spec("torch").origin)), "writes_bytecode": not sys.dont_write_bytecode,
+                  **e.timings}))
+"""
+PHASES = (("import torch", "import_torch_s"), ("load", "load_program_s"), ("compile", "compile_s"),
+          ("capture", "capture_s"), ("first result", "total_s"))
+
+
+def start(pt2: Path, args, inductor_dir: str) -> dict:
+    """One start in a fresh process with its own Inductor and Triton caches."""
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": inductor_dir, "TRITON_CACHE_DIR": f"{inductor_dir}/triton",
+           "PYTHONPATH": str(ROOT)}
+    if args.pycache:
+        env["PYTHONPYCACHEPREFIX"] = str(Path(args.pycache).resolve())
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+    out = subprocess.run([sys.executable, "-c", START, str(pt2), args.device, str(args.batch), args.precision,
+                          "0" if args.no_cudnn_benchmark else "1"],
+                         capture_output=True, text=True, env=env, check=False, timeout=args.timeout)
+    if out.returncode:
+        sys.exit(f"a start failed:\n{out.stderr[-4000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def export(source: str, workdir: Path, batch: int) -> Path:
+    name = source.split(":")[-1].replace("/", "_")
+    pt2 = workdir / f"{name}.pt2"
+    if not pt2.exists():
+        subprocess.run([sys.executable, "-m", "toolchain", "-q", "export", source, "-o", str(workdir / f"{name}.onnx"),
+                        "--batch", f"1:{batch}:{batch}", "--program", "--force"], check=True, cwd=ROOT)
+    return pt2
+
+
+def table(rows: list[tuple[str, dict]]) -> str:
+    lines = [f"{'start':8} {'how':34} " + " ".join(f"{p:>12}" for p, _ in PHASES)]
+    for name, r in rows:
+        how = f"program {r['program_from']}, {r['start']}"
+        lines.append(f"{name:8} {how:34} " + " ".join(f"{r.get(k, 0.0):11.2f}s" for _, k in PHASES))
+    if len(rows) > 1:
+        first, second = rows[0][1]["total_s"], rows[1][1]["total_s"]
+        lines.append(f"second / first: {second / first:.0%} ({second:.1f} s / {first:.1f} s)")
+    if not rows[-1][1]["torch_bytecode_cached"]:
+        lines.append("torch's modules have no cached bytecode here: every start compiles their Python source "
+                     "(seconds); see --pycache")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model", nargs="?", help="MODEL.pt2 (trtc export --program)")
+    ap.add_argument("--export", default=None, help="a source to export first, e.g. pretrained:efficientnet-lite0")
+    ap.add_argument("--workdir", default=None)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--precision", default="fp16", choices=("fp32", "fp16"))
+    ap.add_argument("--starts", type=int, default=2, help="starts after the first (each with the cache beside the model)")
+    ap.add_argument("--pycache", default=None, help="a bytecode cache folder for the starts (PYTHONPYCACHEPREFIX)")
+    ap.add_argument("--no-cudnn-benchmark", action="store_true", help="open the engine with cudnn_benchmark=False")
+    ap.add_argument("--timeout", type=int, default=900)
+    ap.add_argument("--json", default=None, help="write the measurements here")
+    args = ap.parse_args(argv)
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="trtc-start-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    pt2 = Path(args.model).resolve() if args.model else export(args.export or "pretrained:efficientnet-lite0", workdir, args.batch)
+    for old in pt2.parent.glob(f"{pt2.name}.inductor/*"):
+        old.unlink()  # a cold first start
+    rows = []
+    with tempfile.TemporaryDirectory() as caches:
+        rows.append(("first", start(pt2, args, f"{caches}/first")))
+        for i in range(args.starts):  # the second: only trtc's cache; again: Inductor's local caches warm too
+            rows.append(("second" if i == 0 else f"again {i}", start(pt2, args, f"{caches}/second")))
+    print(f"{pt2.name}, {args.precision}, batch {args.batch}, {args.device}; each start a fresh process, from its "
+          f"first line to the first batch's logits")
+    print(table(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"model": str(pt2), "device": args.device, "batch": args.batch,
+                                               "precision": args.precision, "starts": dict(rows)}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
