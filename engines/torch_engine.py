@@ -700,7 +700,7 @@ class TorchEngine(EngineBase):
         if not (self.precompile and dirs and precompile_supported(torch)):
             return None
         for folder in dirs:
-            path = folder / f"{key}.aot"
+            path = folder / f"{key}{self._aot_suffix()}"
             payload = read_cache(path, key)
             if payload is None:
                 continue
@@ -748,9 +748,13 @@ class TorchEngine(EngineBase):
                 log.info("kept Inductor's compiled code in %s (%d bytes)", written, len(saved[0]))
         data = precompiled_bytes(aot) if aot is not None else None
         if data:
-            written = write_cache(dirs, key, data, suffix=".aot")
+            written = write_cache(dirs, key, data, suffix=self._aot_suffix())
             if written is not None:
                 log.info("kept the precompiled function in %s (%d bytes)", written, len(data))
+
+    def _aot_suffix(self) -> str:
+        """The precompiled function's guards hold the GPU's index: one file per index (Inductor's are portable)."""
+        return ".aot" if self.device_id is None else f".cuda{self.device_id}.aot"
 
     def _device_label(self) -> str:
         return device_label(self.device_id)
