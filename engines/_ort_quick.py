@@ -21,31 +21,35 @@ log = logging.getLogger("trtc")
 
 class QuickStart:
     """Which session runs an input shape: ``route(key)`` gives the quick session while the tuned one prepares
-    ``key`` (starting that preparation if it has not started), or None once the tuned session has run ``key``.
+    ``key`` (queueing that preparation if it is not queued), or None once the tuned session has run ``key``.
 
-    ``prepare(key)`` runs the tuned session once at that shape (called on a daemon thread); ``open_quick()`` opens
-    the quick session (called under the lock, at most once per period of preparation)."""
+    ``prepare(key)`` runs the tuned session once at that shape; one daemon thread prepares the queued shapes one
+    at a time, in the order they were asked for (the shape asked for at open first; two preparations at once would
+    only share the GPU's compiler). ``open_quick()`` opens the quick session (called under the lock, at most once
+    per period of preparation)."""
 
     def __init__(self, prepare, open_quick, name: str = "model"):
         self._prepare, self._open_quick, self.name = prepare, open_quick, name
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
         self._ready: set = set()  # shapes the tuned session has run
-        self._pending: dict = {}  # shape -> the thread preparing it
+        self._queue: list = []  # shapes waiting for (or in) preparation, in order; the first is being prepared
+        self._thread = None
         self._quick = None
         self.quick_runs = 0  # batches the quick session ran (reported in tests and benchmarks)
         self.failed: dict = {}  # shape -> the exception its preparation raised (the tuned run then raises it itself)
 
     def start(self, key) -> None:
-        """Prepare ``key`` in the background unless it is ready or being prepared."""
+        """Prepare ``key`` in the background unless it is ready or queued."""
         with self._lock:
             self._start(key)
 
     def _start(self, key) -> None:
-        if key in self._ready or key in self._pending:
+        if key in self._ready or key in self._queue:
             return
-        t = threading.Thread(target=self._run, args=(key,), name="trtc-ort-prepare", daemon=True)
-        self._pending[key] = t
-        t.start()
+        self._queue.append(key)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="trtc-ort-prepare", daemon=True)
+            self._thread.start()
 
     def route(self, key):
         """The quick session for ``key`` while the tuned session prepares it, else None (run the tuned one)."""
@@ -58,27 +62,29 @@ class QuickStart:
             self.quick_runs += 1
             return self._quick
 
-    def _run(self, key) -> None:
-        try:
-            self._prepare(key)
-        except Exception as exc:  # noqa: BLE001 - the caller's own tuned run at this shape raises it again
-            self.failed[key] = exc
-            log.debug("%s: preparing the tuned session at %s failed: %s", self.name, key, exc)
-        finally:
+    def _run(self) -> None:
+        while True:
             with self._lock:
-                self._pending.pop(key, None)
+                if not self._queue:
+                    self._thread = None
+                    self._quick = None  # nothing is being prepared: let it go (a run in flight keeps its own)
+                    self._lock.notify_all()
+                    return
+                key = self._queue[0]
+            try:
+                self._prepare(key)
+            except Exception as exc:  # noqa: BLE001 - the caller's own tuned run at this shape raises it again
+                self.failed[key] = exc
+                log.debug("%s: preparing the tuned session at %s failed: %s", self.name, key, exc)
+            with self._lock:
+                self._queue.pop(0)
                 self._ready.add(key)
-                if not self._pending:  # a run in flight keeps its own reference to the quick session
-                    self._quick = None
 
     def ready(self, key) -> bool:
         with self._lock:
             return key in self._ready
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Wait for every preparation started so far; False when ``timeout`` passed first."""
+        """Wait until every shape queued so far is prepared; False when ``timeout`` seconds passed first."""
         with self._lock:
-            threads = list(self._pending.values())
-        for t in threads:
-            t.join(timeout)
-        return not any(t.is_alive() for t in threads)
+            return self._lock.wait_for(lambda: self._thread is None, timeout)

@@ -66,8 +66,9 @@ def test_ort_tuning_both_opens_each_onnx_model_twice_with_its_tuning(mnist, tmp_
     r = run(["bench", model, f"opencv:{model}", "--batch", "1", "--iterations", "3", "--warmup", "1",
              "--ort-tuning", "both", "--json"])
     assert r.exit_code == 0, r.output
-    # tuned is the engine's default (nothing passed); untuned passes tuning="off"
-    assert [(p, o) for p, o in seen if p == model] == [(model, {}), (model, {"tuning": "off"})]
+    # tuned is the engine's default tuning (none passed); untuned passes tuning="off"; timed rows never quick-start
+    assert [(p, o) for p, o in seen if p == model] == [(model, {"quick_start": False}),
+                                                       (model, {"tuning": "off", "quick_start": False})]
     assert [o for p, o in seen if p != model] == [{}]  # OpenCV dnn: no tuning keyword
     rows = json.loads(r.stdout)["rows"]
     assert [row["backend"] for row in rows] == ["onnxruntime", "onnxruntime (untuned)", "opencv"]
@@ -75,7 +76,7 @@ def test_ort_tuning_both_opens_each_onnx_model_twice_with_its_tuning(mnist, tmp_
     assert all(row["img_s"] == round(row["throughput"], 1) and row["input"] == "host" for row in rows)
     seen.clear()
     r = run(["bench", model, "--batch", "1", "--iterations", "2", "--ort-tuning", "off", "--json"])
-    assert r.exit_code == 0 and seen == [(model, {"tuning": "off"})], r.output
+    assert r.exit_code == 0 and seen == [(model, {"tuning": "off", "quick_start": False})], r.output
     assert [row["backend"] for row in json.loads(r.stdout)["rows"]] == ["onnxruntime (untuned)"]
 
 
