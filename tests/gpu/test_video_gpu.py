@@ -265,10 +265,12 @@ def _count_host_syncs(monkeypatch):
 
 @pytest.mark.parametrize("scores", ["softmax", "auto"])
 def test_inference_stage_makes_no_host_synchronisation(bikes, cuda_lite0, monkeypatch, scores):
-    """The inference thread ("trtc-infer") only enqueues: engine, top-k, events. Every host synchronisation made
-    through Python while 4 sources run is counted per thread: none in the inference stage (with --scores auto, the
-    one read of the first batch's first row that decides on a softmax, documented in engines/topk.py, and no more).
-    The watch is checked to be live: the collect stage's waits for finished results are seen."""
+    """The inference thread ("trtc-infer") only enqueues the engine call and its events; top-k is enqueued by the
+    collecting thread, on its own stream after an event. Every host synchronisation made through Python while 4
+    sources run is counted per thread: none in the inference stage, with either scores setting (with --scores auto
+    the one read of the first batch's first row that decides on a softmax, documented in engines/topk.py, is now
+    the collecting thread's). The watch is checked to be live: the collect stage's waits for finished results are
+    seen."""
     from engines.video import classify
 
     calls, unwatchable = _count_host_syncs(monkeypatch)
@@ -281,13 +283,7 @@ def test_inference_stage_makes_no_host_synchronisation(bikes, cuda_lite0, monkey
     print(f"host synchronisations ({scores}): {len(calls)} in all, by thread {per_thread}; inference stage "
           f"{len(infer)}: {infer[:5]}; not watchable: {unwatchable}")
     assert calls, "the watch saw no synchronisation at all (the collect stage waits for results): it is not live"
-    if scores == "softmax":
-        assert infer == [], f"the inference stage synchronised with the host {len(infer)} times: {infer[:10]}"
-    else:
-        # the one decision reads one row: cupy.asnumpy, which calls ndarray.get, which synchronises its stream (the
-        # three calls of one read, as counted on an H100)
-        assert infer.count("cupy.asnumpy") <= 1 and set(infer) <= {"cupy.asnumpy", "ndarray.get",
-                                                                   "Stream.synchronize"} and len(infer) <= 3, infer
+    assert infer == [], f"the inference stage synchronised with the host {len(infer)} times: {infer[:10]}"
 
 
 def test_many_sources_at_once(bikes, test_videos, cuda_lite0):
