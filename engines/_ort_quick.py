@@ -34,6 +34,7 @@ class QuickStart:
         self._ready: set = set()  # shapes the tuned session has run
         self._queue: list = []  # shapes waiting for (or in) preparation, in order; the first is being prepared
         self._thread = None
+        self._warming = None  # the thread opening and warming the quick session at open (warm())
         self._quick = None
         self.quick_runs = 0  # batches the quick session ran (reported in tests and benchmarks)
         self.failed: dict = {}  # shape -> the exception its preparation raised (the tuned run then raises it itself)
@@ -50,6 +51,24 @@ class QuickStart:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="trtc-ort-prepare", daemon=True)
             self._thread.start()
+
+    def warm(self, run_once) -> None:
+        """Open the quick session now, on a thread of its own, and call ``run_once(session)`` on it (one run at the
+        shape the caller expects first): the session's creation and its first run (loading cuDNN's kernels) then
+        overlap the tuned session's creation and whatever the caller does before its first batch. Errors are
+        left to the tuned session's own open and runs (the same model, the same provider)."""
+        def go():
+            try:
+                with self._lock:
+                    if self._quick is None and (self._queue or not self._ready):  # else: nothing left to cover
+                        self._quick = self._open_quick()
+                    session = self._quick
+                if session is not None:
+                    run_once(session)
+            except Exception as exc:  # noqa: BLE001 - the tuned session meets the same problem in the caller
+                log.debug("%s: warming the quick session failed: %s", self.name, exc)
+        self._warming = threading.Thread(target=go, name="trtc-ort-quick-warm", daemon=True)
+        self._warming.start()
 
     def route(self, key):
         """The quick session for ``key`` while the tuned session prepares it, else None (run the tuned one)."""
@@ -85,6 +104,12 @@ class QuickStart:
             return key in self._ready
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Wait until every shape queued so far is prepared; False when ``timeout`` seconds passed first."""
+        """Wait until every shape queued so far is prepared and the quick session's warm-up ended; False when
+        ``timeout`` seconds passed first."""
+        warming = self._warming
+        if warming is not None:
+            warming.join(timeout)
+            if warming.is_alive():
+                return False
         with self._lock:
             return self._lock.wait_for(lambda: self._thread is None, timeout)

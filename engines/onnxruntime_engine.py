@@ -248,6 +248,9 @@ class OnnxRuntimeEngine(EngineBase):
             providers[0][1]["use_tf32"] = "0"
         if kind == "cuda" and tuning in ("auto", "graphs"):
             providers[0][1].update(TUNED_CUDA_OPTIONS)
+        self.quick = None  # a QuickStart when the first batches of a shape may run on the quick session
+        if quick_start and kind == "cuda" and tuning in ("auto", "graphs") and self.stream is not None:
+            self._quick_setup(ort, opts, providers, doc)  # before the tuned session: its warm-up overlaps that
         self.session, self._graph_session = self._open(ort, opts, providers, graphs=kind == "cuda" and
                                                     tuning == "graphs" and self.stream is not None)
         # a session made with graphs enabled: every run that replays none says gpu_graph_id -1, else ONNX Runtime
@@ -262,14 +265,15 @@ class OnnxRuntimeEngine(EngineBase):
         self._run_options = None
         self._host_run_options = None
         self._graphs: dict = {}  # (input addresses, shapes, dtypes) -> _Graphed, made by capture_graphs
-        self.quick = None  # a QuickStart when the first batches of a shape may run on the quick session
-        if quick_start and kind == "cuda" and tuning in ("auto", "graphs") and self.stream is not None:
-            self._start_quick(ort, opts, providers, doc)
+        if self.quick is not None:  # the tuned session prepares the batch the video pipeline will use
+            key = _expected_key(self.inputs, doc)
+            if key is not None:
+                self.quick.start(key)
 
-    def _start_quick(self, ort, opts, providers, doc: dict) -> None:
-        """The quick session's options (cuDNN's default algorithms, NCHW, no graphs, a stream of its own), and the
-        tuned session's preparation of the batch the video pipeline will use (the manifest's, as
-        engines.video's default batch: a fixed batch, else its opt capped at 64)."""
+    def _quick_setup(self, ort, opts, providers, doc: dict) -> None:
+        """The quick session's options (cuDNN's default algorithms, NCHW, no graphs, a stream of its own); its
+        creation and one run at the batch the video pipeline will use (the manifest's, as engines.video's default
+        batch: a fixed batch, else its opt capped at 64) start now, on a thread (QuickStart.warm)."""
         import cupy as cp
 
         from ._ort_quick import QuickStart
@@ -283,9 +287,23 @@ class OnnxRuntimeEngine(EngineBase):
         self._quick_run_options = None
         self.quick = QuickStart(self._prepare_shape, lambda: self._session(ort, opts, quick_providers),
                                 self.path.name)
-        key = _expected_key(self.inputs, doc)
-        if key is not None:
-            self.quick.start(key)
+        self.quick.warm(lambda session: self._warm_quick(session, doc))
+
+    def _warm_quick(self, session, doc: dict) -> None:
+        """One run of the quick session on zeros at the expected input shapes (on QuickStart.warm's thread)."""
+        import cupy as cp
+
+        inputs, outputs = [_spec(a) for a in session.get_inputs()], [_spec(a) for a in session.get_outputs()]
+        key = _expected_key(inputs, doc)
+        if key is None:
+            return
+        with cp.cuda.Device(self.device_id), self._quick_stream:
+            xs = [cp.zeros(shape, spec.numpy_dtype) for spec, shape in zip(inputs, key)]
+            outs = [cp.empty(self._output_shape(spec, key[0][0]), spec.numpy_dtype) for spec in outputs]
+            io = session.io_binding()
+            self._bind(io, xs, outs, inputs, outputs)
+            session.run_with_iobinding(io, self._device_run_options(graphs=False))
+            self._quick_stream.synchronize()
 
     def _prepare_shape(self, key) -> None:
         """Run the tuned session once on zeros of these input shapes (on the quick start's thread)."""
@@ -421,10 +439,10 @@ class OnnxRuntimeEngine(EngineBase):
                               "export the model with a fixed output shape")
         return shape
 
-    def _bind(self, io, xs, outs) -> None:
-        for spec, x in zip(self.inputs, xs):
+    def _bind(self, io, xs, outs, inputs=None, outputs=None) -> None:
+        for spec, x in zip(inputs or self.inputs, xs):
             io.bind_input(spec.name, "cuda", self.device_id, x.dtype, tuple(x.shape), x.data.ptr)
-        for spec, out in zip(self.outputs, outs):
+        for spec, out in zip(outputs or self.outputs, outs):
             io.bind_output(spec.name, "cuda", self.device_id, out.dtype, tuple(out.shape), out.data.ptr)
 
     def _run(self, io, run_options) -> None:

@@ -340,6 +340,19 @@ def test_the_number_of_kept_decoders_comes_from_the_environment(monkeypatch):
     assert DecoderCache().limit == DEFAULT_LIMIT
 
 
+class _NullStream:
+    """A CuPy stream's context and synchronize(), doing nothing (the warm-up tests run no GPU work)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+    def synchronize(self):
+        pass
+
+
 def test_the_warm_up_runs_again_after_the_engine_ran_another_batch_size():
     """ONNX Runtime's CUDA EP searches cuDNN algorithms again at every change of input shape, also back to one it
     ran before (measured on an H100: docs/BENCHMARKS.md). A pipeline therefore warms its batch up unless the
@@ -349,16 +362,22 @@ def test_the_warm_up_runs_again_after_the_engine_ran_another_batch_size():
     runs = []
     engine = types.SimpleNamespace(infer=lambda data, stream=None: runs.append(data.shape[0]))
 
-    class Stream:
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            pass
-
-        def synchronize(self):
-            pass
-
     for batch in (64, 64, 8, 64, 64):
-        GpuPipeline._warm_up(types.SimpleNamespace(engine=engine, batch=batch), np.ones((batch, 3, 4, 4)), Stream())
+        GpuPipeline._warm_up(types.SimpleNamespace(engine=engine, batch=batch), np.ones((batch, 3, 4, 4)), _NullStream())
     assert runs == [64, 8, 64]
+
+
+def test_no_warm_up_for_an_engine_that_quick_starts():
+    """An ONNX Runtime engine with quick start (engine.quick set) warmed its quick session at open and prepares the
+    tuned one in the background: the pipeline runs no batch of zeros before its first frames (it would only delay
+    the first result, by 0.33 s a batch of 64 for Lite0 on an H100's default-algorithm session)."""
+    from engines.video.gpu_pipeline import GpuPipeline
+
+    runs = []
+    engine = types.SimpleNamespace(infer=lambda data, stream=None: runs.append(data.shape[0]), quick=object())
+
+    GpuPipeline._warm_up(types.SimpleNamespace(engine=engine, batch=64), np.ones((64, 3, 4, 4)), _NullStream())
+    assert runs == []
+    engine.quick = None  # the tuned session alone (quick_start=False, or done): warmed as before
+    GpuPipeline._warm_up(types.SimpleNamespace(engine=engine, batch=64), np.ones((64, 3, 4, 4)), _NullStream())
+    assert runs == [64]

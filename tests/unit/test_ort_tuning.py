@@ -208,47 +208,78 @@ def _manifest_batch(path) -> int:
     return min(64, json.loads(manifest_path(path).read_text())["batch"]["opt"])
 
 
+def _quick_sessions(sessions) -> list:
+    """The quick sessions among those opened (the warm-up thread opens one while the tuned one opens: any order)."""
+    return [s for s in sessions if s.options.get("cudnn_conv_algo_search") == "DEFAULT"]
+
+
 def test_quick_start_opens_a_default_algorithm_session_on_its_own_stream(cuda_engine, lite0_onnx):
     gate = threading.Event()
     eng, asked, tuned = cuda_engine("graphs", quick_start=True, gate=gate)
+    n = _manifest_batch(lite0_onnx[0])
+    # at open a thread opened the quick session and ran it once at the batch the video pipeline defaults to (the
+    # manifest's opt, <= 64): that run loads its kernels before the caller's first batch
+    assert eng.quick._warming.name == "trtc-ort-quick-warm"
+    eng.quick._warming.join(10)
+    (quick,) = _quick_sessions(cuda_engine.sessions)
+    assert [r[1]["input"][1] for r in quick.runs] == [(n, 3, 224, 224)]
     x = cuda_engine.cp.asarray(np.zeros((2, 3, 224, 224), np.float32))
     eng.infer(x)
-    quick = asked[-1]
-    assert quick["cudnn_conv_algo_search"] == "DEFAULT"
-    assert not {"prefer_nhwc", "enable_cuda_graph"} & set(quick)
-    assert quick["user_compute_stream"] != asked[0]["user_compute_stream"] and quick["device_id"] == 0
+    assert len(quick.runs) == 2 and quick.runs[-1][1]["input"][1] == (2, 3, 224, 224)
+    assert _quick_sessions(cuda_engine.sessions) == [quick]  # not opened again
+    assert quick.options["cudnn_conv_algo_search"] == "DEFAULT"
+    assert not {"prefer_nhwc", "enable_cuda_graph"} & set(quick.options)
+    assert quick.options["user_compute_stream"] != tuned.options["user_compute_stream"]
+    assert quick.options["device_id"] == 0
     gate.set()
     assert eng.wait_ready(10)
-    # at open the tuned session prepared the batch the video pipeline defaults to (the manifest's opt, <= 64)
-    n = _manifest_batch(lite0_onnx[0])
+    # the tuned session prepared the open-time batch first, then the caller's
     prepared = [r[1]["input"][1] for r in tuned.runs]
-    assert prepared[0] == (n, 3, 224, 224) and (2, 3, 224, 224) in prepared
+    assert prepared == [(n, 3, 224, 224), (2, 3, 224, 224)]
     assert all(r[0] == "-1" for r in tuned.runs)  # preparing never captures a graph
 
 
 def test_batches_run_on_the_quick_session_until_the_tuned_one_has_prepared_their_shape(cuda_engine):
     gate = threading.Event()
     eng, _, tuned = cuda_engine("auto", quick_start=True, gate=gate)
+    eng.quick._warming.join(10)
+    (quick,) = _quick_sessions(cuda_engine.sessions)
     cp = cuda_engine.cp
     x = cp.asarray(np.zeros((4, 3, 224, 224), np.float32))
     outs = [eng.infer(x)[0] for _ in range(3)]
-    quick = cuda_engine.sessions[-1]
-    assert quick is not tuned and len(quick.runs) == 3 and eng.quick.quick_runs == 3
-    assert [float(o.host[0, 0]) for o in outs] == [1, 2, 3]  # each call's own result, from the quick session
+    assert len(quick.runs) == 4 and eng.quick.quick_runs == 3  # the warm-up's run, then the caller's three
+    assert [float(o.host[0, 0]) for o in outs] == [2, 3, 4]  # each call's own result, from the quick session
     assert not tuned.runs  # the preparation waits at the gate
     gate.set()
     assert eng.wait_ready(10)
     assert eng.quick._quick is None  # let go once nothing is being prepared
     prepared = len(tuned.runs)
     eng.infer(x)
-    assert len(tuned.runs) == prepared + 1 and len(quick.runs) == 3 and eng.quick.quick_runs == 3
+    assert len(tuned.runs) == prepared + 1 and len(quick.runs) == 4 and eng.quick.quick_runs == 3
     # a new shape: prepared in its turn, meanwhile on a new quick session
     gate.clear()
     eng.infer(x[:1])
-    assert cuda_engine.sessions[-1] is not quick and len(cuda_engine.sessions[-1].runs) == 1
+    again = _quick_sessions(cuda_engine.sessions)
+    assert len(again) == 2 and again[-1] is not quick and len(again[-1].runs) == 1
     gate.set()
     eng.close()  # waits for the preparation, which runs the session
     assert tuned.runs[-1][1]["input"][1] == (1, 3, 224, 224)
+
+
+def test_the_warm_up_opens_no_quick_session_once_nothing_is_left_to_prepare(cuda_engine):
+    """The tuned session prepared the open-time batch before the warm-up thread got to open the quick session (as
+    with ResNet-50, ready in 0.9 s): no quick session is opened, none kept."""
+    gate = threading.Event()
+    gate.set()
+    eng, _, tuned = cuda_engine("auto", quick_start=False, gate=gate)
+    from engines._ort_quick import QuickStart
+
+    opened = []
+    q = QuickStart(lambda key: None, lambda: opened.append(1) or object())
+    q.start("k")
+    assert q.wait(10) and q.ready("k")
+    q.warm(lambda s: opened.append("ran"))
+    assert q.wait(10) and opened == [] and q._quick is None
 
 
 def test_a_failed_preparation_leaves_the_error_to_the_tuned_run(cuda_engine):
