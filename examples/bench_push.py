@@ -58,10 +58,11 @@ def engine_only(engine, batch: int, seconds: float) -> float:
     return n * batch / (time.perf_counter() - t0)
 
 
-def push_rate(engine, frames, batch: int, threads: int, seconds: float, soak: bool = False, many: int = 1) -> dict:
+def push_rate(engine, frames, batch: int, threads: int, seconds: float, soak: bool = False, many: int = 1,
+              buffers: int = 0) -> dict:
     """Frames classified per second while ``threads`` threads push device frames (on_lag=block: every frame is
     classified), one per push() call, or ``many`` per push_many() call; with ``soak``, GPU memory sampled every
-    10 s."""
+    10 s. ``buffers``: the pusher's input buffers (0: enough for two frames per thread, at least 4)."""
     import cupy as cp
 
     from engines._gpu import memory_used_mib
@@ -70,7 +71,7 @@ def push_rate(engine, frames, batch: int, threads: int, seconds: float, soak: bo
     stop = threading.Event()
     samples = []
     with FramePusher(engine, batch=batch, top_k=1, on_lag="block", callback=lambda _p: None,
-                     buffers=max(4, threads * 2 // batch + 2)) as p:
+                     buffers=buffers or max(4, threads * 2 // batch + 2)) as p:
         def produce(k):
             i = 0
             while not stop.is_set():
@@ -106,11 +107,11 @@ def bench(model: str, args) -> list[dict]:
     with engines.open_engine(model, device=args.device) as engine:
         for batch in args.batch:
             ref = engine_only(engine, batch, args.seconds)
-            for threads, many in ((t, m) for m in args.many for t in args.threads):
-                r = push_rate(engine, frames, batch, threads, args.seconds, many=many)
+            for threads, many, bufs in ((t, m, b) for b in args.buffers for m in args.many for t in args.threads):
+                r = push_rate(engine, frames, batch, threads, args.seconds, many=many, buffers=bufs)
                 rows.append({"model": Path(model).name, "batch": batch, "engine_only_fps": round(ref, 1), **r,
-                             "ratio": round(r["fps"] / ref, 3)})
-                call = "push" if many == 1 else f"push_many({many})"
+                             "buffers": bufs or None, "ratio": round(r["fps"] / ref, 3)})
+                call = ("push" if many == 1 else f"push_many({many})") + (f" buffers {bufs}" if bufs else "")
                 print(f"{rows[-1]['model']:<28} batch {batch:>3}  threads {threads:>2}  engine-only {ref:8.1f} fps"
                       f"  {call} {r['fps']:8.1f} fps  {r['fps'] / ref:5.3f}x", flush=True)
             if args.soak:
@@ -131,6 +132,8 @@ def main() -> None:
     ap.add_argument("--threads", type=lambda s: [int(x) for x in s.split(",")], default=[1, 16])
     ap.add_argument("--many", type=lambda s: [int(x) for x in s.split(",")], default=[1],
                     help="frames per call: 1 is push(), more is push_many() (e.g. 1,8)")
+    ap.add_argument("--buffers", type=lambda s: [int(x) for x in s.split(",")], default=[0],
+                    help="the pusher's input buffers, e.g. 4,8 (0, the default: two frames per thread, at least 4)")
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--soak", type=float, default=0.0, help="also push this long and sample GPU memory")
     ap.add_argument("--json", help="write the rows here")
