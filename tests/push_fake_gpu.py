@@ -67,8 +67,12 @@ def _dev(a):
 
 
 class Stream:
-    def __init__(self, non_blocking=False, ptr=None):
+    """As CuPy's: a new stream gets the current device's id; the singletons (the null stream, handle 0, and the
+    per-thread default stream, handle 2) get -1."""
+
+    def __init__(self, non_blocking=False, ptr=None, device_id=0):
         self.ptr = ptr if ptr is not None else next(_ptrs)
+        self.device_id = device_id
 
     def __enter__(self):  # the thread's current stream, as CuPy's
         self._outer = getattr(_TLS, "stream", None)
@@ -201,7 +205,8 @@ def install(monkeypatch=None, kernel_reads: bool = True, cuda_us: float = 0.0):
         setattr(m, name, getattr(np, name))
     m.RawKernel = RawKernel
     RawKernel.launches, RawKernel.reads, RawKernel.read_delay = [], kernel_reads, 0.0
-    current = Stream(ptr=0)
+    current = Stream.null = Stream(ptr=0, device_id=-1)
+    Stream.ptds = Stream(ptr=2, device_id=-1)
     m.cuda = types.SimpleNamespace(Stream=Stream, Device=Device, Event=Event,
                                    get_current_stream=lambda device_id=-1: getattr(_TLS, "stream", None) or current,
                                    runtime=types.SimpleNamespace(eventRecord=_event_record, getDeviceCount=lambda: 1))

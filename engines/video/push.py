@@ -456,6 +456,9 @@ class PushHandle:
 
 _PENDING, _ENQUEUED, _DROPPED = 0, 1, 2
 _PER_THREAD_STREAM = 2  # cudaStreamPerThread: a different stream in each thread
+# the legacy default stream: CuPy's Stream.null (handle 0) and cudaStreamLegacy (1). One per device, shared by every
+# thread, so the writer (on the engine's GPU) may record on it; CuPy gives its singleton device_id -1
+_LEGACY_STREAMS = (0, 1)
 
 
 @dataclass
@@ -555,8 +558,8 @@ class _GpuPusher:
 
     def _syncs(self, cuda_stream, imported: bool) -> tuple:
         """What the writer's stream waits for before it reads these frames: per producer, either the producer's
-        CuPy stream itself (lazy: the writer records its event there once per group, so a push makes no CUDA
-        call) or an event recorded on it now (eager: a handle, a torch stream, CuPy's per-thread default stream,
+        CuPy stream itself, or CuPy's null stream (lazy: the writer records its event there once per group, so a
+        push makes no CUDA call) or an event recorded on it now (eager: a handle, a torch stream, CuPy's per-thread default stream,
         an external stream, a stream of another GPU: streams trtc cannot keep alive or record on from its
         writer thread)."""
         if cuda_stream is None:
@@ -565,8 +568,8 @@ class _GpuPusher:
             s = cuda_stream
         else:
             s = None
-        if s is not None and type(s) is self.stream_type and s.ptr != _PER_THREAD_STREAM and \
-                getattr(s, "device_id", self.gpu.device_id) == self.gpu.device_id:
+        if s is not None and type(s) is self.stream_type and (s.ptr in _LEGACY_STREAMS or (
+                s.ptr != _PER_THREAD_STREAM and getattr(s, "device_id", self.gpu.device_id) == self.gpu.device_id)):
             producer = s  # the item keeps the stream object alive until the writer recorded on it
         else:
             ptr = s.ptr if s is not None else _stream_ptr(cuda_stream)

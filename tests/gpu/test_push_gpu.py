@@ -182,17 +182,19 @@ def test_sixteen_threads_each_stream_in_order(host_frames, cuda_lite0, classifie
         assert [q.indices[0] for q in mine] == [c.indices[0] for c in classified]
 
 
-def test_release_handle_marks_when_the_frame_may_be_overwritten(host_frames, cuda_lite0, classified):
+@pytest.mark.parametrize("producer", ["stream", "null"])
+def test_release_handle_marks_when_the_frame_may_be_overwritten(host_frames, cuda_lite0, classified, producer):
     """One device buffer reused for every frame: each frame is copied in only after the previous push's handle
     released it (the documented release point: GPU-side, the stream waits for the event handle.wait() returns
     once the frame's batched kernel is enqueued; host-side, handle.done()); every prediction is still its own
-    frame's."""
+    frame's. The copies run on a CuPy stream of their own, or on CuPy's null stream (a program that never picks a
+    stream; the push then makes no CUDA call and the writer records on the null stream)."""
     import cupy as cp
 
     from engines.video import FramePusher
 
     buf = cp.empty(host_frames[0][0].shape, cp.uint8)
-    stream = cp.cuda.Stream(non_blocking=True)
+    stream = cp.cuda.Stream(non_blocking=True) if producer == "stream" else cp.cuda.Stream.null
     with FramePusher(cuda_lite0, batch=16, top_k=1, on_lag="block", colorspace=host_frames[0][3]) as p:
         h = None
         for i, (nv12, *_rest) in enumerate(host_frames[:64]):

@@ -234,22 +234,24 @@ def _unordered_reads(log: list, writer: int) -> list:
     return bad
 
 
-@pytest.mark.parametrize("how", ["current", "argument", "handle", "per-thread", "torch"])
+@pytest.mark.parametrize("how", ["current", "null", "argument", "handle", "per-thread", "torch"])
 def test_every_read_waits_for_its_producer_streams_work_before_the_push(cp, how):
-    """Four threads push, each on its own producer stream (the thread's current CuPy stream, a CuPy stream given
-    as cuda_stream, a raw handle, CuPy's per-thread default stream, a torch-like stream): every launch reads each
-    of its frames only after the writer's stream waited for an event recorded on that frame's producer after the
-    push. CuPy streams of the engine's GPU cost the push no CUDA call (the writer records once per group); the
-    others get an event recorded by the push."""
+    """Four threads push, each on its own producer stream (the thread's current CuPy stream, CuPy's null stream
+    shared by all four (what a program that never picks a stream uses), a CuPy stream given as cuda_stream, a raw
+    handle, CuPy's per-thread default stream, a torch-like stream): every launch reads each of its frames only after
+    the writer's stream waited for an event recorded on that frame's producer after the push. CuPy streams of the
+    engine's GPU and the null stream cost the push no CUDA call (the writer records once per group); the others
+    get an event recorded by the push."""
     log = push_fake_gpu.TRACE["log"] = []
     lock = threading.Lock()
     n_threads, n_frames = 4, 40
     frames = [[nv12(cp, (10 * s + i) % 256) for i in range(n_frames)] for s in range(n_threads)]
-    streams = [cp.cuda.Stream(ptr=2) if how == "per-thread" else cp.cuda.Stream() for _ in range(n_threads)]
+    streams = [cp.cuda.Stream.ptds if how == "per-thread" else cp.cuda.Stream.null if how == "null" else
+               cp.cuda.Stream() for _ in range(n_threads)]
     with pusher(max_wait_ms=1) as p:
         def produce(s):
             st = streams[s]
-            arg = {"current": None, "argument": st, "handle": st.ptr, "per-thread": None,
+            arg = {"current": None, "null": None, "argument": st, "handle": st.ptr, "per-thread": None,
                    "torch": type("TorchStream", (), {"cuda_stream": st.ptr})()}[how]
             with st:
                 for f in frames[s]:
@@ -268,7 +270,7 @@ def test_every_read_waits_for_its_producer_streams_work_before_the_push(cp, how)
                                                           for i in range(n_frames))
     assert sum(len(e[2]) for e in log if e[0] == "launch") == n_threads * n_frames
     assert _unordered_reads(log, writer) == []
-    lazy = how in ("current", "argument")
+    lazy = how in ("current", "null", "argument")
     assert (p._backend.ready == {}) == lazy  # eager producers have an event recorded by push
     assert sum(e[0] == "launch" for e in log) < n_threads * n_frames / 2  # groups, not a launch per push
 
