@@ -68,22 +68,103 @@ class TopK:
         return topk_host(x, self.k, self._decide(x[:1]))
 
     def device(self, outputs, stream=None):
-        """Enqueue top-k of a CuPy (B, C) array on ``stream``; returns device (indices int32, scores float32).
+        """Enqueue top-k of a CuPy (B, C) array on ``stream``; returns device (indices int32, scores float32)."""
+        packed = self.device_packed(outputs, stream)
+        k = packed.shape[1] // 2
+        return packed[:, :k], packed[:, k:].view("float32")
 
-        The softmax decision of "auto" needs one row on the host, once per TopK (first batch only)."""
+    def device_packed(self, outputs, stream=None):
+        """Enqueue top-k of a CuPy (B, C) array on ``stream``; returns one device int32 array (B, 2k): the k
+        indices, then the k scores' float32 bits (one copy brings both to the host: :func:`unpack`).
+
+        One kernel launch (:func:`topk_kernel_source`: a thread per row) for float32 and float16 outputs and
+        k <= TOPK_MAX; CuPy's sort otherwise. The softmax decision of "auto" needs one row on the host, once per
+        TopK (first batch only)."""
         import cupy as cp  # the caller already holds device arrays, so CuPy is there
 
         with stream if stream is not None else _null():
-            x = outputs.reshape(outputs.shape[0], -1).astype(cp.float32, copy=False)
+            x = outputs.reshape(outputs.shape[0], -1)
             if self.apply_softmax is None:
-                self._decide(cp.asnumpy(x[:1]))
+                self._decide(cp.asnumpy(x[:1]).astype(np.float32))
+            rows, cols = x.shape
+            k = min(self.k, cols)
+            half = x.dtype == np.float16
+            if k <= TOPK_MAX and (half or x.dtype == np.float32) and x.flags.c_contiguous:
+                out = cp.empty((rows, 2 * k), cp.int32)
+                if rows:
+                    _topk_kernel(cp, half)(((rows + 63) // 64,), (64,), (x, np.int32(rows), np.int32(cols),
+                                                                          np.int32(k), np.int32(self.apply_softmax),
+                                                                          out))
+                return out
+            x = x.astype(cp.float32)
             if self.apply_softmax:
                 x = x - x.max(axis=1, keepdims=True)
                 cp.exp(x, out=x)
                 x /= x.sum(axis=1, keepdims=True)
-            k = min(self.k, x.shape[1])
             idx = cp.argsort(-x, axis=1)[:, :k].astype(cp.int32)
-            return idx, cp.take_along_axis(x, idx, axis=1)
+            scores = cp.ascontiguousarray(cp.take_along_axis(x, idx, axis=1))
+            return cp.concatenate([idx, scores.view(cp.int32)], axis=1)
+
+
+def unpack(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:meth:`TopK.device_packed`'s (B, 2k) int32 array, on the host -> (indices int32 (B, k), scores float32)."""
+    k = packed.shape[1] // 2
+    return packed[:, :k], np.ascontiguousarray(packed[:, k:]).view(np.float32)
+
+
+TOPK_MAX = 32  # the kernel keeps the best k of a row in registers
+
+
+def topk_kernel_source(half: bool) -> str:
+    """CUDA source of the top-k kernel: one thread per row of a (rows, cols) array; with ``softmax`` the row's
+    maximum, then the sum of exp(x - max), then each score exp(x - max) / sum (float32, as the numpy rule); the
+    best k kept by insertion while the row is read once, so ties keep the lower class index first (NaN ranks
+    below every number). Writes k indices, then k scores as float32 bits, per row."""
+    t, load = ("__half", "__half2float(row[c])") if half else ("float", "row[c]")
+    include = "#include <cuda_fp16.h>\n" if half else ""
+    name = "f16" if half else "f32"
+    return include + f"""
+extern "C" __global__ void trtc_topk_{name}(const {t}* __restrict__ x, int rows, int cols, int k, int softmax,
+                                        int* __restrict__ out) {{
+    int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= rows) return;
+    const {t}* row = x + (long long)r * cols;
+    float m = -INFINITY, s = 1.0f;
+    if (softmax) {{
+        for (int c = 0; c < cols; c++) m = fmaxf(m, {load});
+        s = 0.0f;
+        for (int c = 0; c < cols; c++) s += expf({load} - m);
+    }}
+    float bv[{TOPK_MAX}], bk[{TOPK_MAX}];
+    int bi[{TOPK_MAX}];
+    int n = 0;
+    for (int c = 0; c < cols; c++) {{
+        float v = {load};
+        if (softmax) v = expf(v - m) / s;
+        float key = (v != v) ? -INFINITY : v;
+        if (n < k || key > bk[n - 1]) {{
+            int j = n < k ? n++ : k - 1;
+            while (j > 0 && bk[j - 1] < key) {{ bv[j] = bv[j - 1]; bk[j] = bk[j - 1]; bi[j] = bi[j - 1]; j--; }}
+            bv[j] = v; bk[j] = key; bi[j] = c;
+        }}
+    }}
+    int* o = out + (long long)r * 2 * k;
+    for (int j = 0; j < k; j++) {{ o[j] = bi[j]; o[k + j] = __float_as_int(bv[j]); }}
+}}
+"""
+
+
+_KERNELS: dict = {}
+
+
+def _topk_kernel(cp, half: bool):
+    """The compiled kernel (once per process and variant)."""
+    key = (cp.RawKernel, half)  # per CuPy module: the tests' stand-ins bring their own
+    kernel = _KERNELS.get(key)
+    if kernel is None:
+        name = "f16" if half else "f32"
+        kernel = _KERNELS[key] = cp.RawKernel(topk_kernel_source(half), f"trtc_topk_{name}")
+    return kernel
 
 
 class _null:

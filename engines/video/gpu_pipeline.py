@@ -38,6 +38,7 @@ import numpy as np
 
 from ..errors import UsageProblem
 from ..preprocess import MAX_FRAMES_PER_LAUNCH, GpuPreprocessor
+from ..topk import unpack
 from .assembler import InputBuffer, SlotAssembler, Stopped
 from .decoders import DECODERS
 from .sources import BatchUnavailable, SourceError, surface_format
@@ -182,12 +183,11 @@ class GpuBatches:
             meta, out, done = item
             t0 = time.perf_counter()
             topk_stream.wait_event(done)  # the engine's outputs are written (each call's own arrays)
-            idx, sc = self.topk.device(out, stream=topk_stream)
+            packed = self.topk.device_packed(out, stream=topk_stream)
             self.stats.infer_stage["topk_call_s"] += time.perf_counter() - t0
             topk_stream.synchronize()
-            idx_h = cp.asnumpy(idx)  # (n, k): the only device->host copies
-            sc_h = cp.asnumpy(sc)
-            del out, idx, sc
+            idx_h, sc_h = unpack(cp.asnumpy(packed))  # (n, 2k) int32: the only device->host copy
+            del out, packed
             now = time.perf_counter()  # the results are on the host
             self.stats.batches += 1
             self.stats.batch_sizes.append(len(meta))

@@ -157,6 +157,8 @@ def test_a_failed_launch_loses_its_frames_counted_and_the_run_goes_on(cp, monkey
     calls = []
 
     def flaky(self, grid, block, args, stream=None):
+        if self.topk:  # the preprocessing kernel's launches fail, not top-k's
+            return real(self, grid, block, args, stream)
         calls.append(grid[1])
         if len(calls) == 2:
             raise RuntimeError("CUDA_ERROR_ILLEGAL_ADDRESS")

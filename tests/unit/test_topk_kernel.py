@@ -1,0 +1,86 @@
+"""The top-k kernel of the GPU path (engines.topk.topk_kernel_source), its CUDA source compiled here by g++ with a
+few macros standing in for CUDA's and run over its whole grid on the CPU, against the numpy rule
+(engines.topk.topk_host: float64 softmax, a stable argsort), which shares no code with it. Checks the indices
+(ties: the lower class first; NaN ranks last), the scores (float32 against float64, rtol 1e-5) and the packing of
+both into one int32 row. The float16 variant and the launch through CuPy run in tests/gpu/test_topk_gpu.py."""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from engines.topk import TOPK_MAX, topk_host, topk_kernel_source, unpack
+
+_PRELUDE = r"""
+#include <math.h>
+#include <string.h>
+struct uint3_ { unsigned x, y, z; };
+static uint3_ blockIdx, threadIdx, blockDim;
+#define __global__
+#define __restrict__
+static inline int __float_as_int(float f) { int i; memcpy(&i, &f, sizeof i); return i; }
+"""
+
+_DRIVER = r"""
+extern "C" void run_grid(const float* x, int rows, int cols, int k, int softmax, int* out) {
+    blockDim.x = 64;
+    for (unsigned b = 0; b < (unsigned)(rows + 63) / 64; b++)
+        for (unsigned t = 0; t < 64; t++) {
+            blockIdx.x = b; threadIdx.x = t;
+            trtc_topk_f32(x, rows, cols, k, softmax, out);
+        }
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory):
+    if not shutil.which("g++"):
+        pytest.skip("needs g++ to run the kernel's source on the CPU")
+    folder = tmp_path_factory.mktemp("topk")
+    (folder / "k.cpp").write_text(_PRELUDE + topk_kernel_source(half=False) + _DRIVER)
+    subprocess.run(["g++", "-O1", "-shared", "-fPIC", "-o", str(folder / "k.so"), str(folder / "k.cpp")], check=True)
+    return ctypes.CDLL(str(folder / "k.so")).run_grid
+
+
+def _run(kernel, x: np.ndarray, k: int, softmax: bool) -> tuple[np.ndarray, np.ndarray]:
+    x = np.ascontiguousarray(x, np.float32)
+    out = np.full((x.shape[0], 2 * k), -7, np.int32)  # rows past the grid's would keep -7
+    p = ctypes.c_void_p
+    kernel(p(x.ctypes.data), ctypes.c_int(x.shape[0]), ctypes.c_int(x.shape[1]), ctypes.c_int(k),
+           ctypes.c_int(int(softmax)), p(out.ctypes.data))
+    return unpack(out)
+
+
+def _logits(rows: int, cols: int, seed: int) -> np.ndarray:
+    """Logits on a 1/64 grid, so rows hold exact ties (and distinct values differ enough that float32 and
+    float64 softmax order them alike)."""
+    rng = np.random.default_rng(seed)
+    return np.round(rng.normal(0, 3, (rows, cols)) * 64) / 64
+
+
+@pytest.mark.parametrize("softmax", [True, False])
+@pytest.mark.parametrize("k", [1, 5, TOPK_MAX])
+def test_the_kernel_gives_the_numpy_rule(kernel, softmax, k):
+    x = _logits(70, 1000, seed=k)  # 70 rows: two blocks of 64 threads, the second partly idle
+    x[3, [10, 20, 30]] = x[3].max() + 1  # a three-way tie for first place
+    idx, scores = _run(kernel, x, k, softmax)
+    ref_idx, ref_scores = topk_host(x.astype(np.float32), k, softmax)
+    assert (idx == ref_idx).all(), np.argwhere(idx != ref_idx)[:5]
+    assert list(idx[3, :min(k, 3)]) == [10, 20, 30][:k]  # ties: the lower class first
+    np.testing.assert_allclose(scores, ref_scores, rtol=1e-5, atol=1e-7)
+
+
+def test_a_row_with_nan_ranks_it_last_and_short_rows(kernel):
+    x = _logits(3, 10, seed=1).astype(np.float32)
+    x[1, 2] = np.nan
+    idx, scores = _run(kernel, x, 10, softmax=False)
+    ref_idx, ref_scores = topk_host(x, 10, False)
+    assert (idx == ref_idx).all() and idx[1, -1] == 2 and np.isnan(scores[1, -1])
+    np.testing.assert_array_equal(scores[[0, 2]], ref_scores[[0, 2]])
+    idx, _ = _run(kernel, x[:, :3], 3, softmax=True)  # k equal to the number of classes
+    assert (idx == topk_host(x[:, :3], 3, True)[0]).all()
