@@ -129,7 +129,8 @@ extern "C" __global__ void trtc_topk_{name}(const {t}* __restrict__ x, int rows,
     int r = blockIdx.x * blockDim.x + threadIdx.x;
     if (r >= rows) return;
     const {t}* row = x + (long long)r * cols;
-    float m = -INFINITY, s = 1.0f;
+    const float neg_inf = __int_as_float((int)0xff800000);  // no header needed under NVRTC
+    float m = neg_inf, s = 1.0f;
     if (softmax) {{
         for (int c = 0; c < cols; c++) m = fmaxf(m, {load});
         s = 0.0f;
@@ -141,7 +142,7 @@ extern "C" __global__ void trtc_topk_{name}(const {t}* __restrict__ x, int rows,
     for (int c = 0; c < cols; c++) {{
         float v = {load};
         if (softmax) v = expf(v - m) / s;
-        float key = (v != v) ? -INFINITY : v;
+        float key = (v != v) ? neg_inf : v;
         if (n < k || key > bk[n - 1]) {{
             int j = n < k ? n++ : k - 1;
             while (j > 0 && bk[j - 1] < key) {{ bv[j] = bv[j - 1]; bk[j] = bk[j - 1]; bi[j] = bi[j - 1]; j--; }}

@@ -18,11 +18,13 @@ from engines.topk import TOPK_MAX, topk_host, topk_kernel_source, unpack
 _PRELUDE = r"""
 #include <math.h>
 #include <string.h>
+#undef INFINITY
 struct uint3_ { unsigned x, y, z; };
 static uint3_ blockIdx, threadIdx, blockDim;
 #define __global__
 #define __restrict__
 static inline int __float_as_int(float f) { int i; memcpy(&i, &f, sizeof i); return i; }
+static inline float __int_as_float(int i) { float f; memcpy(&f, &i, sizeof f); return f; }
 """
 
 _DRIVER = r"""
