@@ -86,3 +86,49 @@ def test_a_row_with_nan_ranks_it_last_and_short_rows(kernel):
     np.testing.assert_array_equal(scores[[0, 2]], ref_scores[[0, 2]])
     idx, _ = _run(kernel, x[:, :3], 3, softmax=True)  # k equal to the number of classes
     assert (idx == topk_host(x[:, :3], 3, True)[0]).all()
+
+
+def _nvrtc():
+    """libnvrtc and the CUDA headers from the nvidia wheels torch's CUDA build brings (no GPU needed to compile),
+    or None."""
+    import glob
+    import importlib.util
+
+    spec = importlib.util.find_spec("nvidia")
+    for root in (spec.submodule_search_locations if spec else []):
+        for lib in sorted(glob.glob(f"{root}/*/lib/libnvrtc.so.*")) + sorted(glob.glob(f"{root}/cuda_nvrtc/lib/"
+                                                                                       "libnvrtc.so.*")):
+            include = [d for d in glob.glob(f"{root}/*/include") if glob.glob(f"{d}/cuda_fp16.h")]
+            if include and "builtins" not in lib and ".alt." not in lib:
+                # NVRTC opens its builtins library by name at compile time: load it first (outside the loader's
+                # path it is not found otherwise)
+                for builtins in glob.glob(lib.replace("libnvrtc.so", "libnvrtc-builtins.so") + "*"):
+                    ctypes.CDLL(builtins, mode=ctypes.RTLD_GLOBAL)
+                return ctypes.CDLL(lib), include[0]
+    return None
+
+
+@pytest.mark.parametrize("half", [False, True])
+def test_the_kernel_compiles_under_nvrtc(half):
+    """What CuPy's RawKernel does on the GPU machine, without a GPU: NVRTC compiles the source for an H100
+    (compute_90), with only the CUDA headers on the include path; the PTX holds the kernel's entry point."""
+    found = _nvrtc()
+    if found is None:
+        pytest.skip("needs libnvrtc and the CUDA headers (the nvidia wheels of torch's CUDA build)")
+    lib, include = found
+    name = "trtc_topk_f16" if half else "trtc_topk_f32"
+    prog = ctypes.c_void_p()
+    assert lib.nvrtcCreateProgram(ctypes.byref(prog), topk_kernel_source(half).encode(), b"topk.cu", 0, None,
+                                  None) == 0
+    opts = [b"--gpu-architecture=compute_90", f"-I{include}".encode()]
+    status = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
+    size = ctypes.c_size_t()
+    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+    log = ctypes.create_string_buffer(size.value)
+    lib.nvrtcGetProgramLog(prog, log)
+    assert status == 0, log.value.decode(errors="replace")
+    lib.nvrtcGetPTXSize(prog, ctypes.byref(size))
+    ptx = ctypes.create_string_buffer(size.value)
+    lib.nvrtcGetPTX(prog, ptx)
+    lib.nvrtcDestroyProgram(ctypes.byref(prog))
+    assert f".entry {name}".encode() in ptx.value
