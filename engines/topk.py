@@ -10,9 +10,13 @@ numpy for host arrays. One rule for both:
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from .errors import UsageProblem
+
+log = logging.getLogger("trtc")
 
 SCORES = ("auto", "softmax", "raw")
 
@@ -89,12 +93,13 @@ class TopK:
             rows, cols = x.shape
             k = min(self.k, cols)
             half = x.dtype == np.float16
-            if k <= TOPK_MAX and (half or x.dtype == np.float32) and x.flags.c_contiguous:
+            fits = k <= TOPK_MAX and (half or x.dtype == np.float32) and x.flags.c_contiguous
+            kernel = _topk_kernel(cp, half) if fits else None
+            if kernel is not None:
                 out = cp.empty((rows, 2 * k), cp.int32)
                 if rows:
-                    _topk_kernel(cp, half)(((rows + 63) // 64,), (64,), (x, np.int32(rows), np.int32(cols),
-                                                                          np.int32(k), np.int32(self.apply_softmax),
-                                                                          out))
+                    kernel(((rows + 63) // 64,), (64,), (x, np.int32(rows), np.int32(cols), np.int32(k),
+                                                         np.int32(self.apply_softmax), out))
                 return out
             x = x.astype(cp.float32)
             if self.apply_softmax:
@@ -159,13 +164,20 @@ _KERNELS: dict = {}
 
 
 def _topk_kernel(cp, half: bool):
-    """The compiled kernel (once per process and variant)."""
+    """The compiled kernel (once per process and variant), or None where it cannot compile (said once; CuPy's
+    sort does the work then, as before the kernel)."""
     key = (cp.RawKernel, half)  # per CuPy module: the tests' stand-ins bring their own
-    kernel = _KERNELS.get(key)
-    if kernel is None:
+    if key not in _KERNELS:
         name = "f16" if half else "f32"
-        kernel = _KERNELS[key] = cp.RawKernel(topk_kernel_source(half), f"trtc_topk_{name}")
-    return kernel
+        try:
+            kernel = cp.RawKernel(topk_kernel_source(half), f"trtc_topk_{name}")
+            kernel.compile()
+        except Exception as exc:  # noqa: BLE001 - NVRTC's and CuPy's own errors; the sort path still works
+            log.warning("the top-k kernel (%s) did not compile, so top-k uses CuPy's sort: %s", name,
+                        str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+            kernel = None
+        _KERNELS[key] = kernel
+    return _KERNELS[key]
 
 
 class _null:

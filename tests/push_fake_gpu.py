@@ -23,6 +23,7 @@ import weakref
 import numpy as np
 
 from engines.preprocess import MAX_FRAMES_PER_LAUNCH
+from engines import topk
 from engines.topk import topk_host
 
 _ptrs = itertools.count(0x10000, 0x10)
@@ -210,7 +211,8 @@ def install(monkeypatch=None, kernel_reads: bool = True, cuda_us: float = 0.0):
     m.asarray = lambda a, dtype=None: a if isinstance(a, ndarray) and dtype is None else _dev(np.asarray(a, dtype))
     m.from_dlpack = lambda a: _dev(np.from_dlpack(a))
     m.asnumpy = lambda a, stream=None: np.array(a)
-    for name in ("argsort", "take_along_axis", "exp", "float32", "float16", "int32", "uint8"):
+    for name in ("argsort", "take_along_axis", "exp", "float32", "float16", "int32", "uint8", "concatenate",
+                 "ascontiguousarray"):
         setattr(m, name, getattr(np, name))
     m.RawKernel = RawKernel
     RawKernel.launches, RawKernel.reads, RawKernel.read_delay = [], kernel_reads, 0.0
@@ -225,6 +227,7 @@ def install(monkeypatch=None, kernel_reads: bool = True, cuda_us: float = 0.0):
     if monkeypatch is not None:
         monkeypatch.setitem(sys.modules, "cupy", m)
         monkeypatch.setattr(pre, "_KERNELS", {})
+        monkeypatch.setattr(topk, "_KERNELS", {})
     else:
         sys.modules["cupy"] = m
         pre._KERNELS.clear()

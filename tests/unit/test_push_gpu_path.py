@@ -317,3 +317,21 @@ def test_top_k_of_each_batch_waits_for_that_batchs_inference(cp):
     assert len(calls) == len(waits) == p.stats.batches
     assert all(w > c for c, w in zip(calls, waits))
     assert all(log[w][2] == gpu.infer_stream.ptr for w in waits)
+
+
+def test_top_k_falls_back_to_cupys_sort_when_its_kernel_does_not_compile(cp, monkeypatch, caplog):
+    """A CuPy whose NVRTC cannot compile the top-k kernel (say, no CUDA headers on an edge box): one warning, and
+    CuPy's sort gives the same predictions."""
+    real = push_fake_gpu.RawKernel.compile
+
+    def compile_(self):
+        if self.topk:
+            raise RuntimeError("NVRTC_ERROR_COMPILATION (6)\ncuda_fp16.h: cannot open source file")
+        return real(self)
+    monkeypatch.setattr(push_fake_gpu.RawKernel, "compile", compile_)
+    with caplog.at_level("WARNING", logger="trtc"), pusher(batch=8, max_wait_ms=1) as p:
+        for i in range(40):
+            p.push("cam", nv12(cp, i), frame_id=i)
+    assert [q.indices[0] for q in p.results()] == list(range(40))
+    said = [r.getMessage() for r in caplog.records if "top-k kernel" in r.getMessage()]
+    assert said == ["the top-k kernel (f32) did not compile, so top-k uses CuPy's sort: NVRTC_ERROR_COMPILATION (6)"]
