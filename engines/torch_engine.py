@@ -284,8 +284,7 @@ def read_plain(path: Path, key: str) -> dict | None:
         if not isinstance(plain, dict) or {"code", "tensors", "kinds", "kept"} - set(plain):
             raise ValueError("not a plain program")
     except Exception as exc:  # noqa: BLE001 - torch.load raises many kinds for damaged bytes
-        log.warning("ignored the plain program %s (%s); loading the program itself", path.name,
-                    str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        log.warning("ignored the plain program %s (%s); loading the program itself", path.name, _first_line(exc))
         return None
     return plain
 
@@ -350,6 +349,20 @@ def read_cache(path: Path, key: str) -> bytes | None:
         log.warning("ignored the compile cache %s: %s; compiling again", path.name, exc)
         return None
     return payload
+
+
+def cached_payloads(dirs: list[Path], key: str, suffix: str):
+    """(path, payload) of each cache file ``key + suffix`` in ``dirs``, in order, that is whole and written for
+    ``key`` (:func:`read_cache`); the caller stops at the first it can use."""
+    for folder in dirs:
+        path = folder / f"{key}{suffix}"
+        payload = read_cache(path, key)
+        if payload is not None:
+            yield path, payload
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 def write_cache(dirs: list[Path], key: str, payload: bytes, suffix: str = ".bin") -> Path | None:
@@ -678,7 +691,7 @@ class TorchEngine(EngineBase):
                     aot = torch.compile(_call, fullgraph=True, dynamic=False).aot_compile(((self.module, xt), {}))
             except Exception as exc:  # noqa: BLE001 - an experimental API: compile as before
                 log.info("Dynamo's AOT precompile failed on %s (%s); compiling without it", self.path.name,
-                         str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+                         _first_line(exc))
         fn = functools.partial(aot, self.module) if aot is not None else torch.compile(self.module, dynamic=False)
         try:
             self._first_run(torch, fn, xt)
@@ -699,19 +712,14 @@ class TorchEngine(EngineBase):
         not load or run here (a log line; compiled again)."""
         if not (self.precompile and dirs and precompile_supported(torch)):
             return None
-        for folder in dirs:
-            path = folder / f"{key}{self._aot_suffix()}"
-            payload = read_cache(path, key)
-            if payload is None:
-                continue
+        for path, payload in cached_payloads(dirs, key, self._aot_suffix()):
             try:
                 with torch._dynamo.config.patch(enable_aot_compile=True):
                     aot = torch.compiler.load_compiled_function(io.BytesIO(payload))
                 fn = functools.partial(aot, self.module)
                 self._first_run(torch, fn, xt)
             except Exception as exc:  # noqa: BLE001 - a function torch cannot load or whose guards fail: compile
-                log.warning("ignored the precompiled function %s (%s); compiling again", path.name,
-                            str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+                log.warning("ignored the precompiled function %s (%s); compiling again", path.name, _first_line(exc))
                 continue
             log.info("loaded the precompiled function %s", path)
             return fn
@@ -720,16 +728,12 @@ class TorchEngine(EngineBase):
     def _load_cache(self, dirs: list[Path], key: str) -> Path | None:
         """Load the first cache file of ``key`` that is whole and meant for it; None where there is none."""
         torch = require_torch()
-        for folder in dirs:
-            path = folder / f"{key}.bin"
-            payload = read_cache(path, key)
-            if payload is None:
-                continue
+        for path, payload in cached_payloads(dirs, key, ".bin"):
             try:
                 torch.compiler.load_cache_artifacts(payload)
             except Exception as exc:  # noqa: BLE001 - a payload torch cannot read: compile afresh
                 log.warning("ignored the compile cache %s: torch cannot load it (%s); compiling again", path.name,
-                            str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+                            _first_line(exc))
                 continue
             log.info("loaded Inductor's compiled code from %s", path)
             return path
@@ -795,8 +799,7 @@ def precompiled_bytes(aot) -> bytes | None:
             raise TypeError(f"serialize gave {type(data).__name__}")
         return bytes(data)
     except Exception as exc:  # noqa: BLE001 - never fail a run for a cache
-        log.info("torch could not save the precompiled function: %s", str(exc).splitlines()[0] if str(exc) else
-                 type(exc).__name__)
+        log.info("torch could not save the precompiled function: %s", _first_line(exc))
         return None
 
 

@@ -243,6 +243,17 @@ SECOND_START = textwrap.dedent('''
 ''')
 
 
+def _fresh_copy(tiny, tmp_path):
+    """The tiny program and its manifest copied into ``tmp_path`` (no cache beside them yet), and the start
+    script: (pt2, script)."""
+    pt2 = tmp_path / "tiny.pt2"
+    for suffix in ("", ".json"):
+        (tmp_path / f"tiny.pt2{suffix}").write_bytes((tiny[2].parent / f"tiny.pt2{suffix}").read_bytes())
+    script = tmp_path / "second_start.py"
+    script.write_text(SECOND_START)
+    return pt2, script
+
+
 def _start(script, pt2, caches, *args):
     """One start of the engine in a fresh process with an empty Inductor cache of its own."""
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(caches), "PYTHONPATH": str(ROOT)}
@@ -261,11 +272,7 @@ def test_second_start_loads_the_cache_beside_the_model(tiny, tmp_path):
     fatal. (On the CPU the second start is not much faster: tests/gpu/test_torch_engine_gpu.py times it on a GPU.)"""
     from engines.torch_engine import precompile_supported, require_torch
 
-    pt2 = tmp_path / "tiny.pt2"
-    for suffix in ("", ".json"):
-        (tmp_path / f"tiny.pt2{suffix}").write_bytes((tiny[2].parent / f"tiny.pt2{suffix}").read_bytes())
-    script = tmp_path / "second_start.py"
-    script.write_text(SECOND_START)
+    pt2, script = _fresh_copy(tiny, tmp_path)
     first = _start(script, pt2, tmp_path / "first")
     folder = tmp_path / "tiny.pt2.inductor"
     assert len(list(folder.glob("program-*-fp32-*.program"))) == 1, "the plain program was not kept"
@@ -296,11 +303,7 @@ def test_the_cache_is_not_used_for_another_torch_or_another_model(tiny, tmp_path
     replaced model (another hash) with the same file name, which computes the new model's logits."""
     from toolchain.cli import cli
 
-    pt2 = tmp_path / "tiny.pt2"
-    for suffix in ("", ".json"):
-        (tmp_path / f"tiny.pt2{suffix}").write_bytes((tiny[2].parent / f"tiny.pt2{suffix}").read_bytes())
-    script = tmp_path / "second_start.py"
-    script.write_text(SECOND_START)
+    pt2, script = _fresh_copy(tiny, tmp_path)
     first = _start(script, pt2, tmp_path / "first")
     upgraded = _start(script, pt2, tmp_path / "upgraded", "9.9.9")
     assert (upgraded["start"], upgraded["program_from"], upgraded["cache_file"]) == ("cold", "export", False)
