@@ -291,31 +291,31 @@ class OnnxRuntimeEngine(EngineBase):
 
     def _warm_quick(self, session, doc: dict) -> None:
         """One run of the quick session on zeros at the expected input shapes (on QuickStart.warm's thread)."""
-        import cupy as cp
-
         inputs, outputs = [_spec(a) for a in session.get_inputs()], [_spec(a) for a in session.get_outputs()]
         key = _expected_key(inputs, doc)
-        if key is None:
-            return
-        with cp.cuda.Device(self.device_id), self._quick_stream:
+        if key is not None:
+            run_options = self._device_run_options(graphs=False)
+            self._run_on_zeros(session, inputs, outputs, key, self._quick_stream,
+                               lambda io: session.run_with_iobinding(io, run_options))
+
+    def _prepare_shape(self, key) -> None:
+        """Run the tuned session once on zeros of these input shapes (on the quick start's thread)."""
+        run_options = self._device_run_options()
+        self._run_on_zeros(self.session, self.inputs, self.outputs, key, self.stream,
+                           lambda io: self._run(io, run_options))
+
+    def _run_on_zeros(self, session, inputs, outputs, key, stream, run) -> None:
+        """``run(io)`` once with ``session``'s inputs bound to zeros of the shapes ``key`` and its outputs to new
+        buffers, on ``stream``, and wait for it: a first run that loads or prepares kernels off the caller's path."""
+        import cupy as cp
+
+        with cp.cuda.Device(self.device_id), stream:
             xs = [cp.zeros(shape, spec.numpy_dtype) for spec, shape in zip(inputs, key)]
             outs = [cp.empty(self._output_shape(spec, key[0][0]), spec.numpy_dtype) for spec in outputs]
             io = session.io_binding()
             self._bind(io, xs, outs, inputs, outputs)
-            session.run_with_iobinding(io, self._device_run_options(graphs=False))
-            self._quick_stream.synchronize()
-
-    def _prepare_shape(self, key) -> None:
-        """Run the tuned session once on zeros of these input shapes (on the quick start's thread)."""
-        import cupy as cp
-
-        with cp.cuda.Device(self.device_id), self.stream:
-            xs = [cp.zeros(shape, spec.numpy_dtype) for spec, shape in zip(self.inputs, key)]
-            outs = [cp.empty(self._output_shape(spec, key[0][0]), spec.numpy_dtype) for spec in self.outputs]
-            io = self.session.io_binding()
-            self._bind(io, xs, outs)
-            self._run(io, self._device_run_options())
-            self.stream.record().synchronize()
+            run(io)
+            stream.synchronize()
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         """Wait until the tuned session has prepared every input shape it started on (quick start); False when

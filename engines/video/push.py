@@ -559,9 +559,9 @@ class _GpuPusher:
     def _syncs(self, cuda_stream, imported: bool) -> tuple:
         """What the writer's stream waits for before it reads these frames: per producer, either the producer's
         CuPy stream itself, or CuPy's null stream (lazy: the writer records its event there once per group, so a
-        push makes no CUDA call) or an event recorded on it now (eager: a handle, a torch stream, CuPy's per-thread default stream,
-        an external stream, a stream of another GPU: streams trtc cannot keep alive or record on from its
-        writer thread)."""
+        push makes no CUDA call) or an event recorded on it now (eager: a handle, a torch stream, CuPy's
+        per-thread default stream, an external stream, a stream of another GPU: streams trtc cannot keep alive
+        or record on from its writer thread)."""
         if cuda_stream is None:
             s = self.current_stream(self.gpu.device_id)
         elif type(cuda_stream) is self.stream_type:

@@ -363,7 +363,8 @@ def test_the_warm_up_runs_again_after_the_engine_ran_another_batch_size():
     engine = types.SimpleNamespace(infer=lambda data, stream=None: runs.append(data.shape[0]))
 
     for batch in (64, 64, 8, 64, 64):
-        GpuPipeline._warm_up(types.SimpleNamespace(engine=engine, batch=batch), np.ones((batch, 3, 4, 4)), _NullStream())
+        GpuPipeline._warm_up(types.SimpleNamespace(engine=engine, batch=batch), np.ones((batch, 3, 4, 4)),
+                             _NullStream())
     assert runs == [64, 8, 64]
 
 
