@@ -81,7 +81,7 @@ class TopK:
         """Enqueue top-k of a CuPy (B, C) array on ``stream``; returns one device int32 array (B, 2k): the k
         indices, then the k scores' float32 bits (one copy brings both to the host: :func:`unpack`).
 
-        One kernel launch (:func:`topk_kernel_source`: a thread per row) for float32 and float16 outputs and
+        One kernel launch (:func:`topk_kernel_source`: a warp per row) for float32 and float16 outputs and
         k <= TOPK_MAX; CuPy's sort otherwise. The softmax decision of "auto" needs one row on the host, once per
         TopK (first batch only)."""
         import cupy as cp  # the caller already holds device arrays, so CuPy is there
@@ -98,8 +98,9 @@ class TopK:
             if kernel is not None:
                 out = cp.empty((rows, 2 * k), cp.int32)
                 if rows:
-                    kernel(((rows + 63) // 64,), (64,), (x, np.int32(rows), np.int32(cols), np.int32(k),
-                                                         np.int32(self.apply_softmax), out))
+                    per = TOPK_ROWS_PER_BLOCK
+                    kernel(((rows + per - 1) // per,), (32 * per,), (x, np.int32(rows), np.int32(cols), np.int32(k),
+                                                                    np.int32(self.apply_softmax), out))
                 return out
             x = x.astype(cp.float32)
             if self.apply_softmax:
@@ -117,45 +118,67 @@ def unpack(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return packed[:, :k], np.ascontiguousarray(packed[:, k:]).view(np.float32)
 
 
-TOPK_MAX = 32  # the kernel keeps the best k of a row in registers
+TOPK_MAX = 32  # one pass over the row per rank: past this CuPy's sort is the better tool
+TOPK_ROWS_PER_BLOCK = 4  # a warp per row
 
 
 def topk_kernel_source(half: bool) -> str:
-    """CUDA source of the top-k kernel: one thread per row of a (rows, cols) array; with ``softmax`` the row's
-    maximum, then the sum of exp(x - max), then each score exp(x - max) / sum (float32, as the numpy rule); the
-    best k kept by insertion while the row is read once, so ties keep the lower class index first (NaN ranks
-    below every number). Writes k indices, then k scores as float32 bits, per row."""
+    """CUDA source of the top-k kernel: one warp (32 threads) per row of a (rows, cols) array, each thread reading
+    every 32nd class, so the warp's loads are coalesced and no thread holds a list. With ``softmax`` the row's
+    maximum, then the sum of exp(x - max) (both reduced across the warp by shuffles), then each score
+    exp(x - max) / sum (float32, as the numpy rule). Then k rounds: each finds the best class ranked after the
+    previous round's winner (every thread its best of its classes, then a shuffle reduction), so no sort and no
+    local array. The ranking is the numpy rule's: higher scores first, equal scores the lower class first, NaN
+    after every number. Writes k indices, then k scores as float32 bits, per row. Launch with blocks of
+    32 * TOPK_ROWS_PER_BLOCK threads (a whole warp per row: the shuffles need every lane)."""
     t, load = ("__half", "__half2float(row[c])") if half else ("float", "row[c]")
     include = "#include <cuda_fp16.h>\n" if half else ""
     name = "f16" if half else "f32"
     return include + f"""
+__device__ __forceinline__ bool trtc_topk_before(float a, int ia, float b, int ib) {{
+    // does score a of class ia rank before score b of class ib
+    bool na = a != a, nb = b != b;
+    if (na != nb) return nb;
+    if (!na && a != b) return a > b;
+    return ia < ib;
+}}
+
 extern "C" __global__ void trtc_topk_{name}(const {t}* __restrict__ x, int rows, int cols, int k, int softmax,
                                         int* __restrict__ out) {{
-    int r = blockIdx.x * blockDim.x + threadIdx.x;
-    if (r >= rows) return;
+    const int lane = threadIdx.x & 31;
+    const int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (r >= rows) return;  // the whole warp: every lane of a row's warp has the same r
     const {t}* row = x + (long long)r * cols;
-    const float neg_inf = __int_as_float((int)0xff800000);  // no header needed under NVRTC
-    float m = neg_inf, s = 1.0f;
+    const unsigned all = 0xffffffffu;
+    float m = __int_as_float((int)0xff800000), s = 1.0f;  // minus infinity (no header needed under NVRTC)
     if (softmax) {{
-        for (int c = 0; c < cols; c++) m = fmaxf(m, {load});
+        for (int c = lane; c < cols; c += 32) m = fmaxf(m, {load});
+        for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(all, m, o));
         s = 0.0f;
-        for (int c = 0; c < cols; c++) s += expf({load} - m);
-    }}
-    float bv[{TOPK_MAX}], bk[{TOPK_MAX}];
-    int bi[{TOPK_MAX}];
-    int n = 0;
-    for (int c = 0; c < cols; c++) {{
-        float v = {load};
-        if (softmax) v = expf(v - m) / s;
-        float key = (v != v) ? neg_inf : v;
-        if (n < k || key > bk[n - 1]) {{
-            int j = n < k ? n++ : k - 1;
-            while (j > 0 && bk[j - 1] < key) {{ bv[j] = bv[j - 1]; bk[j] = bk[j - 1]; bi[j] = bi[j - 1]; j--; }}
-            bv[j] = v; bk[j] = key; bi[j] = c;
-        }}
+        for (int c = lane; c < cols; c += 32) s += expf({load} - m);
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(all, s, o);
     }}
     int* o = out + (long long)r * 2 * k;
-    for (int j = 0; j < k; j++) {{ o[j] = bi[j]; o[k + j] = __float_as_int(bv[j]); }}
+    float pv = 0.0f;
+    int pi = -1;  // the previous round's winner (none yet)
+    for (int j = 0; j < k; j++) {{
+        float bv = 0.0f;
+        int bi = -1;
+        for (int c = lane; c < cols; c += 32) {{
+            float v = {load};
+            if (softmax) v = expf(v - m) / s;
+            if (pi >= 0 && !trtc_topk_before(pv, pi, v, c)) continue;  // taken in an earlier round
+            if (bi < 0 || trtc_topk_before(v, c, bv, bi)) {{ bv = v; bi = c; }}
+        }}
+        for (int d = 16; d > 0; d >>= 1) {{  // butterfly: every lane ends with the warp's best
+            float ov = __shfl_xor_sync(all, bv, d);
+            int oi = __shfl_xor_sync(all, bi, d);
+            if (oi >= 0 && (bi < 0 || trtc_topk_before(ov, oi, bv, bi))) {{ bv = ov; bi = oi; }}
+        }}
+        if (lane == 0) {{ o[j] = bi; o[k + j] = __float_as_int(bv); }}
+        pv = bv;
+        pi = bi;
+    }}
 }}
 """
 

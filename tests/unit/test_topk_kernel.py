@@ -1,5 +1,6 @@
 """The top-k kernel of the GPU path (engines.topk.topk_kernel_source), its CUDA source compiled here by g++ with a
-few macros standing in for CUDA's and run over its whole grid on the CPU, against the numpy rule
+few macros standing in for CUDA's (a POSIX thread per GPU thread; warp shuffles through a shared array between barriers)
+and run over its whole grid on the CPU, against the numpy rule
 (engines.topk.topk_host: float64 softmax, a stable argsort), which shares no code with it. Checks the indices
 (ties: the lower class first; NaN ranks last), the scores (float32 against float64, rtol 1e-5) and the packing of
 both into one int32 row. The float16 variant and the launch through CuPy run in tests/gpu/test_topk_gpu.py."""
@@ -13,28 +14,64 @@ import subprocess
 import numpy as np
 import pytest
 
-from engines.topk import TOPK_MAX, topk_host, topk_kernel_source, unpack
+from engines.topk import TOPK_MAX, TOPK_ROWS_PER_BLOCK, topk_host, topk_kernel_source, unpack
 
+# CUDA's names for g++: every thread of the grid is a POSIX thread, a warp's 32 of them at a time, and a warp
+# shuffle is an exchange through a shared array between two barriers of those 32
 _PRELUDE = r"""
 #include <math.h>
+#include <pthread.h>
 #include <string.h>
 #undef INFINITY
 struct uint3_ { unsigned x, y, z; };
-static uint3_ blockIdx, threadIdx, blockDim;
+static thread_local uint3_ blockIdx, threadIdx;
+static uint3_ blockDim;
 #define __global__
+#define __device__
+#define __forceinline__ inline
 #define __restrict__
 static inline int __float_as_int(float f) { int i; memcpy(&i, &f, sizeof i); return i; }
 static inline float __int_as_float(int i) { float f; memcpy(&f, &i, sizeof f); return f; }
+static pthread_barrier_t warp_barrier;
+static float warp_f[32];
+static int warp_i[32];
+static float __shfl_xor_sync(unsigned, float v, int lanes) {
+    unsigned l = threadIdx.x & 31;
+    warp_f[l] = v; pthread_barrier_wait(&warp_barrier);
+    float got = warp_f[l ^ lanes]; pthread_barrier_wait(&warp_barrier);
+    return got;
+}
+static int __shfl_xor_sync(unsigned, int v, int lanes) {
+    unsigned l = threadIdx.x & 31;
+    warp_i[l] = v; pthread_barrier_wait(&warp_barrier);
+    int got = warp_i[l ^ lanes]; pthread_barrier_wait(&warp_barrier);
+    return got;
+}
 """
 
 _DRIVER = r"""
-extern "C" void run_grid(const float* x, int rows, int cols, int k, int softmax, int* out) {
-    blockDim.x = 64;
-    for (unsigned b = 0; b < (unsigned)(rows + 63) / 64; b++)
-        for (unsigned t = 0; t < 64; t++) {
-            blockIdx.x = b; threadIdx.x = t;
-            trtc_topk_f32(x, rows, cols, k, softmax, out);
+struct Args { const float* x; int rows, cols, k, softmax; int* out; unsigned block, thread; };
+static void* lane(void* p) {
+    Args* a = (Args*)p;
+    blockIdx.x = a->block; threadIdx.x = a->thread;
+    trtc_topk_f32(a->x, a->rows, a->cols, a->k, a->softmax, a->out);
+    return 0;
+}
+extern "C" int run_grid(const float* x, int rows, int cols, int k, int softmax, int* out, int per_block) {
+    blockDim.x = 32 * per_block;
+    pthread_barrier_init(&warp_barrier, 0, 32);
+    for (unsigned b = 0; b < (unsigned)(rows + per_block - 1) / per_block; b++)
+        for (unsigned w = 0; w < (unsigned)per_block; w++) {
+            pthread_t t[32];
+            Args a[32];
+            for (unsigned l = 0; l < 32; l++) {
+                a[l] = Args{x, rows, cols, k, softmax, out, b, 32 * w + l};
+                if (pthread_create(&t[l], 0, lane, &a[l])) return -1;
+            }
+            for (unsigned l = 0; l < 32; l++) pthread_join(t[l], 0);
         }
+    pthread_barrier_destroy(&warp_barrier);
+    return 0;
 }
 """
 
@@ -45,7 +82,7 @@ def kernel(tmp_path_factory):
         pytest.skip("needs g++ to run the kernel's source on the CPU")
     folder = tmp_path_factory.mktemp("topk")
     (folder / "k.cpp").write_text(_PRELUDE + topk_kernel_source(half=False) + _DRIVER)
-    subprocess.run(["g++", "-O1", "-shared", "-fPIC", "-o", str(folder / "k.so"), str(folder / "k.cpp")], check=True)
+    subprocess.run(["g++", "-O1", "-shared", "-fPIC", "-pthread", "-o", str(folder / "k.so"), str(folder / "k.cpp")], check=True)
     return ctypes.CDLL(str(folder / "k.so")).run_grid
 
 
@@ -53,8 +90,8 @@ def _run(kernel, x: np.ndarray, k: int, softmax: bool) -> tuple[np.ndarray, np.n
     x = np.ascontiguousarray(x, np.float32)
     out = np.full((x.shape[0], 2 * k), -7, np.int32)  # rows past the grid's would keep -7
     p = ctypes.c_void_p
-    kernel(p(x.ctypes.data), ctypes.c_int(x.shape[0]), ctypes.c_int(x.shape[1]), ctypes.c_int(k),
-           ctypes.c_int(int(softmax)), p(out.ctypes.data))
+    assert kernel(p(x.ctypes.data), ctypes.c_int(x.shape[0]), ctypes.c_int(x.shape[1]), ctypes.c_int(k),
+                  ctypes.c_int(int(softmax)), p(out.ctypes.data), ctypes.c_int(TOPK_ROWS_PER_BLOCK)) == 0
     return unpack(out)
 
 
@@ -68,7 +105,7 @@ def _logits(rows: int, cols: int, seed: int) -> np.ndarray:
 @pytest.mark.parametrize("softmax", [True, False])
 @pytest.mark.parametrize("k", [1, 5, TOPK_MAX])
 def test_the_kernel_gives_the_numpy_rule(kernel, softmax, k):
-    x = _logits(70, 1000, seed=k)  # 70 rows: two blocks of 64 threads, the second partly idle
+    x = _logits(70, 1000, seed=k)  # 70 rows: 18 blocks of 4 warps, the last with two idle warps
     x[3, [10, 20, 30]] = x[3].max() + 1  # a three-way tie for first place
     idx, scores = _run(kernel, x, k, softmax)
     ref_idx, ref_scores = topk_host(x.astype(np.float32), k, softmax)
