@@ -1,8 +1,9 @@
-"""The top-k kernel of the GPU path (engines.topk.topk_kernel_source), its CUDA source compiled here by g++ with a
-few macros standing in for CUDA's (a POSIX thread per GPU thread; warp shuffles through a shared array between
-barriers) and run over its whole grid on the CPU, against the numpy rule (engines.topk.topk_host: float64 softmax, a stable argsort), which shares no code with it. Checks the indices
-(ties: the lower class first; NaN ranks last), the scores (float32 against float64, rtol 1e-5) and the packing of
-both into one int32 row. The float16 variant and the launch through CuPy run in tests/gpu/test_topk_gpu.py."""
+"""The top-k kernel of the GPU path (engines.topk.topk_kernel_source), its CUDA source compiled here by g++ with a few
+macros standing in for CUDA's (a POSIX thread per GPU thread; warp shuffles through a shared array between barriers)
+and run over its whole grid on the CPU, against the numpy rule (engines.topk.topk_host: float64 softmax, a stable
+argsort), which shares no code with it. Checks the indices (ties: the lower class first; NaN ranks last), the scores
+(float32 against float64, rtol 1e-5) and the packing of both into one int32 row. The float16 variant and the launch
+through CuPy run in tests/gpu/test_topk_gpu.py."""
 
 from __future__ import annotations
 
