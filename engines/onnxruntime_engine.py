@@ -377,8 +377,12 @@ class OnnxRuntimeEngine(EngineBase):
         ro = ort.RunOptions()
         # with our own compute stream ORT need not synchronise after the run: we order through events
         ro.add_run_config_entry("disable_synchronize_execution_providers", "1")
-        if graphs and self._graph_session:  # -1: this run neither captures nor replays a graph
-            ro.add_run_config_entry("gpu_graph_id", str(graph_id if graph_id is not None else -1))
+        # -1: this run neither captures nor replays a graph. Set on every session, also one without graphs (its
+        # CUDA EP reads the key only when graphs are enabled): ONNX Runtime's Python run_with_iobinding (1.31)
+        # looks the key up on every run, and a missing key costs a C++ exception turned into a Python one (30 us
+        # per run on a CI core) while the caller holds the interpreter lock
+        use = graph_id if graphs and self._graph_session and graph_id is not None else -1
+        ro.add_run_config_entry("gpu_graph_id", str(use))
         return ro
 
     def _infer_device(self, batch, outputs, stream):

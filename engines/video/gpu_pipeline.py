@@ -129,7 +129,7 @@ class GpuBatches:
     def _infer_stage(self, asm: SlotAssembler, infer_stream, results: queue.Queue, errors: list) -> None:
         # where the inference thread's time goes (host seconds), reported in RunStats.infer_stage
         prof = self.stats.infer_stage
-        prof.update(waiting_for_batches_s=0.0, engine_call_s=0.0, topk_call_s=0.0)
+        prof.update(waiting_for_batches_s=0.0, engine_call_s=0.0, waiting_for_collect_s=0.0, topk_call_s=0.0)
         try:
             while not self.stop.is_set():
                 t0 = time.perf_counter()
@@ -154,7 +154,9 @@ class GpuBatches:
                 asm.release(buf)
                 # top-k is enqueued by the collecting thread (collect_stage), not here: this thread's host time
                 # between two engine calls is what the engine waits for when the host is the limit
-                results.put((meta, out[:n], done))
+                t3 = time.perf_counter()
+                results.put((meta, out[:n], done))  # blocks while collect_stage is a queue's length behind
+                prof["waiting_for_collect_s"] += time.perf_counter() - t3
         except BaseException as exc:  # noqa: BLE001 - surfaced in the caller's thread
             errors.append(exc)
             self.stop.set()

@@ -129,6 +129,17 @@ def test_a_model_onnx_runtime_cannot_graph_runs_without_and_says_so_once(cuda_en
     assert len(said) == 1 and "every node runs on the CUDA execution provider" in said[0]
 
 
+def test_every_device_run_names_its_graph_id_also_without_graphs(cuda_engine):
+    """ONNX Runtime's Python run_with_iobinding looks gpu_graph_id up on every run; a missing key raises inside
+    it (a C++ exception made a Python one, ~30 us with the interpreter lock held), so trtc always sets it."""
+    for tuning in ("auto", "off", "graphs"):
+        eng, _, session = cuda_engine(tuning)
+        x = cuda_engine.cp.asarray(np.zeros((2, 3, 224, 224), np.float32))
+        eng.infer(x)
+        eng.infer(x)
+        assert [r[0] for r in session.runs][-2:] == ["-1", "-1"], tuning
+
+
 def test_an_unknown_tuning_is_refused_with_the_choices(lite0_onnx):
     with pytest.raises(UsageProblem, match="unknown ONNX Runtime tuning 'fast'") as err:
         oe.OnnxRuntimeEngine(lite0_onnx[0], tuning="fast")
