@@ -4,7 +4,7 @@ engines.video.FramePusher from 1 and 16 threads, against the engine alone at the
 Prints a table, writes JSON.
 
     python3 examples/bench_push.py --model resnet50.fp16.onnx --model lite0.fp16.onnx --video bikes1080.mp4 \\
-        --batch 32 --threads 1,16 --many 1,8 --seconds 20 --soak 600 --json push.json
+        --batch 32 --threads 1,16 --many 1,8 --seconds 8 --repeat 3 --soak 600 --json push.json
 """
 
 from __future__ import annotations
@@ -102,23 +102,34 @@ def push_rate(engine, frames, batch: int, threads: int, seconds: float, soak: bo
 
 
 def bench(model: str, args) -> list[dict]:
+    """Each row (threads, frames per call, buffers) ``--repeat`` times, engine-only timed right before each push
+    (the GPU's clocks and temperature drift over a run: a reference timed once at the start flatters or
+    penalises later rows); the row shows the median ratio and keeps every pair."""
+    import statistics
+
     import engines
 
     rows = []
     frames = device_frames(args.video, 64)
     with engines.open_engine(model, device=args.device) as engine:
         for batch in args.batch:
-            ref = engine_only(engine, batch, args.seconds)
             for threads, many, bufs in ((t, m, b) for b in args.buffers for m in args.many for t in args.threads):
-                r = push_rate(engine, frames, batch, threads, args.seconds, many=many, buffers=bufs)
-                rows.append({"model": Path(model).name, "batch": batch, "engine_only_fps": round(ref, 1), **r,
-                             "buffers": bufs or None, "ratio": round(r["fps"] / ref, 3)})
+                runs = []
+                for _ in range(args.repeat):
+                    ref = engine_only(engine, batch, args.seconds)
+                    r = push_rate(engine, frames, batch, threads, args.seconds, many=many, buffers=bufs)
+                    runs.append({"engine_only_fps": round(ref, 1), **r, "ratio": round(r["fps"] / ref, 3)})
+                mid = sorted(runs, key=lambda x: x["ratio"])[len(runs) // 2]
+                rows.append({"model": Path(model).name, "batch": batch, **mid, "buffers": bufs or None,
+                             "ratios": [x["ratio"] for x in runs], "runs": runs,
+                             "median_ratio": round(statistics.median(x["ratio"] for x in runs), 3)})
                 call = ("push" if many == 1 else f"push_many({many})") + (f" buffers {bufs}" if bufs else "")
-                st = r["infer_stage_s"]
-                print(f"{rows[-1]['model']:<28} batch {batch:>3}  threads {threads:>2}  engine-only {ref:8.1f} fps"
-                      f"  {call} {r['fps']:8.1f} fps  {r['fps'] / ref:5.3f}x  (inference thread, s: engine "
+                st = mid["infer_stage_s"]
+                print(f"{rows[-1]['model']:<28} batch {batch:>3}  threads {threads:>2}  engine-only "
+                      f"{mid['engine_only_fps']:8.1f} fps  {call} {mid['fps']:8.1f} fps  {mid['ratio']:5.3f}x "
+                      f"(median of {[x['ratio'] for x in runs]})  inference thread, s: engine "
                       f"{st.get('engine_call_s')}, waiting for batches {st.get('waiting_for_batches_s')}, for the "
-                      f"collector {st.get('waiting_for_collect_s')})", flush=True)
+                      f"collector {st.get('waiting_for_collect_s')}", flush=True)
             if args.soak:
                 s = push_rate(engine, frames, batch, max(args.threads), args.soak, soak=True)
                 mem = s["memory_mib"]
@@ -140,6 +151,8 @@ def main() -> None:
     ap.add_argument("--buffers", type=lambda s: [int(x) for x in s.split(",")], default=[0],
                     help="the pusher's input buffers, e.g. 4,8 (0, the default: two frames per thread, at least 4)")
     ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="engine-only then push, this many times per row; the median ratio is shown")
     ap.add_argument("--soak", type=float, default=0.0, help="also push this long and sample GPU memory")
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--switch-interval-ms", type=float, default=0.0,
