@@ -34,3 +34,17 @@ def test_help_loads_no_heavy_module():
 
 def test_quantize_modules_import_lazily():
     assert _loaded_after("import toolchain.quantize, toolchain.precision.calibration, toolchain.parity") == []
+
+
+def test_importing_engines_asks_cuda_for_32_work_queues_unless_the_process_chose():
+    """engines sets CUDA_DEVICE_MAX_CONNECTIONS=32 (a push's streams on shared hardware queues ran at 0.90x on an
+    H100, docs/PUSH.md) before any CUDA context exists, and keeps a value the process set itself."""
+    import os
+
+    code = "import os, engines; print(os.environ.get('CUDA_DEVICE_MAX_CONNECTIONS'))"
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_DEVICE_MAX_CONNECTIONS"}
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    assert got.stdout.strip() == "32"
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**env, "CUDA_DEVICE_MAX_CONNECTIONS": "1"})
+    assert got.stdout.strip() == "1"
