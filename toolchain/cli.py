@@ -98,6 +98,11 @@ class TrtcGroup(click.Group):
                 where = f"{exc.filename}: " if exc.filename else ""
                 _fail(ctx, f"{where}{exc.strerror}", "check the path, its permissions and the free space "
                       "(ls -ld FOLDER, df -h)", 1)
+            missing = _missing_core_package(exc)
+            if missing:  # an install without trtc's own dependencies, not a bug
+                _fail(ctx, f"{missing}, a package trtc needs, is not installed for this Python ({sys.executable})",
+                      "install trtc with its dependencies into this Python: pip install -e . (in a checkout of "
+                      "trtc) or pip install trtc", 1)
             _fail(ctx, f"internal error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
                   "this is a bug in trtc; report the traceback above" if _debug(ctx) else
                   "this is a bug in trtc; run again with --debug and report the traceback", 1)
@@ -139,6 +144,17 @@ def _quiet_stdout() -> None:
 
 # errors of the user's file system, not of trtc: permission denied, read-only, full, quota
 _USER_OS_ERRORS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT}
+
+# the import names of pyproject.toml's core dependencies (a unit test holds the two lists together); the optional
+# ones are imported through engines._deps.require, which names their extra
+CORE_PACKAGES = {"click": "click", "numpy": "numpy", "rich": "rich", "PIL": "pillow"}
+
+
+def _missing_core_package(exc: Exception) -> str | None:
+    """The distribution name of a core dependency whose import failed with ``exc``, else None."""
+    if not isinstance(exc, ModuleNotFoundError) or not exc.name:
+        return None
+    return CORE_PACKAGES.get(exc.name.split(".")[0])
 
 
 def _debug(ctx: click.Context) -> bool:

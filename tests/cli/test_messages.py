@@ -77,3 +77,36 @@ def test_cuda_on_a_machine_without_a_gpu_says_so_first(lite0_onnx, monkeypatch):
     assert e.value.reason == ("cuda:0: no NVIDIA GPU found here (nvidia-smi not found (no NVIDIA driver)), and ONNX "
                               "Runtime here has no CUDA execution provider")
     assert e.value.fix.startswith("use --device cpu (on a machine with an NVIDIA GPU: ")
+
+
+def test_a_missing_core_dependency_is_an_install_problem_not_a_bug(monkeypatch):
+    """Run from a checkout with a Python that lacks rich, `trtc doctor` said "internal error ... this is a bug in
+    trtc". It is an install without trtc's dependencies: say which and how to install them."""
+    import toolchain.cli as cli_module
+
+    def no_rich(*_a, **_k):
+        raise ModuleNotFoundError("No module named 'rich'", name="rich")
+
+    monkeypatch.setattr(cli_module.State, "__init__", no_rich)
+    r = run(["doctor"])
+    assert r.exit_code == 1
+    assert "rich, a package trtc needs, is not installed for this Python" in r.output
+    assert "fix: install trtc with its dependencies" in r.output and "bug" not in r.output
+
+    def own_bug(*_a, **_k):  # a module trtc imports that is no dependency of it stays a bug
+        raise ModuleNotFoundError("No module named 'trtc_missing'", name="trtc_missing")
+
+    monkeypatch.setattr(cli_module.State, "__init__", own_bug)
+    assert "this is a bug in trtc" in run(["doctor"]).output
+
+
+def test_the_core_package_list_is_pyproject_s():
+    import re
+    from pathlib import Path
+
+    from toolchain.cli import CORE_PACKAGES
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
+    deps = tomllib.loads(pyproject)["project"]["dependencies"]
+    assert sorted(CORE_PACKAGES.values()) == sorted(re.split(r"[<>=!~ \[]", d)[0].lower() for d in deps)
