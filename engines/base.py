@@ -53,6 +53,9 @@ class EngineBase:
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
     device: str = "cpu"
+    # True when the engine readies a new batch size by itself (ONNX Runtime's quick start: a session warmed at open
+    # runs the first batches while the tuned one prepares): the video pipeline then runs no warm-up batch of zeros
+    warms_itself: bool = False
 
     def close(self) -> None:
         pass

@@ -317,6 +317,11 @@ class OnnxRuntimeEngine(EngineBase):
             run(io)
             stream.synchronize()
 
+    @property
+    def warms_itself(self) -> bool:
+        """Quick start is on: the first batches of a new size run on the quick session (see engines.base)."""
+        return self.quick is not None
+
     def wait_ready(self, timeout: float | None = None) -> bool:
         """Wait until the tuned session has prepared every input shape it started on (quick start); False when
         ``timeout`` seconds passed first. Benchmarks call it before timing."""

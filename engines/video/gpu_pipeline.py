@@ -215,9 +215,10 @@ class GpuBatches:
         must not land mid-stream. (Keeping a set of sizes once warmed, as this did, missed those changes back.)"""
         if getattr(self.engine, "_trtc_last_batch", None) == self.batch:
             return
-        if getattr(self.engine, "quick", None) is not None:
-            # ONNX Runtime's quick start: the first batches of a new size run on a session already warmed at open
-            # while the tuned one prepares that size in the background; a warm-up here only delays the first result
+        if getattr(self.engine, "warms_itself", False):
+            # e.g. ONNX Runtime's quick start: the first batches of a new size run on a session already warmed at
+            # open while the tuned one prepares that size in the background; a warm-up here only delays the first
+            # result
             return
         t0 = time.perf_counter()
         with stream:

@@ -369,16 +369,16 @@ def test_the_warm_up_runs_again_after_the_engine_ran_another_batch_size():
 
 
 def test_no_warm_up_for_an_engine_that_quick_starts():
-    """An ONNX Runtime engine with quick start (engine.quick set) warmed its quick session at open and prepares the
+    """An ONNX Runtime engine with quick start (engine.warms_itself) warmed its quick session at open and prepares the
     tuned one in the background: the pipeline runs no batch of zeros before its first frames (it would only delay
     the first result, by 0.33 s a batch of 64 for Lite0 on an H100's default-algorithm session)."""
     from engines.video.gpu_pipeline import GpuPipeline
 
     runs = []
-    engine = types.SimpleNamespace(infer=lambda data, stream=None: runs.append(data.shape[0]), quick=object())
+    engine = types.SimpleNamespace(infer=lambda data, stream=None: runs.append(data.shape[0]), warms_itself=True)
 
     GpuPipeline._warm_up(types.SimpleNamespace(engine=engine, batch=64), np.ones((64, 3, 4, 4)), _NullStream())
     assert runs == []
-    engine.quick = None  # the tuned session alone (quick_start=False, or done): warmed as before
+    engine.warms_itself = False  # the tuned session alone (quick_start=False): warmed as before
     GpuPipeline._warm_up(types.SimpleNamespace(engine=engine, batch=64), np.ones((64, 3, 4, 4)), _NullStream())
     assert runs == [64]

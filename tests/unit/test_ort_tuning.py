@@ -311,8 +311,10 @@ def test_a_failed_preparation_leaves_the_error_to_the_tuned_run(cuda_engine):
 def test_no_quick_start_when_told_or_untuned_or_on_host_arrays(cuda_engine):
     eng, asked, tuned = cuda_engine("auto", quick_start=False)
     eng.infer(cuda_engine.cp.asarray(np.zeros((2, 3, 224, 224), np.float32)))
-    assert eng.quick is None and len(asked) == 1 and len(tuned.runs) == 1
+    assert eng.quick is None and not eng.warms_itself and len(asked) == 1 and len(tuned.runs) == 1
     off, asked, _ = cuda_engine("off", quick_start=True)
-    assert off.quick is None and off.wait_ready(0)
+    assert off.quick is None and not off.warms_itself and off.wait_ready(0)
     host, asked, _ = cuda_engine("auto", quick_start=True, device_buffers=False)
-    assert host.quick is None
+    assert host.quick is None and not host.warms_itself
+    quick, _, _ = cuda_engine("auto", quick_start=True)  # the pipeline then runs no warm-up batch
+    assert quick.quick is not None and quick.warms_itself
