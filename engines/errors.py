@@ -11,6 +11,14 @@ These classes live in ``engines`` (the small runtime an edge box installs) becau
 from __future__ import annotations
 
 
+def first_line(exc: BaseException, limit: int | None = None) -> str:
+    """The first line of an exception's message, for a one-line error; the exception's type name when the message
+    is empty (``str(exc).splitlines()[0]`` raises IndexError then, hiding the error being reported)."""
+    text = str(exc).strip()
+    line = text.splitlines()[0].strip() if text else type(exc).__name__
+    return line[:limit] if limit else line
+
+
 class TrtcError(Exception):
     """Base of every error trtc raises on purpose."""
 

@@ -21,7 +21,7 @@ import numpy as np
 from ._cuda import device_input, device_output, external_stream, is_device_array
 from ._deps import dist_version, is_installed, require
 from .base import EngineBase, TensorSpec
-from .errors import EngineError, UsageProblem
+from .errors import EngineError, UsageProblem, first_line
 
 _ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
               "tensor(int8)": "int8", "tensor(uint8)": "uint8", "tensor(int32)": "int32", "tensor(int64)": "int64",
@@ -347,7 +347,7 @@ class OnnxRuntimeEngine(EngineBase):
         except EngineError:
             raise
         except Exception as exc:  # ORT raises its own exception types for bad graphs
-            raise EngineError(f"ONNX Runtime cannot load {self.path.name}: {str(exc).splitlines()[0]}",
+            raise EngineError(f"ONNX Runtime cannot load {self.path.name}: {first_line(exc)}",
                               "check the model with `trtc inspect` or re-export it") from exc
 
     def infer(self, batch, outputs=None, stream=None) -> list:
@@ -436,7 +436,7 @@ class OnnxRuntimeEngine(EngineBase):
         try:
             session.run_with_iobinding(io, self._quick_run_options)
         except Exception as exc:  # ORT's own exception types
-            raise EngineError(f"ONNX Runtime failed on {self.path.name}: {str(exc).splitlines()[0]}") from exc
+            raise EngineError(f"ONNX Runtime failed on {self.path.name}: {first_line(exc)}") from exc
         caller.wait_event(qs.record())
         return results
 
@@ -458,7 +458,7 @@ class OnnxRuntimeEngine(EngineBase):
         try:
             self.session.run_with_iobinding(io, run_options)
         except Exception as exc:  # ORT's own exception types
-            raise EngineError(f"ONNX Runtime failed on {self.path.name}: {str(exc).splitlines()[0]}") from exc
+            raise EngineError(f"ONNX Runtime failed on {self.path.name}: {first_line(exc)}") from exc
 
     def capture_graphs(self, arrays, stream=None) -> int:
         """Capture a CUDA graph for each of these device input batches (one-input models), to be replayed whenever

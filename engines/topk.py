@@ -14,7 +14,7 @@ import logging
 
 import numpy as np
 
-from .errors import UsageProblem
+from .errors import UsageProblem, first_line
 
 log = logging.getLogger("trtc")
 
@@ -197,7 +197,7 @@ def _topk_kernel(cp, half: bool):
             kernel.compile()
         except Exception as exc:  # noqa: BLE001 - NVRTC's and CuPy's own errors; the sort path still works
             log.warning("the top-k kernel (%s) did not compile, so top-k uses CuPy's sort: %s", name,
-                        str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+                        first_line(exc))
             kernel = None
         _KERNELS[key] = kernel
     return _KERNELS[key]

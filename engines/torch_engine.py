@@ -42,7 +42,7 @@ import numpy as np
 
 from ._deps import require
 from .base import EngineBase, TensorSpec
-from .errors import EngineError, UsageProblem
+from .errors import EngineError, UsageProblem, first_line
 
 log = logging.getLogger("trtc")
 PREFIXES = ("torch", "torch-fp16")
@@ -161,7 +161,7 @@ def load_program(path: Path, precision: str):
     try:
         program = torch.export.load(str(path))
     except Exception as exc:  # noqa: BLE001 - torch raises many kinds for a file that is not a program
-        raise EngineError(f"torch cannot load {path.name} as a torch.export program: {str(exc).splitlines()[0]}",
+        raise EngineError(f"torch cannot load {path.name} as a torch.export program: {first_line(exc)}",
                           "re-export it: trtc export SOURCE -o MODEL.onnx --program") from exc
     gm = program.module()
     gm._forward_pre_hooks.clear()  # the program's shape checks: the engine checks the batch range itself
@@ -284,7 +284,7 @@ def read_plain(path: Path, key: str) -> dict | None:
         if not isinstance(plain, dict) or {"code", "tensors", "kinds", "kept"} - set(plain):
             raise ValueError("not a plain program")
     except Exception as exc:  # noqa: BLE001 - torch.load raises many kinds for damaged bytes
-        log.warning("ignored the plain program %s (%s); loading the program itself", path.name, _first_line(exc))
+        log.warning("ignored the plain program %s (%s); loading the program itself", path.name, first_line(exc))
         return None
     return plain
 
@@ -359,10 +359,6 @@ def cached_payloads(dirs: list[Path], key: str, suffix: str):
         payload = read_cache(path, key)
         if payload is not None:
             yield path, payload
-
-
-def _first_line(exc: Exception) -> str:
-    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 def write_cache(dirs: list[Path], key: str, payload: bytes, suffix: str = ".bin") -> Path | None:
@@ -691,12 +687,12 @@ class TorchEngine(EngineBase):
                     aot = torch.compile(_call, fullgraph=True, dynamic=False).aot_compile(((self.module, xt), {}))
             except Exception as exc:  # noqa: BLE001 - an experimental API: compile as before
                 log.info("Dynamo's AOT precompile failed on %s (%s); compiling without it", self.path.name,
-                         _first_line(exc))
+                         first_line(exc))
         fn = functools.partial(aot, self.module) if aot is not None else torch.compile(self.module, dynamic=False)
         try:
             self._first_run(torch, fn, xt)
         except Exception as exc:  # noqa: BLE001 - Inductor and Dynamo raise many kinds
-            raise EngineError(f"torch.compile failed on {self.path.name} at batch {b}: {str(exc).splitlines()[0]}",
+            raise EngineError(f"torch.compile failed on {self.path.name} at batch {b}: {first_line(exc)}",
                               "run it eagerly (open_engine(..., compile=False)) and report the model") from exc
         return fn, aot
 
@@ -719,7 +715,7 @@ class TorchEngine(EngineBase):
                 fn = functools.partial(aot, self.module)
                 self._first_run(torch, fn, xt)
             except Exception as exc:  # noqa: BLE001 - a function torch cannot load or whose guards fail: compile
-                log.warning("ignored the precompiled function %s (%s); compiling again", path.name, _first_line(exc))
+                log.warning("ignored the precompiled function %s (%s); compiling again", path.name, first_line(exc))
                 continue
             log.info("loaded the precompiled function %s", path)
             return fn
@@ -733,7 +729,7 @@ class TorchEngine(EngineBase):
                 torch.compiler.load_cache_artifacts(payload)
             except Exception as exc:  # noqa: BLE001 - a payload torch cannot read: compile afresh
                 log.warning("ignored the compile cache %s: torch cannot load it (%s); compiling again", path.name,
-                            _first_line(exc))
+                            first_line(exc))
                 continue
             log.info("loaded Inductor's compiled code from %s", path)
             return path
@@ -799,7 +795,7 @@ def precompiled_bytes(aot) -> bytes | None:
             raise TypeError(f"serialize gave {type(data).__name__}")
         return bytes(data)
     except Exception as exc:  # noqa: BLE001 - never fail a run for a cache
-        log.info("torch could not save the precompiled function: %s", _first_line(exc))
+        log.info("torch could not save the precompiled function: %s", first_line(exc))
         return None
 
 

@@ -1,7 +1,7 @@
 """Errors of the offline toolchain. The base classes live in :mod:`engines.errors` (the runtime must not import
 the toolchain); they are re-exported here so that ``from toolchain.errors import TrtcError`` works too."""
 
-from engines.errors import EngineError, ManifestError, MissingDependency, TrtcError, UsageProblem
+from engines.errors import EngineError, ManifestError, MissingDependency, TrtcError, UsageProblem, first_line
 
 
 class ExportError(TrtcError):
@@ -21,4 +21,4 @@ class ParityFailure(TrtcError):
 
 
 __all__ = ["TrtcError", "UsageProblem", "MissingDependency", "ManifestError", "EngineError", "ExportError",
-           "QuantizeError", "BuildError", "ParityFailure"]
+           "QuantizeError", "BuildError", "ParityFailure", "first_line"]

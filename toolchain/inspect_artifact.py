@@ -6,7 +6,7 @@ from collections import Counter
 from pathlib import Path
 
 from engines._gpu import device as gpu_device
-from engines.errors import TrtcError, UsageProblem
+from engines.errors import TrtcError, UsageProblem, first_line
 from engines.manifest import read_manifest, read_manifest_if_any
 
 
@@ -103,7 +103,7 @@ def _load_onnx(path: Path):
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError and friends: the file is not an ONNX model
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        first = first_line(exc)
         raise TrtcError(f"{path} is not a readable ONNX model ({first})",
                         "give an .onnx file made by trtc export/quantize (or re-export it: the file may be cut "
                         "short or corrupt)") from exc

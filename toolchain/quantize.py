@@ -36,7 +36,7 @@ from engines.preprocess import PreprocessSpec
 
 from . import parity
 from ._ui import Reporter
-from .errors import QuantizeError, UsageProblem
+from .errors import QuantizeError, UsageProblem, first_line
 from .export import check_output_path
 from .precision import calibration as cal
 from .precision import fp16 as fp16_pass
@@ -115,7 +115,7 @@ def _session(model, device: str, qdq_fusion: bool = True):
     except Exception as exc:
         if type(exc).__module__.startswith("engines"):
             raise
-        raise QuantizeError(f"ONNX Runtime cannot load the new model: {str(exc).splitlines()[0]}",
+        raise QuantizeError(f"ONNX Runtime cannot load the new model: {first_line(exc)}",
                             "run with --debug and report the model") from exc
 
 

@@ -22,6 +22,8 @@ import math
 import time
 from dataclasses import dataclass, field
 
+from ..errors import first_line
+
 NETWORK_SCHEMES = ("rtsp", "rtsps", "rtmp", "rtmps", "srt", "udp", "rtp", "tcp", "http", "https", "hls", "mms")
 POLICIES = ("drop-oldest", "block")
 TRANSPORTS = ("tcp", "udp")
@@ -180,7 +182,7 @@ def network_error(name: str, exc: BaseException, options: LiveOptions, opening: 
     requested", "Invalid data found when processing input") are kept in brackets after the explanation. A failure
     that came when the timeout ran out (``elapsed``, seconds the attempt took) is a timeout whatever FFmpeg says:
     its RTSP client reports a server that never answers as "Invalid data"."""
-    text = (str(exc).strip() or type(exc).__name__).splitlines()[0]
+    text = first_line(exc)
     low = text.lower()
     host = str(name).split("://", 1)[-1].split("/", 1)[0].rsplit("@", 1)[-1]
     limit = options.open_timeout if opening else options.read_timeout

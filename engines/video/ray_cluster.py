@@ -33,7 +33,7 @@ import threading
 import time
 from collections import deque
 
-from ..errors import EngineError, UsageProblem
+from ..errors import EngineError, UsageProblem, first_line
 from .pipeline import RunStats, SourceProblem
 from .results import LINE_MODES, BlockRun
 
@@ -281,7 +281,7 @@ class RayPool:
                 where = ray.get(ref)
             except ray.exceptions.RayError as exc:
                 a.alive = False
-                errors.append(f"{a.name}: {str(exc).splitlines()[0]}")
+                errors.append(f"{a.name}: {first_line(exc)}")
                 continue
             a.placed(where)
             self.startup.setdefault("engine_open_s", []).append(where.get("open_s"))
@@ -399,11 +399,6 @@ def _absolute(source: str) -> str:
     return source if "://" in source or os.path.isabs(source) else os.path.abspath(source)
 
 
-def _first_line(exc) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
 class _Dispatch:
     """The driver's book-keeping for one :meth:`RayPool.classify` run: the sources still to run (``pending``), the
     actors' jobs in flight (``busy``: generator -> (actor, job)), each source's last frame with the caller, and the
@@ -486,11 +481,11 @@ class _Dispatch:
             del self.busy[gen]
             actor.alive = False
             ray.kill(actor.handle, no_restart=True)  # unavailable may come back: not for this run
-            self.retry_or_give_up(actor, job, f"died ({_first_line(exc)})")
+            self.retry_or_give_up(actor, job, f"died ({first_line(exc)})")
             return
         except ray.exceptions.RayError as exc:
             del self.busy[gen]
-            self.retry_or_give_up(actor, job, f"failed ({_first_line(exc)})")
+            self.retry_or_give_up(actor, job, f"failed ({first_line(exc)})")
             return
         if msg[0] == "event":
             from .live import SourceEvent

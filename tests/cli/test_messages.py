@@ -110,3 +110,12 @@ def test_the_core_package_list_is_pyproject_s():
     pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
     deps = tomllib.loads(pyproject)["project"]["dependencies"]
     assert sorted(CORE_PACKAGES.values()) == sorted(re.split(r"[<>=!~ \[]", d)[0].lower() for d in deps)
+
+
+def test_first_line_of_an_error_message():
+    from engines.errors import first_line
+
+    assert first_line(RuntimeError("cudnn failed\n  at conv 3\n")) == "cudnn failed"
+    assert first_line(RuntimeError("\n\n  out of memory \nmore")) == "out of memory"
+    assert first_line(RuntimeError("")) == "RuntimeError"  # str(exc).splitlines()[0] raised IndexError here
+    assert first_line(ValueError("x" * 500), 300) == "x" * 300

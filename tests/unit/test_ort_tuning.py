@@ -140,6 +140,18 @@ def test_every_device_run_names_its_graph_id_also_without_graphs(cuda_engine):
         assert [r[0] for r in session.runs][-2:] == ["-1", "-1"], tuning
 
 
+def test_an_onnx_runtime_failure_without_a_message_is_still_one_line(cuda_engine):
+    """ORT exceptions are reported by their first line; one with an empty message must not turn into IndexError."""
+    eng, _, session = cuda_engine("auto")
+
+    def fail(io, ro):
+        raise RuntimeError("")
+
+    session.run_with_iobinding = fail
+    with pytest.raises(EngineError, match="ONNX Runtime failed on .*: RuntimeError$"):
+        eng.infer(cuda_engine.cp.asarray(np.zeros((2, 3, 224, 224), np.float32)))
+
+
 def test_an_unknown_tuning_is_refused_with_the_choices(lite0_onnx):
     with pytest.raises(UsageProblem, match="unknown ONNX Runtime tuning 'fast'") as err:
         oe.OnnxRuntimeEngine(lite0_onnx[0], tuning="fast")

@@ -8,7 +8,7 @@ import numpy as np
 
 from engines._deps import require
 
-from ..errors import QuantizeError, UsageProblem
+from ..errors import QuantizeError, UsageProblem, first_line
 
 QDQ_OPS = {"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul", "ConvInteger", "MatMulInteger",
            "DynamicQuantizeLinear", "QLinearAdd", "QLinearMul", "QGemm"}
@@ -29,7 +29,7 @@ def load(path: str | Path):
     try:
         model = onnx.load(str(p))
     except Exception as exc:  # protobuf DecodeError and friends
-        raise QuantizeError(f"{p} is not a readable ONNX model: {str(exc).splitlines()[0] if str(exc) else exc}",
+        raise QuantizeError(f"{p} is not a readable ONNX model: {first_line(exc)}",
                             "re-export it with trtc export") from exc
     if not model.graph.node:
         raise QuantizeError(f"{p} has an empty graph", "re-export the model")
@@ -104,7 +104,7 @@ def upgrade_opset(model, minimum: int):
         out = version_converter.convert_version(model, minimum)
     except Exception as exc:
         raise QuantizeError(f"cannot convert the model from opset {current} to {minimum}: "
-                            f"{str(exc).splitlines()[0]}", "re-export it with --opset 19 or newer") from exc
+                            f"{first_line(exc)}", "re-export it with --opset 19 or newer") from exc
     if out.ir_version < 7:
         out.ir_version = 7
     onnx.checker.check_model(out)
@@ -205,7 +205,7 @@ def tensor_types(model) -> dict[str, int]:
     try:
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
     except Exception as exc:
-        raise QuantizeError(f"ONNX shape inference failed: {str(exc).splitlines()[0]}",
+        raise QuantizeError(f"ONNX shape inference failed: {first_line(exc)}",
                             "check the model with onnx.checker; re-export it") from exc
     g = inferred.graph
     types = {i.name: i.data_type for i in g.initializer}
@@ -251,5 +251,5 @@ def check_model(model, name: str) -> None:
     try:
         onnx.checker.check_model(model, full_check=True)
     except Exception as exc:
-        raise QuantizeError(f"the {name} model fails onnx.checker: {str(exc).splitlines()[0]}",
+        raise QuantizeError(f"the {name} model fails onnx.checker: {first_line(exc)}",
                             "report this model with --debug output") from exc
