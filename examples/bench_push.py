@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import threading
 import time
@@ -161,7 +162,11 @@ def main() -> None:
     args = ap.parse_args()
     if args.switch_interval_ms:
         sys.setswitchinterval(args.switch_interval_ms / 1000)
-    rows = [r for m in args.model for r in bench(m, args)]
+    import engines  # before any CUDA call: it may set CUDA_DEVICE_MAX_CONNECTIONS (docs/PUSH.md)
+
+    queues = os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")
+    print(f"CUDA_DEVICE_MAX_CONNECTIONS={queues} (trtc {engines.__version__})", flush=True)
+    rows = [{**r, "cuda_device_max_connections": queues} for m in args.model for r in bench(m, args)]
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -57,8 +58,10 @@ def main() -> None:
     e.infer(x, stream=e.stream)
     if not getattr(e, "wait_ready", lambda _t: True)(600):
         raise SystemExit("the tuned session did not prepare the batch in 600 s")
+    queues = os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")
+    print(f"CUDA_DEVICE_MAX_CONNECTIONS={queues}", flush=True)
     out = {"engine_only": [], "push": [], "model": Path(args.model).name, "threads": args.threads,
-           "batch": args.batch}
+           "batch": args.batch, "cuda_device_max_connections": queues}
     for rep in range(args.repeat):
         for _ in range(args.engine_seconds):
             n, t0 = 0, time.perf_counter()
