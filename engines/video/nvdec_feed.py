@@ -18,7 +18,8 @@ import numpy as np
 from .._deps import require
 from .live import Reconnector, network_error
 from ..errors import first_line
-from .sources import MAX_REJECTED_PACKETS, SourceError, SourceInfo, Timeline, _colorspace_from_av, open_url
+from .sources import (DETAIL_CHARS, MAX_REJECTED_PACKETS, SourceError, SourceInfo, Timeline, _colorspace_from_av,
+                      open_url)
 
 # PyAV codec name -> PyNvVideoCodec's cudaVideoCodec member
 AV_TO_NVDEC = {"h264": "H264", "hevc": "HEVC", "av1": "AV1", "vp9": "VP9", "vp8": "VP8", "mpeg2video": "MPEG2",
@@ -130,7 +131,8 @@ def feed_pass(src, nvc, stream_ptr: int, on_frame, index: int, container, stream
                     rejected += 1
                     if rejected >= MAX_REJECTED_PACKETS:
                         raise SourceError(src.name, f"NVDEC refused {rejected} packets in a row "
-                                          f"({first_line(exc, 300)})", "check the stream; or --device cpu") from exc
+                                          f"({first_line(exc, DETAIL_CHARS)})",
+                                          "check the stream; or --device cpu") from exc
                     continue
                 finally:
                     del pkt
@@ -191,7 +193,8 @@ def run_fed(src, nvc, stream_ptr: int, on_frame) -> None:
                 return
         except _Lost as exc:
             if not src.live:
-                raise SourceError(src.name, f"stopped while reading: {first_line(exc.__cause__, 300)}") from exc
+                raise SourceError(src.name, "stopped while reading: "
+                                  f"{first_line(exc.__cause__, DETAIL_CHARS)}") from exc
             reason, fix = network_error(src.name, exc.__cause__, src.options, opening=False)
         finally:
             container.close()

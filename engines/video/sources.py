@@ -28,6 +28,8 @@ log = logging.getLogger("trtc")
 # AVColorSpace / AVColorRange values (libavutil/pixfmt.h) as PyAV reports them
 _AV_MATRIX = {1: "bt709", 5: "bt601", 6: "bt601", 9: "bt2020", 10: "bt2020"}
 _AV_FULL_RANGE = 2
+# characters of a decoder's or demuxer's own message kept in a source's (FFmpeg and PyNvVideoCodec can say a lot)
+DETAIL_CHARS = 300
 
 
 class SourceError(TrtcError):
@@ -189,7 +191,7 @@ class PyAVSource(LiveSource):
             try:
                 container = av.open(self.name)
             except Exception as exc:  # noqa: BLE001 - av.error.*, OSError
-                raise SourceError(self.name, describe_unreadable(self.name, first_line(exc, 300)),
+                raise SourceError(self.name, describe_unreadable(self.name, first_line(exc, DETAIL_CHARS)),
                                   "check the file: ffprobe FILE shows what it holds") from exc
         if not container.streams.video:
             kinds = sorted({s.type for s in container.streams}) or ["no streams"]
@@ -353,11 +355,11 @@ def _decode(container, stream, name, skipped: list):
                 yield from stream.codec_context.decode(None)
             except Exception:  # noqa: BLE001 - a decoder that cannot even flush has nothing more to give
                 pass
-            raise SourceError(name, f"stopped while reading: {first_line(exc, 300)}") from exc
+            raise SourceError(name, f"stopped while reading: {first_line(exc, DETAIL_CHARS)}") from exc
         try:
             frames = packet.decode()
         except Exception as exc:  # noqa: BLE001 - av.error.InvalidDataError and friends
-            skipped.append(first_line(exc, 300))
+            skipped.append(first_line(exc, DETAIL_CHARS))
             continue
         yield from frames
 
@@ -459,7 +461,7 @@ class NvdecSource(LiveSource):
         try:
             caps = decoder_caps(nvc, self.gpu, codec, chroma, depth)
         except Exception as exc:  # noqa: BLE001 - e.g. a codec id NVDEC does not know
-            raise SourceError(self.name, f"NVDEC cannot decode {what}: {first_line(exc, 300)}",
+            raise SourceError(self.name, f"NVDEC cannot decode {what}: {first_line(exc, DETAIL_CHARS)}",
                               "use --device cpu for this source") from exc
         self.caps = caps
         if not caps.get("supported", False):
@@ -479,12 +481,13 @@ class NvdecSource(LiveSource):
         try:
             dmx = nvc.CreateDemuxer(filename=self.name)
         except Exception as exc:  # noqa: BLE001 - PyNvVideoCodec raises plain exceptions, often without a text
-            raise SourceError(self.name, describe_unreadable(self.name, first_line(exc, 300))) from exc
+            raise SourceError(self.name, describe_unreadable(self.name, first_line(exc, DETAIL_CHARS))) from exc
         try:
             codec, width, height = dmx.GetNvCodecId(), int(dmx.Width()), int(dmx.Height())
             chroma, depth = dmx.ChromaFormat(), int(dmx.BitDepth())
         except Exception as exc:  # noqa: BLE001
-            raise SourceError(self.name, f"has no video stream NVDEC can read ({first_line(exc, 300)})") from exc
+            raise SourceError(self.name, "has no video stream NVDEC can read "
+                              f"({first_line(exc, DETAIL_CHARS)})") from exc
         if width <= 0 or height <= 0:
             raise SourceError(self.name, "has no video stream", "give a video file")
         codec_name = str(codec).rsplit(".", 1)[-1]
@@ -508,7 +511,8 @@ class NvdecSource(LiveSource):
             return nvc.CreateDecoder(gpuid=self.gpu, codec=codec, cudacontext=0, cudastream=stream_ptr,
                                      usedevicememory=True, latency=latency)
         except Exception as exc:  # noqa: BLE001
-            raise SourceError(self.name, f"NVDEC decoder for {self._what} failed: {first_line(exc, 300)}") from exc
+            raise SourceError(self.name, f"NVDEC decoder for {self._what} failed: "
+                              f"{first_line(exc, DETAIL_CHARS)}") from exc
 
     def run(self, stream_ptr: int, on_frame) -> None:
         """Decode every frame and call ``on_frame(index, pts, seconds, frame, fed_at)`` for each, in display
@@ -548,7 +552,7 @@ class NvdecSource(LiveSource):
                 try:  # the demuxer failing ends the source (the file is cut off or unreadable from here)
                     packet = next(packets, None)
                 except Exception as exc:  # noqa: BLE001 - demuxer errors
-                    raise SourceError(self.name, f"stopped while reading: {first_line(exc, 300)}") from exc
+                    raise SourceError(self.name, f"stopped while reading: {first_line(exc, DETAIL_CHARS)}") from exc
                 if packet is None:
                     break
                 if self.realtime and packet.bsl:
@@ -567,7 +571,8 @@ class NvdecSource(LiveSource):
                     rejected += 1
                     if rejected >= MAX_REJECTED_PACKETS:
                         raise SourceError(self.name, f"NVDEC refused {rejected} packets in a row "
-                                          f"({first_line(exc, 300)})", "check or re-encode the file; or --device cpu"
+                                          f"({first_line(exc, DETAIL_CHARS)})",
+                                          "check or re-encode the file; or --device cpu"
                                           ) from exc
                     continue
                 finally:
@@ -698,8 +703,10 @@ class NvdecSource(LiveSource):
             return dec, int(getattr(dec.get_stream_metadata(), "num_frames", 0) or 0)
         except Exception as exc:  # noqa: BLE001 - PyNvVideoCodec raises plain exceptions; a failed decoder is dropped
             if index == 0:  # e.g. a container that declares no frame count: the packet loop can read it
-                raise BatchUnavailable(f"{self.name}: SimpleDecoder refused it ({first_line(exc, 300)})") from exc
-            raise SourceError(self.name, f"NVDEC decoder for {self._what} failed: {first_line(exc, 300)}") from exc
+                raise BatchUnavailable(f"{self.name}: SimpleDecoder refused it "
+                                       f"({first_line(exc, DETAIL_CHARS)})") from exc
+            raise SourceError(self.name, f"NVDEC decoder for {self._what} failed: "
+                              f"{first_line(exc, DETAIL_CHARS)}") from exc
 
     def _batch_pass(self, dec, declared: int, max_frames: int, on_frames, index: int):
         """Batches of up to ``max_frames`` frames to ``on_frames`` until the declared count (or the decoder stops).
@@ -711,7 +718,7 @@ class NvdecSource(LiveSource):
                 # asked beyond it, which would corrupt a --json report
                 frames = dec.get_batch_frames(min(max_frames, declared - got) if declared else max_frames)
             except Exception as exc:  # noqa: BLE001 - the caller goes on with the packet loop
-                log.info("%s: SimpleDecoder stopped (%s)", self.name, first_line(exc, 300))
+                log.info("%s: SimpleDecoder stopped (%s)", self.name, first_line(exc, DETAIL_CHARS))
                 break
             if not frames:
                 break
@@ -772,7 +779,7 @@ def describe_unreadable(name: str, decoder_says: str) -> str:
                     kinds = sorted({s.type for s in c.streams}) or ["no streams"]
                     return f"has no video stream (only {', '.join(kinds)})"
         except Exception as exc:  # noqa: BLE001
-            return f"cannot open: {first_line(exc, 300)}"
+            return f"cannot open: {first_line(exc, DETAIL_CHARS)}"
     detail = decoder_says.strip(" :")
     return f"cannot open{': ' + detail if detail and detail != 'PyNvDemuxer' else ''}"
 
