@@ -15,15 +15,6 @@ from .preprocess import PreprocessSpec, preprocess_rgb
 
 __version__ = "0.1.0"
 
-# CUDA gives each device 8 hardware work queues by default and maps every stream onto one of them at creation; two
-# streams on one queue run in its order, so a wait enqueued on one (the push writer's wait for a free input buffer,
-# a top-k's wait for its batch) also holds back the other's later work. trtc's GPU paths run the engine, the
-# writers and top-k on streams of their own. On an H100, with 8 queues, 5 of 21 pushers (ResNet-50) ran at
-# 0.90-0.92x of engine-only for their whole life and the rest at ~0.998x; with 32, CUDA's maximum, 5 of 5 ran at
-# 0.998x (docs/PUSH.md: a small sample). Read when the process creates its CUDA context: a process that set it,
-# or made its context before importing trtc, keeps what it has.
-os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
-
 
 PLAN_SUFFIXES = (".plan", ".engine", ".trt")
 # files a video source or batch folder may be (trtc run --ray folders; telling a video from a model)

@@ -36,15 +36,12 @@ def test_quantize_modules_import_lazily():
     assert _loaded_after("import toolchain.quantize, toolchain.precision.calibration, toolchain.parity") == []
 
 
-def test_importing_engines_asks_cuda_for_32_work_queues_unless_the_process_chose():
-    """engines sets CUDA_DEVICE_MAX_CONNECTIONS=32 (a push's streams on shared hardware queues ran at 0.90x on an
-    H100, docs/PUSH.md) before any CUDA context exists, and keeps a value the process set itself."""
+def test_importing_engines_leaves_cudas_work_queues_as_the_process_has_them():
+    """engines does not set CUDA_DEVICE_MAX_CONNECTIONS: 32 queues did not keep the push at engine speed on an H100
+    (4 of 10 pushers slow with 32, 0 of 10 with CUDA's 8 in one call, docs/PUSH.md), so the process's choice stands."""
     import os
 
     code = "import os, engines; print(os.environ.get('CUDA_DEVICE_MAX_CONNECTIONS'))"
     env = {k: v for k, v in os.environ.items() if k != "CUDA_DEVICE_MAX_CONNECTIONS"}
     got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
-    assert got.stdout.strip() == "32"
-    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={**env, "CUDA_DEVICE_MAX_CONNECTIONS": "1"})
-    assert got.stdout.strip() == "1"
+    assert got.stdout.strip() == "None"
