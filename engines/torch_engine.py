@@ -17,8 +17,9 @@ model (``m.pt2.inductor/``; a user cache folder where the model's folder is read
 (:func:`plain_program`: no ``torch.export.load`` next time), Inductor's compiled artifacts and the precompiled
 function (Dynamo's AOT precompile: no trace, no compile next time), keyed by GPU, torch version, batch size,
 precision and layout (:func:`cache_key`, :func:`program_key`). A corrupt or mismatched cache file is ignored with a
-log line and compiled again. cuDNN's benchmark mode is on while a shape warms up and its graphs are captured
-(:func:`cudnn_benchmark_on`).
+log line and compiled again. cuDNN's benchmark mode is off by default, as PyTorch leaves it: on an H100 it made
+ResNet-50 FP16 slower (0.935x against 0.964x of torch.compile, NCHW input) and each start 1-4 s longer;
+``cudnn_benchmark=True`` turns it on while a shape warms up and its graphs are captured (:func:`cudnn_benchmark_on`).
 
 On the CPU the program runs eagerly (``compile=True`` compiles it with Inductor's C++ backend; slow to compile).
 INT8 is refused: it needs TensorRT or ONNX Runtime (``trtc quantize m.onnx --precision int8``).
@@ -429,13 +430,14 @@ def _program_specs(gm) -> tuple[list[TensorSpec], list[TensorSpec], tuple | None
 class TorchEngine(EngineBase):
     def __init__(self, path: str | os.PathLike, device: str = "cpu", precision: str | None = None,
                  compile: bool | None = None, cuda_graph: bool = True, cache: bool = True, progress=None,
-                 cudnn_benchmark: bool = True, precompile: bool = True):
+                 cudnn_benchmark: bool = False, precompile: bool = True):
         """``precision``: fp32 (default) or fp16 (trtc quantize's keep-list computes in FP32); int8 is refused.
         ``compile``: Inductor (default on CUDA; on the CPU the program runs eagerly unless True). ``cuda_graph``:
         replay CUDA graphs (CUDA only). ``cache``: keep and reuse Inductor's compiled artifacts beside the model.
         ``progress``: called with a line of text before a compilation (default: the ``trtc`` log).
         ``cudnn_benchmark``: let cuDNN time its convolution algorithms while the engine warms up and captures its
-        graphs (:func:`cudnn_benchmark_on`), so the graphs replay the fastest ones. ``precompile``: save (and load) the
+        graphs (:func:`cudnn_benchmark_on`); off by default (PyTorch's heuristics ran ResNet-50 FP16 faster on an
+        H100, docs/TORCH.md, and the timing costs seconds at each start). ``precompile``: save (and load) the
         compiled function itself with the cache (Dynamo's AOT precompile, where torch has it), so a second start does
         not trace the program again. An FP32
         engine turns torch's TF32 convolutions and matrix products off (process-wide): on an H100 Lite0 in TF32
@@ -627,8 +629,8 @@ class TorchEngine(EngineBase):
 
     def _capture(self, fn, xt) -> tuple:
         """A CUDA graph of ``fn(xt)`` reading ``xt`` where it lies, captured on the engine's stream after one
-        warm-up run there (cuDNN's benchmark mode on for both: the graph keeps the fastest algorithms); other threads'
-        CUDA calls (decoders, kernels) go on meanwhile (thread-local capture)."""
+        warm-up run there (with ``cudnn_benchmark``, cuDNN's benchmark mode on for both: the graph keeps the algorithms
+        it timed fastest); other threads' CUDA calls (decoders, kernels) go on meanwhile (thread-local capture)."""
         torch = require_torch()
         t0 = time.perf_counter()
         graph = torch.cuda.CUDAGraph()

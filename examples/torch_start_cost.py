@@ -9,10 +9,11 @@ efficientnet-lite0`` exports one into ``--workdir`` first). The model's cache fo
 emptied first; the first start gets an Inductor cache of its own, and so does the second, so it sees only what
 trtc kept beside the model; further starts share the second's Inductor cache (as on a machine that keeps it).
 Phases: import torch; load (the program, or its plain copy from the cache); compile (trace and Inductor, or the
-precompiled function from the cache, with the first run); capture (CUDA graphs); first result (the first batch,
-from the start of the process). ``--no-cudnn-benchmark`` opens the engine without cuDNN's algorithm search. ``--pycache DIR`` gives the starts a bytecode cache
-(PYTHONPYCACHEPREFIX, and PYTHONDONTWRITEBYTECODE unset) for installs whose site-packages hold no bytecode: there
-every start compiles torch's Python source again (seconds; ``python -m compileall`` on the install fixes it).
+precompiled function from the cache, with the first run); capture (CUDA graphs); first result (the first batch, from
+the start of the process). ``--cudnn-benchmark`` opens the engine with cuDNN's algorithm search (off by default).
+``--pycache DIR`` gives the starts a bytecode cache (PYTHONPYCACHEPREFIX, and PYTHONDONTWRITEBYTECODE unset) for
+installs whose site-packages hold no bytecode: there every start compiles torch's Python source again (seconds;
+``python -m compileall`` on the install fixes it).
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def start(pt2: Path, args, inductor_dir: str) -> dict:
         env["PYTHONPYCACHEPREFIX"] = str(Path(args.pycache).resolve())
         env.pop("PYTHONDONTWRITEBYTECODE", None)
     out = subprocess.run([sys.executable, "-c", START, str(pt2), args.device, str(args.batch), args.precision,
-                          "0" if args.no_cudnn_benchmark else "1"],
+                          "1" if args.cudnn_benchmark else "0"],
                          capture_output=True, text=True, env=env, check=False, timeout=args.timeout)
     if out.returncode:
         sys.exit(f"a start failed:\n{out.stderr[-4000:]}")
@@ -101,7 +102,7 @@ def main(argv=None) -> int:
     ap.add_argument("--precision", default="fp16", choices=("fp32", "fp16"))
     ap.add_argument("--starts", type=int, default=2, help="starts after the first (each with the cache beside the model)")
     ap.add_argument("--pycache", default=None, help="a bytecode cache folder for the starts (PYTHONPYCACHEPREFIX)")
-    ap.add_argument("--no-cudnn-benchmark", action="store_true", help="open the engine with cudnn_benchmark=False")
+    ap.add_argument("--cudnn-benchmark", action="store_true", help="open the engine with cudnn_benchmark=True")
     ap.add_argument("--timeout", type=int, default=900)
     ap.add_argument("--json", default=None, help="write the measurements here")
     args = ap.parse_args(argv)

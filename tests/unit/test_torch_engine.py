@@ -295,3 +295,11 @@ def test_cudnn_benchmark_blocks_in_two_threads_restore_once_both_end():
         a.join(timeout=30)
     assert during is True, "the first block to end turned benchmark mode off under the other"
     assert seen == [True] and cudnn.benchmark is False
+
+
+def test_cudnn_benchmark_is_off_unless_asked():
+    """The engine leaves cuDNN's benchmark mode off by default: on an H100 it ran ResNet-50 FP16 slower than
+    PyTorch's heuristics (docs/TORCH.md) and cost seconds at each start."""
+    import inspect
+
+    assert inspect.signature(te.TorchEngine).parameters["cudnn_benchmark"].default is False
