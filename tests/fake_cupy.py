@@ -19,6 +19,10 @@ class ndarray:  # noqa: N801 - CuPy's name
         self.host = host
         self.data = types.SimpleNamespace(ptr=host.__array_interface__["data"][0])
         self.shape, self.dtype, self.flags = host.shape, host.dtype, host.flags
+        self.strides, self.ndim = host.strides, host.ndim
+
+    def transpose(self, *axes):  # a view of the same memory, as CuPy's
+        return ndarray(self.host.transpose(*axes))
 
     @property
     def __cuda_array_interface__(self):
@@ -94,6 +98,7 @@ def install(monkeypatch):
     m.zeros = lambda shape, dtype=np.float32: ndarray(np.zeros(shape, dtype))
     m.asarray = lambda a, dtype=None: a if isinstance(a, ndarray) else ndarray(np.ascontiguousarray(a, dtype))
     m.asnumpy = lambda a, stream=None: a.host.copy()
+    m.ascontiguousarray = lambda a: ndarray(np.ascontiguousarray(a.host))
     current = Stream(ptr=0)
     m.cuda = types.SimpleNamespace(Stream=Stream, Device=Device, Event=Event, get_current_stream=lambda: current,
                                    ExternalStream=lambda ptr, device_id=0: Stream(ptr=ptr))

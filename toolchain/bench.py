@@ -62,6 +62,7 @@ class BenchRow:
     speedup: float | None = None  # throughput vs the first model at this batch
     backend: str = ""  # onnxruntime, onnxruntime (untuned), tensorrt, opencv, pytorch eager, torch.compile (...)
     input: str = "host"  # host (numpy, copies timed) or device (made once on the GPU, no copies timed)
+    layout: str = "NCHW"  # the device input's memory order: NHWC (channels_last) for an engine that prefers it
     role: str = "engine"  # engine, or reference (the yardstick the engine rows divide by)
     reference: str | None = None  # the reference row's model name (engine rows: the one they divide by)
     img_s: float = 0.0  # = throughput, rounded (the name the side-by-side tables use)
@@ -351,17 +352,22 @@ def _takes_device_input(ref, runner) -> bool:
 
 
 def _call(runner, ref, x: np.ndarray, plan: _Plan):
-    """(call, clock, input) for timing ``runner`` on ``x``: on the GPU's copy of ``x`` with CUDA events in device
-    mode (where the engine takes device arrays), else on ``x`` itself with the wall clock."""
+    """(call, clock, input, layout) for timing ``runner`` on ``x``: on the GPU's copy of ``x`` with CUDA events in
+    device mode (where the engine takes device arrays), else on ``x`` itself with the wall clock. The copy is laid
+    out as the engine prefers (``preferred_layout``: the compiled PyTorch engine reads NHWC memory without a
+    transpose), as a pipeline that writes its input for that engine would give it."""
     if plan.input != "device" or not _takes_device_input(ref, runner):
         fn = runner.fn
-        return (lambda: fn(x)), HostClock(), "host"
+        return (lambda: fn(x)), HostClock(), "host", "NCHW"
     from engines._deps import require
 
     cp = require("cupy", "Device-resident input (trtc bench --input device)", extra="gpu")
     engine, dev = runner.engine, cp.cuda.Device(getattr(runner.engine, "device_id", 0))
+    layout = "NHWC" if getattr(engine, "preferred_layout", "NCHW") == "NHWC" and x.ndim == 4 else "NCHW"
     with dev:
         xd = cp.asarray(x)
+        if layout == "NHWC":  # the same values, an (N, C, H, W) view of channels_last memory
+            xd = cp.ascontiguousarray(xd.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
         stream = cp.cuda.Stream(non_blocking=True)
         if hasattr(engine, "capture_graphs"):  # a fixed input buffer, as the video pipeline's (one thread here)
             engine.capture_graphs([xd], stream=stream)
@@ -370,7 +376,7 @@ def _call(runner, ref, x: np.ndarray, plan: _Plan):
         with dev:
             engine.infer(xd, stream=stream)
 
-    return call, CupyClock(cp, stream, dev), "device"
+    return call, CupyClock(cp, stream, dev), "device", layout
 
 
 def _check_options(models: list[str], batches: list[int] | None, iterations: int | None,
@@ -422,7 +428,7 @@ def _timed_rows(spec: str, ref, runner, sizes: list[int], dtype: np.dtype, backe
     for b in sizes:
         try:
             x = _random_input(plan.rng, (b, *runner.shape), dtype)
-            call, clock, where = _call(runner, ref, x, plan)
+            call, clock, where, layout = _call(runner, ref, x, plan)
             with plan.reporter.phase(f"timing {model_label(spec)} ({backend}) at batch {b}"):
                 t = plan.times(call, clock)
         except MemoryError:
@@ -432,6 +438,7 @@ def _timed_rows(spec: str, ref, runner, sizes: list[int], dtype: np.dtype, backe
         if where == "host" and plan.input == "device":
             plan.warnings.append(f"{model_label(spec)} takes host arrays: timed on host input (copies included)")
         rows.append(_row(spec, ref.kind, ref.precision, b, t, backend, where, plan))
+        rows[-1].layout = layout
     return rows
 
 

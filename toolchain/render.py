@@ -322,7 +322,8 @@ def render_bench(console, report) -> None:
                     f"{report.cuda_graphs}", title_justify="left")
     # the backend column where it tells rows apart (a reference, two tunings, device and host input)
     backends = any(getattr(r, "role", "engine") != "engine" or getattr(r, "backend", "") == "onnxruntime (untuned)"
-                   or getattr(r, "input", "host") != getattr(report, "input", "host") for r in report.rows)
+                   or getattr(r, "input", "host") != getattr(report, "input", "host")
+                   or getattr(r, "layout", "NCHW") != "NCHW" for r in report.rows)
     ref = any(getattr(r, "ratio_to_reference", None) is not None for r in report.rows)
     cols = ("model",) + (("backend",) if backends else ()) + ("prec", "batch", "p50 ms", "p90 ms", "p99 ms", "CV",
                                                              "samples/s", "vs first") + (("vs ref",) if ref else ())
@@ -332,6 +333,7 @@ def render_bench(console, report) -> None:
                      min_width=max(longest if col == "backend" else 0, *(len(w) for w in col.split())))
     for r in report.rows:
         where = " (host input)" if getattr(r, "input", "host") != getattr(report, "input", "host") else ""
+        where += " (NHWC input)" if getattr(r, "layout", "NCHW") != "NCHW" else ""
         ratio = getattr(r, "ratio_to_reference", None)
         t.add_row(escape(model_label(r.model)), *((escape(r.backend + where),) if backends else ()), r.precision,
                   str(r.batch), f"{r.p50_ms:.2f}", f"{r.p90_ms:.2f}", f"{r.p99_ms:.2f}", f"{r.cv:.0%}",

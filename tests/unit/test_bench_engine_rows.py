@@ -110,3 +110,30 @@ def test_the_reference_source_is_the_manifests_or_a_pt2_beside_the_model(tmp_pat
     (tmp_path / "r50.fp16.pt2").write_bytes(b"PK")
     assert reference_source(str(model), _ref(source=str(foreign))) == (str(tmp_path / "r50.fp16.pt2"), None)
     assert reference_source(f"opencv:{model}", _ref(manifest=False))[0] == str(tmp_path / "r50.fp16.pt2")
+
+
+@pytest.mark.parametrize("preferred, strides", [("NHWC", (3 * 4 * 5 * 4, 4, 5 * 3 * 4, 3 * 4)),
+                                                ("NCHW", (3 * 4 * 5 * 4, 4 * 5 * 4, 5 * 4, 4)),
+                                                (None, (3 * 4 * 5 * 4, 4 * 5 * 4, 5 * 4, 4))])
+def test_device_input_is_laid_out_as_the_engine_prefers(monkeypatch, preferred, strides):
+    """Device mode gives the compiled PyTorch engine (preferred_layout NHWC) an (N, C, H, W) view of channels_last
+    memory holding the same values, as a pipeline writing its input for that engine would; other engines get
+    C-contiguous NCHW. The row says which (layout)."""
+    import numpy as np
+
+    from tests import fake_cupy
+    from toolchain import bench
+
+    fake_cupy.install(monkeypatch)
+    seen = []
+    engine = types.SimpleNamespace(device="cuda:0", device_id=0, infer=lambda a, stream=None: seen.append(a))
+    if preferred:
+        engine.preferred_layout = preferred
+    runner = types.SimpleNamespace(engine=engine, fn=None)
+    plan = types.SimpleNamespace(input="device")
+    x = np.random.default_rng(0).standard_normal((2, 3, 4, 5)).astype(np.float32)
+    call, _clock, where, layout = bench._call(runner, types.SimpleNamespace(kind="torch"), x, plan)
+    call()
+    assert where == "device" and layout == ("NHWC" if preferred == "NHWC" else "NCHW")
+    assert seen[0].shape == x.shape and seen[0].strides == strides
+    np.testing.assert_array_equal(seen[0].host, x)  # the same values, element for element
