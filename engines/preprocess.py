@@ -369,7 +369,8 @@ extern "C" __global__ void trtc_preprocess_NAME(SRC_PARAMS,
         const int c_pitch, const int c_step, const int sy, const int sx,
         const int* __restrict__ y0, const int* __restrict__ y1, const float* __restrict__ wy,
         const int* __restrict__ x0, const int* __restrict__ x1, const float* __restrict__ wx,
-        const float* __restrict__ k, OUT_T* __restrict__ out_base, const int out_h, const int out_w, const int bgr) {
+        const float* __restrict__ k, OUT_T* __restrict__ out_base, const int out_h, const int out_w, const int bgr,
+        const int nhwc) {
     unsigned long long sp = 0;
     switch (blockIdx.y) { SRC_CASES }
     const SRC_T* __restrict__ src = (const SRC_T*)sp;
@@ -388,9 +389,16 @@ extern "C" __global__ void trtc_preprocess_NAME(SRC_PARAMS,
     float g = (a.y * (1.f - fx) + b.y * fx) * (1.f - fy) + (c.y * (1.f - fx) + d.y * fx) * fy;
     float bl = (a.z * (1.f - fx) + b.z * fx) * (1.f - fy) + (c.z * (1.f - fx) + d.z * fx) * fy;
     if (bgr) { float t = r; r = bl; bl = t; }
-    out[idx] = STORE(r * k[8] + k[11]);
-    out[n + idx] = STORE(g * k[9] + k[12]);
-    out[2 * n + idx] = STORE(bl * k[10] + k[13]);
+    if (nhwc) {  // a (H, W, 3) slot: channels_last memory of the (3, H, W) values
+        OUT_T* __restrict__ o = out + 3LL * idx;
+        o[0] = STORE(r * k[8] + k[11]);
+        o[1] = STORE(g * k[9] + k[12]);
+        o[2] = STORE(bl * k[10] + k[13]);
+    } else {
+        out[idx] = STORE(r * k[8] + k[11]);
+        out[n + idx] = STORE(g * k[9] + k[12]);
+        out[2 * n + idx] = STORE(bl * k[10] + k[13]);
+    }
 }
 """
 
@@ -446,17 +454,20 @@ class GpuPreprocessor:
     ``plan(fmt, shape, dtype, height, width, colorspace, out_dtype)`` prepares a kind of surface once;
     ``launch(plan, surface_ptrs, out_ptr, stream)`` enqueues ONE kernel on ``stream`` that writes
     ``len(surface_ptrs)`` (at most :data:`MAX_FRAMES_PER_LAUNCH`) consecutive (3, H, W) slots starting at device
-    address ``out_ptr``. ``pre(surface, fmt, height, width, colorspace, out, stream)`` does the same for one CuPy
+    address ``out_ptr``; with ``layout="NHWC"`` each slot is (H, W, 3), channels_last memory of the same values (for
+    an engine that reads that layout best, ``engine.preferred_layout``). ``pre(surface, fmt, height, width, colorspace, out, stream)`` does the same for one CuPy
     surface and one CuPy (3, H, W) slot. Nothing is synchronised per launch and nothing crosses to the host: the
     sampling grid and coefficients are uploaded once per source size and colour space, and that upload is
     finished (its stream synchronised) before any decoder thread's stream can read it.
     """
 
-    def __init__(self, spec: PreprocessSpec):
+    def __init__(self, spec: PreprocessSpec, layout: str = "NCHW"):
         from ._deps import require
 
+        if layout not in ("NCHW", "NHWC"):
+            raise UsageProblem(f"the GPU preprocessor writes NCHW or NHWC slots, not {layout!r}")
         self.cp = require("cupy", "GPU preprocessing")
-        self.spec = spec
+        self.spec, self.layout = spec, layout
         self._grids: dict = {}
         self._coeffs: dict = {}
         self._plans: dict = {}
@@ -541,7 +552,7 @@ class GpuPreprocessor:
         y0, y1, wy, x0, x1, wx = self._grid(height, width)
         mid = (np.int32(pitch), np.int64(u_off), np.int64(v_off), np.int32(c_pitch), np.int32(c_step),
                np.int32(sy), np.int32(sx), y0, y1, wy, x0, x1, wx, self._coefficients(colorspace))
-        tail = (np.int32(out_h), np.int32(out_w), np.int32(self.spec.color == "BGR"))
+        tail = (np.int32(out_h), np.int32(out_w), np.int32(self.spec.color == "BGR"), np.int32(self.layout == "NHWC"))
         return LaunchPlan(kernel, (n + 255) // 256, mid, tail, 3 * n * np.dtype(out_dtype).itemsize)
 
     def launch(self, plan: LaunchPlan, surface_ptrs, out_ptr: int, stream) -> None:
@@ -553,12 +564,14 @@ class GpuPreprocessor:
         plan.kernel((plan.grid_x, m), (256,), (*srcs, *plan.mid, np.uint64(out_ptr), *plan.tail), stream=stream)
 
     def __call__(self, surface, fmt: str, height: int, width: int, colorspace: ColorSpace, out, stream=None):
-        """Enqueue one frame -> one (3, H, W) slot on ``stream`` (default: the current stream)."""
+        """Enqueue one frame -> one (3, H, W) slot ((H, W, 3) with layout NHWC) on ``stream`` (default: the current
+        stream)."""
         if surface.ndim != 2 or not surface.flags.c_contiguous:
             raise UsageProblem(f"expected a packed 2-D surface, got shape {surface.shape}")
-        if out.shape != (3, *self.spec.size) or not out.flags.c_contiguous:
-            raise UsageProblem(f"output slot must be a contiguous (3, {self.spec.size[0]}, {self.spec.size[1]}) "
-                               f"array, got {out.shape}")
+        h, w = self.spec.size
+        want = (h, w, 3) if self.layout == "NHWC" else (3, h, w)
+        if out.shape != want or not out.flags.c_contiguous:
+            raise UsageProblem(f"output slot must be a contiguous {want} array, got {out.shape}")
         plan = self.plan(fmt, surface.shape, surface.dtype, height, width, colorspace, out.dtype)
         self.launch(plan, [surface.data.ptr], out.data.ptr,
                     stream if stream is not None else self.cp.cuda.get_current_stream())

@@ -137,6 +137,7 @@ class Device:
 
 class RawKernel:
     launches: list = []
+    layouts: list = []
     reads = True
     read_delay = 0.0  # seconds slept (the interpreter lock released) before the frames are read
 
@@ -157,6 +158,7 @@ class RawKernel:
             return
         m = grid[1]
         RawKernel.launches.append(m)
+        RawKernel.layouts.append("NHWC" if int(args[-1]) else "NCHW")  # the kernel's last argument, nhwc
         _log("launch", stream.ptr if stream is not None else 0, tuple(int(p) for p in args[:m]))
         _spin(COST["call"] * LAUNCH_FACTOR)
         if not RawKernel.reads:
@@ -215,7 +217,7 @@ def install(monkeypatch=None, kernel_reads: bool = True, cuda_us: float = 0.0):
                  "ascontiguousarray"):
         setattr(m, name, getattr(np, name))
     m.RawKernel = RawKernel
-    RawKernel.launches, RawKernel.reads, RawKernel.read_delay = [], kernel_reads, 0.0
+    RawKernel.launches, RawKernel.layouts, RawKernel.reads, RawKernel.read_delay = [], [], kernel_reads, 0.0
     current = Stream.null = Stream(ptr=0, device_id=-1)
     Stream.ptds = Stream(ptr=2, device_id=-1)
     m.cuda = types.SimpleNamespace(Stream=Stream, Device=Device, Event=Event,

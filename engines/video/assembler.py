@@ -22,10 +22,15 @@ class Stopped(Exception):
 
 
 class InputBuffer:
-    """One (batch, 3, H, W) engine input, its slots' metadata and the events that order it between streams."""
+    """One (batch, 3, H, W) engine input, its slots' metadata and the events that order it between streams.
+    ``layout="NHWC"``: ``data`` is a (batch, 3, H, W) view of channels_last memory, each slot (H, W, 3)."""
 
-    def __init__(self, cp, shape, dtype, batch: int):
-        self.data = cp.empty((batch, *shape), dtype)
+    def __init__(self, cp, shape, dtype, batch: int, layout: str = "NCHW"):
+        if layout == "NHWC":
+            c, h, w = shape
+            self.data = cp.empty((batch, h, w, c), dtype).transpose(0, 3, 1, 2)
+        else:
+            self.data = cp.empty((batch, *shape), dtype)
         self.slot_bytes = int(self.data.nbytes // batch) if batch else 0
         # recorded by inference after it has read the buffer; writers of the next batch wait on it on the GPU
         self.free = cp.cuda.Event(block=False, disable_timing=True)

@@ -241,8 +241,11 @@ class GpuBatches:
         self.dtype = dtype = self.engine.inputs[0].numpy_dtype
         if dtype not in (np.float32, np.float16):
             raise UsageProblem(f"the model input is {dtype}; the GPU preprocessor writes float32 or float16")
-        self.pre = GpuPreprocessor(self.spec)
-        bufs = [InputBuffer(cp, (3, h, w), dtype, self.batch) for _ in range(self.n_buffers)]
+        # the layout the engine reads best (the compiled PyTorch engine: NHWC, no transpose before its first
+        # convolution); the kernel writes it directly
+        self.layout = "NHWC" if getattr(self.engine, "preferred_layout", "NCHW") == "NHWC" else "NCHW"
+        self.pre = GpuPreprocessor(self.spec, layout=self.layout)
+        bufs = [InputBuffer(cp, (3, h, w), dtype, self.batch, self.layout) for _ in range(self.n_buffers)]
         self.asm = SlotAssembler(bufs, self.batch)
         self.asm.sources_live = sources
         self.results: queue.Queue = queue.Queue(maxsize=self.n_buffers)

@@ -188,14 +188,17 @@ def test_validate_fp32_and_fp16_against_the_onnx(lite0_pt2, lite0_onnx, photos, 
 
 
 def test_classify_a_clip_with_the_compiled_engine(lite0_pt2, bikes, cpu_lite0):
-    """NVDEC -> the preprocessing kernel -> the compiled engine (graphs bound to the pipeline's input slots) gives
-    the CPU pipeline's answers."""
+    """NVDEC -> the preprocessing kernel, writing channels_last slots (the engine's preferred_layout) -> the compiled
+    engine (graphs bound to the pipeline's input slots) gives the CPU pipeline's answers."""
     import engines
     from engines.video import classify
 
     with engines.open_engine(lite0_pt2, device="cuda:0") as eng:
+        assert eng.preferred_layout == "NHWC"
         gpu = {p.frame: p for p in classify([bikes], eng, batch=32)}
         slots = sum(len(r.slots) for r in eng._runs.values())
+        layouts = {key[2] for key in eng._runs}
+    assert layouts == {"nhwc"}  # compiled for the slots' layout only: no NCHW input reached it
     cpu = {p.frame: p for p in classify([bikes], cpu_lite0, batch=32)}
     assert sorted(gpu) == sorted(cpu) == list(range(250))
     agree = np.mean([gpu[i].indices[0] == cpu[i].indices[0] for i in gpu])

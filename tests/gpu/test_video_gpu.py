@@ -89,6 +89,31 @@ def test_one_launch_for_many_frames_matches_numpy_reference(test_videos, name):
     assert worst < 1e-6
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_channels_last_slots_hold_the_planar_slots_values(test_videos, dtype):
+    """layout NHWC (what the pipeline writes for the compiled PyTorch engine): one launch of 5 frames into (H, W, 3)
+    slots gives bit for bit the values of the NCHW launch, and nothing past the last slot is written."""
+    import cupy as cp
+
+    from engines.preprocess import GpuPreprocessor, PreprocessSpec
+
+    spec = PreprocessSpec(size=(224, 224), resize=256)
+    frames = _nvdec_frames(test_videos["bikes"], 5)
+    fmt, surf0, _, info = frames[0]
+    ptrs = [f[1].data.ptr for f in frames]
+    stream = cp.cuda.Stream(non_blocking=True)
+    planar, nhwc = GpuPreprocessor(spec), GpuPreprocessor(spec, layout="NHWC")
+    a = cp.zeros((5, 3, 224, 224), dtype)
+    b = cp.full((6, 224, 224, 3), 7, dtype)  # slot 5: a guard that must keep its 7s
+    for pre, out in ((planar, a), (nhwc, b)):
+        plan = pre.plan(fmt, surf0.shape, surf0.dtype, info.height, info.width, info.colorspace, dtype)
+        pre.launch(plan, ptrs, out.data.ptr, stream)
+    stream.synchronize()
+    got = cp.asnumpy(b)
+    np.testing.assert_array_equal(got[:5].transpose(0, 3, 1, 2), cp.asnumpy(a))
+    assert (got[5] == 7).all()
+
+
 def test_gpu_pipeline_agrees_with_cpu_pipeline(bikes, lite0_onnx, cpu_lite0):
     """Same frames, same maths: NVDEC + kernel + ORT CUDA vs PyAV + numpy + ORT CPU. H.264 decoding is bit-exact
     and the kernel matches numpy to 1e-6, so what is left is ONNX Runtime CUDA vs CPU arithmetic: every frame's

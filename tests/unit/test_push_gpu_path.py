@@ -335,3 +335,27 @@ def test_top_k_falls_back_to_cupys_sort_when_its_kernel_does_not_compile(cp, mon
     assert [q.indices[0] for q in p.results()] == list(range(40))
     said = [r.getMessage() for r in caplog.records if "top-k kernel" in r.getMessage()]
     assert said == ["the top-k kernel (f32) did not compile, so top-k uses CuPy's sort: NVRTC_ERROR_COMPILATION (6)"]
+
+
+@pytest.mark.parametrize("preferred", ["NHWC", "NCHW", None])
+def test_slots_are_written_in_the_layout_the_engine_prefers(cp, preferred):
+    """An engine that reads NHWC best (the compiled PyTorch engine's preferred_layout) gets (B, 3, H, W) views of
+    channels_last buffers, and every launch asks the kernel for NHWC slots; other engines get C-contiguous NCHW.
+    Classes still come out per frame (the slot's bytes are the frame's)."""
+
+    class Engine(push_fake_gpu.ValueEngine):
+        def infer(self, x, stream=None):
+            self.strides.add(tuple(s // x.itemsize for s in x.strides))
+            return super().infer(x, stream)
+
+    eng = Engine()
+    eng.strides = set()
+    if preferred:
+        eng.preferred_layout = preferred
+    with pusher(eng, batch=8) as p:
+        for i in range(20):
+            p.push("cam", nv12(cp, i), frame_id=i)
+    assert [q.indices[0] for q in p.results()] == list(range(20))
+    nhwc = preferred == "NHWC"
+    assert eng.strides == {(3 * 64, 1, 8 * 3, 3) if nhwc else (3 * 64, 64, 8, 1)}
+    assert set(push_fake_gpu.RawKernel.layouts) == {"NHWC" if nhwc else "NCHW"}

@@ -77,14 +77,14 @@ static uint3_ blockIdx, threadIdx, blockDim;
 _DRIVER = r"""
 extern "C" void run_grid(int gx, int m, const unsigned long long* s, int pitch, long long u_off, long long v_off,
         int c_pitch, int c_step, int sy, int sx, const int* y0, const int* y1, const float* wy, const int* x0,
-        const int* x1, const float* wx, const float* k, float* out, int out_h, int out_w, int bgr) {
+        const int* x1, const float* wx, const float* k, float* out, int out_h, int out_w, int bgr, int nhwc) {
     blockDim.x = 256;
     for (unsigned by = 0; by < (unsigned)m; by++) for (unsigned bx = 0; bx < (unsigned)gx; bx++)
         for (unsigned t = 0; t < 256; t++) {
             blockIdx.x = bx; blockIdx.y = by; threadIdx.x = t;
             trtc_preprocess_NAME(s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], s[9], s[10], s[11], s[12],
                 s[13], s[14], s[15], pitch, u_off, v_off, c_pitch, c_step, sy, sx, y0, y1, wy, x0, x1, wx, k, out,
-                out_h, out_w, bgr);
+                out_h, out_w, bgr, nhwc);
         }
 }
 """
@@ -108,8 +108,9 @@ def host_kernels(tmp_path_factory):
     return out
 
 
-def _run_kernel(fn, frames, fmt, height, width, spec, colorspace=ColorSpace()):
-    """What GpuPreprocessor.launch passes, with host pointers: ``frames`` are 2-D views (rows, pitch) of uint8."""
+def _run_kernel(fn, frames, fmt, height, width, spec, colorspace=ColorSpace(), nhwc=False):
+    """What GpuPreprocessor.launch passes, with host pointers: ``frames`` are 2-D views (rows, pitch) of uint8.
+    Returns (frames, 3, H, W); with ``nhwc`` the kernel writes (frames, H, W, 3) slots, returned transposed."""
     p = ctypes.c_void_p
     pitch = frames[0].strides[0]
     u_off, v_off, c_pitch, c_step, sy, sx = _LAYOUTS[fmt](height, pitch)
@@ -119,15 +120,15 @@ def _run_kernel(fn, frames, fmt, height, width, spec, colorspace=ColorSpace()):
     std, mean = np.asarray(spec.std), np.asarray(spec.mean)
     k = np.concatenate([colorspace.coefficients(), 1.0 / (255.0 * std), -mean / std]).astype(np.float32)
     out_h, out_w = spec.size
-    out = np.full((len(frames), 3, out_h, out_w), np.nan, np.float32)
+    out = np.full((len(frames), *((out_h, out_w, 3) if nhwc else (3, out_h, out_w))), np.nan, np.float32)
     ptrs = np.zeros(16, np.uint64)
     ptrs[:len(frames)] = [f.__array_interface__["data"][0] for f in frames]
     fn(ctypes.c_int((out_h * out_w + 255) // 256), ctypes.c_int(len(frames)), p(ptrs.ctypes.data),
        ctypes.c_int(pitch), ctypes.c_longlong(u_off), ctypes.c_longlong(v_off), ctypes.c_int(c_pitch),
        ctypes.c_int(c_step), ctypes.c_int(sy), ctypes.c_int(sx), *[p(a.ctypes.data) for a in grid],
        p(k.ctypes.data), p(out.ctypes.data), ctypes.c_int(out_h), ctypes.c_int(out_w),
-       ctypes.c_int(spec.color == "BGR"))
-    return out
+       ctypes.c_int(spec.color == "BGR"), ctypes.c_int(nhwc))
+    return out.transpose(0, 3, 1, 2) if nhwc else out
 
 
 @pytest.mark.parametrize("spec", SPECS[:2])
@@ -154,4 +155,29 @@ def test_kernel_source_reads_pitched_nv12(host_kernels, cs):
         refs.append(preprocess_yuv(planes_from_surface(buf[:, :w], "NV12", h, w), spec, cs))
     got = _run_kernel(host_kernels[False], frames, "NV12", h, w, spec, cs)
     for g, r in zip(got, refs, strict=True):
+        np.testing.assert_allclose(g, r, atol=5e-5, rtol=0)
+
+
+@pytest.mark.parametrize("fmt", ["NV12", "BGRA"])
+def test_kernel_source_writes_channels_last_slots_with_the_same_values(host_kernels, photos, fmt):
+    """layout NHWC (the compiled PyTorch engine's): each slot is (H, W, 3), every value the one the NCHW slot holds,
+    bit for bit, and the reference's; slots follow each other without overlap (three frames in one launch)."""
+    spec = SPECS[0]
+    if fmt == "NV12":
+        rng = np.random.default_rng(5)
+        h, w, pitch = 90, 160, 192
+        frames = [rng.integers(0, 256, (h * 3 // 2, pitch), dtype=np.uint8) for _ in range(3)]
+        refs = [preprocess_yuv(planes_from_surface(f[:, :w], "NV12", h, w), spec, ColorSpace()) for f in frames]
+    else:
+        images = [load_rgb(path) for path in photos[:3]]
+        h, w = min(i.shape[0] for i in images), min(i.shape[1] for i in images)
+        packed = [_as(np.ascontiguousarray(i[:h, :w]), fmt, pad=8) for i in images]
+        frames = [np.lib.stride_tricks.as_strided(f, (h, f.strides[0]), (f.strides[0], 1)) for f in packed]
+        refs = [preprocess_packed(f, fmt, spec) for f in packed]
+    kernel = host_kernels[fmt != "NV12"]
+    planar = _run_kernel(kernel, frames, fmt, h, w, spec)
+    channels_last = _run_kernel(kernel, frames, fmt, h, w, spec, nhwc=True)
+    assert not np.isnan(channels_last).any()  # every value of every slot written
+    np.testing.assert_array_equal(channels_last, planar)
+    for g, r in zip(channels_last, refs, strict=True):
         np.testing.assert_allclose(g, r, atol=5e-5, rtol=0)
