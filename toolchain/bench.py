@@ -486,6 +486,7 @@ def _reference_rows(yardstick, spec: str, ref, sizes: list[int], shape: tuple, e
         yardstick.timed.add((name, b))
         row = _row(name, "reference", yardstick.precision(name), b, t, yardstick.label, where, plan)
         row.role, row.reference = "reference", name
+        row.layout = "NHWC"  # the reference's input is channels_last, as a PyTorch user's is (bench_reference)
         rows.append(row)
     return rows
 

@@ -93,6 +93,7 @@ def test_reference_row_on_the_cpu_from_the_manifests_source(lite0_onnx, mnist, t
     assert ref["role"] == "reference" and ref["backend"] == "torch eager" and ref["precision"] == "fp32"
     assert ref["model"] == lite0["reference"] == "pretrained:efficientnet-lite0 (fp32)" and ref["batch"] == 1
     assert ref["ratio_to_reference"] == 1.0 and ref["input"] == "host" and rep["reference"] == "torch-eager"
+    assert ref["layout"] == "NHWC" and lite0["layout"] == "NCHW"  # the reference runs channels_last, as a user does
     assert lite0["ratio_to_reference"] == round(lite0["throughput"] / ref["throughput"], 3) > 0
     assert mn["reference"] is None and mn["ratio_to_reference"] is None
     assert [w for w in rep["warnings"] if "reference row" in w] == [
