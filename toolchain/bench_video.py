@@ -486,7 +486,7 @@ def bench_video(video: str, model: str, *, streams=(1, 8, 16, 32), device: str =
                            "e.g. --ort-tuning both")
     tunings = _tunings(ort_tuning)
     engine = engines.open_engine(model, device=device, **engine_options(model, tunings[0]))
-    manifest = engines.read_manifest(model)
+    manifest = engines.read_manifest(engines.split_engine(model)[1])  # torch-fp16:m.pt2 -> m.pt2's manifest
     batch, usual_batch, latency_batch = _batches(engine, manifest, batch, usual_batch, latency_batch)
     bench = _Bench(video, engine, manifest.preprocess, getattr(engine, "device_id", 0), batch, usual_batch, repeat,
                    reporter, on_gpu=device.startswith("cuda"))

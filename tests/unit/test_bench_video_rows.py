@@ -2,6 +2,7 @@
 what the range means. (Timing itself is only measured on a GPU: docs/BENCHMARKS.md.)"""
 import io
 
+import pytest
 from rich.console import Console
 
 from toolchain.bench_video import VideoBenchReport, VideoBenchRow, _median_rows
@@ -182,6 +183,38 @@ def test_the_usual_pipeline_runs_on_a_session_of_its_own(monkeypatch):
     assert [id(e) for e in closed] == list(used["usual"])  # the bench's own session, closed at the end
     assert report.batch == 64 and [r.pipeline.split()[0] for r in report.rows[:4]] == ["decode-only", "decode-only",
                                                                                        "usual", "trtc"]
+
+
+@pytest.mark.parametrize("model, read", [("torch-fp16:m.pt2", "m.pt2"), ("opencv:m.onnx", "m.onnx"),
+                                         ("m.onnx", "m.onnx")])
+def test_an_engine_prefix_opens_that_engine_and_reads_the_files_manifest(monkeypatch, model, read):
+    """`trtc bench VIDEO --model torch-fp16:m.pt2` read the manifest of "torch-fp16:m.pt2" and stopped ("has no
+    manifest lite0.pt2.json beside it", on the H100); the engine gets the spec, the manifest comes from the file."""
+    import types
+
+    import engines
+    import toolchain.bench_video as bv
+
+    opened, read_from = [], []
+
+    def open_engine(spec, device="cpu", **options):
+        opened.append(spec)
+        e = types.SimpleNamespace(device_id=0, inputs=[types.SimpleNamespace(shape=("batch", 3, 224, 224))])
+        e.close = lambda: None
+        return e
+
+    monkeypatch.setattr("engines._gpu.gpus", lambda: {"devices": [{"index": 0, "name": "NVIDIA H100"}]})
+    monkeypatch.setattr(engines, "open_engine", open_engine)
+    monkeypatch.setattr(engines, "read_manifest", lambda m: read_from.append(m) or types.SimpleNamespace(
+        preprocess=None, batch=types.SimpleNamespace(min=1, opt=8, max=64)))
+    monkeypatch.setattr(bv, "_decode_only", lambda video, n, gpu: (250 * n, 0.1))
+    monkeypatch.setattr(bv, "_decode_only_batched", lambda video, n, gpu: (250 * n, 0.1))
+    monkeypatch.setattr(bv, "_ours", lambda video, n, e, batch, **kw: (250 * n, 0.2, []))
+    monkeypatch.setattr(bv, "_usual", lambda video, n, e, spec, batch: (250 * n, 1.0))
+    monkeypatch.setattr(bv, "_engine_only", lambda e, spec, sizes, batch, on_device: (250 * len(sizes), 0.05))
+    monkeypatch.setattr(bv, "gpu_device", lambda gpu: {})
+    bv.bench_video("clip.mp4", model, streams=(1,), latency_frames=0, repeat=1, first_result=False)
+    assert read_from == [read] and set(opened) == {model}
 
 
 def test_engine_only_runs_the_batches_the_trtc_run_ran_and_the_limit_is_the_lower_ceiling(monkeypatch):
