@@ -162,7 +162,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.switch_interval_ms:
         sys.setswitchinterval(args.switch_interval_ms / 1000)
-    import engines  # before any CUDA call: it may set CUDA_DEVICE_MAX_CONNECTIONS (docs/PUSH.md)
+    import engines
 
     queues = os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")
     print(f"CUDA_DEVICE_MAX_CONNECTIONS={queues} (trtc {engines.__version__})", flush=True)

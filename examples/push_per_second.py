@@ -3,12 +3,14 @@ life, and do pushers of one process differ? Each repeat times the engine alone f
 second), then pushes device NV12 1080p frames from N threads into a new FramePusher (one figure a second, with the
 GPU's SM clock, power and utilisation from nvidia-smi). Prints two lines a repeat, writes JSON.
 
-This is how the CUDA work-queue effect was found (docs/PUSH.md): with CUDA's default of 8 hardware queues one
-pusher in five ran at 0.90x of engine-only for all of its 60 s while the others ran at 0.998x; with
-CUDA_DEVICE_MAX_CONNECTIONS=32 (engines' default since) all five ran at 0.998x. Compare the two with
+Session 13 found with it that a pusher's speed is fixed for its whole life (one pusher in five at 0.90x of
+engine-only for all of its 60 s) and took CUDA's hardware work queues for the cause: with
+CUDA_DEVICE_MAX_CONNECTIONS=32 five of five pushers ran at 0.998x. Session 14 ran ten pushers each way in one
+call: with 32 queues 4 of 10 ran below 0.95x, with CUDA's default 8 none did (docs/PUSH.md), so the queues are not
+the cause and trtc sets nothing. Compare the two with
 
-    CUDA_DEVICE_MAX_CONNECTIONS=8 python3 examples/push_per_second.py --model r50.fp16.onnx --video bikes1080.mp4
-    python3 examples/push_per_second.py --model r50.fp16.onnx --video bikes1080.mp4 --seconds 10 --repeat 5
+    CUDA_DEVICE_MAX_CONNECTIONS=32 python3 examples/push_per_second.py --model r50.fp16.onnx --video bikes1080.mp4
+    python3 examples/push_per_second.py --model r50.fp16.onnx --video bikes1080.mp4 --seconds 8 --repeat 10
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ def main() -> None:
     ap.add_argument("--json", help="write every figure here")
     args = ap.parse_args()
 
-    import engines  # first: it sets CUDA_DEVICE_MAX_CONNECTIONS before CuPy makes the CUDA context
+    import engines
 
     import cupy as cp
     import numpy as np
