@@ -363,11 +363,8 @@ def _call(runner, ref, x: np.ndarray, plan: _Plan):
 
     cp = require("cupy", "Device-resident input (trtc bench --input device)", extra="gpu")
     engine, dev = runner.engine, cp.cuda.Device(getattr(runner.engine, "device_id", 0))
-    layout = "NHWC" if getattr(engine, "preferred_layout", "NCHW") == "NHWC" and x.ndim == 4 else "NCHW"
     with dev:
-        xd = cp.asarray(x)
-        if layout == "NHWC":  # the same values, an (N, C, H, W) view of channels_last memory
-            xd = cp.ascontiguousarray(xd.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+        xd, layout = in_preferred_layout(cp, cp.asarray(x), engine)
         stream = cp.cuda.Stream(non_blocking=True)
         if hasattr(engine, "capture_graphs"):  # a fixed input buffer, as the video pipeline's (one thread here)
             engine.capture_graphs([xd], stream=stream)
@@ -377,6 +374,15 @@ def _call(runner, ref, x: np.ndarray, plan: _Plan):
             engine.infer(xd, stream=stream)
 
     return call, CupyClock(cp, stream, dev), "device", layout
+
+
+def in_preferred_layout(cp, xd, engine) -> tuple:
+    """(``xd`` laid out as ``engine`` reads best, that layout): for an engine whose ``preferred_layout`` is NHWC (the
+    compiled PyTorch engine) an (N, C, H, W) view of channels_last memory holding the same values, as the GPU
+    pipeline's slots are for it; else ``xd`` as it is (NCHW)."""
+    if getattr(engine, "preferred_layout", "NCHW") == "NHWC" and xd.ndim == 4:
+        return cp.ascontiguousarray(xd.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2), "NHWC"
+    return xd, "NCHW"
 
 
 def _check_options(models: list[str], batches: list[int] | None, iterations: int | None,

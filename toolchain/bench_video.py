@@ -689,8 +689,9 @@ def _engine_rows(bench: _Bench, n: int, engine, suffix: str, again: str) -> list
 
 def _engine_only(engine, spec, sizes: list[int], batch: int, on_device: bool) -> tuple[int, float]:
     """The engine alone on the pipeline's batches: (their frames, seconds). On the device every batch runs on the
-    full input buffer, as the GPU pipeline's do: ``len(sizes)`` calls on one batch of ``batch`` made on the GPU,
-    the host waiting once at the end; on the host, a numpy batch of each recorded size."""
+    full input buffer, as the GPU pipeline's do: ``len(sizes)`` calls on one batch of ``batch`` made on the GPU in
+    the layout the pipeline writes for the engine, the host waiting once at the end; on the host, a numpy batch of
+    each recorded size."""
     dtype = engine.inputs[0].numpy_dtype
     shape = (3, *spec.size)
     rng = np.random.default_rng(0)
@@ -703,8 +704,12 @@ def _engine_only(engine, spec, sizes: list[int], batch: int, on_device: bool) ->
             engine.infer(xs[b])
         return sum(sizes), time.perf_counter() - t0
     cp = require("cupy", "The GPU video pipeline")
+    from .bench import in_preferred_layout
+
     with cp.cuda.Device(engine.device_id):
+        # laid out as the pipeline's slots are for this engine (NHWC for the compiled PyTorch engine)
         x = cp.asarray(rng.standard_normal((batch, *shape), dtype=np.float32).astype(dtype))
+        x, _ = in_preferred_layout(cp, x, engine)
         stream = cp.cuda.Stream(non_blocking=True)
         if hasattr(engine, "capture_graphs"):  # the pipeline's buffers are graphed the same way
             engine.capture_graphs([x], stream=stream)

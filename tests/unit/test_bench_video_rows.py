@@ -244,3 +244,28 @@ def test_engine_only_runs_the_batches_the_trtc_run_ran_and_the_limit_is_the_lowe
     assert ours.limited_by == "engine" and ours.vs_limit == round(300 / 350, 3)
     bv.limit(ours, 320.0, 350.0)
     assert ours.limited_by == "decode" and ours.vs_limit == round(300 / 320, 3)
+
+
+@pytest.mark.parametrize("preferred", ["NHWC", None])
+def test_engine_only_on_the_device_gets_the_layout_the_pipeline_writes_for_the_engine(monkeypatch, preferred):
+    """The GPU pipeline writes channels_last slots for an engine that prefers NHWC (the compiled PyTorch engine), so
+    engine-only runs it on such a batch too, else its row would time a transpose the pipeline never pays."""
+    import types
+
+    import numpy as np
+
+    import toolchain.bench_video as bv
+    from engines.preprocess import PreprocessSpec
+    from tests import fake_cupy
+
+    fake_cupy.install(monkeypatch)
+    seen = []
+    engine = types.SimpleNamespace(device_id=0, inputs=[types.SimpleNamespace(numpy_dtype=np.dtype(np.float16))],
+                                   infer=lambda x, stream=None: seen.append(x.strides))
+    if preferred:
+        engine.preferred_layout = preferred
+    frames, _ = bv._engine_only(engine, PreprocessSpec(size=(4, 5)), [8, 8, 3], 8, on_device=True)
+    assert frames == 19 and len(seen) == 4  # one untimed run, then one per batch
+    c, h, w = 3, 4, 5
+    want = (h * w * c * 2, 2, w * c * 2, c * 2) if preferred else (c * h * w * 2, h * w * 2, w * 2, 2)
+    assert set(seen) == {want}
