@@ -455,8 +455,8 @@ class GpuPreprocessor:
     ``launch(plan, surface_ptrs, out_ptr, stream)`` enqueues ONE kernel on ``stream`` that writes
     ``len(surface_ptrs)`` (at most :data:`MAX_FRAMES_PER_LAUNCH`) consecutive (3, H, W) slots starting at device
     address ``out_ptr``; with ``layout="NHWC"`` each slot is (H, W, 3), channels_last memory of the same values (for
-    an engine that reads that layout best, ``engine.preferred_layout``). ``pre(surface, fmt, height, width, colorspace, out, stream)`` does the same for one CuPy
-    surface and one CuPy (3, H, W) slot. Nothing is synchronised per launch and nothing crosses to the host: the
+    an engine that reads that layout best, ``engine.preferred_layout``). ``pre(surface, fmt, height, width,
+    colorspace, out, stream)`` does the same for one CuPy surface and one CuPy slot. Nothing is synchronised per launch and nothing crosses to the host: the
     sampling grid and coefficients are uploaded once per source size and colour space, and that upload is
     finished (its stream synchronised) before any decoder thread's stream can read it.
     """
