@@ -78,6 +78,10 @@ def packages() -> dict:
                 info["note"] = f"import failed: {str(exc)[:80]}"
         elif module == "cupy" and version:
             info.update(cupy_nvrtc())
+        elif module == "torch" and version:
+            info.update(bytecode_status("torch"))
+            if info.get("bytecode"):
+                info["note"] = f"bytecode {info['bytecode']}"
         elif module in TRT_MODULES:
             from engines._trt import installed
 
@@ -93,6 +97,39 @@ def packages() -> dict:
                     info["note"] = f"import {mod} failed: {str(exc)[:80]}"
         out[shown] = info
     return out
+
+
+# modules whose cached bytecode stands for a package's: its own __init__ and, where they exist, the parts a start of
+# the compiled PyTorch engine imports (Dynamo, Inductor)
+BYTECODE_SAMPLES = ("__init__.py", "_dynamo/__init__.py", "_inductor/__init__.py", "nn/modules/conv.py")
+
+
+def bytecode_status(module: str) -> dict:
+    """Whether ``module``'s package has cached bytecode, without importing it: ``bytecode`` is "cached" (every
+    sample has its .pyc where this Python looks: __pycache__, or PYTHONPYCACHEPREFIX), "written at first import"
+    (missing, but this Python writes it), or "missing" (missing, and PYTHONDONTWRITEBYTECODE or a read-only folder
+    keeps it so: every start compiles the source again); ``package_dir`` says where."""
+    import importlib.util
+    import os
+
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return {}
+    folder = os.path.dirname(spec.origin)
+    sources = [p for p in (os.path.join(folder, s) for s in BYTECODE_SAMPLES) if os.path.exists(p)]
+    caches = [importlib.util.cache_from_source(p) for p in sources]
+    if all(os.path.exists(c) for c in caches):
+        return {"bytecode": "cached", "package_dir": folder}
+
+    def writable(cache: str) -> bool:
+        d = os.path.dirname(cache)
+        while not os.path.exists(d):  # the folder Python would make
+            d = os.path.dirname(d)
+        return os.access(d, os.W_OK)
+
+    missing = [c for c in caches if not os.path.exists(c)]
+    written = not sys.dont_write_bytecode and all(writable(c) for c in missing)
+    return {"bytecode": "written at first import" if written else "missing", "package_dir": folder}
 
 
 def cupy_nvrtc() -> dict:
@@ -187,6 +224,16 @@ def features(pk: dict, gpu: dict) -> list[dict]:
         "no NVIDIA GPU" if not n_gpus else "this host has 1 GPU" if n_gpus == 1 else "cupy or PyNvVideoCodec not "
         "installed", 'pip install "trtc[gpu]"' if n_gpus >= 2 else "needs a host with two or more NVIDIA GPUs; "
         "trtc run --ray spreads sources over the GPUs of several hosts")
+    torch_info = pk.get("torch", {})
+    row("Compiled PyTorch engine: quick restarts (torch's bytecode cached)",
+        has["torch"] and torch_info.get("bytecode") != "missing",
+        "torch not installed" if not has["torch"] else
+        "torch has no cached bytecode and this Python will not write it (PYTHONDONTWRITEBYTECODE, or a read-only "
+        "install): every start compiles its source again (11 s of a 29 s start of the engine, profiled on an H100 "
+        "machine)",
+        'pip install "trtc[torch]"' if not has["torch"] else
+        f"python -m compileall -q -j 0 {torch_info.get('package_dir', '<torch folder>')} (where that folder is "
+        "read-only: unset PYTHONDONTWRITEBYTECODE and set PYTHONPYCACHEPREFIX to a writable folder)")
     row("Ray: trtc run --ray (a local instance or a cluster)", has["ray"], "ray not installed",
         'pip install "trtc[ray]" (the same Ray version on every node)')
     cv = pk.get("opencv (cv2)", {})

@@ -190,3 +190,52 @@ def test_doctors_edge_row_accepts_the_dispatch_runtime():
 
     assert row("tensorrt_dispatch")["ok"] and row("tensorrt_lean")["ok"] and row("tensorrt")["ok"]
     assert not row()["ok"] and row()["reason"] == "none of tensorrt, tensorrt_lean, tensorrt_dispatch installed"
+
+
+def test_bytecode_status_of_a_package_without_importing_it(tmp_path, monkeypatch):
+    """The check behind the compiled engine's restart row, on a package made here (never imported): no .pyc and a
+    writable folder -> written at first import; the same with PYTHONDONTWRITEBYTECODE (sys.dont_write_bytecode) ->
+    missing; after compileall -> cached; a .pyc for __init__ only, with a sampled submodule lacking one -> not
+    cached."""
+    import compileall
+    import sys
+
+    from toolchain import doctor
+
+    pkg = tmp_path / "trtc_fake_pkg"
+    (pkg / "_dynamo").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("raise SystemExit('imported')\n")
+    (pkg / "_dynamo" / "__init__.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "pycache_prefix", None)
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    st = doctor.bytecode_status("trtc_fake_pkg")
+    assert st == {"bytecode": "written at first import", "package_dir": str(pkg)}
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    assert doctor.bytecode_status("trtc_fake_pkg")["bytecode"] == "missing"
+    compileall.compile_file(str(pkg / "__init__.py"), quiet=1)
+    assert doctor.bytecode_status("trtc_fake_pkg")["bytecode"] == "missing"  # _dynamo still has none
+    compileall.compile_dir(str(pkg), quiet=1)
+    assert doctor.bytecode_status("trtc_fake_pkg")["bytecode"] == "cached"
+    assert "trtc_fake_pkg" not in sys.modules
+    assert doctor.bytecode_status("trtc_no_such_package_here") == {}
+
+
+def test_the_restart_row_gives_the_compileall_line_for_torchs_folder():
+    from toolchain import doctor
+
+    pk = doctor.packages()
+
+    def row(**torch):
+        p = {k: dict(v) for k, v in pk.items()}
+        p["torch"].update(import_error=None, **torch)
+        rows = {f["feature"]: f for f in doctor.features(p, {"devices": []})}
+        return rows["Compiled PyTorch engine: quick restarts (torch's bytecode cached)"]
+
+    assert row(version="2.11.0", bytecode="cached")["ok"]
+    assert row(version="2.11.0", bytecode="written at first import")["ok"]
+    bad = row(version="2.11.0", bytecode="missing", package_dir="/opt/torch/site-packages/torch")
+    assert not bad["ok"] and "PYTHONDONTWRITEBYTECODE" in bad["reason"]
+    assert bad["fix"].startswith("python -m compileall -q -j 0 /opt/torch/site-packages/torch")
+    none = row(version=None)
+    assert not none["ok"] and none["fix"] == 'pip install "trtc[torch]"'
