@@ -456,16 +456,18 @@ class GpuPreprocessor:
     ``len(surface_ptrs)`` (at most :data:`MAX_FRAMES_PER_LAUNCH`) consecutive (3, H, W) slots starting at device
     address ``out_ptr``; with ``layout="NHWC"`` each slot is (H, W, 3), channels_last memory of the same values (for
     an engine that reads that layout best, ``engine.preferred_layout``). ``pre(surface, fmt, height, width,
-    colorspace, out, stream)`` does the same for one CuPy surface and one CuPy slot. Nothing is synchronised per launch and nothing crosses to the host: the
-    sampling grid and coefficients are uploaded once per source size and colour space, and that upload is
-    finished (its stream synchronised) before any decoder thread's stream can read it.
+    colorspace, out, stream)`` does the same for one CuPy surface and one CuPy slot. Nothing is synchronised per
+    launch and nothing crosses to the host: the sampling grid and coefficients are uploaded once per source size and
+    colour space, and that upload is finished (its stream synchronised) before any decoder thread's stream can read
+    it.
     """
 
     def __init__(self, spec: PreprocessSpec, layout: str = "NCHW"):
         from ._deps import require
 
         if layout not in ("NCHW", "NHWC"):
-            raise UsageProblem(f"the GPU preprocessor writes NCHW or NHWC slots, not {layout!r}")
+            raise UsageProblem(f"the GPU preprocessor writes NCHW or NHWC slots, not {layout!r}",
+                               'give layout="NCHW" or layout="NHWC"')
         self.cp = require("cupy", "GPU preprocessing")
         self.spec, self.layout = spec, layout
         self._grids: dict = {}

@@ -359,3 +359,11 @@ def test_slots_are_written_in_the_layout_the_engine_prefers(cp, preferred):
     nhwc = preferred == "NHWC"
     assert eng.strides == {(3 * 64, 1, 8 * 3, 3) if nhwc else (3 * 64, 64, 8, 1)}
     assert set(push_fake_gpu.RawKernel.layouts) == {"NHWC" if nhwc else "NCHW"}
+
+
+def test_the_preprocessor_refuses_a_layout_it_cannot_write(cp):
+    from engines.preprocess import GpuPreprocessor
+
+    with pytest.raises(UsageProblem, match="NCHW or NHWC slots, not 'NCWH'") as err:
+        GpuPreprocessor(SPEC, layout="NCWH")
+    assert 'layout="NHWC"' in err.value.fix
