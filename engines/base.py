@@ -65,3 +65,10 @@ class EngineBase:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def input_layout(engine) -> str:
+    """The memory order ``engine`` reads its (N, C, H, W) input best in: "NHWC" (channels_last) where its
+    ``preferred_layout`` says so (the compiled PyTorch engine), else "NCHW". The GPU pipeline and the push write their
+    slots in it; ``trtc bench`` times device input in it."""
+    return "NHWC" if getattr(engine, "preferred_layout", "NCHW") == "NHWC" else "NCHW"

@@ -31,6 +31,7 @@ import numpy as np
 
 from engines._deps import dist_version
 from engines._gpu import device as gpu_device
+from engines.base import input_layout
 from engines.manifest import BatchProfile
 
 from ._ui import Reporter, model_label
@@ -380,7 +381,7 @@ def in_preferred_layout(cp, xd, engine) -> tuple:
     """(``xd`` laid out as ``engine`` reads best, that layout): for an engine whose ``preferred_layout`` is NHWC (the
     compiled PyTorch engine) an (N, C, H, W) view of channels_last memory holding the same values, as the GPU
     pipeline's slots are for it; else ``xd`` as it is (NCHW)."""
-    if getattr(engine, "preferred_layout", "NCHW") == "NHWC" and xd.ndim == 4:
+    if input_layout(engine) == "NHWC" and xd.ndim == 4:
         return cp.ascontiguousarray(xd.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2), "NHWC"
     return xd, "NCHW"
 

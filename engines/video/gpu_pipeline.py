@@ -36,6 +36,7 @@ from collections import deque
 
 import numpy as np
 
+from ..base import input_layout
 from ..errors import UsageProblem
 from ..preprocess import MAX_FRAMES_PER_LAUNCH, GpuPreprocessor
 from ..topk import unpack
@@ -243,7 +244,7 @@ class GpuBatches:
             raise UsageProblem(f"the model input is {dtype}; the GPU preprocessor writes float32 or float16")
         # the layout the engine reads best (the compiled PyTorch engine: NHWC, no transpose before its first
         # convolution); the kernel writes it directly
-        self.layout = "NHWC" if getattr(self.engine, "preferred_layout", "NCHW") == "NHWC" else "NCHW"
+        self.layout = input_layout(self.engine)
         self.pre = GpuPreprocessor(self.spec, layout=self.layout)
         bufs = [InputBuffer(cp, (3, h, w), dtype, self.batch, self.layout) for _ in range(self.n_buffers)]
         self.asm = SlotAssembler(bufs, self.batch)
