@@ -13,14 +13,20 @@ precompiled function from the cache, with the first run); capture (CUDA graphs);
 the start of the process). ``--cudnn-benchmark`` opens the engine with cuDNN's algorithm search (off by default).
 ``--pycache DIR`` gives the starts a bytecode cache (PYTHONPYCACHEPREFIX, and PYTHONDONTWRITEBYTECODE unset) for
 installs whose site-packages hold no bytecode: there every start compiles torch's Python source again (seconds;
-``python -m compileall`` on the install fixes it).
+``python -m compileall`` on the install fixes it). ``--profile N`` runs the starts after the first under cProfile
+and prints the N functions with the most cumulative time in the second (the figures are then cProfile's: slower;
+with ``--json F`` the profile is kept as F.prof). "of it: aot" and "1st run" split a precompiled start's compile:
+loading the precompiled function, and its first run.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
+import pstats
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -51,17 +57,22 @@ print(json.dumps({"total_s": t2 - t0, "open_s": t1 - t0, "first_batch_s": t2 - t
                   **e.timings}))
 """
 PHASES = (("import torch", "import_torch_s"), ("load", "load_program_s"), ("compile", "compile_s"),
-          ("capture", "capture_s"), ("first result", "total_s"))
+          ("of it: aot", "precompiled_load_s"), ("1st run", "first_run_s"), ("capture", "capture_s"),
+          ("first result", "total_s"))
 
 
-def start(pt2: Path, args, inductor_dir: str) -> dict:
-    """One start in a fresh process with its own Inductor and Triton caches."""
+def start(pt2: Path, args, inductor_dir: str, profile: str | None = None) -> dict:
+    """One start in a fresh process with its own Inductor and Triton caches (under cProfile into ``profile``)."""
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": inductor_dir, "TRITON_CACHE_DIR": f"{inductor_dir}/triton",
            "PYTHONPATH": str(ROOT)}
     if args.pycache:
         env["PYTHONPYCACHEPREFIX"] = str(Path(args.pycache).resolve())
         env.pop("PYTHONDONTWRITEBYTECODE", None)
-    out = subprocess.run([sys.executable, "-c", START, str(pt2), args.device, str(args.batch), args.precision,
+    script = Path(inductor_dir).with_suffix(".start.py")
+    script.parent.mkdir(parents=True, exist_ok=True)
+    script.write_text(START)
+    runner = [sys.executable] + (["-m", "cProfile", "-o", profile] if profile else [])
+    out = subprocess.run([*runner, str(script), str(pt2), args.device, str(args.batch), args.precision,
                           "1" if args.cudnn_benchmark else "0"],
                          capture_output=True, text=True, env=env, check=False, timeout=args.timeout)
     if out.returncode:
@@ -76,6 +87,13 @@ def export(source: str, workdir: Path, batch: int) -> Path:
         subprocess.run([sys.executable, "-m", "toolchain", "-q", "export", source, "-o", str(workdir / f"{name}.onnx"),
                         "--batch", f"1:{batch}:{batch}", "--program", "--force"], check=True, cwd=ROOT)
     return pt2
+
+
+def top_functions(profile: str, n: int) -> str:
+    """The ``n`` functions with the most cumulative time in a cProfile file, as pstats prints them."""
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(n)
+    return text.getvalue()
 
 
 def table(rows: list[tuple[str, dict]]) -> str:
@@ -103,6 +121,8 @@ def main(argv=None) -> int:
     ap.add_argument("--starts", type=int, default=2, help="starts after the first (each with the cache beside the model)")
     ap.add_argument("--pycache", default=None, help="a bytecode cache folder for the starts (PYTHONPYCACHEPREFIX)")
     ap.add_argument("--cudnn-benchmark", action="store_true", help="open the engine with cudnn_benchmark=True")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="profile the later starts; print the N functions with the most cumulative time in the second")
     ap.add_argument("--timeout", type=int, default=900)
     ap.add_argument("--json", default=None, help="write the measurements here")
     args = ap.parse_args(argv)
@@ -114,11 +134,19 @@ def main(argv=None) -> int:
     rows = []
     with tempfile.TemporaryDirectory() as caches:
         rows.append(("first", start(pt2, args, f"{caches}/first")))
+        profile = f"{caches}/second.prof" if args.profile else None
         for i in range(args.starts):  # the second: only trtc's cache; again: Inductor's local caches warm too
-            rows.append(("second" if i == 0 else f"again {i}", start(pt2, args, f"{caches}/second")))
+            rows.append(("second" if i == 0 else f"again {i}",
+                         start(pt2, args, f"{caches}/second", profile if i == 0 else None)))
+        top = top_functions(profile, args.profile) if profile and args.starts else ""
+        if top and args.json:
+            shutil.copyfile(profile, f"{args.json}.prof")  # for pstats: the callers and callees of what is slow
     print(f"{pt2.name}, {args.precision}, batch {args.batch}, {args.device}; each start a fresh process, from its "
           f"first line to the first batch's logits")
     print(table(rows))
+    if top:
+        print(f"the second start under cProfile, the {args.profile} functions with the most cumulative time:")
+        print(top)
     if args.json:
         Path(args.json).write_text(json.dumps({"model": str(pt2), "device": args.device, "batch": args.batch,
                                                "precision": args.precision, "starts": dict(rows)}, indent=1))
