@@ -630,16 +630,33 @@ class TorchEngine(EngineBase):
     def _capture(self, fn, xt) -> tuple:
         """A CUDA graph of ``fn(xt)`` reading ``xt`` where it lies, captured on the engine's stream after one
         warm-up run there (with ``cudnn_benchmark``, cuDNN's benchmark mode on for both: the graph keeps the algorithms
-        it timed fastest); other threads' CUDA calls (decoders, kernels) go on meanwhile (thread-local capture)."""
+        it timed fastest); other threads' CUDA calls (decoders, kernels) go on meanwhile (thread-local capture).
+
+        Not through ``torch.cuda.graph``: its entry synchronises the whole device, runs ``gc.collect()`` and empties
+        torch's allocator cache, which, mid-stream, stalled every decoder and cost the first timed pipeline run of
+        Lite0 at 16 streams on an H100 most of its speed (0.38x of the limit, the next run 0.91x). Only this engine's
+        stream is waited for; the graph's memory comes from the engine's private pool, as before."""
         torch = require_torch()
         t0 = time.perf_counter()
         graph = torch.cuda.CUDAGraph()
         with cudnn_benchmark_on(torch, self.cudnn_benchmark):
             fn(xt)
-            with torch.cuda.graph(graph, pool=self._pool, stream=self._tstream, capture_error_mode="thread_local"):
-                out = fn(xt)
+            self._tstream.synchronize()
+            with torch.cuda.stream(self._tstream):
+                graph.capture_begin(pool=self._pool, capture_error_mode="thread_local")
+                try:
+                    out = fn(xt)
+                finally:
+                    graph.capture_end()
         self.timings["capture_s"] = self.timings.get("capture_s", 0.0) + time.perf_counter() - t0
         return graph, out
+
+    @property
+    def binds_inputs(self) -> bool:
+        """Whether the engine keeps a CUDA graph per input address (up to MAX_SLOT_GRAPHS per batch size): a
+        pipeline then runs each of its input buffers once before its clock starts, so that no graph is captured
+        mid-stream."""
+        return self.cuda_graph and self.stream is not None
 
     # ----------------------------------------------------------------------------------------------- compiling
     def _compiled(self, xt, layout: str):
@@ -655,12 +672,14 @@ class TorchEngine(EngineBase):
         dirs = cache_dirs(self.path, self._sha) if self.cache else []
         what = f"{self.path.name} ({self.precision}) for batch {b} on {self._device_name()}"
         hits, t0 = _counter(torch, "fxgraph_cache_hit"), time.perf_counter()
-        loaded = self._load_cache(dirs, key)
-        fn, aot = self._load_precompiled(torch, dirs, key, xt), None
+        # the precompiled function holds Inductor's compiled code for its graph (a bundled entry): Inductor's own
+        # artifacts are loaded only to compile (on an H100 a second start of Lite0 ran as well without them)
+        fn, aot, loaded = self._load_precompiled(torch, dirs, key, xt), None, None
         start = "precompiled" if fn is not None else None
         if fn is not None:
             self._say(f"started {what} from its compile cache (precompiled: no trace, no compile)", loud=False)
         else:
+            loaded = self._load_cache(dirs, key)
             where = "from its cache" if loaded else "about 20 s the first time for ResNet-50 on an H100; " + \
                 ("cached beside the model" if self.cache else "not cached")
             self._say(f"compiling {what} ({where})", loud=not loaded)
@@ -668,7 +687,8 @@ class TorchEngine(EngineBase):
         seconds = time.perf_counter() - t0
         hit = _counter(torch, "fxgraph_cache_hit") > hits
         start = start or ("inductor cache" if hit else "cold")
-        self.compile_stats[(b, dtype, layout)] = {"seconds": seconds, "cache_file": bool(loaded), "start": start,
+        self.compile_stats[(b, dtype, layout)] = {"seconds": seconds, "start": start,
+                                                  "cache_file": bool(loaded) or start == "precompiled",
                                                   "inductor_cache_hit": hit, "precompiled": start == "precompiled",
                                                   "key": key}
         self.timings["compile_s"] = self.timings.get("compile_s", 0.0) + seconds
@@ -712,10 +732,14 @@ class TorchEngine(EngineBase):
             return None
         for path, payload in cached_payloads(dirs, key, self._aot_suffix()):
             try:
+                t0 = time.perf_counter()
                 with torch._dynamo.config.patch(enable_aot_compile=True):
                     aot = torch.compiler.load_compiled_function(io.BytesIO(payload))
                 fn = functools.partial(aot, self.module)
+                t1 = time.perf_counter()
                 self._first_run(torch, fn, xt)
+                self.timings["precompiled_load_s"] = self.timings.get("precompiled_load_s", 0.0) + t1 - t0
+                self.timings["first_run_s"] = self.timings.get("first_run_s", 0.0) + time.perf_counter() - t1
             except Exception as exc:  # noqa: BLE001 - a function torch cannot load or whose guards fail: compile
                 log.warning("ignored the precompiled function %s (%s); compiling again", path.name, first_line(exc))
                 continue
@@ -728,7 +752,9 @@ class TorchEngine(EngineBase):
         torch = require_torch()
         for path, payload in cached_payloads(dirs, key, ".bin"):
             try:
+                t0 = time.perf_counter()
                 torch.compiler.load_cache_artifacts(payload)
+                self.timings["cache_load_s"] = self.timings.get("cache_load_s", 0.0) + time.perf_counter() - t0
             except Exception as exc:  # noqa: BLE001 - a payload torch cannot read: compile afresh
                 log.warning("ignored the compile cache %s: torch cannot load it (%s); compiling again", path.name,
                             first_line(exc))

@@ -209,22 +209,29 @@ class GpuBatches:
         if errors:
             raise errors[0]
 
-    def _warm_up(self, data, stream) -> None:
+    def _warm_up(self, slots: list, stream) -> None:
         """Run the batch once before the clock starts, unless the engine's last pipeline ran this batch size too.
         ONNX Runtime's CUDA EP searches cuDNN algorithms on the first run of a shape and again at every change of
         shape, also back to one it ran before (0.2-1.7 s a change for ResNet-50 and Lite0 on an H100): seconds that
-        must not land mid-stream. (Keeping a set of sizes once warmed, as this did, missed those changes back.)"""
-        if getattr(self.engine, "_trtc_last_batch", None) == self.batch:
-            return
-        if getattr(self.engine, "warms_itself", False):
-            # e.g. ONNX Runtime's quick start: the first batches of a new size run on a session already warmed at
-            # open while the tuned one prepares that size in the background; a warm-up here only delays the first
-            # result
-            return
+        must not land mid-stream. (Keeping a set of sizes once warmed, as this did, missed those changes back.)
+        ``slots``: the input buffers' arrays. An engine that binds its inputs (``engine.binds_inputs``: the compiled
+        PyTorch engine's CUDA graph per input address) runs every one of them, each pipeline, so that its graphs are
+        captured here and not mid-stream."""
+        binds = bool(getattr(self.engine, "binds_inputs", False))
+        if not binds:
+            if getattr(self.engine, "_trtc_last_batch", None) == self.batch:
+                return
+            if getattr(self.engine, "warms_itself", False):
+                # e.g. ONNX Runtime's quick start: the first batches of a new size run on a session already warmed
+                # at open while the tuned one prepares that size in the background; a warm-up here only delays the
+                # first result
+                return
+            slots = slots[:1]
         t0 = time.perf_counter()
-        with stream:
-            data.fill(0)
-        self.engine.infer(data, stream=stream)
+        for data in slots:
+            with stream:
+                data.fill(0)
+            self.engine.infer(data, stream=stream)
         stream.synchronize()
         try:
             self.engine._trtc_last_batch = self.batch
@@ -253,7 +260,7 @@ class GpuBatches:
         self.infer_stream = getattr(self.engine, "stream", None) or cp.cuda.Stream(non_blocking=True)
         self.topk_stream = cp.cuda.Stream(non_blocking=True)  # top-k, enqueued by collect_stage's thread
         self.errors: list = []
-        self._warm_up(bufs[0].data, self.infer_stream)
+        self._warm_up([b.data for b in bufs], self.infer_stream)
         self.start = time.perf_counter()
 
     def start_inference(self) -> threading.Thread:

@@ -363,7 +363,7 @@ def test_the_warm_up_runs_again_after_the_engine_ran_another_batch_size():
     engine = types.SimpleNamespace(infer=lambda data, stream=None: runs.append(data.shape[0]))
 
     for batch in (64, 64, 8, 64, 64):
-        GpuPipeline._warm_up(types.SimpleNamespace(engine=engine, batch=batch), np.ones((batch, 3, 4, 4)),
+        GpuPipeline._warm_up(types.SimpleNamespace(engine=engine, batch=batch), [np.ones((batch, 3, 4, 4))],
                              _NullStream())
     assert runs == [64, 8, 64]
 
@@ -377,8 +377,28 @@ def test_no_warm_up_for_an_engine_that_quick_starts():
     runs = []
     engine = types.SimpleNamespace(infer=lambda data, stream=None: runs.append(data.shape[0]), warms_itself=True)
 
-    GpuPipeline._warm_up(types.SimpleNamespace(engine=engine, batch=64), np.ones((64, 3, 4, 4)), _NullStream())
+    GpuPipeline._warm_up(types.SimpleNamespace(engine=engine, batch=64), [np.ones((64, 3, 4, 4))], _NullStream())
     assert runs == []
     engine.warms_itself = False  # the tuned session alone (quick_start=False): warmed as before
-    GpuPipeline._warm_up(types.SimpleNamespace(engine=engine, batch=64), np.ones((64, 3, 4, 4)), _NullStream())
+    GpuPipeline._warm_up(types.SimpleNamespace(engine=engine, batch=64), [np.ones((64, 3, 4, 4))], _NullStream())
     assert runs == [64]
+
+
+def test_an_engine_that_binds_its_inputs_runs_every_buffer_before_the_clock():
+    """The compiled PyTorch engine keeps a CUDA graph per input address (engine.binds_inputs): each pipeline runs every
+    one of its input buffers once while warming up, also when the engine's last pipeline ran the same batch size
+    (new buffers may lie at new addresses), so that no graph is captured mid-stream. Other engines warm one."""
+    from engines.video.gpu_pipeline import GpuPipeline
+
+    seen = []
+    engine = types.SimpleNamespace(infer=lambda data, stream=None: seen.append(id(data)), binds_inputs=True)
+    bufs = [np.ones((8, 3, 4, 4)) for _ in range(5)]
+    for _ in range(2):
+        GpuPipeline._warm_up(types.SimpleNamespace(engine=engine, batch=8), bufs, _NullStream())
+    assert seen == [id(b) for b in bufs] * 2
+    assert all((b == 0).all() for b in bufs)  # run on zeros, not on whatever the buffers held
+    seen.clear()
+    engine.binds_inputs = False
+    engine._trtc_last_batch = None
+    GpuPipeline._warm_up(types.SimpleNamespace(engine=engine, batch=8), bufs, _NullStream())
+    assert seen == [id(bufs[0])]
