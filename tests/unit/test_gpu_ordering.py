@@ -402,3 +402,26 @@ def test_an_engine_that_binds_its_inputs_runs_every_buffer_before_the_clock():
     engine._trtc_last_batch = None
     GpuPipeline._warm_up(types.SimpleNamespace(engine=engine, batch=8), bufs, _NullStream())
     assert seen == [id(bufs[0])]
+
+
+def test_a_files_frame_times_on_the_gpu_path_are_the_fraction_formula_to_the_last_bit(tmp_path):
+    """NvdecSource.stamp_index (the SimpleDecoder path's pts and seconds from a frame's display index) computes
+    round(index / (fps x time_base)) and float(pts x time_base) without a Fraction per frame: the same numbers, bit for
+    bit, as the Fraction arithmetic, for common time bases and rates (25, 29.97, 59.94, 23.976 fps), also past a day
+    of frames, and after the source's time base changes (a looped or reopened file)."""
+    from fractions import Fraction
+
+    from engines.preprocess import ColorSpace
+    from engines.video.sources import NvdecSource, SourceInfo
+
+    src = NvdecSource(str(tmp_path / "x.mp4"))
+    cases = [(25.0, Fraction(1, 12800), 0), (30000 / 1001, Fraction(1, 90000), 1001), (60000 / 1001, Fraction(1, 15360), 0),
+             (24000 / 1001, Fraction(1, 1000), 42), (25.0, Fraction(1, 25), 3)]
+    for fps, tb, start in cases:
+        src.info = SourceInfo("x.mp4", "h264", 640, 272, fps, None, ColorSpace("bt601", "limited"))
+        src.time_base, src.start_pts = tb, start
+        for index in [*range(0, 3000), 86_400 * 60 + 7, 10**7 + 1]:
+            pts = start + int(round(index / (fps * tb)))
+            assert src.stamp_index(index) == (pts, float(pts * tb)), (fps, tb, index)
+    src.time_base = None
+    assert src.stamp_index(50) == (None, 50 / src.info.fps)
