@@ -430,7 +430,7 @@ def _program_specs(gm) -> tuple[list[TensorSpec], list[TensorSpec], tuple | None
 class TorchEngine(EngineBase):
     def __init__(self, path: str | os.PathLike, device: str = "cpu", precision: str | None = None,
                  compile: bool | None = None, cuda_graph: bool = True, cache: bool = True, progress=None,
-                 cudnn_benchmark: bool = False, precompile: bool = True, warm_kernels: bool = True):
+                 cudnn_benchmark: bool = False, precompile: bool = True):
         """``precision``: fp32 (default) or fp16 (trtc quantize's keep-list computes in FP32); int8 is refused.
         ``compile``: Inductor (default on CUDA; on the CPU the program runs eagerly unless True). ``cuda_graph``:
         replay CUDA graphs (CUDA only). ``cache``: keep and reuse Inductor's compiled artifacts beside the model.
@@ -439,8 +439,7 @@ class TorchEngine(EngineBase):
         graphs (:func:`cudnn_benchmark_on`); off by default (PyTorch's heuristics ran ResNet-50 FP16 faster on an
         H100, docs/TORCH.md, and the timing costs seconds at each start). ``precompile``: save (and load) the
         compiled function itself with the cache (Dynamo's AOT precompile, where torch has it), so a second start does
-        not trace the program again. ``warm_kernels``: on a GPU, while a precompiled function loads, run the module
-        eagerly once in a thread of its own (:meth:`_warm_kernels`). An FP32
+        not trace the program again. An FP32
         engine turns torch's TF32 convolutions and matrix products off (process-wide): on an H100 Lite0 in TF32
         disagreed with the FP32 reference on 1 of 276 top-1s (max logit difference 0.05)."""
         t0 = time.perf_counter()
@@ -460,7 +459,6 @@ class TorchEngine(EngineBase):
         self.compile = kind == "cuda" if compile is None else bool(compile)
         self.cuda_graph = bool(cuda_graph) and kind == "cuda"
         self.cache, self.progress, self.precompile = cache, progress, precompile
-        self.warm_kernels = bool(warm_kernels)
         self.cudnn_benchmark = bool(cudnn_benchmark) and kind == "cuda"
         self.compile_stats: dict = {}
         self.program_from = "export"  # or "cache": the plain copy of the program kept beside the model
@@ -732,15 +730,12 @@ class TorchEngine(EngineBase):
         not load or run here (a log line; compiled again)."""
         if not (self.precompile and dirs and precompile_supported(torch)):
             return None
-        warmed = None
         for path, payload in cached_payloads(dirs, key, self._aot_suffix()):
             try:
                 t0 = time.perf_counter()
-                warmed = warmed or self._warm_kernels(torch, xt)
                 with torch._dynamo.config.patch(enable_aot_compile=True):
                     aot = torch.compiler.load_compiled_function(io.BytesIO(payload))
                 fn = functools.partial(aot, self.module)
-                warmed()
                 t1 = time.perf_counter()
                 self._first_run(torch, fn, xt)
                 self.timings["precompiled_load_s"] = self.timings.get("precompiled_load_s", 0.0) + t1 - t0
@@ -750,43 +745,7 @@ class TorchEngine(EngineBase):
                 continue
             log.info("loaded the precompiled function %s", path)
             return fn
-        if warmed is not None:
-            warmed()
         return None
-
-    def _warm_kernels(self, torch, xt):
-        """Start running the module eagerly once, on zeros shaped, typed and laid out as ``xt``, in a thread and on a
-        CUDA stream of its own; returns the function that waits for it. cuDNN's first calls in a process (its handle,
-        each convolution's plan, loading its kernels: about 2 s of a second start of Lite0 FP16 on an H100) then overlap
-        the loading of the precompiled function, which is Python work; the compiled graph's own first run finds them
-        done, as its convolutions are cuDNN's too. A warm-up that fails costs only its time (a log line). Nothing on
-        the CPU, or with ``warm_kernels=False``."""
-        if self.stream is None or not self.warm_kernels:
-            return lambda: None
-        took: dict = {}
-
-        def work():
-            t0 = time.perf_counter()
-            try:
-                with torch.cuda.device(self.device_id), cudnn_benchmark_on(torch, self.cudnn_benchmark), \
-                        torch.no_grad():
-                    side = torch.cuda.Stream(device=self._torch_device)
-                    with torch.cuda.stream(side):
-                        self.module(torch.zeros_like(xt))
-                    side.synchronize()
-                took["s"] = time.perf_counter() - t0
-            except Exception as exc:  # noqa: BLE001 - only a head start: the first run does it anyway
-                log.info("the eager warm-up of %s failed (%s); the first run warms cuDNN instead", self.path.name,
-                         first_line(exc))
-
-        thread = threading.Thread(target=work, daemon=True, name="trtc-warm-kernels")
-        thread.start()
-
-        def wait():
-            thread.join()
-            self.timings["warm_kernels_s"] = took.get("s", 0.0)
-
-        return wait
 
     def _load_cache(self, dirs: list[Path], key: str) -> Path | None:
         """Load the first cache file of ``key`` that is whole and meant for it; None where there is none."""

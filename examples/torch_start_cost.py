@@ -10,8 +10,7 @@ emptied first; the first start gets an Inductor cache of its own, and so does th
 trtc kept beside the model; further starts share the second's Inductor cache (as on a machine that keeps it).
 Phases: import torch; load (the program, or its plain copy from the cache); compile (trace and Inductor, or the
 precompiled function from the cache, with the first run); capture (CUDA graphs); first result (the first batch, from
-the start of the process). ``--cudnn-benchmark`` opens the engine with cuDNN's algorithm search (off by default); ``--no-warm-kernels`` without
-the eager warm-up that runs beside the loading of a precompiled function (its time is the "warm (beside)" column).
+the start of the process). ``--cudnn-benchmark`` opens the engine with cuDNN's algorithm search (off by default).
 ``--pycache DIR`` gives the starts a bytecode cache (PYTHONPYCACHEPREFIX, and PYTHONDONTWRITEBYTECODE unset) for
 installs whose site-packages hold no bytecode: there every start compiles torch's Python source again (seconds;
 ``python -m compileall`` on the install fixes it). ``--profile N`` runs the starts after the first under cProfile
@@ -40,8 +39,7 @@ t0 = time.perf_counter()
 import numpy as np
 import engines
 path, device, batch, precision = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-e = engines.open_engine(path, device=device, precision=precision, compile=True, cudnn_benchmark=sys.argv[5] == "1",
-                        warm_kernels=sys.argv[6] == "1")
+e = engines.open_engine(path, device=device, precision=precision, compile=True, cudnn_benchmark=sys.argv[5] == "1")
 t1 = time.perf_counter()
 x = np.zeros((batch, *e.inputs[0].shape[1:]), np.float16 if precision == "fp16" else np.float32)
 if device.startswith("cuda"):
@@ -59,8 +57,7 @@ print(json.dumps({"total_s": t2 - t0, "open_s": t1 - t0, "first_batch_s": t2 - t
                   **e.timings}))
 """
 PHASES = (("import torch", "import_torch_s"), ("load", "load_program_s"), ("compile", "compile_s"),
-          ("of it: aot", "precompiled_load_s"), ("1st run", "first_run_s"), ("warm (beside)", "warm_kernels_s"),
-          ("capture", "capture_s"),
+          ("of it: aot", "precompiled_load_s"), ("1st run", "first_run_s"), ("capture", "capture_s"),
           ("first result", "total_s"))
 
 
@@ -76,7 +73,7 @@ def start(pt2: Path, args, inductor_dir: str, profile: str | None = None) -> dic
     script.write_text(START)
     runner = [sys.executable] + (["-m", "cProfile", "-o", profile] if profile else [])
     out = subprocess.run([*runner, str(script), str(pt2), args.device, str(args.batch), args.precision,
-                          "1" if args.cudnn_benchmark else "0", "0" if args.no_warm_kernels else "1"],
+                          "1" if args.cudnn_benchmark else "0"],
                          capture_output=True, text=True, env=env, check=False, timeout=args.timeout)
     if out.returncode:
         sys.exit(f"a start failed:\n{out.stderr[-4000:]}")
@@ -124,8 +121,6 @@ def main(argv=None) -> int:
     ap.add_argument("--starts", type=int, default=2, help="starts after the first (each with the cache beside the model)")
     ap.add_argument("--pycache", default=None, help="a bytecode cache folder for the starts (PYTHONPYCACHEPREFIX)")
     ap.add_argument("--cudnn-benchmark", action="store_true", help="open the engine with cudnn_benchmark=True")
-    ap.add_argument("--no-warm-kernels", action="store_true",
-                    help="open the engine with warm_kernels=False (no eager warm-up beside the precompiled load)")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="profile the later starts; print the N functions with the most cumulative time in the second")
     ap.add_argument("--timeout", type=int, default=900)
