@@ -35,6 +35,7 @@ import logging
 import os
 import platform
 import re
+import sys
 import threading
 import time
 from pathlib import Path
@@ -392,6 +393,53 @@ class _Run:
         self.slots: dict[int, tuple] = {}
 
 
+class _PrecompiledLoader(threading.Thread):
+    """Loads a precompiled function (``torch.compiler.load_compiled_function``, which also imports Dynamo and
+    Inductor: 3-4 s of Python in a second start of Lite0 on an H100) from the first of ``payloads`` that loads, on a
+    thread of its own (``start()``) or on the caller's (``run()``).
+
+    Why the load goes to another thread and the eager warm-up stays on the caller's, and not the other way round
+    (which session 15 tried, run W, and which did not shorten the first run): torch keeps cuDNN's execution plans
+    in a cache per thread (``thread_local`` in ``aten/src/ATen/native/cudnn/Conv_v8.cpp``; cuDNN's plans are not
+    guaranteed thread-safe), so plans that another thread built are built again by the thread that runs the
+    compiled function. Its first run spent about 2 s there on an H100 (Lite0 FP16, batch 64). The warm-up must run
+    on the thread that will run the compiled function."""
+
+    def __init__(self, torch, key: str, payloads: list, device_id: int | None):
+        super().__init__(name="trtc-torch-load", daemon=True)
+        self.torch, self.key, self.payloads, self.device_id = torch, key, payloads, device_id
+        self.loaded: list = []  # per payload, in order: the loaded function, or the exception loading it raised
+        self.supported = True  # False: this torch has no precompiled functions (nothing is loaded)
+        self.seconds = 0.0
+        self.thread_name = None
+
+    def run(self) -> None:
+        torch, t0 = self.torch, time.perf_counter()
+        self.thread_name = threading.current_thread().name
+        try:
+            on_gpu = torch.cuda.device(self.device_id) if self.device_id is not None else contextlib.nullcontext()
+            with on_gpu:
+                self.supported = precompile_supported(torch)
+                if not self.supported:
+                    return
+                _raise_recompile_limit(torch)
+                for _path, payload in self.payloads:
+                    try:
+                        self.loaded.append(self.load_one(payload))
+                        break  # the rest are loaded only where this one does not run
+                    except Exception as exc:  # noqa: BLE001 - reported, and tried again, by the engine
+                        self.loaded.append(exc)
+        except Exception as exc:  # noqa: BLE001 - e.g. Dynamo's import failing on this thread: the engine retries
+            self.loaded.append(exc)
+        finally:
+            self.seconds = time.perf_counter() - t0
+
+    def load_one(self, payload: bytes):
+        torch = self.torch
+        with torch._dynamo.config.patch(enable_aot_compile=True):
+            return torch.compiler.load_compiled_function(io.BytesIO(payload))
+
+
 def _layout(shape: tuple, strides: tuple) -> str:
     """nchw (C-contiguous) or nhwc (channels_last) for an (N, C, H, W) array's strides in elements; anything else is
     refused. Dimensions of size 1 may have any stride."""
@@ -430,7 +478,7 @@ def _program_specs(gm) -> tuple[list[TensorSpec], list[TensorSpec], tuple | None
 class TorchEngine(EngineBase):
     def __init__(self, path: str | os.PathLike, device: str = "cpu", precision: str | None = None,
                  compile: bool | None = None, cuda_graph: bool = True, cache: bool = True, progress=None,
-                 cudnn_benchmark: bool = False, precompile: bool = True):
+                 cudnn_benchmark: bool = False, precompile: bool = True, warm_beside_load: bool | None = None):
         """``precision``: fp32 (default) or fp16 (trtc quantize's keep-list computes in FP32); int8 is refused.
         ``compile``: Inductor (default on CUDA; on the CPU the program runs eagerly unless True). ``cuda_graph``:
         replay CUDA graphs (CUDA only). ``cache``: keep and reuse Inductor's compiled artifacts beside the model.
@@ -439,7 +487,10 @@ class TorchEngine(EngineBase):
         graphs (:func:`cudnn_benchmark_on`); off by default (PyTorch's heuristics ran ResNet-50 FP16 faster on an
         H100, docs/TORCH.md, and the timing costs seconds at each start). ``precompile``: save (and load) the
         compiled function itself with the cache (Dynamo's AOT precompile, where torch has it), so a second start does
-        not trace the program again. An FP32
+        not trace the program again. ``warm_beside_load`` (default: on a GPU): a start from a precompiled function
+        loads it on a thread of its own while the calling thread runs the module once eagerly, so that cuDNN's
+        execution plans are ready for the compiled function's first run (:class:`_PrecompiledLoader` says why it
+        must be this way round); False loads it on the calling thread, as before. An FP32
         engine turns torch's TF32 convolutions and matrix products off (process-wide): on an H100 Lite0 in TF32
         disagreed with the FP32 reference on 1 of 276 top-1s (max logit difference 0.05)."""
         t0 = time.perf_counter()
@@ -460,6 +511,8 @@ class TorchEngine(EngineBase):
         self.cuda_graph = bool(cuda_graph) and kind == "cuda"
         self.cache, self.progress, self.precompile = cache, progress, precompile
         self.cudnn_benchmark = bool(cudnn_benchmark) and kind == "cuda"
+        self.warm_beside_load = kind == "cuda" if warm_beside_load is None else bool(warm_beside_load)
+        self._preload = None  # a _PrecompiledLoader started at open (the newest precompiled function of this model)
         self.compile_stats: dict = {}
         self.program_from = "export"  # or "cache": the plain copy of the program kept beside the model
         self._runs: dict = {}
@@ -468,6 +521,7 @@ class TorchEngine(EngineBase):
         if kind == "cuda":
             self._open_cuda(torch)
         self._sha = self.manifest.artifact.get("sha256", "") if self.manifest else _sha(self.path)
+        self._preload = self._start_preload(torch)
         t1 = time.perf_counter()
         self.module, self.kept_fp32 = self._load_module(torch)
         self.timings["load_program_s"] = time.perf_counter() - t1
@@ -666,16 +720,18 @@ class TorchEngine(EngineBase):
         if not self.compile:
             return self.module
         torch = require_torch()
-        _raise_recompile_limit(torch)
         b, dtype = int(xt.shape[0]), str(xt.dtype).replace("torch.", "")
         key = cache_key(self._device_label(), torch.__version__, b, self.precision, layout, dtype, self._sha)
         dirs = cache_dirs(self.path, self._sha) if self.cache else []
         what = f"{self.path.name} ({self.precision}) for batch {b} on {self._device_name()}"
-        hits, t0 = _counter(torch, "fxgraph_cache_hit"), time.perf_counter()
+        t0 = time.perf_counter()
         # the precompiled function holds Inductor's compiled code for its graph (a bundled entry): Inductor's own
-        # artifacts are loaded only to compile (on an H100 a second start of Lite0 ran as well without them)
+        # artifacts are loaded only to compile (on an H100 a second start of Lite0 ran as well without them). Dynamo
+        # is imported by the loader (on its thread where it warms beside the load), not before it.
+        self._loaded_on, self._preloaded = None, False
         fn, aot, loaded = self._load_precompiled(torch, dirs, key, xt), None, None
-        start = "precompiled" if fn is not None else None
+        _raise_recompile_limit(torch)
+        start, hits = ("precompiled", 0) if fn is not None else (None, _counter(torch, "fxgraph_cache_hit"))
         if fn is not None:
             self._say(f"started {what} from its compile cache (precompiled: no trace, no compile)", loud=False)
         else:
@@ -685,11 +741,12 @@ class TorchEngine(EngineBase):
             self._say(f"compiling {what} ({where})", loud=not loaded)
             fn, aot = self._compile_now(torch, xt, b)
         seconds = time.perf_counter() - t0
-        hit = _counter(torch, "fxgraph_cache_hit") > hits
+        hit = start is None and _counter(torch, "fxgraph_cache_hit") > hits
         start = start or ("inductor cache" if hit else "cold")
         self.compile_stats[(b, dtype, layout)] = {"seconds": seconds, "start": start,
                                                   "cache_file": bool(loaded) or start == "precompiled",
                                                   "inductor_cache_hit": hit, "precompiled": start == "precompiled",
+                                                  "loaded_on": self._loaded_on, "preloaded": self._preloaded and start == "precompiled",
                                                   "key": key}
         self.timings["compile_s"] = self.timings.get("compile_s", 0.0) + seconds
         log.info("started %s in %.1f s (%s)", what, seconds, {"precompiled": "precompiled function from the cache",
@@ -725,27 +782,104 @@ class TorchEngine(EngineBase):
             if self.stream is not None:
                 self._tstream.synchronize()
 
+    def _start_preload(self, torch):
+        """At open, where the engine warms beside the load: a loader of this model's most recently used precompiled
+        function (the newest ``.aot`` for this GPU, torch and precision, whatever its batch size), started now so that
+        it loads while the program loads and the caller prepares its first batch; ``_compiled`` uses it where the key
+        is the one it needs, else it is let go. None where there is no such file."""
+        if not (self.warm_beside_load and self.compile and self.cache and self.precompile
+                and hasattr(torch.compiler, "load_compiled_function")):
+            return None
+        suffix = self._aot_suffix()
+        pattern = cache_key(self._device_label(), torch.__version__, "*", self.precision, "*", "*", self._sha) + suffix
+        found = []
+        for folder in cache_dirs(self.path, self._sha):
+            for path in folder.glob(pattern):
+                with contextlib.suppress(OSError):
+                    found.append((path.stat().st_mtime, path))
+        if not found:
+            return None
+        key = max(found)[1].name[:-len(suffix)]
+        payloads = list(cached_payloads(cache_dirs(self.path, self._sha), key, suffix))
+        if not payloads:
+            return None
+        loader = _PrecompiledLoader(torch, key, payloads, self.device_id)
+        loader.start()
+        return loader
+
     def _load_precompiled(self, torch, dirs: list[Path], key: str, xt):
         """The precompiled function of ``key`` from the cache, run once on ``xt``; None where there is none, or it does
-        not load or run here (a log line; compiled again)."""
-        if not (self.precompile and dirs and precompile_supported(torch)):
+        not load or run here (a log line; compiled again). With ``warm_beside_load`` it loads on a thread of its own
+        (started at open where the key was guessed right) while this thread runs the module once eagerly."""
+        if not (self.precompile and dirs and hasattr(torch.compiler, "load_compiled_function")):
             return None
-        for path, payload in cached_payloads(dirs, key, self._aot_suffix()):
+        loader, self._preload = self._preload, None
+        self._preloaded = loader is not None and loader.key == key
+        if not self._preloaded:
+            payloads = list(cached_payloads(dirs, key, self._aot_suffix()))
+            if not payloads:
+                return None
+            loader = _PrecompiledLoader(torch, key, payloads, self.device_id)
+            if self.warm_beside_load:
+                loader.start()
+        if self.warm_beside_load:
+            self._warm_eager(torch, xt, loader)
+            t0 = time.perf_counter()
+            loader.join()
+            self._add_time("precompiled_wait_s", time.perf_counter() - t0)
+        else:
+            loader.run()  # here, on the calling thread
+        if not loader.supported:
+            return None
+        self._add_time("precompiled_load_s", loader.seconds)
+        for i, (path, payload) in enumerate(loader.payloads):
+            got = loader.loaded[i] if i < len(loader.loaded) else None
+            where = loader.thread_name
+            if not callable(got):
+                if got is not None:
+                    log.info("loading %s on %s failed (%s); loading it on this thread", path.name, where,
+                             first_line(got))
+                try:
+                    t0 = time.perf_counter()
+                    got, where = loader.load_one(payload), threading.current_thread().name
+                    self._add_time("precompiled_load_s", time.perf_counter() - t0)
+                except Exception as exc:  # noqa: BLE001 - a function torch cannot load: compile
+                    log.warning("ignored the precompiled function %s (%s); compiling again", path.name,
+                                first_line(exc))
+                    continue
+            fn = functools.partial(got, self.module)
             try:
-                t0 = time.perf_counter()
-                with torch._dynamo.config.patch(enable_aot_compile=True):
-                    aot = torch.compiler.load_compiled_function(io.BytesIO(payload))
-                fn = functools.partial(aot, self.module)
                 t1 = time.perf_counter()
                 self._first_run(torch, fn, xt)
-                self.timings["precompiled_load_s"] = self.timings.get("precompiled_load_s", 0.0) + t1 - t0
-                self.timings["first_run_s"] = self.timings.get("first_run_s", 0.0) + time.perf_counter() - t1
-            except Exception as exc:  # noqa: BLE001 - a function torch cannot load or whose guards fail: compile
+                self._add_time("first_run_s", time.perf_counter() - t1)
+            except Exception as exc:  # noqa: BLE001 - guards that fail here, or a function that does not run: compile
                 log.warning("ignored the precompiled function %s (%s); compiling again", path.name, first_line(exc))
                 continue
-            log.info("loaded the precompiled function %s", path)
+            log.info("loaded the precompiled function %s on %s", path, where)
+            self._loaded_on = where
+            with contextlib.suppress(OSError):
+                os.utime(path)  # the most recently used: the one a later start loads at open
             return fn
         return None
+
+    def _warm_eager(self, torch, xt, loader) -> None:
+        """Run the module once eagerly on ``xt`` (this thread, the engine's stream), while ``loader`` loads the
+        precompiled function: cuDNN's execution plans for these convolutions are then built, on this thread, when
+        the compiled function first runs here. torch's switch interval is short meanwhile, so that this thread gets
+        the interpreter back quickly between operators while the loader runs Python."""
+        old = sys.getswitchinterval()
+        sys.setswitchinterval(min(old, 0.0005))
+        t0 = time.perf_counter()
+        try:
+            self._first_run(torch, self.module, xt)
+        except Exception as exc:  # noqa: BLE001 - the compiled function's own first run says what is wrong
+            log.info("the eager warm-up of %s failed: %s", self.path.name, first_line(exc))
+        finally:
+            sys.setswitchinterval(old)
+        self._add_time("warm_eager_s", time.perf_counter() - t0)
+
+    def _add_time(self, name: str, seconds: float) -> None:
+        self.timings[name] = self.timings.get(name, 0.0) + seconds
 
     def _load_cache(self, dirs: list[Path], key: str) -> Path | None:
         """Load the first cache file of ``key`` that is whole and meant for it; None where there is none."""

@@ -16,7 +16,10 @@ installs whose site-packages hold no bytecode: there every start compiles torch'
 ``python -m compileall`` on the install fixes it). ``--profile N`` runs the starts after the first under cProfile
 and prints the N functions with the most cumulative time in the second (the figures are then cProfile's: slower;
 with ``--json F`` the profile is kept as F.prof). "of it: aot" and "1st run" split a precompiled start's compile:
-loading the precompiled function, and its first run.
+loading the precompiled function, and its first run; "eager" is the engine's eager warm-up on the calling thread
+while the function loads on another (``warm_beside_load``, on by default on a GPU; ``--warm-beside-load
+off|alternate`` compares), "wait" what the calling thread then waited for the load. "preloaded": the load started
+at open (the most recently used function of the model had the key the first batch needed).
 """
 
 from __future__ import annotations
@@ -39,7 +42,9 @@ t0 = time.perf_counter()
 import numpy as np
 import engines
 path, device, batch, precision = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-e = engines.open_engine(path, device=device, precision=precision, compile=True, cudnn_benchmark=sys.argv[5] == "1")
+warm = {"on": True, "off": False}[sys.argv[6]]
+e = engines.open_engine(path, device=device, precision=precision, compile=True, cudnn_benchmark=sys.argv[5] == "1",
+                        warm_beside_load=warm)
 t1 = time.perf_counter()
 x = np.zeros((batch, *e.inputs[0].shape[1:]), np.float16 if precision == "fp16" else np.float32)
 if device.startswith("cuda"):
@@ -52,17 +57,20 @@ t2 = time.perf_counter()
 st = list(e.compile_stats.values())[0]
 print(json.dumps({"total_s": t2 - t0, "open_s": t1 - t0, "first_batch_s": t2 - t1, "program_from": e.program_from,
                   "start": st["start"], "cache_file": st["cache_file"], "logit0": float(out.ravel()[0]),
+                  "warm_beside_load": warm, "loaded_on": st.get("loaded_on"), "preloaded": st.get("preloaded"),
                   "torch_bytecode_cached": os.path.exists(importlib.util.cache_from_source(
                       importlib.util.find_spec("torch").origin)), "writes_bytecode": not sys.dont_write_bytecode,
                   **e.timings}))
 """
 PHASES = (("import torch", "import_torch_s"), ("load", "load_program_s"), ("compile", "compile_s"),
-          ("of it: aot", "precompiled_load_s"), ("1st run", "first_run_s"), ("capture", "capture_s"),
+          ("of it: aot", "precompiled_load_s"), ("eager", "warm_eager_s"), ("wait", "precompiled_wait_s"),
+          ("1st run", "first_run_s"), ("capture", "capture_s"),
           ("first result", "total_s"))
 
 
-def start(pt2: Path, args, inductor_dir: str, profile: str | None = None) -> dict:
-    """One start in a fresh process with its own Inductor and Triton caches (under cProfile into ``profile``)."""
+def start(pt2: Path, args, inductor_dir: str, profile: str | None = None, warm: str = "on") -> dict:
+    """One start in a fresh process with its own Inductor and Triton caches (under cProfile into ``profile``),
+    ``warm`` (on/off): the engine's warm_beside_load."""
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": inductor_dir, "TRITON_CACHE_DIR": f"{inductor_dir}/triton",
            "PYTHONPATH": str(ROOT)}
     if args.pycache:
@@ -73,7 +81,7 @@ def start(pt2: Path, args, inductor_dir: str, profile: str | None = None) -> dic
     script.write_text(START)
     runner = [sys.executable] + (["-m", "cProfile", "-o", profile] if profile else [])
     out = subprocess.run([*runner, str(script), str(pt2), args.device, str(args.batch), args.precision,
-                          "1" if args.cudnn_benchmark else "0"],
+                          "1" if args.cudnn_benchmark else "0", warm],
                          capture_output=True, text=True, env=env, check=False, timeout=args.timeout)
     if out.returncode:
         sys.exit(f"a start failed:\n{out.stderr[-4000:]}")
@@ -97,10 +105,13 @@ def top_functions(profile: str, n: int) -> str:
 
 
 def table(rows: list[tuple[str, dict]]) -> str:
-    lines = [f"{'start':8} {'how':34} " + " ".join(f"{p:>12}" for p, _ in PHASES)]
+    lines = [f"{'start':8} {'how':44} " + " ".join(f"{p:>12}" for p, _ in PHASES)]
     for name, r in rows:
         how = f"program {r['program_from']}, {r['start']}"
-        lines.append(f"{name:8} {how:34} " + " ".join(f"{r.get(k, 0.0):11.2f}s" for _, k in PHASES))
+        if r["start"] == "precompiled":
+            how += (f", warm {'on' if r.get('warm_beside_load') else 'off'}" +
+                    (", preloaded" if r.get("preloaded") else ""))
+        lines.append(f"{name:8} {how:44} " + " ".join(f"{r.get(k, 0.0):11.2f}s" for _, k in PHASES))
     if len(rows) > 1:
         first, second = rows[0][1]["total_s"], rows[1][1]["total_s"]
         lines.append(f"second / first: {second / first:.0%} ({second:.1f} s / {first:.1f} s)")
@@ -121,6 +132,9 @@ def main(argv=None) -> int:
     ap.add_argument("--starts", type=int, default=2, help="starts after the first (each with the cache beside the model)")
     ap.add_argument("--pycache", default=None, help="a bytecode cache folder for the starts (PYTHONPYCACHEPREFIX)")
     ap.add_argument("--cudnn-benchmark", action="store_true", help="open the engine with cudnn_benchmark=True")
+    ap.add_argument("--warm-beside-load", choices=("on", "off", "alternate"), default="on",
+                    help="the engine's warm_beside_load in the later starts (alternate: on, off, on, ...); the "
+                         "first start compiles, so it does not apply there")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="profile the later starts; print the N functions with the most cumulative time in the second")
     ap.add_argument("--timeout", type=int, default=900)
@@ -133,11 +147,12 @@ def main(argv=None) -> int:
         old.unlink()  # a cold first start
     rows = []
     with tempfile.TemporaryDirectory() as caches:
-        rows.append(("first", start(pt2, args, f"{caches}/first")))
+        rows.append(("first", start(pt2, args, f"{caches}/first", warm="on")))
         profile = f"{caches}/second.prof" if args.profile else None
         for i in range(args.starts):  # the second: only trtc's cache; again: Inductor's local caches warm too
+            warm = args.warm_beside_load if args.warm_beside_load != "alternate" else ("on", "off")[i % 2]
             rows.append(("second" if i == 0 else f"again {i}",
-                         start(pt2, args, f"{caches}/second", profile if i == 0 else None)))
+                         start(pt2, args, f"{caches}/second", profile if i == 0 else None, warm)))
         top = top_functions(profile, args.profile) if profile and args.starts else ""
         if top and args.json:
             shutil.copyfile(profile, f"{args.json}.prof")  # for pstats: the callers and callees of what is slow

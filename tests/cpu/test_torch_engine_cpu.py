@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -225,20 +226,23 @@ def test_run_with_the_program(lite0_program, bikes):
 
 
 SECOND_START = textwrap.dedent('''
-    import json, sys, time
+    import json, os, sys, time
     import numpy as np
     t0 = time.perf_counter()
     import torch
     if len(sys.argv) > 2:
         torch.__version__ = sys.argv[2]  # a torch upgrade, as far as the cache's keys can tell
     import engines
-    e = engines.open_engine(sys.argv[1], compile=True)
+    warm = {"": None, "1": True, "0": False}[os.environ.get("TRTC_TEST_WARM_BESIDE_LOAD", "")]
+    e = engines.open_engine(sys.argv[1], compile=True, warm_beside_load=warm)
     x = np.random.default_rng(0).standard_normal((4, 3, 32, 32)).astype(np.float32)
     logits = e.infer(x)[0]
     stats = list(e.compile_stats.values())[0]
     e.infer(x[:2])  # another batch size: its own key
     print(json.dumps({"seconds": time.perf_counter() - t0, "cache_file": stats["cache_file"],
                       "hit": stats["inductor_cache_hit"], "start": stats["start"], "program_from": e.program_from,
+                      "loaded_on": stats["loaded_on"], "preloaded": stats["preloaded"],
+                      "warm_eager_s": e.timings.get("warm_eager_s"),
                       "batch2": list(e.compile_stats.values())[1]["start"], "logits": logits.tolist()}))
 ''')
 
@@ -254,9 +258,11 @@ def _fresh_copy(tiny, tmp_path):
     return pt2, script
 
 
-def _start(script, pt2, caches, *args):
-    """One start of the engine in a fresh process with an empty Inductor cache of its own."""
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(caches), "PYTHONPATH": str(ROOT)}
+def _start(script, pt2, caches, *args, warm: str = ""):
+    """One start of the engine in a fresh process with an empty Inductor cache of its own (``warm``: "1" or "0"
+    opens it with warm_beside_load True or False; "" with the default, off on the CPU)."""
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(caches), "PYTHONPATH": str(ROOT),
+           "TRTC_TEST_WARM_BESIDE_LOAD": warm}
     out = subprocess.run([sys.executable, str(script), str(pt2), *args], capture_output=True, text=True, env=env,
                          timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -274,16 +280,29 @@ def test_second_start_loads_the_cache_beside_the_model(tiny, tmp_path):
 
     pt2, script = _fresh_copy(tiny, tmp_path)
     first = _start(script, pt2, tmp_path / "first")
+    first_done = time.time()
     folder = tmp_path / "tiny.pt2.inductor"
     assert len(list(folder.glob("program-*-fp32-*.program"))) == 1, "the plain program was not kept"
     assert len(list(folder.glob("*-b4-fp32-nchw-float32-*.bin"))) == 1, "Inductor's artifacts were not kept"
-    second = _start(script, pt2, tmp_path / "second")
+    second = _start(script, pt2, tmp_path / "second", warm="1")
     print(f"tiny net on the CPU: first start {first['seconds']:.1f} s, second {second['seconds']:.1f} s")
     assert (first["start"], first["program_from"], first["cache_file"], first["hit"]) == ("cold", "export", False, False)
     assert second["program_from"] == "cache" and second["cache_file"]
     if precompile_supported(require_torch()):
-        assert len(list(folder.glob("*-b4-fp32-nchw-float32-*.aot"))) == 1
+        b4, b2 = (next(folder.glob(f"*-b{b}-fp32-nchw-float32-*.aot")) for b in (4, 2))
         assert second["start"] == "precompiled"
+        # warm beside the load: the function loaded on the loader's thread while this one ran the module eagerly;
+        # the newest file at open was batch 2's (written last), so batch 4's was loaded when asked for, not at open
+        assert (second["loaded_on"], second["preloaded"]) == ("trtc-torch-load", False)
+        assert second["warm_eager_s"] > 0
+        assert b2.stat().st_mtime >= b4.stat().st_mtime > first_done  # both loaded: marked as used
+        os.utime(b4, (time.time() + 5, time.time() + 5))  # batch 4 the most recently used: loaded at open next time
+        again = _start(script, pt2, tmp_path / "second", warm="1")
+        assert (again["start"], again["loaded_on"], again["preloaded"]) == ("precompiled", "trtc-torch-load", True)
+        plain = _start(script, pt2, tmp_path / "second", warm="0")  # as before: loaded on the calling thread
+        assert (plain["start"], plain["loaded_on"], plain["preloaded"]) == ("precompiled", "MainThread", False)
+        assert plain["warm_eager_s"] is None
+        assert again["logits"] == plain["logits"] == first["logits"]
     else:
         assert second["start"] == "inductor cache"
     assert second["logits"] == first["logits"]
