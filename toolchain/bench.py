@@ -29,7 +29,6 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from engines._deps import dist_version
 from engines._gpu import device as gpu_device
 from engines.base import input_layout
 from engines.manifest import BatchProfile
@@ -506,9 +505,9 @@ def _report(rows: list[BenchRow], plan: _Plan, reference: str | None, ort_tuning
                "gpu": gpu["name"] if gpu else None}
     import sys
 
-    # the imported module's own version: with both ONNX Runtime packages installed, metadata can name the wrong one
-    versions = {k: getattr(sys.modules.get(k), "__version__", None) or dist_version(*v)
-                for k, v in {"onnxruntime": ("onnxruntime", "onnxruntime-gpu"), "torch": ("torch",)}.items()}
+    # the imported module's own version, and only for a runtime this process imported: with both ONNX Runtime
+    # packages installed, metadata can name the wrong one (a torch-only bench on the GPU image listed the CPU build's)
+    versions = {k: getattr(sys.modules[k], "__version__", None) for k in ("onnxruntime", "torch") if k in sys.modules}
     if any(r.kind == "opencv" for r in rows):
         versions["opencv"] = getattr(sys.modules.get("cv2"), "__version__", None)
     if plan.input == "device":

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -12,6 +15,7 @@ from tests.conftest import needs_quant
 from toolchain.cli import cli
 
 pytestmark = needs_quant
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(args):
@@ -37,6 +41,14 @@ def test_bench_side_by_side_json(mnist, tmp_path):
         assert row["iterations"] == 5 and 0 < row["p50_ms"] <= row["p90_ms"] <= row["p99_ms"]
         assert abs(row["throughput"] - 1000.0 / row["mean_ms"]) < 1e-6 * row["throughput"]
     assert rep["transfers"] == "none (CPU)" and rep["cuda_graphs"].startswith("off")
+    import onnxruntime
+
+    assert rep["versions"]["onnxruntime"] == onnxruntime.__version__  # the module that ran, not a package's metadata
+    # in a fresh process an ONNX Runtime bench imports no torch, so it names no torch version (installed or not)
+    out = subprocess.run([sys.executable, "-m", "toolchain", "bench", str(tmp_path / "mnist.onnx"), "--batch", "1",
+                          "--iterations", "2", "--json"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout)["versions"] == {"onnxruntime": onnxruntime.__version__}
     assert any("fixed batch of 1" in w for w in rep["warnings"])
     r = run(["bench", str(tmp_path / "mnist.onnx"), "--batch", "1", "--iterations", "2"])
     assert r.exit_code == 0 and "p50 ms" in r.output and "mnist.onnx" in r.output
