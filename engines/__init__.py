@@ -63,7 +63,8 @@ def open_engine(path: str | os.PathLike, device: str = "cpu", **options) -> Engi
     ``opencv:model.onnx`` (``opencv-fp16:`` for OpenCV's CUDA FP16 target) -> :class:`OpenCVEngine`, OpenCV dnn;
     ``.pt2`` (a torch.export program, manifest kind ``program``; ``torch-fp16:model.pt2`` for FP16) ->
     :class:`TorchEngine`, compiled with Inductor. ``options`` go to the backend (ONNX Runtime: ``threads``;
-    TensorRT: ``cuda_graph``; OpenCV: ``dnn_engine``; torch: ``precision``, ``compile``, ``cache``)."""
+    TensorRT: ``cuda_graph``; OpenCV: ``dnn_engine``; torch: ``precision``, ``compile``, ``cache``,
+    ``warm_beside_load``; see each class)."""
     engine, path, implied = split_engine(path)
     p = Path(path)
     if not p.exists():

@@ -16,8 +16,9 @@ Compilation takes seconds to tens of seconds (ResNet-50 on an H100: about 20 s).
 model (``m.pt2.inductor/``; a user cache folder where the model's folder is read-only) a plain copy of the program
 (:func:`plain_program`: no ``torch.export.load`` next time), Inductor's compiled artifacts and the precompiled
 function (Dynamo's AOT precompile: no trace, no compile next time), keyed by GPU, torch version, batch size,
-precision and layout (:func:`cache_key`, :func:`program_key`). A corrupt or mismatched cache file is ignored with a
-log line and compiled again. cuDNN's benchmark mode is off by default, as PyTorch leaves it: on an H100 it made
+precision and layout (:func:`cache_key`, :func:`program_key`). On a GPU a second start loads that function on a
+thread of its own, from open, while the calling thread runs the module once eagerly: cuDNN's plans are per thread
+(:class:`_PrecompiledLoader`). A corrupt or mismatched cache file is ignored with a log line and compiled again. cuDNN's benchmark mode is off by default, as PyTorch leaves it: on an H100 it made
 ResNet-50 FP16 slower (0.935x against 0.964x of torch.compile, NCHW input) and each start 1-4 s longer;
 ``cudnn_benchmark=True`` turns it on while a shape warms up and its graphs are captured (:func:`cudnn_benchmark_on`).
 
@@ -742,11 +743,12 @@ class TorchEngine(EngineBase):
         seconds = time.perf_counter() - t0
         hit = start is None and _counter(torch, "fxgraph_cache_hit") > hits
         start = start or ("inductor cache" if hit else "cold")
+        precompiled = start == "precompiled"
         self.compile_stats[(b, dtype, layout)] = {"seconds": seconds, "start": start,
-                                                  "cache_file": bool(loaded) or start == "precompiled",
-                                                  "inductor_cache_hit": hit, "precompiled": start == "precompiled",
-                                                  "loaded_on": self._loaded_on, "preloaded": self._preloaded and start == "precompiled",
-                                                  "key": key}
+                                                  "cache_file": bool(loaded) or precompiled,
+                                                  "inductor_cache_hit": hit, "precompiled": precompiled,
+                                                  "loaded_on": self._loaded_on,
+                                                  "preloaded": self._preloaded and precompiled, "key": key}
         self.timings["compile_s"] = self.timings.get("compile_s", 0.0) + seconds
         log.info("started %s in %.1f s (%s)", what, seconds, {"precompiled": "precompiled function from the cache",
                  "inductor cache": "traced, Inductor cache hit", "cold": "traced and compiled"}[start])
