@@ -274,8 +274,9 @@ def test_second_start_loads_the_cache_beside_the_model(tiny, tmp_path):
     """Compiled with Inductor in one process, the artifacts kept beside the model: the program's plain copy, Inductor's
     artifacts and the precompiled function. A second process with an empty Inductor cache of its own loads the program
     from its plain copy (no torch.export.load) and runs the precompiled function (no trace, no compile), with the same
-    logits bit for bit; another batch size is compiled (its own key). Damaged files are compiled again, said, not
-    fatal. (On the CPU the second start is not much faster: tests/gpu/test_torch_engine_gpu.py times it on a GPU.)"""
+    logits bit for bit; another batch size is compiled (its own key). With warm_beside_load (forced on here; the
+    default on a GPU) the function loads on the loader's thread, from open when it is the most recently used one,
+    and without it on the calling thread. Damaged files are compiled again, said, not fatal. (On the CPU the second start is not much faster: tests/gpu/test_torch_engine_gpu.py times it on a GPU.)"""
     from engines.torch_engine import precompile_supported, require_torch
 
     pt2, script = _fresh_copy(tiny, tmp_path)
