@@ -18,9 +18,10 @@ model (``m.pt2.inductor/``; a user cache folder where the model's folder is read
 function (Dynamo's AOT precompile: no trace, no compile next time), keyed by GPU, torch version, batch size,
 precision and layout (:func:`cache_key`, :func:`program_key`). On a GPU a second start loads that function on a
 thread of its own, from open, while the calling thread runs the module once eagerly: cuDNN's plans are per thread
-(:class:`_PrecompiledLoader`). A corrupt or mismatched cache file is ignored with a log line and compiled again. cuDNN's benchmark mode is off by default, as PyTorch leaves it: on an H100 it made
-ResNet-50 FP16 slower (0.935x against 0.964x of torch.compile, NCHW input) and each start 1-4 s longer;
-``cudnn_benchmark=True`` turns it on while a shape warms up and its graphs are captured (:func:`cudnn_benchmark_on`).
+(:class:`_PrecompiledLoader`). A corrupt or mismatched cache file is ignored with a log line and compiled again.
+cuDNN's benchmark mode is off by default, as PyTorch leaves it: on an H100 it made ResNet-50 FP16 slower (0.935x
+against 0.964x of torch.compile, NCHW input) and each start 1-4 s longer; ``cudnn_benchmark=True`` turns it on while
+a shape warms up and its graphs are captured (:func:`cudnn_benchmark_on`).
 
 On the CPU the program runs eagerly (``compile=True`` compiles it with Inductor's C++ backend; slow to compile).
 INT8 is refused: it needs TensorRT or ONNX Runtime (``trtc quantize m.onnx --precision int8``).
@@ -785,9 +786,9 @@ class TorchEngine(EngineBase):
 
     def _start_preload(self, torch):
         """At open, where the engine warms beside the load: a loader of this model's most recently used precompiled
-        function (the newest ``.aot`` for this GPU, torch and precision, whatever its batch size), started now so that
-        it loads while the program loads and the caller prepares its first batch; ``_compiled`` uses it where the key
-        is the one it needs, else it is let go. None where there is no such file."""
+        function (the newest whole ``.aot`` for this GPU, torch and precision, whatever its batch size), started now
+        so that it loads while the program loads and the caller prepares its first batch; ``_compiled`` uses it where
+        the key is the one it needs, else it is let go. None where there is no such file."""
         if not (self.warm_beside_load and self.compile and self.cache and self.precompile
                 and hasattr(torch.compiler, "load_compiled_function")):
             return None
@@ -798,15 +799,14 @@ class TorchEngine(EngineBase):
             for path in folder.glob(pattern):
                 with contextlib.suppress(OSError):
                     found.append((path.stat().st_mtime, path))
-        if not found:
-            return None
-        key = max(found)[1].name[:-len(suffix)]
-        payloads = list(cached_payloads(cache_dirs(self.path, self._sha), key, suffix))
-        if not payloads:
-            return None
-        loader = _PrecompiledLoader(torch, key, payloads, self.device_id)
-        loader.start()
-        return loader
+        for _mtime, path in sorted(found, reverse=True):  # the newest whole one
+            key = path.name[:-len(suffix)]
+            payloads = list(cached_payloads(cache_dirs(self.path, self._sha), key, suffix))
+            if payloads:
+                loader = _PrecompiledLoader(torch, key, payloads, self.device_id)
+                loader.start()
+                return loader
+        return None
 
     def _load_precompiled(self, torch, dirs: list[Path], key: str, xt):
         """The precompiled function of ``key`` from the cache, run once on ``xt``; None where there is none, or it does

@@ -303,3 +303,53 @@ def test_cudnn_benchmark_is_off_unless_asked():
     import inspect
 
     assert inspect.signature(te.TorchEngine).parameters["cudnn_benchmark"].default is False
+
+
+def test_the_load_at_open_takes_the_newest_whole_function_of_this_model_gpu_torch_and_precision(tmp_path, monkeypatch):
+    """_start_preload: of the precompiled functions beside the model, the most recently used one for this GPU, torch
+    and precision (any batch size or layout), skipping a damaged newer one; nothing of another model, precision or
+    GPU index; nothing where the engine does not warm beside the load. The loader is not run here (no torch)."""
+    import os
+    import types
+
+    started = []
+    monkeypatch.setattr(te._PrecompiledLoader, "start", lambda self: started.append(self))
+    fake_torch = types.SimpleNamespace(__version__="2.11.0+cu130",
+                                       compiler=types.SimpleNamespace(load_compiled_function=None))
+    model = tmp_path / "m.pt2"
+    folder = te.cache_dirs(model, SHA)[0]
+    eng = object.__new__(te.TorchEngine)
+    eng.path, eng._sha, eng.precision, eng.device_id = model, SHA, "fp16", None
+    eng.warm_beside_load = eng.compile = eng.cache = eng.precompile = True
+    label = te.device_label(None)
+
+    def kept(age: int, **kw):
+        args = dict(device=label, torch_version=fake_torch.__version__, batch=64, precision="fp16", layout="nhwc",
+                    dtype="float16", model_sha=SHA)
+        args.update(kw)
+        key = te.cache_key(**args)
+        path = te.write_cache([folder], key, f"function {key}".encode(), suffix=".aot")
+        os.utime(path, (1_000_000 - age, 1_000_000 - age))
+        return key, path
+
+    assert eng._start_preload(fake_torch) is None and not started  # nothing kept yet
+    b32, _ = kept(30, batch=32)
+    b64, _ = kept(20)
+    kept(10, precision="fp32")  # newer, but another precision
+    kept(5, model_sha="cd" * 32)  # another model
+    kept(1, batch=8, torch_version="2.12.0")  # another torch
+    other_gpu = te.write_cache([folder], te.cache_key(label, fake_torch.__version__, 16, "fp16", "nhwc", "float16",
+                                                      SHA), b"x", suffix=".cuda1.aot")  # another GPU index's
+    os.utime(other_gpu, (2_000_000, 2_000_000))
+    loader = eng._start_preload(fake_torch)
+    assert started == [loader] and loader.key == b64
+    assert [p.name for p, _ in loader.payloads] == [f"{b64}.aot"]
+    assert loader.payloads[0][1] == f"function {b64}".encode()
+    _, damaged = kept(0, batch=16)  # the newest, but cut short: the next newest whole one is taken
+    damaged.write_bytes(damaged.read_bytes()[:-4])
+    assert eng._start_preload(fake_torch).key == b64
+    os.utime(folder / f"{b32}.aot", (1_500_000, 1_500_000))  # batch 32 used last
+    assert eng._start_preload(fake_torch).key == b32
+    eng.warm_beside_load = False
+    started.clear()
+    assert eng._start_preload(fake_torch) is None and not started
