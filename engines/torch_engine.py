@@ -394,6 +394,9 @@ class _Run:
         self.slots: dict[int, tuple] = {}
 
 
+_LOAD_LOCK = threading.Lock()
+
+
 class _PrecompiledLoader(threading.Thread):
     """Loads a precompiled function (``torch.compiler.load_compiled_function``, which also imports Dynamo and
     Inductor: 3-4 s of Python in a second start of Lite0 on an H100) from the first of ``payloads`` that loads, on a
@@ -407,7 +410,11 @@ class _PrecompiledLoader(threading.Thread):
     on the thread that will run the compiled function."""
 
     def __init__(self, torch, key: str, payloads: list, device_id: int | None):
-        super().__init__(name="trtc-torch-load", daemon=True)
+        # not a daemon: the interpreter waits for a load in progress before it finalises. A daemon thread still in
+        # torch's C++ code then is ended by pthread_exit through noexcept frames, which aborts the process
+        # ("terminate called without an active exception": once in CI, a start whose load begun at open was for
+        # another batch size and still ran when the script ended)
+        super().__init__(name="trtc-torch-load", daemon=False)
         self.torch, self.key, self.payloads, self.device_id = torch, key, payloads, device_id
         self.loaded: list = []  # per payload, in order: the loaded function, or the exception loading it raised
         self.supported = True  # False: this torch has no precompiled functions (nothing is loaded)
@@ -417,6 +424,13 @@ class _PrecompiledLoader(threading.Thread):
     def run(self) -> None:
         torch, t0 = self.torch, time.perf_counter()
         self.thread_name = threading.current_thread().name
+        try:
+            with _LOAD_LOCK:  # one load at a time in a process: torch does not say that two at once are safe
+                self._load_all(torch)
+        finally:
+            self.seconds = time.perf_counter() - t0
+
+    def _load_all(self, torch) -> None:
         try:
             on_gpu = torch.cuda.device(self.device_id) if self.device_id is not None else contextlib.nullcontext()
             with on_gpu:
@@ -432,8 +446,6 @@ class _PrecompiledLoader(threading.Thread):
                         self.loaded.append(exc)
         except Exception as exc:  # noqa: BLE001 - e.g. Dynamo's import failing on this thread: the engine retries
             self.loaded.append(exc)
-        finally:
-            self.seconds = time.perf_counter() - t0
 
     def load_one(self, payload: bytes):
         torch = self.torch
@@ -513,7 +525,7 @@ class TorchEngine(EngineBase):
         self.cache, self.progress, self.precompile = cache, progress, precompile
         self.cudnn_benchmark = bool(cudnn_benchmark) and kind == "cuda"
         self.warm_beside_load = kind == "cuda" if warm_beside_load is None else bool(warm_beside_load)
-        self._preload = None  # a _PrecompiledLoader started at open (the newest precompiled function of this model)
+        self._loaders: dict = {}  # key -> a _PrecompiledLoader started at open and not used yet
         self.compile_stats: dict = {}
         self.program_from = "export"  # or "cache": the plain copy of the program kept beside the model
         self._runs: dict = {}
@@ -522,7 +534,7 @@ class TorchEngine(EngineBase):
         if kind == "cuda":
             self._open_cuda(torch)
         self._sha = self.manifest.artifact.get("sha256", "") if self.manifest else _sha(self.path)
-        self._preload = self._start_preload(torch)
+        self._start_preload(torch)
         t1 = time.perf_counter()
         self.module, self.kept_fp32 = self._load_module(torch)
         self.timings["load_program_s"] = time.perf_counter() - t1
@@ -787,11 +799,12 @@ class TorchEngine(EngineBase):
     def _start_preload(self, torch):
         """At open, where the engine warms beside the load: a loader of this model's most recently used precompiled
         function (the newest whole ``.aot`` for this GPU, torch and precision, whatever its batch size), started now
-        so that it loads while the program loads and the caller prepares its first batch; ``_compiled`` uses it where
-        the key is the one it needs, else it is let go. None where there is no such file."""
+        so that it loads while the program loads and the caller prepares its first batch. It waits in
+        ``self._loaders`` for the batch size, layout and dtype of its key (a first batch of another shape loads its
+        own function, and this one serves a later batch of its shape, or is waited for at close)."""
         if not (self.warm_beside_load and self.compile and self.cache and self.precompile
                 and hasattr(torch.compiler, "load_compiled_function")):
-            return None
+            return
         suffix = self._aot_suffix()
         pattern = cache_key(self._device_label(), torch.__version__, "*", self.precision, "*", "*", self._sha) + suffix
         found = []
@@ -803,10 +816,9 @@ class TorchEngine(EngineBase):
             key = path.name[:-len(suffix)]
             payloads = list(cached_payloads(cache_dirs(self.path, self._sha), key, suffix))
             if payloads:
-                loader = _PrecompiledLoader(torch, key, payloads, self.device_id)
+                loader = self._loaders[key] = _PrecompiledLoader(torch, key, payloads, self.device_id)
                 loader.start()
-                return loader
-        return None
+                return
 
     def _load_precompiled(self, torch, dirs: list[Path], key: str, xt):
         """The precompiled function of ``key`` from the cache, run once on ``xt``; None where there is none, or it does
@@ -814,8 +826,8 @@ class TorchEngine(EngineBase):
         (started at open where the key was guessed right) while this thread runs the module once eagerly."""
         if not (self.precompile and dirs and hasattr(torch.compiler, "load_compiled_function")):
             return None
-        loader, self._preload = self._preload, None
-        self._preloaded = loader is not None and loader.key == key
+        loader = self._loaders.pop(key, None)
+        self._preloaded = loader is not None
         if not self._preloaded:
             payloads = list(cached_payloads(dirs, key, self._aot_suffix()))
             if not payloads:
@@ -933,6 +945,9 @@ class TorchEngine(EngineBase):
             log.log(logging.WARNING if loud else logging.INFO, "%s", text)
 
     def close(self) -> None:
+        for loader in self._loaders.values():  # loads begun at open and not used: let them end first
+            loader.join()
+        self._loaders.clear()
         if self.stream is not None:
             self.stream.synchronize()
         self._runs.clear()

@@ -243,7 +243,8 @@ SECOND_START = textwrap.dedent('''
                       "hit": stats["inductor_cache_hit"], "start": stats["start"], "program_from": e.program_from,
                       "loaded_on": stats["loaded_on"], "preloaded": stats["preloaded"],
                       "warm_eager_s": e.timings.get("warm_eager_s"),
-                      "batch2": list(e.compile_stats.values())[1]["start"], "logits": logits.tolist()}))
+                      "batch2": list(e.compile_stats.values())[1]["start"],
+                      "batch2_preloaded": list(e.compile_stats.values())[1]["preloaded"], "logits": logits.tolist()}))
 ''')
 
 
@@ -295,6 +296,7 @@ def test_second_start_loads_the_cache_beside_the_model(tiny, tmp_path):
         # warm beside the load: the function loaded on the loader's thread while this one ran the module eagerly;
         # the newest file at open was batch 2's (written last), so batch 4's was loaded when asked for, not at open
         assert (second["loaded_on"], second["preloaded"]) == ("trtc-torch-load", False)
+        assert second["batch2_preloaded"]  # batch 2's load, begun at open, served the second batch
         assert second["warm_eager_s"] > 0
         assert b2.stat().st_mtime >= b4.stat().st_mtime > first_done  # both loaded: marked as used
         os.utime(b4, (time.time() + 5, time.time() + 5))  # batch 4 the most recently used: loaded at open next time

@@ -323,6 +323,13 @@ def test_the_load_at_open_takes_the_newest_whole_function_of_this_model_gpu_torc
     eng.warm_beside_load = eng.compile = eng.cache = eng.precompile = True
     label = te.device_label(None)
 
+    def preload():
+        """The key whose load _start_preload began (None: none began)."""
+        eng._loaders, started[:] = {}, []
+        eng._start_preload(fake_torch)
+        assert list(eng._loaders.values()) == started and len(started) <= 1
+        return started[0].key if started else None
+
     def kept(age: int, **kw):
         args = dict(device=label, torch_version=fake_torch.__version__, batch=64, precision="fp16", layout="nhwc",
                     dtype="float16", model_sha=SHA)
@@ -332,7 +339,7 @@ def test_the_load_at_open_takes_the_newest_whole_function_of_this_model_gpu_torc
         os.utime(path, (1_000_000 - age, 1_000_000 - age))
         return key, path
 
-    assert eng._start_preload(fake_torch) is None and not started  # nothing kept yet
+    assert preload() is None  # nothing kept yet
     b32, _ = kept(30, batch=32)
     b64, _ = kept(20)
     kept(10, precision="fp32")  # newer, but another precision
@@ -341,15 +348,15 @@ def test_the_load_at_open_takes_the_newest_whole_function_of_this_model_gpu_torc
     other_gpu = te.write_cache([folder], te.cache_key(label, fake_torch.__version__, 16, "fp16", "nhwc", "float16",
                                                       SHA), b"x", suffix=".cuda1.aot")  # another GPU index's
     os.utime(other_gpu, (2_000_000, 2_000_000))
-    loader = eng._start_preload(fake_torch)
-    assert started == [loader] and loader.key == b64
+    assert preload() == b64
+    (loader,) = started
     assert [p.name for p, _ in loader.payloads] == [f"{b64}.aot"]
     assert loader.payloads[0][1] == f"function {b64}".encode()
+    assert not loader.daemon  # the interpreter waits for a load in progress before it finalises
     _, damaged = kept(0, batch=16)  # the newest, but cut short: the next newest whole one is taken
     damaged.write_bytes(damaged.read_bytes()[:-4])
-    assert eng._start_preload(fake_torch).key == b64
+    assert preload() == b64
     os.utime(folder / f"{b32}.aot", (1_500_000, 1_500_000))  # batch 32 used last
-    assert eng._start_preload(fake_torch).key == b32
+    assert preload() == b32
     eng.warm_beside_load = False
-    started.clear()
-    assert eng._start_preload(fake_torch) is None and not started
+    assert preload() is None
