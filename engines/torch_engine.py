@@ -394,7 +394,9 @@ class _Run:
         self.slots: dict[int, tuple] = {}
 
 
-_LOAD_LOCK = threading.Lock()
+# one load of a precompiled function, or one compile, at a time in a process: Dynamo and Inductor do not say that two
+# at once are safe, and a load begun at open for another shape may still run while the first batch loads or compiles
+_TORCH_LOCK = threading.RLock()
 
 
 class _PrecompiledLoader(threading.Thread):
@@ -425,7 +427,7 @@ class _PrecompiledLoader(threading.Thread):
         torch, t0 = self.torch, time.perf_counter()
         self.thread_name = threading.current_thread().name
         try:
-            with _LOAD_LOCK:  # one load at a time in a process: torch does not say that two at once are safe
+            with _TORCH_LOCK:
                 self._load_all(torch)
         finally:
             self.seconds = time.perf_counter() - t0
@@ -449,7 +451,7 @@ class _PrecompiledLoader(threading.Thread):
 
     def load_one(self, payload: bytes):
         torch = self.torch
-        with torch._dynamo.config.patch(enable_aot_compile=True):
+        with _TORCH_LOCK, torch._dynamo.config.patch(enable_aot_compile=True):
             return torch.compiler.load_compiled_function(io.BytesIO(payload))
 
 
@@ -752,7 +754,8 @@ class TorchEngine(EngineBase):
             where = "from its cache" if loaded else "about 20 s the first time for ResNet-50 on an H100; " + \
                 ("cached beside the model" if self.cache else "not cached")
             self._say(f"compiling {what} ({where})", loud=not loaded)
-            fn, aot = self._compile_now(torch, xt, b)
+            with _TORCH_LOCK:
+                fn, aot = self._compile_now(torch, xt, b)
         seconds = time.perf_counter() - t0
         hit = start is None and _counter(torch, "fxgraph_cache_hit") > hits
         start = start or ("inductor cache" if hit else "cold")
