@@ -750,11 +750,11 @@ class TorchEngine(EngineBase):
         if fn is not None:
             self._say(f"started {what} from its compile cache (precompiled: no trace, no compile)", loud=False)
         else:
-            loaded = self._load_cache(dirs, key)
-            where = "from its cache" if loaded else "about 20 s the first time for ResNet-50 on an H100; " + \
-                ("cached beside the model" if self.cache else "not cached")
-            self._say(f"compiling {what} ({where})", loud=not loaded)
-            with _TORCH_LOCK:
+            with _TORCH_LOCK:  # Inductor's artifacts, the trace and the compile: no load beside them
+                loaded = self._load_cache(dirs, key)
+                where = "from its cache" if loaded else "about 20 s the first time for ResNet-50 on an H100; " + \
+                    ("cached beside the model" if self.cache else "not cached")
+                self._say(f"compiling {what} ({where})", loud=not loaded)
                 fn, aot = self._compile_now(torch, xt, b)
         seconds = time.perf_counter() - t0
         hit = start is None and _counter(torch, "fxgraph_cache_hit") > hits
@@ -769,7 +769,8 @@ class TorchEngine(EngineBase):
         log.info("started %s in %.1f s (%s)", what, seconds, {"precompiled": "precompiled function from the cache",
                  "inductor cache": "traced, Inductor cache hit", "cold": "traced and compiled"}[start])
         if dirs and start != "precompiled":
-            self._save_cache(torch, dirs, key, aot)
+            with _TORCH_LOCK:
+                self._save_cache(torch, dirs, key, aot)
         return fn
 
     def _compile_now(self, torch, xt, b: int):
