@@ -717,7 +717,7 @@ class TorchEngine(EngineBase):
                     out = fn(xt)
                 finally:
                     graph.capture_end()
-        self.timings["capture_s"] = self.timings.get("capture_s", 0.0) + time.perf_counter() - t0
+        self._add_time("capture_s", time.perf_counter() - t0)
         return graph, out
 
     @property
@@ -765,7 +765,7 @@ class TorchEngine(EngineBase):
                                                   "inductor_cache_hit": hit, "precompiled": precompiled,
                                                   "loaded_on": self._loaded_on,
                                                   "preloaded": self._preloaded and precompiled, "key": key}
-        self.timings["compile_s"] = self.timings.get("compile_s", 0.0) + seconds
+        self._add_time("compile_s", seconds)
         log.info("started %s in %.1f s (%s)", what, seconds, {"precompiled": "precompiled function from the cache",
                  "inductor cache": "traced, Inductor cache hit", "cold": "traced and compiled"}[start])
         if dirs and start != "precompiled":
@@ -811,14 +811,14 @@ class TorchEngine(EngineBase):
             return
         suffix = self._aot_suffix()
         pattern = cache_key(self._device_label(), torch.__version__, "*", self.precision, "*", "*", self._sha) + suffix
-        found = []
-        for folder in cache_dirs(self.path, self._sha):
+        dirs, found = cache_dirs(self.path, self._sha), []
+        for folder in dirs:
             for path in folder.glob(pattern):
                 with contextlib.suppress(OSError):
                     found.append((path.stat().st_mtime, path))
         for _mtime, path in sorted(found, reverse=True):  # the newest whole one
             key = path.name[:-len(suffix)]
-            payloads = list(cached_payloads(cache_dirs(self.path, self._sha), key, suffix))
+            payloads = list(cached_payloads(dirs, key, suffix))
             if payloads:
                 loader = self._loaders[key] = _PrecompiledLoader(torch, key, payloads, self.device_id)
                 loader.start()
@@ -902,7 +902,7 @@ class TorchEngine(EngineBase):
             try:
                 t0 = time.perf_counter()
                 torch.compiler.load_cache_artifacts(payload)
-                self.timings["cache_load_s"] = self.timings.get("cache_load_s", 0.0) + time.perf_counter() - t0
+                self._add_time("cache_load_s", time.perf_counter() - t0)
             except Exception as exc:  # noqa: BLE001 - a payload torch cannot read: compile afresh
                 log.warning("ignored the compile cache %s: torch cannot load it (%s); compiling again", path.name,
                             first_line(exc))
