@@ -446,6 +446,9 @@ class LaunchPlan:
     mid: tuple
     tail: tuple
     slot_bytes: int  # bytes of one (3, H, W) output slot
+    # the launch through the CUDA driver with the arguments packed once (engines/_launch.py); None where that is not
+    # available, and every launch goes through CuPy
+    driver: object = None
 
 
 class GpuPreprocessor:
@@ -555,13 +558,22 @@ class GpuPreprocessor:
         mid = (np.int32(pitch), np.int64(u_off), np.int64(v_off), np.int32(c_pitch), np.int32(c_step),
                np.int32(sy), np.int32(sx), y0, y1, wy, x0, x1, wx, self._coefficients(colorspace))
         tail = (np.int32(out_h), np.int32(out_w), np.int32(self.spec.color == "BGR"), np.int32(self.layout == "NHWC"))
-        return LaunchPlan(kernel, (n + 255) // 256, mid, tail, 3 * n * np.dtype(out_dtype).itemsize)
+        grid_x = (n + 255) // 256
+        from ._launch import driver_launch
+
+        fast = driver_launch(kernel, grid_x, 256, MAX_FRAMES_PER_LAUNCH, mid, tail)
+        return LaunchPlan(kernel, grid_x, mid, tail, 3 * n * np.dtype(out_dtype).itemsize, fast)
 
     def launch(self, plan: LaunchPlan, surface_ptrs, out_ptr: int, stream) -> None:
         """Enqueue one kernel on ``stream`` writing ``len(surface_ptrs)`` consecutive slots from ``out_ptr``."""
         m = len(surface_ptrs)
         if not 0 < m <= MAX_FRAMES_PER_LAUNCH:
             raise UsageProblem(f"one launch writes 1 to {MAX_FRAMES_PER_LAUNCH} frames, not {m}")
+        fast = plan.driver  # the driver API launch (engines/_launch.py); CuPy's below when it declines
+        if fast is not None:
+            ptr = getattr(stream, "ptr", None)
+            if ptr is not None and fast(surface_ptrs, out_ptr, ptr):
+                return
         srcs = tuple(np.uint64(p) for p in surface_ptrs) + self._zeros[m:]
         plan.kernel((plan.grid_x, m), (256,), (*srcs, *plan.mid, np.uint64(out_ptr), *plan.tail), stream=stream)
 

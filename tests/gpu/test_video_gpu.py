@@ -89,6 +89,40 @@ def test_one_launch_for_many_frames_matches_numpy_reference(test_videos, name):
     assert worst < 1e-6
 
 
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_the_driver_launch_writes_what_cupys_launch_writes(test_videos, layout):
+    """The pipeline launches its kernel through the CUDA driver with the arguments packed once (engines/_launch.py):
+    on a GPU that path is taken, and a launch of 8 frames then one of 3 (into other slots, pointers of the first
+    still in the thread's buffer) write bit for bit what CuPy's launch of the same frames writes."""
+    import dataclasses
+
+    import cupy as cp
+
+    from engines.preprocess import GpuPreprocessor, PreprocessSpec
+
+    spec = PreprocessSpec(size=(224, 224), resize=256)
+    frames = _nvdec_frames(test_videos["bikes"], 8)
+    fmt, surf0, _, info = frames[0]
+    ptrs = [f[1].data.ptr for f in frames]
+    pre = GpuPreprocessor(spec, layout=layout)
+    plan = pre.plan(fmt, surf0.shape, surf0.dtype, info.height, info.width, info.colorspace, np.float16)
+    assert plan.driver is not None, "the driver launch was not set up on this GPU"
+    by_cupy = dataclasses.replace(plan, driver=None)
+    stream = cp.cuda.Stream(non_blocking=True)
+    outs = []
+    for p in (plan, by_cupy):
+        out = cp.full((12, 3, 224, 224), 7, np.float16)  # slot 11: a guard that must keep its 7s
+        pre.launch(p, ptrs, out.data.ptr, stream)
+        pre.launch(p, ptrs[5:8][::-1], out[8:].data.ptr, stream)  # 3 frames, in reverse, into slots 8..10
+        outs.append(out)
+    stream.synchronize()
+    got, want = (cp.asnumpy(o) for o in outs)
+    assert (want[11] == 7).all() and (got[11] == 7).all()
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(want[8], want[7])  # the reversed run: slot 8 holds frame 7
+    assert not np.array_equal(want[0], want[7])
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_channels_last_slots_hold_the_planar_slots_values(test_videos, dtype):
     """layout NHWC (what the pipeline writes for the compiled PyTorch engine): one launch of 5 frames into (H, W, 3)
