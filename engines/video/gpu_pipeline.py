@@ -48,9 +48,21 @@ log = logging.getLogger("trtc")
 
 # frames per SimpleDecoder call (and so per kernel launch, at most MAX_FRAMES_PER_LAUNCH): the decoder decodes a
 # call's frames in the calling thread and sits idle while the thread hands them on, so smaller calls keep NVDEC
-# busier. H200, ResNet-50 FP16, 3 runs each: 32 streams 3416 fps with 8 against 3120 with 16; 1, 8 and 16
+# busier. H200, ResNet-50 FP16, 1080p, 3 runs each: 32 streams 3416 fps with 8 against 3120 with 16; 1, 8 and 16
 # streams the same within 1%; 4 was no better than 8 (docs/BENCHMARKS.md)
 DECODE_BATCH = 8
+# ... but small frames decode so fast that the calls themselves, each a turn of every decoder thread on the
+# interpreter lock, become the limit: 16 streams of 640x272 (~22k fps on an H100) ran the pipeline with a null engine
+# at 0.70-0.72x of decode-only in two of three processes with 8 frames a call, and at 0.93-1.05x with 16 (session 17,
+# probe P). Frames under this many pixels are decoded twice as many a call.
+SMALL_FRAME_PIXELS = 960 * 540
+
+
+def frames_per_call(info) -> int:
+    """Frames per SimpleDecoder call for a source of this geometry (``info``: its SourceInfo, or None)."""
+    if info is not None and info.width and info.height and info.width * info.height < SMALL_FRAME_PIXELS:
+        return min(2 * DECODE_BATCH, MAX_FRAMES_PER_LAUNCH)
+    return DECODE_BATCH
 
 
 def _gpu_count(cp) -> int:
@@ -331,7 +343,8 @@ class GpuPipeline(GpuBatches):
             with stream:
                 if src.batched:
                     try:
-                        kept = src.run_batches(stream.ptr, DECODE_BATCH, writer.on_frames, decoder=reused)
+                        kept = src.run_batches(stream.ptr, frames_per_call(src.info), writer.on_frames,
+                                                   decoder=reused)
                         return
                     except BatchUnavailable as exc:
                         log.info("%s; decoding it packet by packet", exc)

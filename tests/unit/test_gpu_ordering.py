@@ -425,3 +425,46 @@ def test_a_files_frame_times_on_the_gpu_path_are_the_fraction_formula_to_the_las
             assert src.stamp_index(index) == (pts, float(pts * tb)), (fps, tb, index)
     src.time_base = None
     assert src.stamp_index(50) == (None, 50 / src.info.fps)
+
+
+def test_small_frames_are_decoded_sixteen_a_call_and_large_ones_eight(monkeypatch):
+    """Frames per SimpleDecoder call follow the source's size: at 640x272 the calls themselves (each a turn on the
+    interpreter lock for every decoder thread) held 16 streams to 0.70x of decode-only with 8 a call (H100)."""
+    from engines.video.assembler import SlotAssembler
+    from engines.video.gpu_pipeline import DECODE_BATCH, GpuPipeline, frames_per_call
+    from engines.video.sources import SourceInfo
+
+    cs = ColorSpace("bt601", "limited")
+    assert frames_per_call(SourceInfo("a", "h264", 640, 272, 25.0, None, cs)) == 16
+    assert frames_per_call(SourceInfo("a", "h264", 1920, 1080, 25.0, None, cs)) == DECODE_BATCH == 8
+    assert frames_per_call(SourceInfo("a", "h264", 1280, 720, 25.0, None, cs)) == 8
+    assert frames_per_call(None) == 8
+
+    log = _Log()
+    cp = _fake_cupy(monkeypatch, log)
+    monkeypatch.setitem(sys.modules, "PyNvVideoCodec", types.ModuleType("PyNvVideoCodec"))
+    cp.cuda.runtime = types.SimpleNamespace(getDeviceCount=lambda: 1)
+    asked = []
+
+    class Src:
+        batched, info = True, None
+
+        def __init__(self, name, w, h):
+            self.name, self.size = name, (w, h)
+
+        def probe(self):
+            self.info = SourceInfo(self.name, "h264", *self.size, 25.0, None, cs)
+            return f"h264 {self.size}"
+
+        def run_batches(self, stream_ptr, n, on_frames, decoder=None):
+            asked.append((self.name, n))
+
+    stats = types.SimpleNamespace(decode_stage={}, infer_stage={})
+    pipe = GpuPipeline([], types.SimpleNamespace(device_id=0), None, 8, 1, None, None, 4, 10.0, stats, [], (8, 8),
+                       lambda *a: None, lambda *a: None)
+    for src in (Src("small", 640, 272), Src("hd", 1920, 1080)):
+        asm = SlotAssembler([], 8)
+        asm.sources_live = 1
+        pipe.counts[src.name] = 0
+        pipe._decode_stage(src, None, asm, np.float32)
+    assert asked == [("small", 16), ("hd", 8)]
