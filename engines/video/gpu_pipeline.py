@@ -51,10 +51,11 @@ log = logging.getLogger("trtc")
 # busier. H200, ResNet-50 FP16, 1080p, 3 runs each: 32 streams 3416 fps with 8 against 3120 with 16; 1, 8 and 16
 # streams the same within 1%; 4 was no better than 8 (docs/BENCHMARKS.md)
 DECODE_BATCH = 8
-# ... but small frames decode so fast that the calls themselves, each a turn of every decoder thread on the
-# interpreter lock, become the limit: 16 streams of 640x272 (~22k fps on an H100) ran the pipeline with a null engine
-# at 0.70-0.72x of decode-only in two of three processes with 8 frames a call, and at 0.93-1.05x with 16 (session 17,
-# probe P). Frames under this many pixels are decoded twice as many a call.
+# ... but small frames decode so fast that the calls themselves become the limit: each call and its hand-on of frames
+# needs the interpreter lock, which the decoder threads share with inference. 16 streams of 640x272 (~22k fps on an
+# H100) ran the pipeline with a null engine at 0.70-0.72x of decode-only in two of three processes with 8 frames a
+# call, and at 0.93-1.05x with 16 (docs/BENCHMARKS.md, session 17, probe P). Frames under this many pixels are decoded
+# twice as many a call.
 SMALL_FRAME_PIXELS = 960 * 540
 
 

@@ -201,7 +201,7 @@ def test_no_driver_means_cupys_launch(monkeypatch):
     assert len(plan.kernel.cupy_launches) == 1
 
 
-def test_the_driver_is_loaded_once_and_can_be_turned_off(monkeypatch):
+def test_no_libcuda_or_trtc_kernel_launch_cupy_means_no_driver_path(monkeypatch):
     monkeypatch.setattr(_launch, "_DRIVER", None)
 
     def missing(name):

@@ -428,8 +428,8 @@ def test_a_files_frame_times_on_the_gpu_path_are_the_fraction_formula_to_the_las
 
 
 def test_small_frames_are_decoded_sixteen_a_call_and_large_ones_eight(monkeypatch):
-    """Frames per SimpleDecoder call follow the source's size: at 640x272 the calls themselves (each a turn on the
-    interpreter lock for every decoder thread) held 16 streams to 0.70x of decode-only with 8 a call (H100)."""
+    """Frames per SimpleDecoder call follow the source's size: at 640x272 the calls themselves (each needs the
+    interpreter lock the decoder threads share) held 16 streams to 0.70x of decode-only with 8 a call (H100)."""
     from engines.video.assembler import SlotAssembler
     from engines.video.gpu_pipeline import DECODE_BATCH, GpuPipeline, frames_per_call
     from engines.video.sources import SourceInfo
