@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ctypes
 import re
-import sys
 import threading
 import types
 
@@ -63,8 +62,9 @@ def _device_array(ptr):
 
 
 def _fake_cupy(monkeypatch, function_ptr=0xF00):
-    """CuPy stand-in whose uploads are 'device arrays' at distinct addresses and whose kernel has a CUfunction."""
-    uploads = iter(range(0x10000, 0x20000, 0x100))
+    """tests/fake_cupy.py (host memory that claims to be device memory: its uploads have addresses) with a RawKernel
+    that has a CUfunction and records CuPy's own launches."""
+    from tests import fake_cupy
 
     class Kernel:
         def __init__(self, code, name):
@@ -78,27 +78,9 @@ def _fake_cupy(monkeypatch, function_ptr=0xF00):
         def __call__(self, grid, block, args, stream=None):
             self.cupy_launches.append((grid, args))
 
-    class Stream:
-        ptr = 0xABC
-
-        def __init__(self, non_blocking=False):
-            pass
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-        def synchronize(self):
-            pass
-
     monkeypatch.setattr("engines.preprocess._KERNELS", {})  # compiled kernels are kept per process
-    m = types.ModuleType("cupy")
-    m.asarray = lambda a, dtype=None: _device_array(next(uploads))
+    m = fake_cupy.install(monkeypatch)
     m.RawKernel = Kernel
-    m.cuda = types.SimpleNamespace(Stream=Stream, get_current_stream=lambda: Stream())
-    monkeypatch.setitem(sys.modules, "cupy", m)
     return m
 
 
