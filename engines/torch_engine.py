@@ -389,9 +389,21 @@ class _Run:
     """What one (batch size, input dtype, layout) needs: the compiled callable, the static input with the graph
     that copies into it, and the graphs bound to input slots (device address -> (graph, output))."""
 
-    def __init__(self, fn, static_in=None, graph=None, out=None):
+    def __init__(self, fn, static_in=None, graph=None, out=None, loading=None):
         self.fn, self.static_in, self.graph, self.out = fn, static_in, graph, out
         self.slots: dict[int, tuple] = {}
+        # quick start: the loader whose precompiled function this shape waits for; until it has loaded, ``fn`` is the
+        # module, run eagerly without graphs. ``eager_batches``: the batches it served so; ``since``: when the first
+        # of them came
+        self.loading, self.eager_batches, self.since = loading, 0, time.perf_counter()
+
+
+class _Loading:
+    """What :meth:`TorchEngine._compiled` returns for a shape whose precompiled function is still loading, where the
+    engine starts quickly (``quick_start``): the module serves its batches eagerly meanwhile."""
+
+    def __init__(self, loader):
+        self.loader = loader
 
 
 # one load of a precompiled function, or one compile, at a time in a process: Dynamo and Inductor do not say that two
@@ -422,6 +434,8 @@ class _PrecompiledLoader(threading.Thread):
         self.supported = True  # False: this torch has no precompiled functions (nothing is loaded)
         self.seconds = 0.0
         self.thread_name = None
+        self.at_open = False  # started at open (the model's most recently used function), not at a first batch
+        self.served_eager = False  # the calling thread ran batches of this shape eagerly while it loaded
 
     def run(self) -> None:
         torch, t0 = self.torch, time.perf_counter()
@@ -493,7 +507,8 @@ def _program_specs(gm) -> tuple[list[TensorSpec], list[TensorSpec], tuple | None
 class TorchEngine(EngineBase):
     def __init__(self, path: str | os.PathLike, device: str = "cpu", precision: str | None = None,
                  compile: bool | None = None, cuda_graph: bool = True, cache: bool = True, progress=None,
-                 cudnn_benchmark: bool = False, precompile: bool = True, warm_beside_load: bool | None = None):
+                 cudnn_benchmark: bool = False, precompile: bool = True, warm_beside_load: bool | None = None,
+                 quick_start: bool | None = None):
         """``precision``: fp32 (default) or fp16 (trtc quantize's keep-list computes in FP32); int8 is refused.
         ``compile``: Inductor (default on CUDA; on the CPU the program runs eagerly unless True). ``cuda_graph``:
         replay CUDA graphs (CUDA only). ``cache``: keep and reuse Inductor's compiled artifacts beside the model.
@@ -505,7 +520,13 @@ class TorchEngine(EngineBase):
         not trace the program again. ``warm_beside_load`` (default: on a GPU): a start from a precompiled function
         loads it on a thread of its own while the calling thread runs the module once eagerly, so that cuDNN's
         execution plans are ready for the compiled function's first run (:class:`_PrecompiledLoader` says why it
-        must be this way round); False loads it on the calling thread, as before. An FP32
+        must be this way round); False loads it on the calling thread, as before. ``quick_start`` (default: on a
+        GPU, with ``warm_beside_load``): a batch that comes while its precompiled function still loads is not kept
+        waiting: the module computes it eagerly (the same program and precision, without Inductor's fusions and
+        without graphs), and so do the batches after it until the load has ended; then the compiled function and
+        its graphs take over (``compile_stats[...]["eager_batches"]`` says how many ran eagerly). Off, the first
+        batch waits for the load. ``trtc validate`` and ``trtc bench`` open the engine without it, so that every
+        batch they time or compare is the compiled function's. An FP32
         engine turns torch's TF32 convolutions and matrix products off (process-wide): on an H100 Lite0 in TF32
         disagreed with the FP32 reference on 1 of 276 top-1s (max logit difference 0.05)."""
         t0 = time.perf_counter()
@@ -527,6 +548,7 @@ class TorchEngine(EngineBase):
         self.cache, self.progress, self.precompile = cache, progress, precompile
         self.cudnn_benchmark = bool(cudnn_benchmark) and kind == "cuda"
         self.warm_beside_load = kind == "cuda" if warm_beside_load is None else bool(warm_beside_load)
+        self.quick_start = kind == "cuda" if quick_start is None else bool(quick_start)
         self._loaders: dict = {}  # key -> a _PrecompiledLoader started at open and not used yet
         self.compile_stats: dict = {}
         self.program_from = "export"  # or "cache": the plain copy of the program kept beside the model
@@ -666,7 +688,7 @@ class TorchEngine(EngineBase):
         ``bind=False``: a temporary input of the host path)."""
         layout = _layout(tuple(xt.shape), tuple(xt.stride()))
         run = self._run_for(xt, layout)
-        if not self.cuda_graph:
+        if not self.cuda_graph or run.loading is not None:
             return run.fn(xt)
         bound = run.slots.get(xt.data_ptr()) if bind else None
         if bind and bound is None and len(run.slots) < MAX_SLOT_GRAPHS:
@@ -683,18 +705,43 @@ class TorchEngine(EngineBase):
         made on first use."""
         key = (int(xt.shape[0]), str(xt.dtype), layout)
         run = self._runs.get(key)
+        if run is not None and run.loading is not None and not run.loading.is_alive():
+            earlier = self._runs.pop(key)  # its precompiled function has loaded: made again, with it
+            run = self._run_for(xt, layout)
+            self._served_eagerly(xt, layout, earlier)
+            return run
         if run is not None:
+            if run.loading is not None:
+                run.eager_batches += 1
             return run
-        torch = require_torch()
+        torch, since = require_torch(), time.perf_counter()
         if self.stream is None:
-            run = self._runs[key] = _Run(self._compiled(xt, layout))
+            fn = self._compiled(xt, layout)
+        else:
+            static_in = torch.empty_strided(tuple(xt.shape), tuple(xt.stride()), dtype=xt.dtype, device=xt.device)
+            static_in.copy_(xt)
+            fn = self._compiled(static_in, layout)
+        if isinstance(fn, _Loading):  # the module serves this batch and the next until the function has loaded
+            run = self._runs[key] = _Run(self.module, loading=fn.loader)
+            run.eager_batches, run.since = 1, since
             return run
-        static_in = torch.empty_strided(tuple(xt.shape), tuple(xt.stride()), dtype=xt.dtype, device=xt.device)
-        static_in.copy_(xt)
-        fn = self._compiled(static_in, layout)
+        if self.stream is None:
+            run = self._runs[key] = _Run(fn)
+            return run
         graph, out = self._capture(fn, static_in) if self.cuda_graph else (None, None)
         run = self._runs[key] = _Run(fn, static_in, graph, out)
         return run
+
+    def _served_eagerly(self, xt, layout: str, earlier: _Run) -> None:
+        """After the switch from eager batches to the loaded function: the count in ``compile_stats`` and its seconds
+        from the first batch of the shape (the wait the quick start kept off the batches), said once."""
+        stats = self.compile_stats.get((int(xt.shape[0]), str(xt.dtype).replace("torch.", ""), layout))
+        if stats is None:
+            return
+        stats["eager_batches"] = earlier.eager_batches
+        stats["seconds"] = time.perf_counter() - earlier.since
+        log.info("%s: %d batch(es) of %d ran eagerly while the precompiled function loaded (%.1f s)", self.path.name,
+                 earlier.eager_batches, int(xt.shape[0]), stats["seconds"])
 
     def _capture(self, fn, xt) -> tuple:
         """A CUDA graph of ``fn(xt)`` reading ``xt`` where it lies, captured on the engine's stream after one
@@ -745,6 +792,10 @@ class TorchEngine(EngineBase):
         # is imported by the loader (on its thread where it warms beside the load), not before it.
         self._loaded_on, self._preloaded = None, False
         fn, aot, loaded = self._load_precompiled(torch, dirs, key, xt), None, None
+        if isinstance(fn, _Loading):
+            self._say(f"running {what} eagerly while its precompiled function loads", loud=False)
+            self._add_time("compile_s", time.perf_counter() - t0)
+            return fn
         _raise_recompile_limit(torch)
         start, hits = ("precompiled", 0) if fn is not None else (None, _counter(torch, "fxgraph_cache_hit"))
         if fn is not None:
@@ -764,7 +815,8 @@ class TorchEngine(EngineBase):
                                                   "cache_file": bool(loaded) or precompiled,
                                                   "inductor_cache_hit": hit, "precompiled": precompiled,
                                                   "loaded_on": self._loaded_on,
-                                                  "preloaded": self._preloaded and precompiled, "key": key}
+                                                  "preloaded": self._preloaded and precompiled, "key": key,
+                                                  "eager_batches": 0}
         self._add_time("compile_s", seconds)
         log.info("started %s in %.1f s (%s)", what, seconds, {"precompiled": "precompiled function from the cache",
                  "inductor cache": "traced, Inductor cache hit", "cold": "traced and compiled"}[start])
@@ -821,6 +873,7 @@ class TorchEngine(EngineBase):
             payloads = list(cached_payloads(dirs, key, suffix))
             if payloads:
                 loader = self._loaders[key] = _PrecompiledLoader(torch, key, payloads, self.device_id)
+                loader.at_open = True
                 loader.start()
                 return
 
@@ -831,16 +884,21 @@ class TorchEngine(EngineBase):
         if not (self.precompile and dirs and hasattr(torch.compiler, "load_compiled_function")):
             return None
         loader = self._loaders.pop(key, None)
-        self._preloaded = loader is not None
-        if not self._preloaded:
+        if loader is None:
             payloads = list(cached_payloads(dirs, key, self._aot_suffix()))
             if not payloads:
                 return None
             loader = _PrecompiledLoader(torch, key, payloads, self.device_id)
             if self.warm_beside_load:
                 loader.start()
+        self._preloaded = loader.at_open
         if self.warm_beside_load:
-            self._warm_eager(torch, xt)
+            if not loader.served_eager:  # eager batches on this thread have built cuDNN's plans already
+                self._warm_eager(torch, xt)
+            if self.quick_start and loader.is_alive():
+                loader.served_eager = True
+                self._loaders[key] = loader  # looked at again by the next batch of this shape
+                return _Loading(loader)
             t0 = time.perf_counter()
             loader.join()
             self._add_time("precompiled_wait_s", time.perf_counter() - t0)

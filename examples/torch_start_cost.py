@@ -19,7 +19,11 @@ with ``--json F`` the profile is kept as F.prof). "of it: aot" and "1st run" spl
 loading the precompiled function, and its first run; "eager" is the engine's eager warm-up on the calling thread
 while the function loads on another (``warm_beside_load``, on by default on a GPU; ``--warm-beside-load
 off|alternate`` compares), "wait" what the calling thread then waited for the load. "preloaded": the load started
-at open (the most recently used function of the model had the key the first batch needed).
+at open (the most recently used function of the model had the key the first batch needed). With the engine's quick
+start (``--quick-start``, on by default as on a GPU), a first batch that comes while the function loads runs eagerly:
+"first result" is then that batch's, and "compiled" the time at which the compiled function served its first batch
+(the JSON also has the eager batches' count and the largest logit difference and top-1 agreement between the eager
+first result and the compiled function's result for the same input).
 """
 
 from __future__ import annotations
@@ -43,19 +47,29 @@ import numpy as np
 import engines
 path, device, batch, precision = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 warm = {"on": True, "off": False}[sys.argv[6]]
+quick = {"on": True, "off": False}[sys.argv[7]]
 e = engines.open_engine(path, device=device, precision=precision, compile=True, cudnn_benchmark=sys.argv[5] == "1",
-                        warm_beside_load=warm)
+                        warm_beside_load=warm, quick_start=quick)
 t1 = time.perf_counter()
-x = np.zeros((batch, *e.inputs[0].shape[1:]), np.float16 if precision == "fp16" else np.float32)
+x = np.random.default_rng(0).standard_normal((batch, *e.inputs[0].shape[1:])).astype(
+    np.float16 if precision == "fp16" else np.float32)
 if device.startswith("cuda"):
     import cupy as cp
     x = cp.asarray(x)
-    out = cp.asnumpy(e.infer(x)[0])
+    run = lambda: cp.asnumpy(e.infer(x)[0])
 else:
-    out = e.infer(x)[0]
+    run = lambda: e.infer(x)[0]
+out = first = run()
 t2 = time.perf_counter()
+while not e.compile_stats:  # quick start: batches ran eagerly until the precompiled function had loaded
+    out = run()
+t3 = time.perf_counter()
+out = run()  # the compiled function's (its graphs'), on the same input as the first result
 st = list(e.compile_stats.values())[0]
 print(json.dumps({"total_s": t2 - t0, "open_s": t1 - t0, "first_batch_s": t2 - t1, "program_from": e.program_from,
+                  "compiled_s": t3 - t0, "eager_batches": st.get("eager_batches", 0), "quick_start": quick,
+                  "first_vs_compiled_max_abs": float(np.abs(first.astype(np.float64) - out).max()),
+                  "top1_equal": float((first.argmax(1) == out.argmax(1)).mean()),
                   "start": st["start"], "cache_file": st["cache_file"], "logit0": float(out.ravel()[0]),
                   "warm_beside_load": warm, "loaded_on": st.get("loaded_on"), "preloaded": st.get("preloaded"),
                   "torch_bytecode_cached": os.path.exists(importlib.util.cache_from_source(
@@ -65,12 +79,13 @@ print(json.dumps({"total_s": t2 - t0, "open_s": t1 - t0, "first_batch_s": t2 - t
 PHASES = (("import torch", "import_torch_s"), ("load", "load_program_s"), ("compile", "compile_s"),
           ("of it: aot", "precompiled_load_s"), ("eager", "warm_eager_s"), ("wait", "precompiled_wait_s"),
           ("1st run", "first_run_s"), ("capture", "capture_s"),
-          ("first result", "total_s"))
+          ("first result", "total_s"), ("compiled", "compiled_s"))
 
 
-def start(pt2: Path, args, inductor_dir: str, profile: str | None = None, warm: str = "on") -> dict:
+def start(pt2: Path, args, inductor_dir: str, profile: str | None = None, warm: str = "on",
+          quick: str = "on") -> dict:
     """One start in a fresh process with its own Inductor and Triton caches (under cProfile into ``profile``),
-    ``warm`` (on/off): the engine's warm_beside_load."""
+    ``warm`` and ``quick`` (on/off): the engine's warm_beside_load and quick_start."""
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": inductor_dir, "TRITON_CACHE_DIR": f"{inductor_dir}/triton",
            "PYTHONPATH": str(ROOT)}
     if args.pycache:
@@ -81,7 +96,7 @@ def start(pt2: Path, args, inductor_dir: str, profile: str | None = None, warm: 
     script.write_text(START)
     runner = [sys.executable] + (["-m", "cProfile", "-o", profile] if profile else [])
     out = subprocess.run([*runner, str(script), str(pt2), args.device, str(args.batch), args.precision,
-                          "1" if args.cudnn_benchmark else "0", warm],
+                          "1" if args.cudnn_benchmark else "0", warm, quick],
                          capture_output=True, text=True, env=env, check=False, timeout=args.timeout)
     if out.returncode:
         sys.exit(f"a start failed:\n{out.stderr[-4000:]}")
@@ -110,7 +125,8 @@ def table(rows: list[tuple[str, dict]]) -> str:
         how = f"program {r['program_from']}, {r['start']}"
         if r["start"] == "precompiled":
             how += (f", warm {'on' if r.get('warm_beside_load') else 'off'}" +
-                    (", preloaded" if r.get("preloaded") else ""))
+                    (", preloaded" if r.get("preloaded") else "") +
+                    (f", {r['eager_batches']} eager" if r.get("eager_batches") else ""))
         lines.append(f"{name:8} {how:44} " + " ".join(f"{r.get(k, 0.0):11.2f}s" for _, k in PHASES))
     if len(rows) > 1:
         first, second = rows[0][1]["total_s"], rows[1][1]["total_s"]
@@ -135,6 +151,10 @@ def main(argv=None) -> int:
     ap.add_argument("--warm-beside-load", choices=("on", "off", "alternate"), default="on",
                     help="the engine's warm_beside_load in the later starts (alternate: on, off, on, ...); the "
                          "first start compiles, so it does not apply there")
+    ap.add_argument("--quick-start", choices=("on", "off", "alternate"), default="on",
+                    help="the engine's quick_start in the later starts (on: batches that come while the precompiled "
+                         "function loads run eagerly; 'first result' is then the first eager batch's, 'compiled' when "
+                         "the compiled function served its first batch); alternate: on, off, on, ...")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="profile the later starts; print the N functions with the most cumulative time in the second")
     ap.add_argument("--timeout", type=int, default=900)
@@ -151,8 +171,9 @@ def main(argv=None) -> int:
         profile = f"{caches}/second.prof" if args.profile else None
         for i in range(args.starts):  # the second: only trtc's cache; again: Inductor's local caches warm too
             warm = args.warm_beside_load if args.warm_beside_load != "alternate" else ("on", "off")[i % 2]
+            quick = args.quick_start if args.quick_start != "alternate" else ("on", "off")[i % 2]
             rows.append(("second" if i == 0 else f"again {i}",
-                         start(pt2, args, f"{caches}/second", profile if i == 0 else None, warm)))
+                         start(pt2, args, f"{caches}/second", profile if i == 0 else None, warm, quick)))
         top = top_functions(profile, args.profile) if profile and args.starts else ""
         if top and args.json:
             shutil.copyfile(profile, f"{args.json}.prof")  # for pstats: the callers and callees of what is slow

@@ -485,7 +485,7 @@ def bench_video(video: str, model: str, *, streams=(1, 8, 16, 32), device: str =
         raise UsageProblem("--ort-tuning all is for models; a video benchmark takes auto, graphs, off or both",
                            "e.g. --ort-tuning both")
     tunings = _tunings(ort_tuning)
-    engine = engines.open_engine(model, device=device, **engine_options(model, tunings[0]))
+    engine = engines.open_engine(model, device=device, **engine_options(model, tunings[0]), **program_options(model))
     manifest = engines.read_manifest(engines.split_engine(model)[1])  # torch-fp16:m.pt2 -> m.pt2's manifest
     batch, usual_batch, latency_batch = _batches(engine, manifest, batch, usual_batch, latency_batch)
     bench = _Bench(video, engine, manifest.preprocess, getattr(engine, "device_id", 0), batch, usual_batch, repeat,
@@ -517,6 +517,17 @@ def bench_video(video: str, model: str, *, streams=(1, 8, 16, 32), device: str =
     report = _report(video, model, device, batch, rows, latency, memory, bench.gpu, warnings)
     report.first_result = first
     return report
+
+
+def program_options(model: str) -> dict:
+    """``engines.open_engine``'s options for a program (the compiled PyTorch engine) whose rows are timed: no quick
+    start, so that no timed batch runs eagerly while its precompiled function loads; none for other models."""
+    from pathlib import Path
+
+    from engines import PROGRAM_SUFFIXES, TORCH_PREFIXES, split_engine
+
+    prefix, path, _ = split_engine(model)
+    return {"quick_start": False} if prefix in TORCH_PREFIXES or Path(path).suffix.lower() in PROGRAM_SUFFIXES else {}
 
 
 def engine_options(model: str, tuning: str) -> dict:

@@ -148,7 +148,8 @@ class Runner:
         elif ref.kind == "torch":  # the compiled PyTorch engine: numpy in and out, its batch range from the manifest
             from engines import open_engine
 
-            self.engine = open_engine(ref.spec, device=device)
+            # no quick start: every batch through the compiled function, none eagerly while it loads
+            self.engine = open_engine(ref.spec, device=device, quick_start=False)
             first = self.engine.inputs[0].shape
             self.fixed = isinstance(first[0], int)
             lo, hi = self.engine.batch_range or (1, 32)

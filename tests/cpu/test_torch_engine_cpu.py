@@ -336,3 +336,67 @@ def test_the_cache_is_not_used_for_another_torch_or_another_model(tiny, tmp_path
     replaced = _start(script, pt2, tmp_path / "replaced")
     assert (replaced["start"], replaced["program_from"], replaced["cache_file"]) == ("cold", "export", False)
     assert replaced["logits"] != first["logits"]
+
+
+QUICK_START = textwrap.dedent('''
+    import json, sys, threading, time
+    import numpy as np
+    import engines
+    from engines import torch_engine as te
+
+    gate = threading.Event()  # the loader's thread may load only once the test opens it
+    plain_load = te._PrecompiledLoader.load_one
+
+    def gated(self, payload):
+        if threading.current_thread().name == "trtc-torch-load":
+            assert gate.wait(30), "the gate was not opened"
+        return plain_load(self, payload)
+
+    te._PrecompiledLoader.load_one = gated
+    e = engines.open_engine(sys.argv[1], compile=True, warm_beside_load=True, quick_start=True)
+    x = np.random.default_rng(0).standard_normal((4, 3, 32, 32)).astype(np.float32)
+    eager = [e.infer(x)[0].tolist() for _ in range(3)]  # the function cannot have loaded: the gate is shut
+    while_loading = len(e.compile_stats)
+    gate.set()
+    deadline, after = time.time() + 120, 0
+    while not e.compile_stats and time.time() < deadline:  # eager until the switch
+        e.infer(x)
+        after += 1
+    stats = list(e.compile_stats.values())
+    print(json.dumps({"eager": eager, "while_loading": while_loading, "after": after,
+                      "stats": [{k: s[k] for k in ("start", "eager_batches", "loaded_on")} for s in stats],
+                      "compiled": e.infer(x)[0].tolist()}))
+''')
+
+
+@pytest.mark.slow
+def test_quick_start_serves_eagerly_while_the_precompiled_function_loads(tiny, tmp_path):
+    """A second start whose precompiled function is held back (the loader's thread waits at a gate): the first
+    batches are computed by the module eagerly, agreeing with ONNX Runtime on the same export, and nothing is
+    compiled meanwhile; once the gate opens, the compiled function takes over and gives the first start's logits
+    bit for bit, and compile_stats counts the eager batches."""
+    import onnxruntime as ort
+
+    from engines.torch_engine import precompile_supported, require_torch
+
+    if not precompile_supported(require_torch()):
+        pytest.skip("this torch has no precompiled functions: nothing loads beside the first batch")
+    pt2, script = _fresh_copy(tiny, tmp_path)
+    first = _start(script, pt2, tmp_path / "first")
+    quick = tmp_path / "quick_start.py"
+    quick.write_text(QUICK_START)
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "second"), "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, str(quick), str(pt2)], capture_output=True, text=True, env=env,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["while_loading"] == 0, "something was compiled or loaded while the gate was shut"
+    x = np.random.default_rng(0).standard_normal((4, 3, 32, 32)).astype(np.float32)
+    session = ort.InferenceSession(str(tiny[1]), providers=["CPUExecutionProvider"])
+    reference = session.run(None, {session.get_inputs()[0].name: x})[0]
+    for eager in got["eager"]:
+        np.testing.assert_allclose(np.asarray(eager), reference, atol=FP32_ATOL)
+    (stats,) = got["stats"]
+    assert (stats["start"], stats["loaded_on"]) == ("precompiled", "trtc-torch-load")
+    assert stats["eager_batches"] == 3 + got["after"] - 1  # the batch that found the load ended ran compiled
+    assert got["compiled"] == first["logits"]

@@ -360,3 +360,25 @@ def test_the_load_at_open_takes_the_newest_whole_function_of_this_model_gpu_torc
     assert preload() == b32
     eng.warm_beside_load = False
     assert preload() is None
+
+
+def test_timed_and_compared_opens_of_a_program_ask_for_no_quick_start(tmp_path, monkeypatch):
+    """trtc bench VIDEO's timed engine and trtc validate's (and trtc bench's engine rows, which share validate's
+    Runner) open a program without the quick start, so no batch they time or compare runs eagerly; ONNX models
+    keep their own options."""
+    import engines
+    from toolchain import bench_video, validate
+
+    assert bench_video.program_options("torch-fp16:m.pt2") == {"quick_start": False}
+    assert bench_video.program_options(str(tmp_path / "m.pt2")) == {"quick_start": False}
+    assert bench_video.program_options(str(tmp_path / "m.onnx")) == {}
+    opened = []
+
+    class Opened:
+        inputs = [engines.TensorSpec("x", "float32", (None, 3, 8, 8))]
+        batch_range = (1, 8)
+
+    monkeypatch.setattr(engines, "open_engine", lambda spec, **kw: opened.append(kw) or Opened())
+    ref = validate.ModelRef(str(tmp_path / "m.pt2"), "torch", "fp32", None)
+    validate.Runner(ref, "cuda:0")
+    assert opened == [{"device": "cuda:0", "quick_start": False}]
