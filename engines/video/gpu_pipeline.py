@@ -133,11 +133,23 @@ class GpuBatches:
             pos += m
         return 0
 
-    def infer_stage(self, asm: SlotAssembler, infer_stream, results: queue.Queue, errors: list) -> None:
-        """Full (or timed-out) buffers -> engine (its outputs to collect_stage, which enqueues top-k). Runs in
-        one thread, on the engine's GPU. Each engine call returns arrays of its own (every backend allocates its
-        outputs per call), so the next call cannot overwrite a batch's outputs before its top-k reads them."""
+    def infer_stage(self, asm: SlotAssembler, infer_stream, results: queue.Queue, errors: list,
+                    warm_up: bool = False) -> None:
+        """With ``warm_up`` (what :meth:`open` starts) the engine's warm-up first (:meth:`_warm_up`, then
+        ``self.warmed`` is set; a failure is left in ``errors``); then full (or timed-out) buffers -> engine (its outputs to collect_stage, which enqueues top-k). Runs in one thread, on the engine's GPU:
+        every engine call of a pipeline comes from this thread, the warm-up's too, so what an engine keeps per
+        thread is made once (torch's cuDNN execution plans: the compiled PyTorch engine's quick start runs its
+        first batches eagerly). Each engine call returns arrays of its own (every backend allocates its outputs
+        per call), so the next call cannot overwrite a batch's outputs before its top-k reads them."""
         with self.cp.cuda.Device(self.device_id):
+            if warm_up:
+                try:
+                    self.warm_done = self._warm_up(self.slot_arrays, infer_stream)
+                except BaseException as exc:  # noqa: BLE001 - raised by open() in the caller's thread
+                    errors.append(exc)
+                    return
+                finally:
+                    self.warmed.set()
             self._infer_stage(asm, infer_stream, results, errors)
 
     def _infer_stage(self, asm: SlotAssembler, infer_stream, results: queue.Queue, errors: list) -> None:
@@ -229,28 +241,29 @@ class GpuBatches:
         must not land mid-stream. (Keeping a set of sizes once warmed, as this did, missed those changes back.)
         ``slots``: the input buffers' arrays. An engine that binds its inputs (``engine.binds_inputs``: the compiled
         PyTorch engine's CUDA graph per input address) runs every one of them, each pipeline, so that its graphs are
-        captured here and not mid-stream."""
+        captured here and not mid-stream. Returns an event recorded on ``stream`` after the warm-up's work (None when
+        nothing ran), for the caller to wait for: :meth:`open` does, in its own thread, so that the inference
+        thread, which runs the warm-up, makes no host synchronisation."""
         binds = bool(getattr(self.engine, "binds_inputs", False))
         if not binds:
             if getattr(self.engine, "_trtc_last_batch", None) == self.batch:
-                return
+                return None
             if getattr(self.engine, "warms_itself", False):
                 # e.g. ONNX Runtime's quick start: the first batches of a new size run on a session already warmed
                 # at open while the tuned one prepares that size in the background; a warm-up here only delays the
                 # first result
-                return
+                return None
             slots = slots[:1]
-        t0 = time.perf_counter()
         for data in slots:
             with stream:
                 data.fill(0)
             self.engine.infer(data, stream=stream)
-        stream.synchronize()
+        done = stream.record()
         try:
             self.engine._trtc_last_batch = self.batch
         except AttributeError:
             pass
-        log.info("warmed up batch %d in %.2f s", self.batch, time.perf_counter() - t0)
+        return done
 
     def open(self, sources: int) -> None:
         """Make the preprocessor, the rotating input buffers and their assembler (expecting ``sources`` writers
@@ -267,20 +280,29 @@ class GpuBatches:
         self.layout = input_layout(self.engine)
         self.pre = GpuPreprocessor(self.spec, layout=self.layout)
         bufs = [InputBuffer(cp, (3, h, w), dtype, self.batch, self.layout) for _ in range(self.n_buffers)]
+        self.slot_arrays = [b.data for b in bufs]  # what the warm-up runs
         self.asm = SlotAssembler(bufs, self.batch)
         self.asm.sources_live = sources
         self.results: queue.Queue = queue.Queue(maxsize=self.n_buffers)
         self.infer_stream = getattr(self.engine, "stream", None) or cp.cuda.Stream(non_blocking=True)
         self.topk_stream = cp.cuda.Stream(non_blocking=True)  # top-k, enqueued by collect_stage's thread
         self.errors: list = []
-        self._warm_up([b.data for b in bufs], self.infer_stream)
+        self.warmed, self.warm_done, t0 = threading.Event(), None, time.perf_counter()
+        # the inference thread warms the engine up before it takes batches; the clock starts when that work is done
+        self._infer_thread = threading.Thread(target=self.infer_stage, daemon=True, name="trtc-infer",
+                                              args=(self.asm, self.infer_stream, self.results, self.errors, True))
+        self._infer_thread.start()
+        self.warmed.wait()
+        if self.errors:
+            raise self.errors[0]
+        if self.warm_done is not None:
+            self.warm_done.synchronize()
+            log.info("warmed up batch %d in %.2f s", self.batch, time.perf_counter() - t0)
         self.start = time.perf_counter()
 
     def start_inference(self) -> threading.Thread:
-        t = threading.Thread(target=self.infer_stage, args=(self.asm, self.infer_stream, self.results, self.errors),
-                             daemon=True, name="trtc-infer")
-        t.start()
-        return t
+        """The inference thread, started (and the engine warmed up on it) by :meth:`open`."""
+        return self._infer_thread
 
     def shutdown(self, threads) -> None:
         """Stop every stage (frames not yet run are left), wait for the threads, settle the counts."""

@@ -341,7 +341,7 @@ def test_the_number_of_kept_decoders_comes_from_the_environment(monkeypatch):
 
 
 class _NullStream:
-    """A CuPy stream's context and synchronize(), doing nothing (the warm-up tests run no GPU work)."""
+    """A CuPy stream's context, synchronize() and record(), doing nothing (the warm-up tests run no GPU work)."""
 
     def __enter__(self):
         return self
@@ -351,6 +351,9 @@ class _NullStream:
 
     def synchronize(self):
         pass
+
+    def record(self):
+        return self
 
 
 def test_the_warm_up_runs_again_after_the_engine_ran_another_batch_size():

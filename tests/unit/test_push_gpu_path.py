@@ -367,3 +367,41 @@ def test_the_preprocessor_refuses_a_layout_it_cannot_write(cp):
     with pytest.raises(UsageProblem, match="NCHW or NHWC slots, not 'NCWH'") as err:
         GpuPreprocessor(SPEC, layout="NCWH")
     assert 'layout="NHWC"' in err.value.fix
+
+
+def test_the_warm_up_and_every_batch_run_on_the_inference_thread(cp, monkeypatch):
+    """Every engine call of a GPU pipeline comes from one thread, the warm-up's included: what an engine keeps per
+    thread (torch's cuDNN plans, for the compiled engine's quick start) is made once. That thread makes no host
+    synchronisation, also not for the warm-up (the opening thread waits for it). A warm-up that fails is raised to
+    the caller when the pipeline opens."""
+    syncs = []
+    for owner in (push_fake_gpu.Stream, push_fake_gpu.Event):
+        monkeypatch.setattr(owner, "synchronize", lambda self: syncs.append(threading.current_thread().name))
+
+    class Threads(push_fake_gpu.ValueEngine):
+        binds_inputs = True  # the warm-up runs every input buffer
+
+        def __init__(self):
+            super().__init__()
+            self.threads = []
+
+        def infer(self, x, stream=None):
+            self.threads.append(threading.current_thread().name)
+            return super().infer(x, stream)
+
+    eng = Threads()
+    with pusher(eng, batch=4, max_wait_ms=1) as p:
+        warm_ups = len(eng.threads)
+        for i in range(20):
+            p.push("cam", nv12(cp, i))
+    assert len(list(p.results())) == 20
+    assert warm_ups >= 2 and len(eng.threads) > warm_ups  # the warm-up ran every buffer, then the batches
+    assert set(eng.threads) == {"trtc-infer"}
+    assert syncs and "trtc-infer" not in syncs  # the warm-up was waited for, by another thread
+
+    class Refuses(push_fake_gpu.ValueEngine):
+        def infer(self, x, stream=None):
+            raise UsageProblem("the warm-up's batch does not fit", "give another")
+
+    with pytest.raises(UsageProblem, match="the warm-up's batch does not fit"):
+        pusher(Refuses(), batch=4)
