@@ -1006,6 +1006,17 @@ class TorchEngine(EngineBase):
         else:
             log.log(logging.WARNING if loud else logging.INFO, "%s", text)
 
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """Wait until the precompiled functions loading on their thread (begun at open, or by a quick start) have
+        loaded; False when ``timeout`` seconds passed first. The next batch of their shape runs the compiled
+        function. (As :meth:`OnnxRuntimeEngine.wait_ready` for its quick start.)"""
+        deadline = None if timeout is None else time.perf_counter() + timeout
+        for loader in list(self._loaders.values()):
+            loader.join(None if deadline is None else max(0.0, deadline - time.perf_counter()))
+            if loader.is_alive():
+                return False
+        return True
+
     def close(self) -> None:
         for loader in self._loaders.values():  # loads begun at open and not used: let them end first
             loader.join()

@@ -357,13 +357,16 @@ QUICK_START = textwrap.dedent('''
     x = np.random.default_rng(0).standard_normal((4, 3, 32, 32)).astype(np.float32)
     eager = [e.infer(x)[0].tolist() for _ in range(3)]  # the function cannot have loaded: the gate is shut
     while_loading = len(e.compile_stats)
+    ready_before = e.wait_ready(0.2)
     gate.set()
+    ready = e.wait_ready(120)
     deadline, after = time.time() + 120, 0
     while not e.compile_stats and time.time() < deadline:  # eager until the switch
         e.infer(x)
         after += 1
     stats = list(e.compile_stats.values())
-    print(json.dumps({"eager": eager, "while_loading": while_loading, "after": after,
+    print(json.dumps({"eager": eager, "while_loading": while_loading, "after": after, "ready": ready,
+                      "ready_before": ready_before,
                       "stats": [{k: s[k] for k in ("start", "eager_batches", "loaded_on")} for s in stats],
                       "compiled": e.infer(x)[0].tolist()}))
 ''')
@@ -373,8 +376,8 @@ QUICK_START = textwrap.dedent('''
 def test_quick_start_serves_eagerly_while_the_precompiled_function_loads(tiny, tmp_path):
     """A second start whose precompiled function is held back (the loader's thread waits at a gate): the first
     batches are computed by the module eagerly, agreeing with ONNX Runtime on the same export, and nothing is
-    compiled meanwhile; once the gate opens, the compiled function takes over and gives the first start's logits
-    bit for bit, and compile_stats counts the eager batches."""
+    compiled meanwhile; once the gate opens and wait_ready says the load has ended, the next batch runs the compiled
+    function, which gives the first start's logits bit for bit, and compile_stats counts the eager batches."""
     import onnxruntime as ort
 
     from engines.torch_engine import precompile_supported, require_torch
@@ -398,5 +401,6 @@ def test_quick_start_serves_eagerly_while_the_precompiled_function_loads(tiny, t
         np.testing.assert_allclose(np.asarray(eager), reference, atol=FP32_ATOL)
     (stats,) = got["stats"]
     assert (stats["start"], stats["loaded_on"]) == ("precompiled", "trtc-torch-load")
-    assert stats["eager_batches"] == 3 + got["after"] - 1  # the batch that found the load ended ran compiled
+    assert (got["ready_before"], got["ready"]) == (False, True)  # wait_ready: False while held back, then True
+    assert got["after"] == 1 and stats["eager_batches"] == 3  # the first batch after the load ran compiled
     assert got["compiled"] == first["logits"]
