@@ -292,13 +292,21 @@ class GpuBatches:
         self._infer_thread = threading.Thread(target=self.infer_stage, daemon=True, name="trtc-infer",
                                               args=(self.asm, self.infer_stream, self.results, self.errors, True))
         self._infer_thread.start()
-        self.warmed.wait()
+        try:
+            self._wait_for_warm_up()
+        except BaseException:  # e.g. Ctrl-C during a long warm-up: the thread must not wait for batches for ever
+            self.stop.set()
+            self.asm.halt()
+            raise
         if self.errors:
             raise self.errors[0]
         if self.warm_done is not None:
             self.warm_done.synchronize()
             log.info("warmed up batch %d in %.2f s", self.batch, time.perf_counter() - t0)
         self.start = time.perf_counter()
+
+    def _wait_for_warm_up(self) -> None:
+        self.warmed.wait()
 
     def start_inference(self) -> threading.Thread:
         """The inference thread, started (and the engine warmed up on it) by :meth:`open`."""

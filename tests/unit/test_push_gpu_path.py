@@ -405,3 +405,28 @@ def test_the_warm_up_and_every_batch_run_on_the_inference_thread(cp, monkeypatch
 
     with pytest.raises(UsageProblem, match="the warm-up's batch does not fit"):
         pusher(Refuses(), batch=4)
+
+
+def test_an_interrupted_warm_up_leaves_no_inference_thread_waiting(cp, monkeypatch):
+    """Ctrl-C while the opening thread waits for the warm-up (on the inference thread): the interrupt reaches the
+    caller, and the inference thread, once its warm-up ends, stops instead of waiting for batches for ever."""
+    import engines.video.gpu_pipeline as gp
+
+    started = []
+
+    def interrupted(self):
+        raise KeyboardInterrupt
+
+    real_start = threading.Thread.start
+
+    def start(self):
+        started.append(self)
+        return real_start(self)
+
+    monkeypatch.setattr(gp.GpuBatches, "_wait_for_warm_up", interrupted)
+    monkeypatch.setattr(threading.Thread, "start", start)
+    with pytest.raises(KeyboardInterrupt):
+        pusher(push_fake_gpu.ValueEngine(delay=0.05), batch=4)
+    (infer,) = [t for t in started if t.name == "trtc-infer"]
+    infer.join(5)
+    assert not infer.is_alive()
