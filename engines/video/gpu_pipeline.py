@@ -136,11 +136,12 @@ class GpuBatches:
     def infer_stage(self, asm: SlotAssembler, infer_stream, results: queue.Queue, errors: list,
                     warm_up: bool = False) -> None:
         """With ``warm_up`` (what :meth:`open` starts) the engine's warm-up first (:meth:`_warm_up`, then
-        ``self.warmed`` is set; a failure is left in ``errors``); then full (or timed-out) buffers -> engine (its outputs to collect_stage, which enqueues top-k). Runs in one thread, on the engine's GPU:
-        every engine call of a pipeline comes from this thread, the warm-up's too, so what an engine keeps per
-        thread is made once (torch's cuDNN execution plans: the compiled PyTorch engine's quick start runs its
-        first batches eagerly). Each engine call returns arrays of its own (every backend allocates its outputs
-        per call), so the next call cannot overwrite a batch's outputs before its top-k reads them."""
+        ``self.warmed`` is set; a failure is left in ``errors``); then full (or timed-out) buffers -> engine (its
+        outputs to collect_stage, which enqueues top-k). Runs in one thread, on the engine's GPU: every engine call
+        of a pipeline comes from this thread, the warm-up's too, so what an engine keeps per thread is made once
+        (torch's cuDNN execution plans: the compiled PyTorch engine's quick start runs its first batches eagerly).
+        Each engine call returns arrays of its own (every backend allocates its outputs per call), so the next call
+        cannot overwrite a batch's outputs before its top-k reads them."""
         with self.cp.cuda.Device(self.device_id):
             if warm_up:
                 try:
