@@ -778,7 +778,8 @@ class TorchEngine(EngineBase):
     def _compiled(self, xt, layout: str):
         """The callable for ``xt``'s shape: the module itself (eager), a precompiled function from the cache (no trace,
         no compile), or ``torch.compile(dynamic=False)`` run once here (Inductor compiles at the first call), Inductor's
-        artifacts and the precompiled function loaded from and saved to the cache."""
+        artifacts and the precompiled function loaded from and saved to the cache; or, with ``quick_start`` while the
+        precompiled function still loads, a :class:`_Loading` (the caller runs the module meanwhile)."""
         if not self.compile:
             return self.module
         torch = require_torch()
@@ -880,7 +881,10 @@ class TorchEngine(EngineBase):
     def _load_precompiled(self, torch, dirs: list[Path], key: str, xt):
         """The precompiled function of ``key`` from the cache, run once on ``xt``; None where there is none, or it does
         not load or run here (a log line; compiled again). With ``warm_beside_load`` it loads on a thread of its own
-        (started at open where the key was guessed right) while this thread runs the module once eagerly."""
+        (started at open where the key was guessed right) while this thread runs the module once eagerly; with
+        ``quick_start``, a :class:`_Loading` instead of waiting while the load goes on (the loader waits in
+        ``self._loaders`` for the next batch of this shape, which skips the eager warm-up: the eager batches built
+        the plans)."""
         if not (self.precompile and dirs and hasattr(torch.compiler, "load_compiled_function")):
             return None
         loader = self._loaders.pop(key, None)
