@@ -83,9 +83,30 @@ def cuda_gpus(listed: list[dict]) -> list[dict]:
     return listed if found is None else found
 
 
+def _cuda_count() -> int | None:
+    """How many GPUs CUDA shows this process, asked through CuPy or torch when this process has already imported
+    one of them (each answers from the driver in microseconds; nvidia-smi, a process of its own, took longer than
+    ONNX Runtime's session creation at every engine open); None when neither is imported or CUDA cannot say."""
+    import sys
+
+    try:
+        if "cupy" in sys.modules:
+            return int(sys.modules["cupy"].cuda.runtime.getDeviceCount())
+        if "torch" in sys.modules:
+            return int(sys.modules["torch"].cuda.device_count()) or None  # 0 also when torch has no CUDA build
+    except Exception:  # noqa: BLE001 - no driver, no GPU: nvidia-smi below names what is missing
+        return None
+    return None
+
+
 def check_gpu_index(index: int) -> None:
     """Refuse cuda:``index`` when this process has no such GPU, naming those it has (before CUDA, ONNX Runtime or
-    TensorRT fail on it with an error of their own). Silent when nvidia-smi cannot say."""
+    TensorRT fail on it with an error of their own). An index CUDA shows this process passes without asking
+    nvidia-smi (see :func:`_cuda_count`); otherwise nvidia-smi decides and names the GPUs; silent when it cannot
+    say."""
+    count = _cuda_count()
+    if count is not None and 0 <= index < count:
+        return
     found = visible_gpus()
     if found is None or index < len(found):
         return

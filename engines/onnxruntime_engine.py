@@ -236,6 +236,8 @@ class OnnxRuntimeEngine(EngineBase):
         if kind == "cuda":  # first: without the GPU, a missing CUDA provider is not the problem to fix
             from ._gpu import check_gpu_index
 
+            if device_buffers is not False and is_installed("cupy"):
+                require("cupy", "Running ONNX models on device buffers")  # first: the check then asks CUDA
             check_gpu_index(self.device_id)  # else CuPy or the CUDA EP fails on a missing GPU with errors of their own
         providers = providers_for(device)
         self.stream = None

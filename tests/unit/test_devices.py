@@ -183,3 +183,42 @@ def test_an_engine_on_a_missing_gpu_is_a_usage_problem(monkeypatch, lite0_onnx):
                         lambda device: [("CUDAExecutionProvider", {"device_id": 1}), "CPUExecutionProvider"])
     with pytest.raises(UsageProblem, match=r"no GPU cuda:1 here \(GPUs: cuda:0 \(NVIDIA H100\)\)"):
         ort_engine.OnnxRuntimeEngine(lite0_onnx[0], device="cuda:1")
+
+
+def test_a_gpu_cuda_shows_passes_without_asking_nvidia_smi(monkeypatch):
+    """At every engine open on cuda:N: when CuPy (or torch) is already imported, CUDA's own device count decides
+    whether cuda:N exists, and nvidia-smi (a process of its own, on the way to the first result) is not run; an
+    index past that count, or a CUDA that cannot count, still gets nvidia-smi's answer naming the GPUs."""
+    import sys
+
+    import engines._gpu as g
+
+    asked = []
+
+    def listed():
+        asked.append(1)
+        return UUIDS, "580", None
+
+    monkeypatch.setattr(g, "_listed", listed)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    count = {"n": 2}
+
+    def get_device_count():
+        if isinstance(count["n"], Exception):
+            raise count["n"]
+        return count["n"]
+
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=types.SimpleNamespace(
+        getDeviceCount=get_device_count)))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    g.check_gpu_index(0)
+    g.check_gpu_index(1)
+    assert asked == []
+    with pytest.raises(UsageProblem, match=r"no GPU cuda:2 here \(GPUs: cuda:0 \(NVIDIA H100\), cuda:1 \(NVIDIA L4\)\)"):
+        g.check_gpu_index(2)
+    assert asked == [1]
+    count["n"] = RuntimeError("cudaErrorNoDevice: no CUDA-capable device is detected")
+    with pytest.raises(UsageProblem, match=r"no GPU cuda:2 here"):
+        g.check_gpu_index(2)
+    g.check_gpu_index(1)  # nvidia-smi lists it
+    assert asked == [1, 1, 1]
