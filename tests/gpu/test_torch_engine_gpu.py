@@ -207,6 +207,29 @@ def test_classify_a_clip_with_the_compiled_engine(lite0_pt2, bikes, cpu_lite0):
     assert agree >= 0.99 and slots >= 1
 
 
+def _model_copy(lite0_pt2, tmp_path) -> Path:
+    """The program and its manifest in a folder of their own (the second start finds its artifacts there)."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    for f in (lite0_pt2, Path(f"{lite0_pt2}.json")):
+        shutil.copy(f, folder / f.name)
+    return folder
+
+
+def _fresh_process(code: str, args: list, tmp_path, name: str) -> dict:
+    """Run ``code`` in a fresh interpreter with Inductor's and Triton's caches of their own (under ``name``) and this
+    repository first on the path (a staged PYTHONPATH kept after it); its last stdout line, as JSON."""
+    script = tmp_path / f"{name}.py"
+    script.write_text(code)
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / name), "TRITON_CACHE_DIR":
+           str(tmp_path / name / "triton"),
+           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    out = subprocess.run([sys.executable, str(script), *map(str, args)], capture_output=True, text=True, env=env,
+                         timeout=580)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 START = textwrap.dedent('''
     import json, sys, time
     t0 = time.perf_counter()
@@ -216,11 +239,10 @@ START = textwrap.dedent('''
     x = cp.asarray(cp.random.default_rng(0).standard_normal((int(sys.argv[3]), 3, 224, 224)), e.inputs[0].numpy_dtype)
     logits = cp.asnumpy(e.infer(x)[0])
     t1 = time.perf_counter()
-    while not e.compile_stats:  # the quick start (on by default on a GPU): eager until the function has loaded
-        e.infer(x)
-    compiled = cp.asnumpy(e.infer(x)[0])
+    ready = e.wait_ready(300)  # the quick start (on by default on a GPU): eager until the function has loaded
+    compiled = cp.asnumpy(e.infer(x)[0])  # so this batch runs the compiled function
     stats = list(e.compile_stats.values())[0]
-    print(json.dumps({"seconds": t1 - t0, "compiled_seconds": time.perf_counter() - t0,
+    print(json.dumps({"seconds": t1 - t0, "compiled_seconds": time.perf_counter() - t0, "ready": ready,
                       "cache_file": stats["cache_file"], "eager_batches": stats["eager_batches"],
                       "hit": stats["inductor_cache_hit"], "start": stats["start"], "program_from": e.program_from,
                       "loaded_on": stats["loaded_on"], "preloaded": stats["preloaded"], "timings": e.timings,
@@ -237,20 +259,10 @@ def test_second_start_uses_the_cache_beside_the_model(lite0_pt2, tmp_path, preci
     runs the module once eagerly, and computes the same logits (times printed; the target is <= 25% of the first;
     examples/torch_start_cost.py breaks them down). With the quick start (the default on a GPU) the first result
     may come from the module run eagerly while the function loads: it agrees with the compiled function's."""
-    folder = tmp_path / "model"
-    folder.mkdir()
-    for f in (lite0_pt2, Path(f"{lite0_pt2}.json")):
-        shutil.copy(f, folder / f.name)
-    script = tmp_path / "start.py"
-    script.write_text(START)
+    folder = _model_copy(lite0_pt2, tmp_path)
 
     def start(name):
-        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / name), "TRITON_CACHE_DIR":
-               str(tmp_path / name / "triton"), "PYTHONPATH": str(ROOT)}
-        out = subprocess.run([sys.executable, str(script), str(folder / "lite0.pt2"), precision, "32"],
-                             capture_output=True, text=True, env=env, timeout=580)
-        assert out.returncode == 0, out.stderr[-3000:]
-        return json.loads(out.stdout.strip().splitlines()[-1])
+        return _fresh_process(START, [folder / "lite0.pt2", precision, "32"], tmp_path, name)
 
     first, second = start("first"), start("second")
     print(f"Lite0 {precision} batch 32, open + first batch in a fresh process: first start {first['seconds']:.1f} s, "
@@ -263,6 +275,7 @@ def test_second_start_uses_the_cache_beside_the_model(lite0_pt2, tmp_path, preci
     # the default on a GPU: the function (the only one kept, so the newest) loaded from open on a thread of its own
     # while the calling thread ran the module eagerly (cuDNN's plans are per thread: see _PrecompiledLoader)
     assert (second["loaded_on"], second["preloaded"]) == ("trtc-torch-load", True)
+    assert second["ready"] and second["eager_batches"] <= 1  # after wait_ready, the next batch ran compiled
     assert second["timings"]["warm_eager_s"] > 0
     np.testing.assert_allclose(second["compiled"], first["compiled"], atol=0.02)  # cuDNN may time other algorithms
     # the first result, eager where the load had not ended (FP16 without Inductor's fusions), or compiled
@@ -312,20 +325,10 @@ def test_quick_start_in_the_video_pipeline_hands_over_to_the_compiled_function(l
     CPU pipeline."""
     from engines.video import classify
 
-    folder = tmp_path / "model"
-    folder.mkdir()
-    for f in (lite0_pt2, Path(f"{lite0_pt2}.json")):
-        shutil.copy(f, folder / f.name)
-    script = tmp_path / "pipeline_start.py"
-    script.write_text(PIPELINE_START)
+    folder = _model_copy(lite0_pt2, tmp_path)
 
     def start(how):
-        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / how),
-               "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
-        out = subprocess.run([sys.executable, str(script), str(folder / "lite0.pt2"), str(bikes), how],
-                             capture_output=True, text=True, env=env, timeout=580)
-        assert out.returncode == 0, out.stderr[-3000:]
-        return json.loads(out.stdout.strip().splitlines()[-1])
+        return _fresh_process(PIPELINE_START, [folder / "lite0.pt2", bikes, how], tmp_path, how)
 
     first = start("first")  # compiles at batch 32, NHWC, and keeps the function beside the model
     second = start("gated")
