@@ -10,9 +10,10 @@ and ``libnvrtc`` are loaded by that run). On an H100 (ORT 1.31.1, cuDNN 9.14, FP
 (largest logit difference 0.006 for Lite0). So a caller gets its first results from the quick session and the
 tuned speed once the tuned session is ready; the quick session is let go when no shape is being prepared.
 
-Lite0's quick session is slow because ONNX Runtime runs every one of its 49 convolutions in cuDNN's fallback mode
-with default algorithms (FP16 or FP32, NCHW or NHWC, any graph optimisation level); its first run's 0.8-1.1 s is
-mostly each layer's set-up, not arithmetic. Tried and not kept (docs/BENCHMARKS.md, session 19): ONNX Runtime's CPU
+With default algorithms ONNX Runtime asks cuDNN's frontend for the engines of its FALLBACK heuristic mode
+for every convolution (it logs "running in Fallback mode" for each): fine for ResNet-50, slow for Lite0 in every
+variant tried (FP16 or FP32, NCHW or NHWC, any graph optimisation level); its first run's 0.8-1.1 s is mostly each
+layer's set-up, not arithmetic. Tried and not kept (docs/BENCHMARKS.md, session 19): ONNX Runtime's CPU
 EP as a second stand-in, measured at open against this one (0.07-0.09 s a batch alone, 0.28-0.43 s beside the
 tuned session's preparation and the decoder: first results got later, ResNet-50's by 0.5 s), and a warm-up at
 batch 1 (a first run there costs as much as at 64).
