@@ -11,12 +11,24 @@ and ``libnvrtc`` are loaded by that run). On an H100 (ORT 1.31.1, cuDNN 9.14, FP
 tuned speed once the tuned session is ready; the quick session is let go when no shape is being prepared.
 
 With default algorithms ONNX Runtime asks cuDNN's frontend for the engines of its FALLBACK heuristic mode
-for every convolution (it logs "running in Fallback mode" for each): fine for ResNet-50, slow for Lite0 in every
-variant tried (FP16 or FP32, NCHW or NHWC, any graph optimisation level); its first run's 0.8-1.1 s is mostly each
-layer's set-up, not arithmetic. Tried and not kept (docs/BENCHMARKS.md, session 19): ONNX Runtime's CPU
-EP as a second stand-in, measured at open against this one (0.07-0.09 s a batch alone, 0.28-0.43 s beside the
-tuned session's preparation and the decoder: first results got later, ResNet-50's by 0.5 s), and a warm-up at
-batch 1 (a first run there costs as much as at 64).
+for every convolution (it logs "running in Fallback mode" for each). For depthwise convolutions those are generic
+implicit-GEMM kernels: Lite0's quick session ran at 154-234 img/s in every variant tried (FP16 or FP32, NCHW or
+NHWC, any graph optimisation level), 0.3 s a batch of 64. So the quick session runs a copy of the model with each
+depthwise convolution as shifted multiply-adds (engines._quick_model): on an H100 (session 20) Lite0's quick
+session then ran at 1,913-1,925 img/s, its first run took 0.37-0.43 s instead of 0.84-1.25 s, and the first
+result of `trtc run` came at 1.48-1.60 s instead of 1.75-2.14 s (same machine, alternating). A model without
+depthwise convolutions (ResNet-50) runs as it is. Tried and not kept (docs/BENCHMARKS.md, session 19): ONNX
+Runtime's CPU EP as a second stand-in, measured at open against this one (0.07-0.09 s a batch alone, 0.28-0.43 s
+beside the tuned session's preparation and the decoder: first results got later, ResNet-50's by 0.5 s), and a
+warm-up at batch 1 (a first run there costs as much as at 64).
+
+The tuned session never runs beside its own preparation: while a shape prepares, every batch goes to the quick
+session, even one of a shape already prepared (route). With the fast quick session, a GPU test that runs the tuned
+session right after a change of batch size (its preparation still running) failed in 6 of 12 runs on an H100 with
+illegal memory accesses or illegal instructions in cuDNN's convolutions (session 20; 0 of 8 runs at 504beb1,
+whose slow quick session made that test slower). With this rule: 12 of 13 runs passed, the other failed without an
+illegal access (its log was lost). Likewise one run of the quick session
+is enqueued at a time, and a quick session is let go only with its stream idle.
 """
 
 from __future__ import annotations
@@ -36,8 +48,9 @@ class QuickStart:
     only share the GPU's compiler). ``open_quick()`` opens the quick session (called under the lock, at most once
     per period of preparation)."""
 
-    def __init__(self, prepare, open_quick, name: str = "model"):
+    def __init__(self, prepare, open_quick, name: str = "model", retire=None):
         self._prepare, self._open_quick, self.name = prepare, open_quick, name
+        self._retire = retire  # retire(session): called before the quick session is let go (waits for its work)
         self._lock = threading.Condition()
         self._ready: set = set()  # shapes the tuned session has run
         self._queue: list = []  # shapes waiting for (or in) preparation, in order; the first is being prepared
@@ -79,9 +92,12 @@ class QuickStart:
         self._warming.start()
 
     def route(self, key):
-        """The quick session for ``key`` while the tuned session prepares it, else None (run the tuned one)."""
+        """None (run the tuned session) when the tuned session has prepared ``key`` and prepares nothing else now;
+        else the quick session, queueing ``key``'s preparation if it needs one. Never the tuned session while it
+        prepares a shape on its thread: two runs of it at once, at two shapes, failed on an H100 with illegal
+        memory accesses in cuDNN's convolutions (ORT 1.31.1, session 20)."""
         with self._lock:
-            if key in self._ready:
+            if key in self._ready and not self._queue:
                 return None
             self._start(key)
             if self._quick is None:
@@ -94,9 +110,9 @@ class QuickStart:
             with self._lock:
                 if not self._queue:
                     self._thread = None
-                    self._quick = None  # nothing is being prepared: let it go (a run in flight keeps its own)
+                    retired, self._quick = self._quick, None  # nothing is being prepared: let it go
                     self._lock.notify_all()
-                    return
+                    break
                 key = self._queue[0]
             try:
                 self._prepare(key)
@@ -106,6 +122,16 @@ class QuickStart:
             with self._lock:
                 self._queue.pop(0)
                 self._ready.add(key)
+        if retired is not None and self._retire is not None:
+            try:  # a caller still running it keeps its own reference and waits itself (holds)
+                self._retire(retired)
+            except Exception as exc:  # noqa: BLE001 - a failed wait shows again at the caller's next CUDA call
+                log.debug("%s: waiting for the quick session's last work failed: %s", self.name, exc)
+
+    def holds(self, session) -> bool:
+        """Whether ``session`` is still the quick session (False once it was let go)."""
+        with self._lock:
+            return self._quick is session
 
     def ready(self, key) -> bool:
         with self._lock:

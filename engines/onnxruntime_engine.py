@@ -14,6 +14,7 @@ outputs are CuPy arrays (the ``outputs`` given, or new ones).
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -216,7 +217,8 @@ class OnnxRuntimeEngine(EngineBase):
         defaults); the CPU EP is the same in all three. ``quick_start`` (tuned CUDA sessions on device buffers):
         the tuned session prepares each new input shape on a thread of its own, starting at open with the
         manifest's batch, while the batches that come meanwhile run on a second session with cuDNN's default
-        algorithms (engines._ort_quick says why and what it costs); False: every batch runs the tuned session,
+        algorithms and the depthwise convolutions as multiply-adds (engines._ort_quick says why and what it costs,
+        engines._quick_model how; the rewrite needs the ``onnx`` package); False: every batch runs the tuned session,
         the first of each shape taking its preparation time."""
         ort = require("onnxruntime", "Running ONNX models")
         if tuning not in TUNINGS:
@@ -232,6 +234,11 @@ class OnnxRuntimeEngine(EngineBase):
                 _warn_runtime(self.path, precision)
         self.qdq_fusion = qdq_fusion  # False: runs op by op, unlike a default session (the manifest says why)
         self.tuning = tuning
+        self._quick_model = None  # the quick session's copy of the model, rewritten on a thread (engines._quick_model)
+        if quick_start and kind == "cuda" and tuning in ("auto", "graphs") and device_buffers is not False:
+            from ._quick_model import QuickModel
+
+            self._quick_model = QuickModel(self.path)
         opts = session_options(ort, threads, qdq_fusion)
         if kind == "cuda":  # first: without the GPU, a missing CUDA provider is not the problem to fix
             from ._gpu import check_gpu_index
@@ -287,8 +294,11 @@ class OnnxRuntimeEngine(EngineBase):
         quick.update(cudnn_conv_algo_search="DEFAULT", user_compute_stream=str(self._quick_stream.ptr))
         quick_providers = [(providers[0][0], quick), *providers[1:]]
         self._quick_run_options = None
-        self.quick = QuickStart(self._prepare_shape, lambda: self._session(ort, opts, quick_providers),
-                                self.path.name)
+        self._quick_lock = threading.Lock()
+        model = self._quick_model
+        self.quick = QuickStart(self._prepare_shape,
+                                lambda: self._session(ort, opts, quick_providers, model.source() if model else None),
+                                self.path.name, retire=lambda session: self._quick_stream.synchronize())
         self.quick.warm(lambda session: self._warm_quick(session, doc))
 
     def _warm_quick(self, session, doc: dict) -> None:
@@ -297,11 +307,16 @@ class OnnxRuntimeEngine(EngineBase):
         key = _expected_key(inputs, doc)
         if key is not None:
             run_options = self._device_run_options(graphs=False)
-            self._run_on_zeros(session, inputs, outputs, key, self._quick_stream,
-                               lambda io: session.run_with_iobinding(io, run_options))
+            def run(io):
+                with self._quick_lock:
+                    session.run_with_iobinding(io, run_options)
+
+            self._run_on_zeros(session, inputs, outputs, key, self._quick_stream, run)
 
     def _prepare_shape(self, key) -> None:
-        """Run the tuned session once on zeros of these input shapes (on the quick start's thread)."""
+        """Run the tuned session once on zeros of these input shapes (on the quick start's thread), after the
+        caller's runs of it already enqueued have finished (QuickStart.route sends none meanwhile)."""
+        self.stream.synchronize()
         run_options = self._device_run_options()
         self._run_on_zeros(self.session, self.inputs, self.outputs, key, self.stream,
                            lambda io: self._run(io, run_options))
@@ -343,9 +358,11 @@ class OnnxRuntimeEngine(EngineBase):
                 return session, False
         return self._session(ort, opts, providers), False
 
-    def _session(self, ort, opts, providers):
+    def _session(self, ort, opts, providers, model=None):
+        """A session of ``model`` (a path or the bytes of a model; default: this engine's file)."""
         try:
-            return ort.InferenceSession(os.fspath(self.path), sess_options=opts, providers=providers)
+            return ort.InferenceSession(os.fspath(self.path) if model is None else model, sess_options=opts,
+                                        providers=providers)
         except EngineError:
             raise
         except Exception as exc:  # ORT raises its own exception types for bad graphs
@@ -436,10 +453,13 @@ class OnnxRuntimeEngine(EngineBase):
         io = session.io_binding()
         self._bind(io, xs, results)
         try:
-            session.run_with_iobinding(io, self._quick_run_options)
+            with self._quick_lock:  # one run of the quick session at a time (its warm-up may be running)
+                session.run_with_iobinding(io, self._quick_run_options)
         except Exception as exc:  # ORT's own exception types
             raise EngineError(f"ONNX Runtime failed on {self.path.name}: {first_line(exc)}") from exc
         caller.wait_event(qs.record())
+        if self.quick is None or not self.quick.holds(session):  # let go meanwhile: this reference may be the
+            qs.synchronize()  # last, and a session must not go while its kernels run
         return results
 
     def _output_shape(self, spec, n: int) -> tuple:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -81,12 +82,13 @@ def cuda_engine(monkeypatch, lite0_onnx):
     sessions = []
 
     def open_(tuning="auto", refuse_graphs=False, device_buffers=True, quick_start=False, gate=None):
-        def session(self, ort_, opts, providers):
+        def session(self, ort_, opts, providers, model=None):
             asked.append(providers[0][1].copy())
             if refuse_graphs and providers[0][1].get("enable_cuda_graph") == "1":
                 raise EngineError("ONNX Runtime cannot load m.onnx: This session cannot use the CUDA Graph feature")
             s = Session(real, registry, providers)
             s.gate = gate if providers[0][1].get("cudnn_conv_algo_search") != "DEFAULT" else None
+            s.model = model  # None: the engine's file
             sessions.append(s)
             return s
 
@@ -254,6 +256,8 @@ def test_quick_start_opens_a_default_algorithm_session_on_its_own_stream(cuda_en
     assert not {"prefer_nhwc", "enable_cuda_graph"} & set(quick.options)
     assert quick.options["user_compute_stream"] != tuned.options["user_compute_stream"]
     assert quick.options["device_id"] == 0
+    # the quick session runs the copy with Lite0's depthwise convolutions as multiply-adds; the tuned one the file
+    assert isinstance(quick.model, bytes) and b"trtc_taps0_" in quick.model and tuned.model is None
     gate.set()
     assert eng.wait_ready(10)
     # the tuned session prepared the open-time batch first, then the caller's
@@ -287,6 +291,45 @@ def test_batches_run_on_the_quick_session_until_the_tuned_one_has_prepared_their
     gate.set()
     eng.close()  # waits for the preparation, which runs the session
     assert tuned.runs[-1][1]["input"][1] == (1, 3, 224, 224)
+
+
+def test_the_tuned_session_never_runs_beside_its_own_preparation(cuda_engine):
+    """While the tuned session prepares a new shape on its thread, even a shape it has prepared runs on the quick
+    session (two runs of the tuned session at two shapes at once failed on an H100 with illegal memory accesses in
+    cuDNN); the preparation starts after the tuned work already enqueued (its stream synchronised)."""
+    gate = threading.Event()
+    eng, _, tuned = cuda_engine("auto", quick_start=True, gate=gate)
+    cp = cuda_engine.cp
+    x = cp.asarray(np.zeros((4, 3, 224, 224), np.float32))
+    eng.infer(x)
+    gate.set()
+    assert eng.wait_ready(10)
+    eng.infer(x)  # prepared, nothing else being prepared: the tuned session
+    before, quick_before = len(tuned.runs), eng.quick.quick_runs
+    gate.clear()
+    synced = []
+    real_sync = eng.stream.synchronize
+    eng.stream.synchronize = lambda: (synced.append(len(tuned.runs)), real_sync())[1]
+    eng.infer(x[:2])  # a new shape: its preparation waits at the gate
+    eng.infer(x)  # prepared shape, but a preparation is running: the quick session
+    assert eng.quick.quick_runs == quick_before + 2 and len(tuned.runs) == before
+    for _ in range(1000):  # the preparing thread synchronises, then waits at the gate inside its run
+        if synced:
+            break
+        time.sleep(0.01)
+    assert synced == [before]  # it waited for the stream before running the tuned session
+    retired = []
+    eng._quick_stream.synchronize = lambda: retired.append(eng.quick._quick)
+    gate.set()
+    assert eng.wait_ready(10)
+    for _ in range(1000):  # the thread lets the quick session go, then waits for its stream
+        if retired:
+            break
+        time.sleep(0.01)
+    assert retired == [None]  # once no longer the quick session, and before the last reference went
+    eng.infer(x)
+    assert len(tuned.runs) == before + 2 and eng.quick.quick_runs == quick_before + 2  # preparation, then the call
+    eng.close()
 
 
 def test_the_warm_up_opens_no_quick_session_once_nothing_is_left_to_prepare(cuda_engine):

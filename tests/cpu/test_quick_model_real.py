@@ -1,0 +1,64 @@
+"""The quick session's copy of the real EfficientNet-Lite0 (FP32 export and trtc's FP16 copy), its 16 depthwise
+convolutions as multiply-adds (engines._quick_model), against the model itself under ONNX Runtime's CPU EP, on the
+real photos and frames of bikes.mp4: the copy is what the first batches of `trtc run` are answered with on a GPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engines.manifest import read_manifest
+from tests.conftest import needs_export
+
+pytestmark = needs_export
+
+
+def _data(model, photos, bikes):
+    import onnxruntime as ort
+
+    from toolchain.precision.calibration import load_data
+
+    inp = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).get_inputs()[0]
+    spec = read_manifest(model).preprocess
+    return load_data([*map(str, photos), str(bikes)], spec, [1, 3, 224, 224], inp.name, 40).x
+
+
+def _depthwise_count(path) -> int:
+    """Conv nodes whose weights are [C, 1, k, k] with group C, counted with onnx alone."""
+    import onnx
+    from onnx import helper
+
+    m = onnx.load(str(path))
+    dims = {t.name: list(t.dims) for t in m.graph.initializer}
+    n = 0
+    for node in m.graph.node:
+        if node.op_type == "Conv":
+            group = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "group"), 1)
+            w = dims.get(node.input[1])
+            n += bool(w and group > 1 and w[1] == 1 and group == w[0])
+    return n
+
+
+@pytest.mark.parametrize("which", ["fp32", "fp16"])
+def test_the_quick_copy_of_lite0_answers_as_lite0(which, lite0_onnx, lite0_fp16, photos, bikes):
+    import onnxruntime as ort
+
+    from engines._quick_model import depthwise_as_taps
+
+    model = lite0_onnx[0] if which == "fp32" else lite0_fp16.output
+    assert _depthwise_count(model) == 16
+    copy = depthwise_as_taps(model)
+    assert copy is not None and b"trtc_taps15_" in copy and b"trtc_taps16_" not in copy
+    x = _data(model, photos, bikes)
+    assert len(x) >= 40
+    want = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    got = ort.InferenceSession(copy, providers=["CPUExecutionProvider"])
+    name = want.get_inputs()[0].name
+    a = want.run(None, {name: x})[0].astype(np.float32)
+    b = got.run(None, {name: x})[0].astype(np.float32)
+    diff = float(np.abs(a - b).max())
+    print(f"\nLite0 {which}: quick copy vs model on {len(x)} real inputs: max|d| {diff:.3g}, "
+          f"top-1 {np.mean(a.argmax(1) == b.argmax(1)):.0%}")
+    assert (a.argmax(1) == b.argmax(1)).all()
+    # FP32: the same sums in another order; FP16: the copy's depthwise sums run in FP32, the model's in FP16 kernels
+    assert diff < (1e-3 if which == "fp32" else 2e-2) * max(1.0, float(np.abs(a).max()))
