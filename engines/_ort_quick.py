@@ -27,8 +27,8 @@ session, even one of a shape already prepared (route). With the fast quick sessi
 session right after a change of batch size (its preparation still running) failed in 6 of 12 runs on an H100 with
 illegal memory accesses or illegal instructions in cuDNN's convolutions (session 20; 0 of 8 runs at 504beb1,
 whose slow quick session made that test slower). With this rule: 12 of 13 runs passed, the other failed without an
-illegal access (its log was lost). Likewise one run of the quick session
-is enqueued at a time, and a quick session is let go only with its stream idle.
+illegal access (its log was lost). Likewise one run of the quick session is enqueued at a time, and a quick
+session is let go only with its stream idle.
 """
 
 from __future__ import annotations

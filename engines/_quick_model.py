@@ -222,8 +222,6 @@ def rewrite_depthwise(model) -> int:
     return rewritten
 
 
-
-
 class QuickModel:
     """``depthwise_as_taps(path)`` on a thread started at construction (it overlaps CUDA's start); ``source()``
     waits for it and gives the bytes, or ``path`` when there was nothing to rewrite or the rewrite failed."""
