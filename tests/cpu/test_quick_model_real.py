@@ -62,3 +62,16 @@ def test_the_quick_copy_of_lite0_answers_as_lite0(which, lite0_onnx, lite0_fp16,
     assert (a.argmax(1) == b.argmax(1)).all()
     # FP32: the same sums in another order; FP16: the copy's depthwise sums run in FP32, the model's in FP16 kernels
     assert diff < (1e-3 if which == "fp32" else 2e-2) * max(1.0, float(np.abs(a).max()))
+
+
+def test_a_model_without_depthwise_convolutions_is_found_without_onnx(resnet18_onnx, lite0_onnx, monkeypatch):
+    """ResNet-18's 20 convolutions all carry group=1: the node scan says so without importing onnx (the quick
+    session then opens the file itself, with no parse at open); Lite0's scan finds its grouped ones."""
+    import sys
+
+    from engines._quick_model import depthwise_as_taps, has_grouped_conv
+
+    assert has_grouped_conv(lite0_onnx[0]) is True
+    monkeypatch.setitem(sys.modules, "onnx", None)  # importing onnx now fails
+    assert has_grouped_conv(resnet18_onnx[0]) is False
+    assert depthwise_as_taps(resnet18_onnx[0]) is None
