@@ -234,8 +234,11 @@ class OnnxRuntimeEngine(EngineBase):
                 _warn_runtime(self.path, precision)
         self.qdq_fusion = qdq_fusion  # False: runs op by op, unlike a default session (the manifest says why)
         self.tuning = tuning
+        # device buffers: the session gets a CuPy stream of its own (below); quick start needs them
+        on_device = kind == "cuda" and bool(device_buffers or (device_buffers is None and is_installed("cupy")))
+        quick = quick_start and on_device and tuning in ("auto", "graphs")
         self._quick_model = None  # the quick session's copy of the model, rewritten on a thread (engines._quick_model)
-        if quick_start and kind == "cuda" and tuning in ("auto", "graphs") and device_buffers is not False:
+        if quick:
             from ._quick_model import QuickModel
 
             self._quick_model = QuickModel(self.path)
@@ -248,7 +251,7 @@ class OnnxRuntimeEngine(EngineBase):
             check_gpu_index(self.device_id)  # else CuPy or the CUDA EP fails on a missing GPU with errors of their own
         providers = providers_for(device)
         self.stream = None
-        if kind == "cuda" and (device_buffers or (device_buffers is None and is_installed("cupy"))):
+        if on_device:
             cp = require("cupy", "Running ONNX models on device buffers")
             with cp.cuda.Device(self.device_id):
                 self.stream = cp.cuda.Stream(non_blocking=True)
@@ -258,10 +261,9 @@ class OnnxRuntimeEngine(EngineBase):
         if kind == "cuda" and tuning in ("auto", "graphs"):
             providers[0][1].update(TUNED_CUDA_OPTIONS)
         self.quick = None  # a QuickStart when the first batches of a shape may run on the quick session
-        if quick_start and kind == "cuda" and tuning in ("auto", "graphs") and self.stream is not None:
+        if quick:
             self._quick_setup(ort, opts, providers, doc)  # before the tuned session: its warm-up overlaps that
-        self.session, self._graph_session = self._open(ort, opts, providers, graphs=kind == "cuda" and
-                                                    tuning == "graphs" and self.stream is not None)
+        self.session, self._graph_session = self._open(ort, opts, providers, graphs=on_device and tuning == "graphs")
         # a session made with graphs enabled: every run that replays none says gpu_graph_id -1, else ONNX Runtime
         # would capture one of its own; cuda_graphs: whether capture_graphs may still make graphs
         self.cuda_graphs = self._graph_session
