@@ -156,7 +156,7 @@ def session_options(ort, threads: int | None = None, qdq_fusion: bool = True):
 # its replay), so they are for an app calling the engine from one thread. ``tuning="off"``: the session as trtc opened it before (only device_id).
 TUNED_CUDA_OPTIONS = {"cudnn_conv_algo_search": "HEURISTIC", "prefer_nhwc": "1"}
 TUNINGS = ("auto", "graphs", "off")
-MAX_CUDA_GRAPHS = 16  # distinct (input buffers, shapes) captured per session; more run without a graph
+MAX_CUDA_GRAPHS = 16  # graphs captured per session in its life (ONNX Runtime keeps each); more run without one
 _told: set = set()  # (path, what) said once per process
 
 
@@ -276,6 +276,8 @@ class OnnxRuntimeEngine(EngineBase):
         self._run_options = None
         self._host_run_options = None
         self._graphs: dict = {}  # (input addresses, shapes, dtypes) -> _Graphed, made by capture_graphs
+        self._graph_ids = 0  # graph ids given out (ONNX Runtime keeps every graph it captured until the session goes)
+        self._last_shapes = None  # input shapes of the session's last run (see _at_shapes)
         if self.quick is not None:  # the tuned session prepares the batch the video pipeline will use
             key = _expected_key(self.inputs, doc)
             if key is not None:
@@ -297,6 +299,7 @@ class OnnxRuntimeEngine(EngineBase):
         quick_providers = [(providers[0][0], quick), *providers[1:]]
         self._quick_run_options = None
         self._quick_lock = threading.Lock()
+        self._quick_shapes = None  # input shapes of the quick session's last run (under _quick_lock; see _at_shapes)
         model = self._quick_model
         self.quick = QuickStart(self._prepare_shape,
                                 lambda: self._session(ort, opts, quick_providers, model.source() if model else None),
@@ -312,13 +315,14 @@ class OnnxRuntimeEngine(EngineBase):
             def run(io):
                 with self._quick_lock:
                     session.run_with_iobinding(io, run_options)
+                    self._quick_shapes = key
 
             self._run_on_zeros(session, inputs, outputs, key, self._quick_stream, run)
 
     def _prepare_shape(self, key) -> None:
         """Run the tuned session once on zeros of these input shapes (on the quick start's thread), after the
         caller's runs of it already enqueued have finished (QuickStart.route sends none meanwhile)."""
-        self.stream.synchronize()
+        self._at_shapes(key)
         run_options = self._device_run_options()
         self._run_on_zeros(self.session, self.inputs, self.outputs, key, self.stream,
                            lambda io: self._run(io, run_options))
@@ -335,6 +339,29 @@ class OnnxRuntimeEngine(EngineBase):
             self._bind(io, xs, outs, inputs, outputs)
             run(io)
             stream.synchronize()
+
+    def _at_shapes(self, shapes) -> None:
+        """Call before the session runs at these input shapes (not before a graph's replay). When its last run was
+        at other shapes: wait for that run's work to finish, and let every captured graph go.
+
+        Why: ONNX Runtime's cuDNN convolutions keep one execution plan each, that of the last input shape they ran,
+        and replace it at a new shape without waiting for the GPU (``Conv::UpdateState`` in its
+        core/providers/cuda/nn/conv.cc); cuDNN compiles some of Lite0's kernels at run time for the tuned session
+        (session 20's cuDNN logs). On an H100 (ONNX Runtime 1.31.1, cuDNN 9.14) that session failed with illegal
+        instructions in cuDNN's convolutions when a graph captured at one batch size was replayed after runs at
+        another (tests/gpu/test_ort_tuning_gpu.py, session 21), and when it ran at a new size beside its own runs
+        at the old one (session 20). Our reading, not traced inside cuDNN: the replaced plan's kernels go with it
+        while queued work or a captured graph still uses them."""
+        if self._last_shapes is not None and shapes != self._last_shapes:
+            import logging
+
+            if self.stream is not None:
+                self.stream.synchronize()
+            if self._graphs:
+                logging.getLogger("trtc").debug("%s: a run at %s lets %d CUDA graph(s) of %s go", self.path.name,
+                                                shapes, len(self._graphs), self._last_shapes)
+                self._graphs = {}
+        self._last_shapes = shapes
 
     @property
     def warms_itself(self) -> bool:
@@ -385,6 +412,7 @@ class OnnxRuntimeEngine(EngineBase):
             if spec.name not in feeds:
                 raise UsageProblem(f"no data for model input {spec.name!r}")
             casted[spec.name] = np.ascontiguousarray(feeds[spec.name], dtype=spec.numpy_dtype)
+        self._at_shapes(tuple(casted[spec.name].shape for spec in self.inputs))
         return self.session.run(self._output_names, casted, self._graphless_options())
 
     def _graphless_options(self):
@@ -430,6 +458,8 @@ class OnnxRuntimeEngine(EngineBase):
         results = [device_output(outputs, i, spec, shape, self.stream)
                    for i, (spec, shape) in enumerate(zip(self.outputs, shapes))]
         graphed = self._graphs.get(self._key(xs)) if self.cuda_graphs else None
+        if graphed is None:
+            self._at_shapes(tuple(tuple(x.shape) for x in xs))
         if graphed is not None:
             self._run(graphed.binding, graphed.run_options)
             with self.stream:  # the graph writes the same buffers every replay: the caller gets its own copy
@@ -456,6 +486,10 @@ class OnnxRuntimeEngine(EngineBase):
         self._bind(io, xs, results)
         try:
             with self._quick_lock:  # one run of the quick session at a time (its warm-up may be running)
+                key = tuple(tuple(x.shape) for x in xs)
+                if key != self._quick_shapes:  # as _at_shapes, for its plans
+                    qs.synchronize()
+                    self._quick_shapes = key
                 session.run_with_iobinding(io, self._quick_run_options)
         except Exception as exc:  # ORT's own exception types
             raise EngineError(f"ONNX Runtime failed on {self.path.name}: {first_line(exc)}") from exc
@@ -493,7 +527,9 @@ class OnnxRuntimeEngine(EngineBase):
         this process (a decoder, an allocation) breaks the capture and fails in that thread too, and on an H100 a
         graph captured before a video pipeline's decoders started failed in its replay while they ran. So graphs
         are for a caller whose process runs no other CUDA work meanwhile (trtc bench's engine rows); the video
-        pipeline captures none. A capture that fails turns graphs off for this engine, said once."""
+        pipeline captures none. A capture that fails turns graphs off for this engine, said once. The graphs held
+        are of one input shape: a capture or a run at another shape lets them go (:meth:`_at_shapes` says why), and
+        a session gives out at most MAX_CUDA_GRAPHS graph ids in its life."""
         if not self.cuda_graphs or len(self.inputs) != 1:
             return len(self._graphs)
         self.wait_ready()  # a preparation running on its thread would break the capture
@@ -504,8 +540,9 @@ class OnnxRuntimeEngine(EngineBase):
         for x in arrays:
             xs = [device_input({self.inputs[0].name: x}, self.inputs[0])]
             key = self._key(xs)
-            if key in self._graphs or len(self._graphs) >= MAX_CUDA_GRAPHS:
+            if key in self._graphs or self._graph_ids >= MAX_CUDA_GRAPHS:
                 continue
+            self._at_shapes(tuple(tuple(x.shape) for x in xs))  # graphs of other shapes go (see _at_shapes)
             graphed = self._graphs[key] = self._new_graph(xs)
             try:  # ONNX Runtime runs a new graph id once as usual, then captures and replays it
                 for _ in range(2):
@@ -533,7 +570,8 @@ class OnnxRuntimeEngine(EngineBase):
             outs = [cp.empty(self._output_shape(spec, n), spec.numpy_dtype) for spec in self.outputs]
         io = self.session.io_binding()
         self._bind(io, xs, outs)
-        graph_id = len(self._graphs) + 1
+        self._graph_ids += 1  # never an id used before: ONNX Runtime would replay the graph it holds for it
+        graph_id = self._graph_ids
         return _Graphed(graph_id, io, self._device_run_options(graph_id), outs)
 
     def close(self) -> None:

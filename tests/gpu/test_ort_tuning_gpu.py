@@ -95,6 +95,29 @@ def test_memory_is_flat_over_ten_passes(pair, lite0_onnx, photos):
     assert max(free) - min(free) < 64 * 2**20, [f / 2**20 for f in free]
 
 
+def test_batch_sizes_alternate_without_a_stale_plan_or_graph(pair, lite0_onnx, photos):
+    """ONNX Runtime's cuDNN convolutions keep the plan of the last batch size only (engines.onnxruntime_engine,
+    _at_shapes): a graph captured at 32 is not replayed once the session ran at 8, and two prepared sizes
+    alternate on the tuned session without waiting in between; every answer has the untuned session's top-1 and
+    nothing fails on the GPU (before the engine waited and let its graphs go, the memory test after a change of
+    size failed on an H100 with an illegal instruction)."""
+    import cupy as cp
+
+    tuned, untuned = pair
+    x = _photos_batch(lite0_onnx, photos, 32)
+    want = untuned.infer(x)[0].argmax(1)
+    buf, small = cp.asarray(x), cp.asarray(x[:8])
+    tuned.infer(small)  # a new size is prepared on the quick start's thread
+    assert tuned.wait_ready(300)
+    assert tuned.capture_graphs([buf]) == 1
+    tuned.infer(buf)  # a replay
+    assert len(tuned.infer(small)) == 1 and tuned._graphs == {}  # the session ran at 8: the graph of 32 went
+    for _ in range(10):  # prepared sizes, one after the other, no synchronisation between them
+        big_out, small_out = tuned.infer(buf)[0], tuned.infer(small)[0]
+    cp.cuda.runtime.deviceSynchronize()
+    assert (cp.asnumpy(big_out).argmax(1) == want).all() and (cp.asnumpy(small_out).argmax(1) == want[:8]).all()
+
+
 def test_an_int8_model_says_once_that_it_needs_tensorrt_to_be_fast(lite0_int8_plain, caplog):
     import engines
     import engines.onnxruntime_engine as oe

@@ -46,6 +46,11 @@ class Session:
     def io_binding(self):
         return Binding()
 
+    def run(self, names, feeds, ro=None):  # host arrays: ONNX Runtime's own copies
+        graph_id = ro.get_run_config_entry("gpu_graph_id") if ro is not None else None
+        self.runs.append((graph_id, {k: (None, v.shape) for k, v in feeds.items()}, None))
+        return [np.full((len(next(iter(feeds.values()))), 1000), len(self.runs), np.float32)]
+
     def run_with_iobinding(self, io, ro):
         try:
             graph_id = ro.get_run_config_entry("gpu_graph_id") if ro is not None else None
@@ -220,6 +225,52 @@ def test_the_caller_s_output_buffer_gets_the_graph_s_result(cuda_engine):
     eng.capture_graphs([x])
     got = eng.infer(x, outputs=[mine])[0]
     assert got is mine and float(mine.host[1, 999]) == 3
+
+
+def test_a_run_at_another_shape_waits_for_the_last_and_lets_every_graph_go(cuda_engine):
+    """ONNX Runtime's cuDNN convolutions keep the plan of the last input shape only and replace it at a new one
+    without waiting for the GPU (OnnxRuntimeEngine._at_shapes says what that broke on an H100): before a run at
+    another shape the engine synchronises its stream, and a graph captured before the change is never replayed
+    after it; a later capture gets a new graph id (ONNX Runtime would replay the old graph under an old one)."""
+    eng, _, session = cuda_engine("graphs")
+    cp = cuda_engine.cp
+    synced = []
+    real_sync = eng.stream.synchronize
+    eng.stream.synchronize = lambda: (synced.append(len(session.runs)), real_sync())[1]
+    a = cp.asarray(np.zeros((4, 3, 224, 224), np.float32))
+    assert eng.capture_graphs([a]) == 1
+    synced.clear()
+    session.runs.clear()
+    eng.infer(a), eng.infer(a)  # replays of graph 1
+    assert [r[0] for r in session.runs] == ["1", "1"] and synced == []
+    eng.infer(a[:2])  # another shape: wait for the replays first; the graph goes
+    assert synced == [2] and eng._graphs == {} and session.runs[-1][0] == "-1"
+    eng.infer(a[:2])  # the same shape again: nothing to wait for
+    assert synced == [2]
+    eng.infer(a)  # back at the captured buffer: waits again, and runs without the old graph
+    assert synced == [2, 4] and session.runs[-1][0] == "-1"
+    assert eng.capture_graphs([a]) == 1 and session.runs[-1][0] == "2"
+    eng.infer(np.zeros((3, 3, 224, 224), np.float32))  # host arrays at another shape: the same rule
+    assert eng._graphs == {} and synced[-1] == len(session.runs) - 1
+    b = cp.asarray(np.zeros((4, 3, 224, 224), np.float32))
+    assert eng.capture_graphs([a[:1], b]) == 1  # of two shapes, only the last one's graphs stay
+    assert [r[0] for r in session.runs[-4:]] == ["3", "3", "4", "4"] and list(eng._graphs)[0][0][1] == (4, 3, 224, 224)
+
+
+def test_the_quick_session_waits_for_its_stream_at_a_change_of_shape(cuda_engine):
+    gate = threading.Event()
+    eng, _, _ = cuda_engine("auto", quick_start=True, gate=gate)
+    eng.quick._warming.join(10)
+    (quick,) = _quick_sessions(cuda_engine.sessions)
+    synced = []
+    eng._quick_stream.synchronize = lambda: synced.append(len(quick.runs))
+    x = cuda_engine.cp.asarray(np.zeros((_manifest_batch(eng.path), 3, 224, 224), np.float32))
+    eng.infer(x), eng.infer(x)  # the warm-up's shape: nothing to wait for
+    eng.infer(x[:2]), eng.infer(x[:2])
+    eng.infer(x)
+    assert len(quick.runs) == 6 and synced == [3, 5]
+    gate.set()
+    eng.close()
 
 
 # Quick start (engines/_ort_quick.py): a tuned session's first run of a shape prepares it (seconds for Lite0 on an
