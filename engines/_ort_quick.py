@@ -28,7 +28,9 @@ session right after a change of batch size (its preparation still running) faile
 illegal memory accesses or illegal instructions in cuDNN's convolutions (session 20; 0 of 8 runs at 504beb1,
 whose slow quick session made that test slower). With this rule: 12 of 13 runs passed, the other failed without an
 illegal access (its log was lost). Likewise one run of the quick session is enqueued at a time, and a quick
-session is let go only with its stream idle.
+session is let go only with its stream idle. Session 21 found the same illegal instruction with one caller: a graph
+captured at one batch size replayable after the tuned session ran at another; the engine now waits for its stream
+and lets its graphs go at every change of shape of the tuned session (OnnxRuntimeEngine._at_shapes).
 """
 
 from __future__ import annotations

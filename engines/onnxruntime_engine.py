@@ -299,7 +299,6 @@ class OnnxRuntimeEngine(EngineBase):
         quick_providers = [(providers[0][0], quick), *providers[1:]]
         self._quick_run_options = None
         self._quick_lock = threading.Lock()
-        self._quick_shapes = None  # input shapes of the quick session's last run (under _quick_lock; see _at_shapes)
         model = self._quick_model
         self.quick = QuickStart(self._prepare_shape,
                                 lambda: self._session(ort, opts, quick_providers, model.source() if model else None),
@@ -315,7 +314,6 @@ class OnnxRuntimeEngine(EngineBase):
             def run(io):
                 with self._quick_lock:
                     session.run_with_iobinding(io, run_options)
-                    self._quick_shapes = key
 
             self._run_on_zeros(session, inputs, outputs, key, self._quick_stream, run)
 
@@ -344,14 +342,17 @@ class OnnxRuntimeEngine(EngineBase):
         """Call before the session runs at these input shapes (not before a graph's replay). When its last run was
         at other shapes: wait for that run's work to finish, and let every captured graph go.
 
-        Why: ONNX Runtime's cuDNN convolutions keep one execution plan each, that of the last input shape they ran,
-        and replace it at a new shape without waiting for the GPU (``Conv::UpdateState`` in its
-        core/providers/cuda/nn/conv.cc); cuDNN compiles some of Lite0's kernels at run time for the tuned session
-        (session 20's cuDNN logs). On an H100 (ONNX Runtime 1.31.1, cuDNN 9.14) that session failed with illegal
-        instructions in cuDNN's convolutions when a graph captured at one batch size was replayed after runs at
-        another (tests/gpu/test_ort_tuning_gpu.py, session 21), and when it ran at a new size beside its own runs
-        at the old one (session 20). Our reading, not traced inside cuDNN: the replaced plan's kernels go with it
-        while queued work or a captured graph still uses them."""
+        Why: on an H100 (ONNX Runtime 1.31.1, cuDNN 9.14) the GPU tests at bae537d failed with an illegal
+        instruction in Lite0's tuned session (FP32, graphs on) when a graph captured at batch 32 could replay after
+        the session ran at 7 and 1 on the preparing thread (tests/gpu/test_ort_tuning_gpu.py, session 21); session
+        20's failures were runs at a new size beside queued runs at the old one. ONNX Runtime's cuDNN convolutions
+        keep one execution plan each, that of the last input shape, and replace it at a new shape without waiting
+        for the GPU (``Conv::UpdateState`` in its core/providers/cuda/nn/conv.cc), and cuDNN compiles some of
+        Lite0's kernels at run time. That is our best reading, not a proof: a single-threaded probe of the FP16
+        model (graph at 32, run at 8, replay) did not fail. The rule removes both conditions, at the cost of one
+        wait per change of shape. The quick session is left alone: cuDNN's fallback engines it runs are not
+        compiled at run time (session 20's logs), and a wait there would be a host synchronisation on the video
+        pipeline's inference thread at its first batch (tests/gpu/test_video_gpu.py counts them)."""
         if self._last_shapes is not None and shapes != self._last_shapes:
             import logging
 
@@ -486,10 +487,6 @@ class OnnxRuntimeEngine(EngineBase):
         self._bind(io, xs, results)
         try:
             with self._quick_lock:  # one run of the quick session at a time (its warm-up may be running)
-                key = tuple(tuple(x.shape) for x in xs)
-                if key != self._quick_shapes:  # as _at_shapes, for its plans
-                    qs.synchronize()
-                    self._quick_shapes = key
                 session.run_with_iobinding(io, self._quick_run_options)
         except Exception as exc:  # ORT's own exception types
             raise EngineError(f"ONNX Runtime failed on {self.path.name}: {first_line(exc)}") from exc

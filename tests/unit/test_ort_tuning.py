@@ -257,22 +257,6 @@ def test_a_run_at_another_shape_waits_for_the_last_and_lets_every_graph_go(cuda_
     assert [r[0] for r in session.runs[-4:]] == ["3", "3", "4", "4"] and list(eng._graphs)[0][0][1] == (4, 3, 224, 224)
 
 
-def test_the_quick_session_waits_for_its_stream_at_a_change_of_shape(cuda_engine):
-    gate = threading.Event()
-    eng, _, _ = cuda_engine("auto", quick_start=True, gate=gate)
-    eng.quick._warming.join(10)
-    (quick,) = _quick_sessions(cuda_engine.sessions)
-    synced = []
-    eng._quick_stream.synchronize = lambda: synced.append(len(quick.runs))
-    x = cuda_engine.cp.asarray(np.zeros((_manifest_batch(eng.path), 3, 224, 224), np.float32))
-    eng.infer(x), eng.infer(x)  # the warm-up's shape: nothing to wait for
-    eng.infer(x[:2]), eng.infer(x[:2])
-    eng.infer(x)
-    assert len(quick.runs) == 6 and synced == [3, 5]
-    gate.set()
-    eng.close()
-
-
 # Quick start (engines/_ort_quick.py): a tuned session's first run of a shape prepares it (seconds for Lite0 on an
 # H100); the batches that come meanwhile run on a second session with cuDNN's default algorithms.
 
