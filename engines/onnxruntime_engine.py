@@ -320,6 +320,7 @@ class OnnxRuntimeEngine(EngineBase):
     def _prepare_shape(self, key) -> None:
         """Run the tuned session once on zeros of these input shapes (on the quick start's thread), after the
         caller's runs of it already enqueued have finished (QuickStart.route sends none meanwhile)."""
+        self.stream.synchronize()
         self._at_shapes(key)
         run_options = self._device_run_options()
         self._run_on_zeros(self.session, self.inputs, self.outputs, key, self.stream,
@@ -350,13 +351,14 @@ class OnnxRuntimeEngine(EngineBase):
         for the GPU (``Conv::UpdateState`` in its core/providers/cuda/nn/conv.cc), and cuDNN compiles some of
         Lite0's kernels at run time. That is our best reading, not a proof: a single-threaded probe of the FP16
         model (graph at 32, run at 8, replay) did not fail. The rule removes both conditions, at the cost of one
-        wait per change of shape. The quick session is left alone: cuDNN's fallback engines it runs are not
+        wait per change of shape while the stream still has work (none when it is idle, as at a video pipeline's
+        warm-up). The quick session is left alone: cuDNN's fallback engines it runs are not
         compiled at run time (session 20's logs), and a wait there would be a host synchronisation on the video
         pipeline's inference thread at its first batch (tests/gpu/test_video_gpu.py counts them)."""
         if self._last_shapes is not None and shapes != self._last_shapes:
             import logging
 
-            if self.stream is not None:
+            if self.stream is not None and not self.stream.done:  # done: a query, not a wait
                 self.stream.synchronize()
             if self._graphs:
                 logging.getLogger("trtc").debug("%s: a run at %s lets %d CUDA graph(s) of %s go", self.path.name,

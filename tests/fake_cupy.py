@@ -39,6 +39,7 @@ class Stream:
     def __init__(self, non_blocking=False, ptr=None):
         self.ptr = ptr if ptr is not None else next(_ptrs)
         self.captures = 0
+        self.done = True  # cudaStreamQuery: nothing queued (work here is done when enqueued); a test may say False
 
     def __enter__(self):
         return self

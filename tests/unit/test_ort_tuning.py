@@ -238,6 +238,9 @@ def test_a_run_at_another_shape_waits_for_the_last_and_lets_every_graph_go(cuda_
     real_sync = eng.stream.synchronize
     eng.stream.synchronize = lambda: (synced.append(len(session.runs)), real_sync())[1]
     a = cp.asarray(np.zeros((4, 3, 224, 224), np.float32))
+    eng.infer(a), eng.infer(a[:2]), eng.infer(a)  # changes with the stream idle (a query says so): no wait
+    assert synced == []
+    eng.stream.done = False  # from here the stream always has work queued at a change
     assert eng.capture_graphs([a]) == 1
     synced.clear()
     session.runs.clear()
