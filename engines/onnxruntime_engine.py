@@ -278,6 +278,7 @@ class OnnxRuntimeEngine(EngineBase):
         self._graphs: dict = {}  # (input addresses, shapes, dtypes) -> _Graphed, made by capture_graphs
         self._graph_ids = 0  # graph ids given out (ONNX Runtime keeps every graph it captured until the session goes)
         self._last_shapes = None  # input shapes of the session's last run (see _at_shapes)
+        self._ran = None  # a CUDA event recorded after the session's last run on device buffers (see _at_shapes)
         if self.quick is not None:  # the tuned session prepares the batch the video pipeline will use
             key = _expected_key(self.inputs, doc)
             if key is not None:
@@ -351,15 +352,16 @@ class OnnxRuntimeEngine(EngineBase):
         for the GPU (``Conv::UpdateState`` in its core/providers/cuda/nn/conv.cc), and cuDNN compiles some of
         Lite0's kernels at run time. That is our best reading, not a proof: a single-threaded probe of the FP16
         model (graph at 32, run at 8, replay) did not fail. The rule removes both conditions, at the cost of one
-        wait per change of shape while the stream still has work (none when it is idle, as at a video pipeline's
-        warm-up). The quick session is left alone: cuDNN's fallback engines it runs are not
+        wait per change of shape while the session's last run is still on the GPU (none when it ended, as at a
+        video pipeline's warm-up, whose zeros fill is queued on the same stream but is not a run of the session). The quick session is left alone: cuDNN's fallback engines it runs are not
         compiled at run time (session 20's logs), and a wait there would be a host synchronisation on the video
         pipeline's inference thread at its first batch (tests/gpu/test_video_gpu.py counts them)."""
         if self._last_shapes is not None and shapes != self._last_shapes:
             import logging
 
-            if self.stream is not None and not self.stream.done:  # done: a query, not a wait
-                self.stream.synchronize()
+            ran = self._ran
+            if ran is not None and not ran.done:  # the session's last run is still on the GPU (done: a query)
+                ran.synchronize()
             if self._graphs:
                 logging.getLogger("trtc").debug("%s: a run at %s lets %d CUDA graph(s) of %s go", self.path.name,
                                                 shapes, len(self._graphs), self._last_shapes)
@@ -473,6 +475,9 @@ class OnnxRuntimeEngine(EngineBase):
                 self._binding, self._run_options = self.session.io_binding(), self._device_run_options()
             self._bind(self._binding, xs, results)
             self._run(self._binding, self._run_options)
+        if self._ran is None:
+            self._ran = cp.cuda.Event(disable_timing=True)
+        self._ran.record(self.stream)
         if caller.ptr != self.stream.ptr:
             caller.wait_event(self.stream.record())
         return results

@@ -39,7 +39,6 @@ class Stream:
     def __init__(self, non_blocking=False, ptr=None):
         self.ptr = ptr if ptr is not None else next(_ptrs)
         self.captures = 0
-        self.done = True  # cudaStreamQuery: nothing queued (work here is done when enqueued); a test may say False
 
     def __enter__(self):
         return self
@@ -64,6 +63,9 @@ class Stream:
 
 
 class Event:
+    def __init__(self, block=False, disable_timing=False, interprocess=False):
+        self.done = True  # cudaEventQuery: work here is done when enqueued; a test may say False
+
     def record(self, stream=None):
         pass
 

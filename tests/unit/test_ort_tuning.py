@@ -234,15 +234,17 @@ def test_a_run_at_another_shape_waits_for_the_last_and_lets_every_graph_go(cuda_
     after it; a later capture gets a new graph id (ONNX Runtime would replay the old graph under an old one)."""
     eng, _, session = cuda_engine("graphs")
     cp = cuda_engine.cp
-    synced = []
-    real_sync = eng.stream.synchronize
-    eng.stream.synchronize = lambda: (synced.append(len(session.runs)), real_sync())[1]
     a = cp.asarray(np.zeros((4, 3, 224, 224), np.float32))
-    eng.infer(a), eng.infer(a[:2]), eng.infer(a)  # changes with the stream idle (a query says so): no wait
-    assert synced == []
-    eng.stream.done = False  # from here the stream always has work queued at a change
+    eng.infer(a)
+    synced = []
+    ran = eng._ran
+    ran.synchronize = lambda: synced.append(len(session.runs))
+    recorded = []
+    ran.record = lambda stream=None: recorded.append(stream.ptr)
+    eng.infer(a[:2]), eng.infer(a)  # changes after the last run ended (an event query says so): no wait
+    assert synced == [] and recorded == [eng.stream.ptr] * 2  # the event marks each run on the session's stream
+    ran.done = False  # from here the last run is always still on the GPU at a change
     assert eng.capture_graphs([a]) == 1
-    synced.clear()
     session.runs.clear()
     eng.infer(a), eng.infer(a)  # replays of graph 1
     assert [r[0] for r in session.runs] == ["1", "1"] and synced == []
