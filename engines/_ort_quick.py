@@ -29,8 +29,9 @@ illegal memory accesses or illegal instructions in cuDNN's convolutions (session
 whose slow quick session made that test slower). With this rule: 12 of 13 runs passed, the other failed without an
 illegal access (its log was lost). Likewise one run of the quick session is enqueued at a time, and a quick
 session is let go only with its stream idle. Session 21 found the same illegal instruction with one caller: a graph
-captured at one batch size replayable after the tuned session ran at another; the engine now waits for its stream
-and lets its graphs go at every change of shape of the tuned session (OnnxRuntimeEngine._at_shapes).
+captured at one batch size replayable after the tuned session ran at another; at every change of shape of the
+tuned session the engine now waits for its last run if still on the GPU, and lets its graphs go
+(OnnxRuntimeEngine._at_shapes).
 """
 
 from __future__ import annotations

@@ -353,9 +353,10 @@ class OnnxRuntimeEngine(EngineBase):
         Lite0's kernels at run time. That is our best reading, not a proof: a single-threaded probe of the FP16
         model (graph at 32, run at 8, replay) did not fail. The rule removes both conditions, at the cost of one
         wait per change of shape while the session's last run is still on the GPU (none when it ended, as at a
-        video pipeline's warm-up, whose zeros fill is queued on the same stream but is not a run of the session). The quick session is left alone: cuDNN's fallback engines it runs are not
-        compiled at run time (session 20's logs), and a wait there would be a host synchronisation on the video
-        pipeline's inference thread at its first batch (tests/gpu/test_video_gpu.py counts them)."""
+        video pipeline's warm-up, whose zeros fill is queued on the same stream but is not a run of the session).
+        The quick session is left alone: cuDNN's fallback engines it runs are not compiled at run time (session
+        20's logs), and a wait there would be a host synchronisation on the video pipeline's inference thread at
+        its first batch (tests/gpu/test_video_gpu.py counts them)."""
         if self._last_shapes is not None and shapes != self._last_shapes:
             import logging
 
