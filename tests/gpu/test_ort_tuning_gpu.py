@@ -98,9 +98,9 @@ def test_memory_is_flat_over_ten_passes(pair, lite0_onnx, photos):
 def test_batch_sizes_alternate_without_a_stale_plan_or_graph(pair, lite0_onnx, photos):
     """ONNX Runtime's cuDNN convolutions keep the plan of the last batch size only (engines.onnxruntime_engine,
     _at_shapes): a graph captured at 32 is not replayed once the session ran at 8, and two prepared sizes
-    alternate on the tuned session without waiting in between; every answer has the untuned session's top-1 and
-    nothing fails on the GPU (before the engine waited and let its graphs go, the memory test after a change of
-    size failed on an H100 with an illegal instruction)."""
+    alternate on the tuned session without the caller synchronising (the engine waits where it must); every answer
+    has the untuned session's top-1 and nothing fails on the GPU (before the engine waited and let its graphs go,
+    the memory test after a change of size failed on an H100 with an illegal instruction)."""
     import cupy as cp
 
     tuned, untuned = pair
@@ -112,7 +112,7 @@ def test_batch_sizes_alternate_without_a_stale_plan_or_graph(pair, lite0_onnx, p
     assert tuned.capture_graphs([buf]) == 1
     tuned.infer(buf)  # a replay
     assert len(tuned.infer(small)) == 1 and tuned._graphs == {}  # the session ran at 8: the graph of 32 went
-    for _ in range(10):  # prepared sizes, one after the other, no synchronisation between them
+    for _ in range(10):  # prepared sizes, one after the other, the caller never synchronising between them
         big_out, small_out = tuned.infer(buf)[0], tuned.infer(small)[0]
     cp.cuda.runtime.deviceSynchronize()
     assert (cp.asnumpy(big_out).argmax(1) == want).all() and (cp.asnumpy(small_out).argmax(1) == want[:8]).all()
