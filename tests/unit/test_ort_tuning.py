@@ -230,8 +230,9 @@ def test_the_caller_s_output_buffer_gets_the_graph_s_result(cuda_engine):
 def test_a_run_at_another_shape_waits_for_the_last_and_lets_every_graph_go(cuda_engine):
     """ONNX Runtime's cuDNN convolutions keep the plan of the last input shape only and replace it at a new one
     without waiting for the GPU (OnnxRuntimeEngine._at_shapes says what that broke on an H100): before a run at
-    another shape the engine synchronises its stream, and a graph captured before the change is never replayed
-    after it; a later capture gets a new graph id (ONNX Runtime would replay the old graph under an old one)."""
+    another shape the engine waits for the session's last run if an event query says it is still on the GPU, and a
+    graph captured before the change is never replayed after it; a later capture gets a new graph id (ONNX Runtime
+    would replay the old graph under an old one)."""
     eng, _, session = cuda_engine("graphs")
     cp = cuda_engine.cp
     a = cp.asarray(np.zeros((4, 3, 224, 224), np.float32))
