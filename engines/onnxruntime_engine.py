@@ -456,7 +456,8 @@ class OnnxRuntimeEngine(EngineBase):
         n = xs[0].shape[0]
         shapes = [self._output_shape(spec, n) for spec in self.outputs]
         caller = external_stream(stream, self.device_id) if stream is not None else cp.cuda.get_current_stream()
-        quick = self.quick.route(tuple(tuple(x.shape) for x in xs)) if self.quick is not None else None
+        key = tuple(tuple(x.shape) for x in xs)
+        quick = self.quick.route(key) if self.quick is not None else None
         if quick is not None:
             return self._infer_quick(quick, xs, outputs, shapes, caller)
         if caller.ptr != self.stream.ptr:
@@ -464,14 +465,13 @@ class OnnxRuntimeEngine(EngineBase):
         results = [device_output(outputs, i, spec, shape, self.stream)
                    for i, (spec, shape) in enumerate(zip(self.outputs, shapes))]
         graphed = self._graphs.get(self._key(xs)) if self.cuda_graphs else None
-        if graphed is None:
-            self._at_shapes(tuple(tuple(x.shape) for x in xs))
         if graphed is not None:
             self._run(graphed.binding, graphed.run_options)
             with self.stream:  # the graph writes the same buffers every replay: the caller gets its own copy
                 for dst, src in zip(results, graphed.outputs):
                     dst[...] = src
         else:
+            self._at_shapes(key)
             if self._binding is None:
                 self._binding, self._run_options = self.session.io_binding(), self._device_run_options()
             self._bind(self._binding, xs, results)
