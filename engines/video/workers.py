@@ -346,7 +346,7 @@ class WorkerPool:
     def _run(self, sources, options, run: PoolRun, weights, yield_events: bool = False):
         if not self._lock.acquire(blocking=False):
             raise UsageProblem("this worker pool is already running a classify() call", "iterate it to the end first")
-        stats, problems, start = run.stats, run.problems, time.perf_counter()
+        problems, start = run.problems, time.perf_counter()
         busy: dict = {}
         counts: dict = {}  # source -> predictions received
         starts: list = []  # wall-clock times the workers' pipelines started (after their warm-up)
