@@ -32,6 +32,13 @@ session is let go only with its stream idle. Session 21 found the same illegal i
 captured at one batch size replayable after the tuned session ran at another; at every change of shape of the
 tuned session the engine now waits for its last run if still on the GPU, and lets its graphs go
 (OnnxRuntimeEngine._at_shapes).
+
+The quick session is opened outside the lock (QuickStart._open_warm): the engine's open queues its batch without
+waiting for that creation, so the video source opens beside it. On an H100 (session 22, fresh processes,
+alternating in one call, 8 runs each) Lite0's first result came at 1.23-1.36 s against 1.35-1.70 s; ResNet-50's at
+1.03-1.16 s against 1.09-1.21 s (4 each). Tried there and not kept: the tuned preparation waiting for the quick
+warm-up (Lite0 1.13-1.56 s, no better; ResNet-50 1.14-1.32 s, later) and the copy's 1x1 convolutions as MatMul
+(Lite0 1.16-1.41 s: no gain; cuBLAS's first call costs what cuDNN's did).
 """
 
 from __future__ import annotations
@@ -59,6 +66,7 @@ class QuickStart:
         self._queue: list = []  # shapes waiting for (or in) preparation, in order; the first is being prepared
         self._thread = None
         self._warming = None  # the thread opening and warming the quick session at open (warm())
+        self._opening = False  # warm()'s thread is opening the quick session (outside the lock)
         self._quick = None
         self.quick_runs = 0  # batches the quick session ran (reported in tests and benchmarks)
         self.failed: dict = {}  # shape -> the exception its preparation raised (the tuned run then raises it itself)
@@ -83,16 +91,34 @@ class QuickStart:
         left to the tuned session's own open and runs (the same model, the same provider)."""
         def go():
             try:
-                with self._lock:
-                    if self._quick is None and (self._queue or not self._ready):  # else: nothing left to cover
-                        self._quick = self._open_quick()
-                    session = self._quick
+                session = self._open_warm()
                 if session is not None:
                     run_once(session)
             except Exception as exc:  # noqa: BLE001 - the tuned session meets the same problem in the caller
                 log.debug("%s: warming the quick session failed: %s", self.name, exc)
+        self._opening = True  # before the thread starts: a route() meanwhile waits for this creation
         self._warming = threading.Thread(target=go, name="trtc-ort-quick-warm", daemon=True)
         self._warming.start()
+
+    def _open_warm(self):
+        """The quick session for warm(), opened outside the lock: start() and route() need not wait the 0.3 s its
+        creation takes (on an H100, session 21's timeline: the engine's open waited for it in start(), so the video
+        source opened only after it). A route() that needs the quick session meanwhile waits for this one."""
+        session = None
+        try:
+            with self._lock:
+                wanted = self._quick is None and (self._queue or not self._ready)  # else: nothing left to cover
+            if wanted:
+                session = self._open_quick()
+        finally:
+            with self._lock:
+                self._opening = False
+                # kept unless the preparations ended meanwhile (nothing left to cover)
+                if session is not None and self._quick is None and (self._queue or not self._ready):
+                    self._quick = session
+                self._lock.notify_all()
+        with self._lock:
+            return self._quick
 
     def route(self, key):
         """None (run the tuned session) when the tuned session has prepared ``key`` and prepares nothing else now;
@@ -103,6 +129,8 @@ class QuickStart:
             if key in self._ready and not self._queue:
                 return None
             self._start(key)
+            if self._quick is None and self._opening:  # warm() is opening it: wait rather than open a second
+                self._lock.wait_for(lambda: not self._opening)
             if self._quick is None:
                 self._quick = self._open_quick()
             self.quick_runs += 1
