@@ -44,6 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from ._deps import require
+from ._one_thread import OneThread
 from .base import EngineBase, TensorSpec
 from .errors import EngineError, UsageProblem, first_line
 
@@ -581,6 +582,7 @@ class TorchEngine(EngineBase):
         self._torch_device = torch.device("cuda", self.device_id)
         self._tstream = torch.cuda.ExternalStream(self.stream.ptr, device=self._torch_device)
         self._pool = torch.cuda.graph_pool_handle()
+        self._one = OneThread("trtc-torch-run")  # runs the model's function (see _forward)
         if self.precision == "fp32":  # FP32 means FP32: torch's default runs FP32 convolutions in TF32 (process-wide)
             torch.backends.cudnn.allow_tf32 = False
             torch.backends.cuda.matmul.allow_tf32 = False
@@ -685,8 +687,29 @@ class TorchEngine(EngineBase):
     def _forward(self, xt, bind: bool = True):
         """Logits of a CUDA tensor, on the engine's stream (the current one): the graph bound to the input's slot,
         a new such graph (up to MAX_SLOT_GRAPHS per batch size), or the graph that copies the input in (also for
-        ``bind=False``: a temporary input of the host path)."""
+        ``bind=False``: a temporary input of the host path). A replay runs on the caller's thread; whatever runs the
+        model's function (a compile or load, an eager batch, a capture) runs on the engine's own thread
+        (engines._one_thread says why: cuDNN's plans are cached per thread)."""
         layout = _layout(tuple(xt.shape), tuple(xt.stride()))
+        run = self._runs.get((int(xt.shape[0]), str(xt.dtype), layout))
+        if self.cuda_graph and run is not None and run.loading is None:
+            bound = run.slots.get(xt.data_ptr()) if bind else None
+            if bound is not None:
+                bound[0].replay()
+                return bound[1]
+            if not bind or len(run.slots) >= MAX_SLOT_GRAPHS:
+                run.static_in.copy_(xt)
+                run.graph.replay()
+                return run.out
+        return self._one.call(self._in_context, self._forward_on_own_thread, xt, layout, bind)
+
+    def _in_context(self, fn, *args):
+        """``fn(*args)`` with the engine's GPU, stream and no autograd (torch keeps them per thread)."""
+        torch = require_torch()
+        with torch.cuda.device(self.device_id), torch.cuda.stream(self._tstream), torch.no_grad():
+            return fn(*args)
+
+    def _forward_on_own_thread(self, xt, layout: str, bind: bool):
         run = self._run_for(xt, layout)
         if not self.cuda_graph or run.loading is not None:
             return run.fn(xt)
@@ -1027,6 +1050,7 @@ class TorchEngine(EngineBase):
         self._loaders.clear()
         if self.stream is not None:
             self.stream.synchronize()
+            self._one.close()
         self._runs.clear()
         self.module = None
 

@@ -167,6 +167,44 @@ def test_memory_flat_over_ten_passes(cuda_program, photo_batch):
         assert smi_after - smi_before < 64
 
 
+def test_the_model_s_function_runs_on_the_engine_s_own_thread(cuda_program, photo_batch, monkeypatch):
+    """torch caches cuDNN's plans per thread: the model's function (here, the captures for new input slots) runs on
+    the engine's own thread whichever thread calls, so that a new video pipeline's inference thread does not build
+    them again (engines._one_thread; 2 s a new thread for Lite0 on an H100, session 22); replays stay on the
+    caller's. Batches from other threads give the logits the first thread got."""
+    import threading
+
+    import cupy as cp
+
+    from engines.torch_engine import TorchEngine
+
+    ran = []
+    real = TorchEngine._capture
+    monkeypatch.setattr(TorchEngine, "_capture",
+                        lambda self, fn, xt: (ran.append(threading.current_thread().name), real(self, fn, xt))[1])
+    s = cp.cuda.Stream(non_blocking=True)
+    xs = [cp.asarray(photo_batch[:5]) for _ in range(3)]  # three input slots of batch 5 (three addresses)
+    outs: dict = {}
+
+    def call(i, again=False):
+        out = cuda_program.infer(xs[i], stream=s)[0]
+        outs[(i, again)] = cp.asnumpy(out, stream=s)
+
+    call(0)
+    for i in (1, 2):
+        t = threading.Thread(target=call, args=(i,), name=f"caller-{i}")
+        t.start()
+        t.join()
+    before = len(ran)
+    t = threading.Thread(target=call, args=(1, True), name="caller-again")  # a replay: nothing captured
+    t.start()
+    t.join()
+    assert len(ran) == before >= 2, ran
+    assert len(set(ran)) == 1 and ran[0].startswith("trtc-torch-run"), ran
+    for key, got in outs.items():
+        assert np.abs(got - outs[(0, False)]).max() < 1e-3, key
+
+
 def test_validate_fp32_and_fp16_against_the_onnx(lite0_pt2, lite0_onnx, photos, bikes):
     """trtc validate on the GPU, the FP32 ONNX (ONNX Runtime CUDA) as the reference, photos and bikes.mp4's
     frames: FP32 agrees on every top-1, FP16 (trtc quantize's keep-list in FP32) on at least 99%."""
