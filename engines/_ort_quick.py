@@ -98,7 +98,12 @@ class QuickStart:
                 log.debug("%s: warming the quick session failed: %s", self.name, exc)
         self._opening = True  # before the thread starts: a route() meanwhile waits for this creation
         self._warming = threading.Thread(target=go, name="trtc-ort-quick-warm", daemon=True)
-        self._warming.start()
+        try:
+            self._warming.start()
+        except BaseException:  # e.g. no thread left to start: route() must not wait for it
+            with self._lock:
+                self._opening = False
+            raise
 
     def _open_warm(self):
         """The quick session for warm(), opened outside the lock: start() and route() need not wait the 0.3 s its

@@ -448,6 +448,29 @@ def test_a_quick_session_opened_after_the_preparations_ended_is_not_kept():
     assert q._quick is None and ran == []  # nothing left to cover: not kept, not run
 
 
+def test_a_warm_up_thread_that_cannot_start_leaves_route_free(monkeypatch):
+    """warm() marks the quick session as being opened before its thread starts; a thread that cannot start (no
+    thread left) raises there, and a later route() opens the quick session itself instead of waiting for ever."""
+    from engines._ort_quick import QuickStart
+
+    opened = []
+    q = QuickStart(lambda key: None, lambda: opened.append(object()) or opened[-1])
+
+    def refuse(self):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    with pytest.raises(RuntimeError, match="new thread"):
+        q.warm(lambda s: None)
+    monkeypatch.undo()
+    q._queue.append("k")  # a preparation queued (its thread is not needed here)
+    routed = []
+    t = threading.Thread(target=lambda: routed.append(q.route("k")), daemon=True)
+    t.start()
+    t.join(10)
+    assert routed == opened and len(opened) == 1
+
+
 def test_a_failed_preparation_leaves_the_error_to_the_tuned_run(cuda_engine):
     gate = threading.Event()
     gate.fail = "CUDA failure 2: out of memory"
