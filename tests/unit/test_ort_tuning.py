@@ -392,7 +392,8 @@ def test_the_warm_up_opens_no_quick_session_once_nothing_is_left_to_prepare(cuda
 def test_opening_the_quick_session_blocks_neither_start_nor_a_second_opening():
     """warm() opens the quick session outside QuickStart's lock: start() (the engine's open queues its batch) goes
     on meanwhile, and route() waits for that session rather than opening a second (session 22: the engine's open
-    returned 0.07-0.2 s sooner on an H100, and Lite0's first result came at 1.23-1.36 s instead of 1.35-1.70 s)."""
+    returned 0.09-0.23 s sooner on an H100, medians of two calls, and Lite0's first result came at 1.23-1.36 s
+    instead of 1.35-1.70 s)."""
     from engines._ort_quick import QuickStart
 
     may_open, may_prepare = threading.Event(), threading.Event()
