@@ -121,9 +121,9 @@ class QuickStart:
                 # kept unless the preparations ended meanwhile (nothing left to cover)
                 if session is not None and self._quick is None and (self._queue or not self._ready):
                     self._quick = session
+                kept = self._quick
                 self._lock.notify_all()
-        with self._lock:
-            return self._quick
+        return kept
 
     def route(self, key):
         """None (run the tuned session) when the tuned session has prepared ``key`` and prepares nothing else now;
