@@ -693,15 +693,25 @@ class TorchEngine(EngineBase):
         layout = _layout(tuple(xt.shape), tuple(xt.stride()))
         run = self._runs.get((int(xt.shape[0]), str(xt.dtype), layout))
         if self.cuda_graph and run is not None and run.loading is None:
-            bound = run.slots.get(xt.data_ptr()) if bind else None
-            if bound is not None:
-                bound[0].replay()
-                return bound[1]
-            if not bind or len(run.slots) >= MAX_SLOT_GRAPHS:
-                run.static_in.copy_(xt)
-                run.graph.replay()
-                return run.out
+            out = self._replayed(run, xt, bind)
+            if out is not None:
+                return out
         return self._one.call(self._in_context, self._forward_on_own_thread, xt, layout, bind)
+
+    @staticmethod
+    def _replayed(run: _Run, xt, bind: bool):
+        """Logits from ``run``'s graphs, without running the model's function: the graph bound to the input's slot,
+        or the graph that copies the input in where the slot gets none (``bind=False``, or MAX_SLOT_GRAPHS taken);
+        None when the slot is still to get a graph of its own."""
+        bound = run.slots.get(xt.data_ptr()) if bind else None
+        if bound is not None:
+            bound[0].replay()
+            return bound[1]
+        if bind and len(run.slots) < MAX_SLOT_GRAPHS:
+            return None
+        run.static_in.copy_(xt)
+        run.graph.replay()
+        return run.out
 
     def _in_context(self, fn, *args):
         """``fn(*args)`` with the engine's GPU, stream and no autograd (torch keeps them per thread)."""
@@ -713,15 +723,9 @@ class TorchEngine(EngineBase):
         run = self._run_for(xt, layout)
         if not self.cuda_graph or run.loading is not None:
             return run.fn(xt)
-        bound = run.slots.get(xt.data_ptr()) if bind else None
-        if bind and bound is None and len(run.slots) < MAX_SLOT_GRAPHS:
-            bound = run.slots[xt.data_ptr()] = self._capture(run.fn, xt)
-        if bound is not None:
-            bound[0].replay()
-            return bound[1]
-        run.static_in.copy_(xt)
-        run.graph.replay()
-        return run.out
+        if bind and xt.data_ptr() not in run.slots and len(run.slots) < MAX_SLOT_GRAPHS:
+            run.slots[xt.data_ptr()] = self._capture(run.fn, xt)
+        return self._replayed(run, xt, bind)
 
     def _run_for(self, xt, layout: str) -> _Run:
         """The compiled callable (and, on CUDA, the copying graph) of this input's batch size, dtype and layout:

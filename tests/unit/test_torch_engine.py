@@ -382,3 +382,85 @@ def test_timed_and_compared_opens_of_a_program_ask_for_no_quick_start(tmp_path, 
     ref = validate.ModelRef(str(tmp_path / "m.pt2"), "torch", "fp32", None)
     validate.Runner(ref, "cuda:0")
     assert opened == [{"device": "cuda:0", "quick_start": False}]
+
+
+class _Graph:
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+
+    def replay(self):
+        self.log.append(("replay", self.name))
+
+
+class _Input:
+    """What TorchEngine._forward reads of a CUDA tensor: shape, strides, dtype and its address."""
+
+    def __init__(self, ptr, n=4):
+        self.ptr, self.shape, self.dtype = ptr, (n, 3, 8, 8), "torch.float16"
+
+    def stride(self):
+        return (3 * 64, 64, 8, 1)
+
+    def data_ptr(self):
+        return self.ptr
+
+
+class _StaticIn:
+    def __init__(self, log):
+        self.log = log
+
+    def copy_(self, x):
+        self.log.append(("copy", x.ptr))
+
+
+def _routing_engine(log, slots: int = 0, loading=None):
+    """A TorchEngine with no GPU behind it: one batch-4 run whose slots, copying graph and function are fakes, the
+    engine's own thread a recorder of what is sent there, and captures recorded with the thread they ran on."""
+    import threading
+
+    eng = te.TorchEngine.__new__(te.TorchEngine)
+    eng.cuda_graph = True
+    run = te._Run(lambda x: log.append(("fn", x.ptr)) or "eager", _StaticIn(log), _Graph("copying", log), "copied",
+                  loading=loading)
+    for i in range(slots):
+        run.slots[1000 + i] = (_Graph(f"slot{1000 + i}", log), f"out{1000 + i}")
+    eng._runs = {(4, "torch.float16", "nchw"): run}
+    eng._run_for = lambda xt, layout: run
+
+    def capture(fn, xt):
+        log.append(("capture", xt.ptr, threading.current_thread().name))
+        return _Graph(f"slot{xt.ptr}", log), f"out{xt.ptr}"
+
+    eng._capture = capture
+    eng._in_context = lambda fn, *args: fn(*args)
+    one = te.OneThread("trtc-test-own")
+    eng._one = one
+    return eng, run, one
+
+
+def test_replays_stay_on_the_callers_thread_and_the_function_runs_on_the_engines_own():
+    log = []
+    eng, run, one = _routing_engine(log)
+    assert eng._forward(_Input(7)) == "out7"  # a new slot: captured (on the engine's thread), then replayed
+    assert log == [("capture", 7, log[0][2]), ("replay", "slot7")] and log[0][2].startswith("trtc-test-own")
+    log.clear()
+    sent = []
+    real_call = one.call
+    one.call = lambda *a: sent.append(a) or real_call(*a)
+    assert eng._forward(_Input(7)) == "out7" and log == [("replay", "slot7")] and sent == []  # a replay, here
+    assert eng._forward(_Input(9), bind=False) == "copied"  # the host path's temporary input: the copying graph
+    assert log[1:] == [("copy", 9), ("replay", "copying")] and sent == []
+    one.close()
+
+
+def test_a_full_set_of_slots_copies_in_and_a_loading_function_runs_eagerly():
+    log = []
+    eng, run, one = _routing_engine(log, slots=te.MAX_SLOT_GRAPHS)
+    assert eng._forward(_Input(5)) == "copied"  # no slot graph left: the copying graph, no capture
+    assert log == [("copy", 5), ("replay", "copying")]
+    assert eng._forward(_Input(1000)) == "out1000" and log[-1] == ("replay", "slot1000")
+    one.close()
+    log = []
+    eng, run, one = _routing_engine(log, loading=object())  # its precompiled function still loads
+    assert eng._forward(_Input(7)) == "eager" and log == [("fn", 7)] and not run.slots
+    one.close()
