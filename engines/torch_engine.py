@@ -407,6 +407,10 @@ class _Loading:
         self.loader = loader
 
 
+# quick start: how long a load begun at open waits for the first eager batch before it goes ahead anyway (a source
+# that is slow to give its first frames, e.g. a camera still connecting); see _PrecompiledLoader's ``go``
+LOAD_HOLD_S = 5.0
+
 # one load of a precompiled function, or one compile, at a time in a process: Dynamo and Inductor do not say that two
 # at once are safe, and a load begun at open for another shape may still run while the first batch loads or compiles
 _TORCH_LOCK = threading.RLock()
@@ -422,9 +426,15 @@ class _PrecompiledLoader(threading.Thread):
     in a cache per thread (``thread_local`` in ``aten/src/ATen/native/cudnn/Conv_v8.cpp``; cuDNN's plans are not
     guaranteed thread-safe), so plans that another thread built are built again by the thread that runs the
     compiled function. Its first run spent about 2 s there on an H100 (Lite0 FP16, batch 64). The warm-up must run
-    on the thread that will run the compiled function."""
+    on the thread that will run the compiled function.
 
-    def __init__(self, torch, key: str, payloads: list, device_id: int | None):
+    ``go`` (an event; the engine's quick start): the load waits for it, or for LOAD_HOLD_S seconds, before it begins.
+    The engine sets it once its first eager batch has run. The load is seconds of Python (imports, unpickling) that
+    holds the interpreter lock; begun at open, it ran beside everything up to that first result (the program's load,
+    the caller's first batch, the eager warm-up and batch, each operator of which waits for the lock again after its
+    kernel launch) and delayed it. Eager batches serve meanwhile, so the load is not needed before then."""
+
+    def __init__(self, torch, key: str, payloads: list, device_id: int | None, go: threading.Event | None = None):
         # not a daemon: the interpreter waits for a load in progress before it finalises. A daemon thread still in
         # torch's C++ code then is ended by pthread_exit through noexcept frames, which aborts the process
         # ("terminate called without an active exception": once in CI, a start whose load begun at open was for
@@ -437,8 +447,13 @@ class _PrecompiledLoader(threading.Thread):
         self.thread_name = None
         self.at_open = False  # started at open (the model's most recently used function), not at a first batch
         self.served_eager = False  # the calling thread ran batches of this shape eagerly while it loaded
+        self.go, self.held_s = go, 0.0  # held_s: how long the load waited for ``go``
 
     def run(self) -> None:
+        if self.go is not None:
+            t0 = time.perf_counter()
+            self.go.wait(LOAD_HOLD_S)
+            self.held_s = time.perf_counter() - t0
         torch, t0 = self.torch, time.perf_counter()
         self.thread_name = threading.current_thread().name
         try:
@@ -551,6 +566,9 @@ class TorchEngine(EngineBase):
         self.warm_beside_load = kind == "cuda" if warm_beside_load is None else bool(warm_beside_load)
         self.quick_start = kind == "cuda" if quick_start is None else bool(quick_start)
         self._loaders: dict = {}  # key -> a _PrecompiledLoader started at open and not used yet
+        # quick start: set when the first eager batch has run; until then a load on its thread waits (LOAD_HOLD_S at
+        # most), so that it does not hold the interpreter lock while that first result is made
+        self._go = threading.Event() if self.quick_start and self.warm_beside_load else None
         self.compile_stats: dict = {}
         self.program_from = "export"  # or "cache": the plain copy of the program kept beside the model
         self._runs: dict = {}
@@ -654,7 +672,11 @@ class TorchEngine(EngineBase):
         if self.stream is None:
             with self._lock, torch.no_grad():
                 xt = torch.from_numpy(x)
-                return [self._run_for(xt, "nchw").fn(xt).numpy()]
+                run = self._run_for(xt, "nchw")
+                out = run.fn(xt).numpy()
+                if run.loading is not None:
+                    self._let_loads_go()
+                return [out]
         with self._lock, torch.cuda.device(self.device_id), torch.cuda.stream(self._tstream), torch.no_grad():
             xt = torch.from_numpy(x).to(self._torch_device)
             return [self._forward(xt, bind=False).cpu().numpy()]  # .cpu() waits for the engine's stream
@@ -722,7 +744,10 @@ class TorchEngine(EngineBase):
     def _forward_on_own_thread(self, xt, layout: str, bind: bool):
         run = self._run_for(xt, layout)
         if not self.cuda_graph or run.loading is not None:
-            return run.fn(xt)
+            out = run.fn(xt)
+            if run.loading is not None:
+                self._let_loads_go()
+            return out
         if bind and xt.data_ptr() not in run.slots and len(run.slots) < MAX_SLOT_GRAPHS:
             run.slots[xt.data_ptr()] = self._capture(run.fn, xt)
         return self._replayed(run, xt, bind)
@@ -900,7 +925,7 @@ class TorchEngine(EngineBase):
             key = path.name[:-len(suffix)]
             payloads = list(cached_payloads(dirs, key, suffix))
             if payloads:
-                loader = self._loaders[key] = _PrecompiledLoader(torch, key, payloads, self.device_id)
+                loader = self._loaders[key] = _PrecompiledLoader(torch, key, payloads, self.device_id, self._go)
                 loader.at_open = True
                 loader.start()
                 return
@@ -919,7 +944,7 @@ class TorchEngine(EngineBase):
             payloads = list(cached_payloads(dirs, key, self._aot_suffix()))
             if not payloads:
                 return None
-            loader = _PrecompiledLoader(torch, key, payloads, self.device_id)
+            loader = _PrecompiledLoader(torch, key, payloads, self.device_id, self._go)
             if self.warm_beside_load:
                 loader.start()
         self._preloaded = loader.at_open
@@ -938,6 +963,7 @@ class TorchEngine(EngineBase):
         if not loader.supported:
             return None
         self._add_time("precompiled_load_s", loader.seconds)
+        self._add_time("precompiled_held_s", loader.held_s)
         for i, (path, payload) in enumerate(loader.payloads):
             got = loader.loaded[i] if i < len(loader.loaded) else None
             where = loader.thread_name
@@ -1037,11 +1063,17 @@ class TorchEngine(EngineBase):
         else:
             log.log(logging.WARNING if loud else logging.INFO, "%s", text)
 
+    def _let_loads_go(self) -> None:
+        """The first eager batch has run (quick start): loads waiting for it begin now, and later ones at once."""
+        if self._go is not None and not self._go.is_set():
+            self._go.set()
+
     def wait_ready(self, timeout: float | None = None) -> bool:
         """Wait until the precompiled functions loading on their thread (begun at open, or by a quick start) have
         loaded; False when ``timeout`` seconds passed first. The next batch of their shape runs the compiled
         function. (As :meth:`OnnxRuntimeEngine.wait_ready` for its quick start.)"""
         deadline = None if timeout is None else time.perf_counter() + timeout
+        self._let_loads_go()  # a caller who waits for them wants them now
         for loader in list(self._loaders.values()):
             loader.join(None if deadline is None else max(0.0, deadline - time.perf_counter()))
             if loader.is_alive():
@@ -1049,6 +1081,7 @@ class TorchEngine(EngineBase):
         return True
 
     def close(self) -> None:
+        self._let_loads_go()
         for loader in self._loaders.values():  # loads begun at open and not used: let them end first
             loader.join()
         self._loaders.clear()

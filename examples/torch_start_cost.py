@@ -18,12 +18,14 @@ and prints the N functions with the most cumulative time in the second (the figu
 with ``--json F`` the profile is kept as F.prof). "of it: aot" and "1st run" split a precompiled start's compile:
 loading the precompiled function, and its first run; "eager" is the engine's eager warm-up on the calling thread
 while the function loads on another (``warm_beside_load``, on by default on a GPU; ``--warm-beside-load
-off|alternate`` compares), "wait" what the calling thread then waited for the load. "preloaded": the load started
-at open (the most recently used function of the model had the key the first batch needed). With the engine's quick
-start (``--quick-start``, on by default as on a GPU), a first batch that comes while the function loads runs eagerly:
-"first result" is then that batch's, and "compiled" the time at which the compiled function served its first batch
-(the JSON also has the eager batches' count and the largest logit difference and top-1 agreement between the eager
-first result and the compiled function's result for the same input).
+off|alternate`` compares), "wait" what the calling thread then waited for the load; "held" how long the load
+waited for the first eager batch (the quick start holds it back until then, engines.torch_engine.LOAD_HOLD_S at
+most). "preloaded": the load started at open (the most recently used function of the model had the key the first
+batch needed). With the engine's quick start (``--quick-start``, on by default as on a GPU), a first batch that
+comes while the function loads runs eagerly: "first result" is then that batch's, and "compiled" the time at which
+the compiled function served its first batch (the JSON also has the eager batches' count and the largest logit
+difference and top-1 agreement between the eager first result and the compiled function's result for the same
+input).
 """
 
 from __future__ import annotations
@@ -77,7 +79,8 @@ print(json.dumps({"total_s": t2 - t0, "open_s": t1 - t0, "first_batch_s": t2 - t
                   **e.timings}))
 """
 PHASES = (("import torch", "import_torch_s"), ("load", "load_program_s"), ("compile", "compile_s"),
-          ("of it: aot", "precompiled_load_s"), ("eager", "warm_eager_s"), ("wait", "precompiled_wait_s"),
+          ("of it: aot", "precompiled_load_s"), ("held", "precompiled_held_s"), ("eager", "warm_eager_s"),
+          ("wait", "precompiled_wait_s"),
           ("1st run", "first_run_s"), ("capture", "capture_s"),
           ("first result", "total_s"), ("compiled", "compiled_s"))
 

@@ -296,7 +296,7 @@ def test_second_start_uses_the_cache_beside_the_model(lite0_pt2, tmp_path, preci
     torch.export.load, no trace, no compile), loading it from open on a thread of its own while the calling thread
     runs the module once eagerly, and computes the same logits (times printed; the target is <= 25% of the first;
     examples/torch_start_cost.py breaks them down). With the quick start (the default on a GPU) the first result
-    may come from the module run eagerly while the function loads: it agrees with the compiled function's."""
+    comes from the module run eagerly, the load held back until then: it agrees with the compiled function's."""
     folder = _model_copy(lite0_pt2, tmp_path)
 
     def start(name):
@@ -315,6 +315,10 @@ def test_second_start_uses_the_cache_beside_the_model(lite0_pt2, tmp_path, preci
     assert (second["loaded_on"], second["preloaded"]) == ("trtc-torch-load", True)
     assert second["ready"] and second["eager_batches"] <= 1  # after wait_ready, the next batch ran compiled
     assert second["timings"]["warm_eager_s"] > 0
+    # the load waited for the first eager batch (engines.torch_engine.LOAD_HOLD_S at most), so it did not hold the
+    # interpreter lock while that first result was made: the first batch ran eagerly, after the eager warm-up
+    assert second["eager_batches"] == 1
+    assert second["timings"]["precompiled_held_s"] >= second["timings"]["warm_eager_s"]
     np.testing.assert_allclose(second["compiled"], first["compiled"], atol=0.02)  # cuDNN may time other algorithms
     # the first result, eager where the load had not ended (FP16 without Inductor's fusions), or compiled
     np.testing.assert_allclose(second["logits"], second["compiled"], atol=0.1)

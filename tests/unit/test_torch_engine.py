@@ -8,6 +8,7 @@ import importlib.util
 import logging
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -321,6 +322,7 @@ def test_the_load_at_open_takes_the_newest_whole_function_of_this_model_gpu_torc
     eng = object.__new__(te.TorchEngine)
     eng.path, eng._sha, eng.precision, eng.device_id = model, SHA, "fp16", None
     eng.warm_beside_load = eng.compile = eng.cache = eng.precompile = True
+    eng._go = threading.Event()  # quick start: the load waits for the first eager batch
     label = te.device_label(None)
 
     def preload():
@@ -353,6 +355,7 @@ def test_the_load_at_open_takes_the_newest_whole_function_of_this_model_gpu_torc
     assert [p.name for p, _ in loader.payloads] == [f"{b64}.aot"]
     assert loader.payloads[0][1] == f"function {b64}".encode()
     assert not loader.daemon  # the interpreter waits for a load in progress before it finalises
+    assert loader.go is eng._go
     _, damaged = kept(0, batch=16)  # the newest, but cut short: the next newest whole one is taken
     damaged.write_bytes(damaged.read_bytes()[:-4])
     assert preload() == b64
@@ -433,6 +436,7 @@ def _routing_engine(log, slots: int = 0, loading=None):
 
     eng._capture = capture
     eng._in_context = lambda fn, *args: fn(*args)
+    eng._go = threading.Event()
     one = te.OneThread("trtc-test-own")
     eng._one = one
     return eng, run, one
@@ -464,3 +468,50 @@ def test_a_full_set_of_slots_copies_in_and_a_loading_function_runs_eagerly():
     eng, run, one = _routing_engine(log, loading=object())  # its precompiled function still loads
     assert eng._forward(_Input(7)) == "eager" and log == [("fn", 7)] and not run.slots
     one.close()
+
+
+def test_a_quick_start_s_load_waits_for_the_first_eager_batch():
+    """With the quick start, the precompiled function's load (seconds of Python holding the interpreter lock) begins
+    only once the first eager batch has run, so it does not slow that first result; replays and captures do not let
+    it go, wait_ready() and close() do, and a load waits no longer than LOAD_HOLD_S for a batch that does not come."""
+    log = []
+    eng, run, one = _routing_engine(log, slots=1)
+    assert eng._forward(_Input(1000)) == "out1000" and not eng._go.is_set()  # a replay
+    assert eng._forward(_Input(7)) == "out7" and not eng._go.is_set()  # a capture of the compiled function
+    one.close()
+    eng, run, one = _routing_engine(log, loading=object())
+    assert not eng._go.is_set()
+    assert eng._forward(_Input(7)) == "eager" and eng._go.is_set()
+    one.close()
+    for let_go in ("wait_ready", "close"):
+        eng, run, one = _routing_engine(log, loading=object())
+        eng._loaders, eng.stream, eng._runs = {}, None, {}
+        getattr(eng, let_go)()
+        assert eng._go.is_set(), let_go
+        one.close()
+
+
+def test_a_held_load_begins_at_go_or_after_the_hold(monkeypatch):
+    import time
+
+    began = []
+    monkeypatch.setattr(te._PrecompiledLoader, "_load_all", lambda self, torch: began.append(time.perf_counter()))
+    go = threading.Event()
+    loader = te._PrecompiledLoader(None, "k", [], None, go)
+    t0 = time.perf_counter()
+    loader.start()
+    time.sleep(0.3)
+    assert began == [] and loader.is_alive()  # held: not begun, but alive (the engine's batches run eagerly)
+    go.set()
+    loader.join(5)
+    assert len(began) == 1 and began[0] - t0 >= 0.3 and loader.held_s >= 0.3
+    monkeypatch.setattr(te, "LOAD_HOLD_S", 0.4)
+    loader = te._PrecompiledLoader(None, "k", [], None, threading.Event())  # no batch comes: it goes after the hold
+    t0 = time.perf_counter()
+    loader.start()
+    loader.join(5)
+    assert len(began) == 2 and 0.4 <= began[1] - t0 < 3 and 0.4 <= loader.held_s < 3
+    loader = te._PrecompiledLoader(None, "k", [], None)  # no quick start: no hold
+    loader.start()
+    loader.join(5)
+    assert len(began) == 3 and loader.held_s == 0.0
