@@ -3,6 +3,8 @@ cache beside the model from the first), each in a fresh process, by phase.
 
     python examples/torch_start_cost.py MODEL.pt2 --device cuda:0 --batch 64 --precision fp16 --json starts.json
     python examples/torch_start_cost.py MODEL.pt2 --device cpu --batch 8          # the CPU: Inductor's C++ backend
+    git worktree add /tmp/before REV && python examples/torch_start_cost.py MODEL.pt2 --device cuda:0 --starts 4 \
+        --pycache /tmp/pyc --bytecode-first --against /tmp/before     # this tree's later starts against REV's
 
 MODEL.pt2 is what ``trtc export SOURCE -o MODEL.onnx --program`` writes (no model: ``--export pretrained:
 efficientnet-lite0`` exports one into ``--workdir`` first). The model's cache folder (MODEL.pt2.inductor/) is
@@ -26,6 +28,12 @@ comes while the function loads runs eagerly: "first result" is then that batch's
 the compiled function served its first batch (the JSON also has the eager batches' count and the largest logit
 difference and top-1 agreement between the eager first result and the compiled function's result for the same
 input).
+
+``--against DIR`` compares two trees on one machine (start times drift between machines and over a session): after
+this tree's first start, the later starts alternate between this tree ("this N") and DIR ("against N"), the order
+swapped each round, all sharing the cache beside the model; the medians of each are printed and kept in the JSON.
+``--bytecode-first`` runs one untimed cold start before the timed first start, so that with an empty ``--pycache``
+the first start does not also compile torch's bytecode (it did on a fresh GPU machine: 28.6 s against 17.7 s).
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ import json
 import os
 import pstats
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -86,11 +95,13 @@ PHASES = (("import torch", "import_torch_s"), ("load", "load_program_s"), ("comp
 
 
 def start(pt2: Path, args, inductor_dir: str, profile: str | None = None, warm: str = "on",
-          quick: str = "on") -> dict:
+          quick: str = "on", tree: Path = ROOT) -> dict:
     """One start in a fresh process with its own Inductor and Triton caches (under cProfile into ``profile``),
-    ``warm`` and ``quick`` (on/off): the engine's warm_beside_load and quick_start."""
+    ``warm`` and ``quick`` (on/off): the engine's warm_beside_load and quick_start; ``tree``: the trtc checkout whose
+    engines package it imports."""
+    path = os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH")) if p)
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": inductor_dir, "TRITON_CACHE_DIR": f"{inductor_dir}/triton",
-           "PYTHONPATH": str(ROOT)}
+           "PYTHONPATH": path}
     if args.pycache:
         env["PYTHONPYCACHEPREFIX"] = str(Path(args.pycache).resolve())
         env.pop("PYTHONDONTWRITEBYTECODE", None)
@@ -123,14 +134,14 @@ def top_functions(profile: str, n: int) -> str:
 
 
 def table(rows: list[tuple[str, dict]]) -> str:
-    lines = [f"{'start':8} {'how':44} " + " ".join(f"{p:>12}" for p, _ in PHASES)]
+    lines = [f"{'start':10} {'how':44} " + " ".join(f"{p:>12}" for p, _ in PHASES)]
     for name, r in rows:
         how = f"program {r['program_from']}, {r['start']}"
         if r["start"] == "precompiled":
             how += (f", warm {'on' if r.get('warm_beside_load') else 'off'}" +
                     (", preloaded" if r.get("preloaded") else "") +
                     (f", {r['eager_batches']} eager" if r.get("eager_batches") else ""))
-        lines.append(f"{name:8} {how:44} " + " ".join(f"{r.get(k, 0.0):11.2f}s" for _, k in PHASES))
+        lines.append(f"{name:10} {how:44} " + " ".join(f"{r.get(k, 0.0):11.2f}s" for _, k in PHASES))
     if len(rows) > 1:
         first, second = rows[0][1]["total_s"], rows[1][1]["total_s"]
         lines.append(f"second / first: {second / first:.0%} ({second:.1f} s / {first:.1f} s)")
@@ -138,6 +149,22 @@ def table(rows: list[tuple[str, dict]]) -> str:
         lines.append("torch's modules have no cached bytecode here: every start compiles their Python source "
                      "(seconds); see --pycache")
     return "\n".join(lines)
+
+
+def compare(rows: list[tuple[str, dict]], against: Path) -> dict:
+    """With --against: per tree, the medians of its later starts' first results and compiled times, and the first
+    result's median over the first start."""
+    first = rows[0][1]["total_s"]
+    out = {}
+    for name, tree in (("this", str(ROOT)), ("against", str(against))):
+        mine = [r for n, r in rows[1:] if n.split()[0] == name]
+        if not mine:
+            continue
+        totals = [r["total_s"] for r in mine]
+        out[name] = {"tree": tree, "first_result_s": statistics.median(totals), "first_results_s": totals,
+                     "of_first": statistics.median(totals) / first,
+                     "compiled_s": statistics.median(r["compiled_s"] for r in mine)}
+    return out
 
 
 def main(argv=None) -> int:
@@ -160,6 +187,13 @@ def main(argv=None) -> int:
                          "the compiled function served its first batch); alternate: on, off, on, ...")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="profile the later starts; print the N functions with the most cumulative time in the second")
+    ap.add_argument("--against", default=None, metavar="DIR",
+                    help="another trtc checkout (e.g. git worktree add /tmp/before REV): the later starts alternate "
+                         "between this tree and it, the order swapped each round, after this tree's first start "
+                         "(and one untimed start of DIR, for its bytecode); the medians of both are printed")
+    ap.add_argument("--bytecode-first", action="store_true",
+                    help="one untimed cold start first, so that the timed first start does not compile torch's "
+                         "bytecode (with --pycache on a fresh install)")
     ap.add_argument("--timeout", type=int, default=900)
     ap.add_argument("--json", default=None, help="write the measurements here")
     args = ap.parse_args(argv)
@@ -168,27 +202,49 @@ def main(argv=None) -> int:
     pt2 = Path(args.model).resolve() if args.model else export(args.export or "pretrained:efficientnet-lite0", workdir, args.batch)
     for old in pt2.parent.glob(f"{pt2.name}.inductor/*"):
         old.unlink()  # a cold first start
+    against = Path(args.against).resolve() if args.against else None
+    if against is not None and not (against / "engines" / "torch_engine.py").is_file():
+        ap.error(f"--against {args.against}: not a trtc checkout (no engines/torch_engine.py there)")
     rows = []
     with tempfile.TemporaryDirectory() as caches:
+        if args.bytecode_first:  # a cold start whose only purpose is torch's bytecode in --pycache
+            start(pt2, args, f"{caches}/bytecode", warm="on")
+            for old in pt2.parent.glob(f"{pt2.name}.inductor/*"):
+                old.unlink()
         rows.append(("first", start(pt2, args, f"{caches}/first", warm="on")))
         profile = f"{caches}/second.prof" if args.profile else None
+        if against is not None:
+            start(pt2, args, f"{caches}/second", tree=against)  # its bytecode, and nothing else: not counted
         for i in range(args.starts):  # the second: only trtc's cache; again: Inductor's local caches warm too
             warm = args.warm_beside_load if args.warm_beside_load != "alternate" else ("on", "off")[i % 2]
             quick = args.quick_start if args.quick_start != "alternate" else ("on", "off")[i % 2]
-            rows.append(("second" if i == 0 else f"again {i}",
-                         start(pt2, args, f"{caches}/second", profile if i == 0 else None, warm, quick)))
-        top = top_functions(profile, args.profile) if profile and args.starts else ""
+            if against is None:
+                rows.append(("second" if i == 0 else f"again {i}",
+                             start(pt2, args, f"{caches}/second", profile if i == 0 else None, warm, quick)))
+                continue
+            trees = [("this", ROOT), ("against", against)]
+            for name, tree in (trees if i % 2 == 0 else trees[::-1]):  # the order swapped each round
+                rows.append((f"{name} {i + 1}", start(pt2, args, f"{caches}/second", None, warm, quick, tree)))
+        top = top_functions(profile, args.profile) if profile and args.starts and against is None else ""
         if top and args.json:
             shutil.copyfile(profile, f"{args.json}.prof")  # for pstats: the callers and callees of what is slow
     print(f"{pt2.name}, {args.precision}, batch {args.batch}, {args.device}; each start a fresh process, from its "
           f"first line to the first batch's logits")
     print(table(rows))
+    medians = compare(rows, against) if against is not None else {}
+    for name, m in medians.items():
+        print(f"{name:8} {m['tree']}: first result median {m['first_result_s']:.2f} s "
+              f"({m['of_first']:.0%} of the first start; {min(m['first_results_s']):.2f}-"
+              f"{max(m['first_results_s']):.2f} s over {len(m['first_results_s'])}), compiled median "
+              f"{m['compiled_s']:.2f} s")
     if top:
         print(f"the second start under cProfile, the {args.profile} functions with the most cumulative time:")
         print(top)
     if args.json:
         Path(args.json).write_text(json.dumps({"model": str(pt2), "device": args.device, "batch": args.batch,
-                                               "precision": args.precision, "starts": dict(rows)}, indent=1))
+                                               "precision": args.precision, "starts": dict(rows),
+                                               "against": str(against) if against else None,
+                                               "medians": medians}, indent=1))
     return 0
 
 
