@@ -199,12 +199,14 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="trtc-start-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    pt2 = Path(args.model).resolve() if args.model else export(args.export or "pretrained:efficientnet-lite0", workdir, args.batch)
-    for old in pt2.parent.glob(f"{pt2.name}.inductor/*"):
-        old.unlink()  # a cold first start
     against = Path(args.against).resolve() if args.against else None
     if against is not None and not (against / "engines" / "torch_engine.py").is_file():
         ap.error(f"--against {args.against}: not a trtc checkout (no engines/torch_engine.py there)")
+    if against is not None and args.profile:
+        ap.error("--profile profiles one tree's second start: leave out --against")
+    pt2 = Path(args.model).resolve() if args.model else export(args.export or "pretrained:efficientnet-lite0", workdir, args.batch)
+    for old in pt2.parent.glob(f"{pt2.name}.inductor/*"):
+        old.unlink()  # a cold first start
     rows = []
     with tempfile.TemporaryDirectory() as caches:
         if args.bytecode_first:  # a cold start whose only purpose is torch's bytecode in --pycache
@@ -225,7 +227,7 @@ def main(argv=None) -> int:
             trees = [("this", ROOT), ("against", against)]
             for name, tree in (trees if i % 2 == 0 else trees[::-1]):  # the order swapped each round
                 rows.append((f"{name} {i + 1}", start(pt2, args, f"{caches}/second", None, warm, quick, tree)))
-        top = top_functions(profile, args.profile) if profile and args.starts and against is None else ""
+        top = top_functions(profile, args.profile) if profile and args.starts else ""
         if top and args.json:
             shutil.copyfile(profile, f"{args.json}.prof")  # for pstats: the callers and callees of what is slow
     print(f"{pt2.name}, {args.precision}, batch {args.batch}, {args.device}; each start a fresh process, from its "

@@ -38,6 +38,13 @@ def test_against_a_folder_that_is_not_a_checkout_is_refused(tmp_path, capsys):
     model.write_bytes(b"")
     started = []
     mod.start = lambda *a, **k: started.append(a)
+    cache = tmp_path / "m.pt2.inductor"
+    cache.mkdir()
+    (cache / "kept.aot").write_bytes(b"a function")
     with pytest.raises(SystemExit):
         mod.main([str(model), "--against", str(tmp_path)])
     assert "not a trtc checkout" in capsys.readouterr().err and started == []
+    assert (cache / "kept.aot").exists()  # refused before the model's cache is emptied
+    with pytest.raises(SystemExit):
+        mod.main([str(model), "--against", str(ROOT), "--profile", "5"])
+    assert "--profile" in capsys.readouterr().err and started == [] and (cache / "kept.aot").exists()
