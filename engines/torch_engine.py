@@ -672,11 +672,7 @@ class TorchEngine(EngineBase):
         if self.stream is None:
             with self._lock, torch.no_grad():
                 xt = torch.from_numpy(x)
-                run = self._run_for(xt, "nchw")
-                out = run.fn(xt).numpy()
-                if run.loading is not None:
-                    self._let_loads_go()
-                return [out]
+                return [self._run_function(self._run_for(xt, "nchw"), xt).numpy()]
         with self._lock, torch.cuda.device(self.device_id), torch.cuda.stream(self._tstream), torch.no_grad():
             xt = torch.from_numpy(x).to(self._torch_device)
             return [self._forward(xt, bind=False).cpu().numpy()]  # .cpu() waits for the engine's stream
@@ -744,13 +740,18 @@ class TorchEngine(EngineBase):
     def _forward_on_own_thread(self, xt, layout: str, bind: bool):
         run = self._run_for(xt, layout)
         if not self.cuda_graph or run.loading is not None:
-            out = run.fn(xt)
-            if run.loading is not None:
-                self._let_loads_go()
-            return out
+            return self._run_function(run, xt)
         if bind and xt.data_ptr() not in run.slots and len(run.slots) < MAX_SLOT_GRAPHS:
             run.slots[xt.data_ptr()] = self._capture(run.fn, xt)
         return self._replayed(run, xt, bind)
+
+    def _run_function(self, run: _Run, xt):
+        """``run``'s function on ``xt`` without graphs (the module eagerly, or the compiled function); an eager batch
+        served while the precompiled function waits to load lets that load go (quick start)."""
+        out = run.fn(xt)
+        if run.loading is not None:
+            self._let_loads_go()
+        return out
 
     def _run_for(self, xt, layout: str) -> _Run:
         """The compiled callable (and, on CUDA, the copying graph) of this input's batch size, dtype and layout:
