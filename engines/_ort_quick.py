@@ -112,18 +112,24 @@ class QuickStart:
         session = None
         try:
             with self._lock:
-                wanted = self._quick is None and (self._queue or not self._ready)  # else: nothing left to cover
+                wanted = self._still_wanted()
             if wanted:
                 session = self._open_quick()
         finally:
             with self._lock:
                 self._opening = False
                 # kept unless the preparations ended meanwhile (nothing left to cover)
-                if session is not None and self._quick is None and (self._queue or not self._ready):
+                if session is not None and self._still_wanted():
                     self._quick = session
                 kept = self._quick
                 self._lock.notify_all()
         return kept
+
+    def _still_wanted(self) -> bool:
+        """Whether warm() should open (or keep) a quick session: none is kept yet, and preparations are queued or
+        none has ended (else there is nothing left to cover). Under the lock: warm() asks before and after its
+        unlocked creation, since the preparations may end meanwhile."""
+        return self._quick is None and bool(self._queue or not self._ready)
 
     def route(self, key):
         """None (run the tuned session) when the tuned session has prepared ``key`` and prepares nothing else now;
