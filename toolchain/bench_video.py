@@ -43,6 +43,12 @@ table shows both how trtc scales and how far decoding alone scales on that host.
 
 With ``ort_tuning`` "both" an ONNX Runtime model also runs trtc and engine-only on a session opened with
 ``tuning="off"`` (the options before the tuning, "untuned" in the row names), in the same interleaved runs.
+``baseline`` (``--baseline M``): another model's trtc and engine-only rows in the same interleaved runs, after the
+model's, opened as trtc opens it (``baseline_tuning`` "auto") or, for an ONNX model, with ONNX Runtime's options
+before the tuning ("off"); each of the model's trtc rows then has ``vs_baseline``, its fps over the baseline's trtc
+fps. Two separate runs differ by more than the pipelines do: decode-only alone varied 20.5k-25.3k fps between two
+processes on one H100 (docs/BENCHMARKS.md, session 24), so a comparison belongs in one run. The baseline has no
+usual, latency, memory, several-GPU or time-to-first-result rows.
 ``first_result``: the time to first result of `trtc run`, measured in a fresh Python process (nothing warm in the
 process; caches on disk are), twice: from just before ``engines.open_engine`` to the first Prediction of
 ``engines.video.classify`` on the clip, at the bench's batch, and the import of ``engines`` separately
@@ -93,6 +99,7 @@ class VideoBenchRow:
     batches: int | None = None  # trtc and engine-only rows: the batches the engine ran
     limited_by: str | None = None  # trtc rows: "decode" or "engine", the lower of decode-only and engine-only
     vs_limit: float | None = None  # trtc rows: fps / min(decode-only, engine-only), same run
+    vs_baseline: float | None = None  # trtc rows of the model (--baseline): fps / the baseline's trtc fps, same runs
 
 
 @dataclass
@@ -109,6 +116,7 @@ class VideoBenchReport:
     date: str
     warnings: list[str] = field(default_factory=list)
     first_result: dict = field(default_factory=dict)  # time to first result in a fresh process (see the module)
+    baseline: dict = field(default_factory=dict)  # --baseline: {"model", "tuning"}; its rows end each stream count
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -447,12 +455,19 @@ class _Bench:
     on_gpu: bool = True
     untuned: object = None  # --ort-tuning both: the same model on a session opened with tuning="off"
     suffix: str = ""  # in the trtc and engine-only rows' names: ", onnxruntime untuned" for --ort-tuning off
+    baseline: tuple | None = None  # --baseline: (name suffix, engine, its preprocessing spec)
 
-    def engines(self) -> list[tuple[str, object]]:
-        """(name suffix, engine) of each engine trtc and engine-only run with."""
-        return [(self.suffix, self.engine)] + ([(", onnxruntime untuned", self.untuned)] if self.untuned else [])
+    def engines(self) -> list[tuple[str, object, object]]:
+        """(name suffix, engine, preprocessing spec) of each engine trtc and engine-only run with, the baseline's
+        last."""
+        ours = [(self.suffix, self.engine, self.spec)]
+        if self.untuned is not None:
+            ours.append((", onnxruntime untuned", self.untuned, self.spec))
+        return ours + ([self.baseline] if self.baseline is not None else [])
 
     def close(self) -> None:
+        if self.baseline is not None:
+            self.baseline[1].close()
         if self.untuned is not None:
             self.untuned.close()
         if self.usual_engine is not None:
@@ -467,11 +482,12 @@ def bench_video(video: str, model: str, *, streams=(1, 8, 16, 32), device: str =
                 usual_batch: int = 32, latency_frames: int = 300, latency_video: str | None = None,
                 latency_batch: int = 8, decode_latency: str = "native", memory_loops: int = 0,
                 devices: list[str] | None = None, repeat: int = 3, ort_tuning: str = "auto",
-                first_result: bool = True, reporter: Reporter | None = None) -> VideoBenchReport:
+                first_result: bool = True, baseline: str | None = None, baseline_tuning: str = "auto",
+                reporter: Reporter | None = None) -> VideoBenchReport:
     """See the module docstring. ``batch``: trtc's batch (default 64, or the model's largest when smaller). The
     latency run uses ``latency_video`` (default: ``video``) at batch ``latency_batch`` with NVDEC's
     ``decode_latency`` mode ("low" only for streams without B-frames). ``ort_tuning``: "auto", "graphs", "off" or
-    "both".
+    "both". ``baseline``: another model timed in the same runs (``baseline_tuning`` "auto" or "off").
 
     The steps: check the request, open the engine(s) and fit the batches, time to first result, warm every
     pipeline up, the rows of each stream count, the latency run, the memory run, the report."""
@@ -485,6 +501,7 @@ def bench_video(video: str, model: str, *, streams=(1, 8, 16, 32), device: str =
         raise UsageProblem("--ort-tuning all is for models; a video benchmark takes auto, graphs, off or both",
                            "e.g. --ort-tuning both")
     tunings = _tunings(ort_tuning)
+    baseline_options = _baseline_options(model, baseline, baseline_tuning, tunings[0]) if baseline else None
     engine = engines.open_engine(model, device=device, **engine_options(model, tunings[0]), **program_options(model))
     manifest = engines.read_manifest(engines.split_engine(model)[1])  # torch-fp16:m.pt2 -> m.pt2's manifest
     batch, usual_batch, latency_batch = _batches(engine, manifest, batch, usual_batch, latency_batch)
@@ -498,6 +515,8 @@ def bench_video(video: str, model: str, *, streams=(1, 8, 16, 32), device: str =
     try:
         if len(tunings) > 1 and engine_options(model, "off"):
             bench.untuned = engines.open_engine(model, device=device, **engine_options(model, "off"))
+        if baseline:
+            bench.baseline = _open_baseline(baseline, baseline_tuning, baseline_options, device, batch)
         if first_result:
             from .first_result import first_result as time_first_result
 
@@ -516,7 +535,51 @@ def bench_video(video: str, model: str, *, streams=(1, 8, 16, 32), device: str =
         bench.close()
     report = _report(video, model, device, batch, rows, latency, memory, bench.gpu, warnings)
     report.first_result = first
+    report.baseline = {"model": str(baseline), "tuning": baseline_tuning} if baseline else {}
     return report
+
+
+def _baseline_options(model: str, baseline: str, tuning: str, model_tuning: str) -> dict:
+    """``engines.open_engine``'s options for the baseline, or a UsageProblem before anything opens: a tuning
+    that is not auto or off, "off" for a model ONNX Runtime does not run, or the model itself opened as the model
+    is (at ``model_tuning``)."""
+    from pathlib import Path
+
+    from engines import split_engine
+
+    if tuning not in ("auto", "off"):
+        raise UsageProblem(f"--baseline-tuning {tuning!r} is not auto or off", "e.g. --baseline-tuning off")
+    options = engine_options(baseline, tuning)
+    if tuning == "off" and not options:
+        raise UsageProblem(f"--baseline-tuning off is ONNX Runtime's options of before, and {baseline} does not "
+                           "run on ONNX Runtime", "leave --baseline-tuning out, or give an .onnx --baseline")
+    (a, a_path, _), (b, b_path, _) = split_engine(model), split_engine(baseline)
+    if a == b and Path(a_path).resolve() == Path(b_path).resolve() and tuning == model_tuning:
+        raise UsageProblem(f"--baseline {baseline} is the model itself, opened the same way",
+                           "give another model, or --baseline-tuning off for ONNX Runtime's options of before")
+    return {**options, **program_options(baseline)}
+
+
+def _open_baseline(baseline: str, tuning: str, options: dict, device: str, batch: int) -> tuple:
+    """(name suffix, engine, preprocessing spec) of the baseline, checked to take the bench's batch."""
+    from pathlib import Path
+
+    import engines
+    from engines.video.pipeline import _check_batch
+
+    eng = engines.open_engine(baseline, device=device, **options)
+    try:
+        manifest = engines.read_manifest(engines.split_engine(baseline)[1])
+        try:
+            _check_batch(eng, manifest, batch)
+        except UsageProblem as exc:  # "the model takes ...": say which model
+            raise UsageProblem(f"the baseline {Path(baseline).name}: {exc.reason}",
+                               f"{exc.fix}, or a --baseline that takes it" if exc.fix else None) from None
+    except BaseException:
+        eng.close()
+        raise
+    untuned = ", onnxruntime untuned" if tuning == "off" else ""
+    return f", baseline {Path(engines.split_engine(baseline)[1]).name}{untuned}", eng, manifest.preprocess
 
 
 def program_options(model: str) -> dict:
@@ -590,7 +653,7 @@ def _warm_up(bench: _Bench, model: str, device: str, devices: list[str] | None, 
     if not bench.on_gpu:
         with bench.reporter.phase("warm-up (each pipeline once)"):
             clip_frames, _ = _decode_only_cpu(video, 1)
-            for _suffix, eng in bench.engines():
+            for _suffix, eng, _spec in bench.engines():
                 _ours(video, 1, eng, batch)
         bench.usual_ok = False
         warnings.append("no usual pipeline on the CPU (it preprocesses with torch on a GPU)")
@@ -604,7 +667,7 @@ def _warm_up(bench: _Bench, model: str, device: str, devices: list[str] | None, 
             bench.pool = WorkerPool(model, devices=devices)
             list(bench.pool.classify([video] * (most * len(devices)), batch=batch))  # each worker keeps its decoders
             bench.dec_pool = DecodeOnlyOnGpus(video, devices, most)
-        for _suffix, eng in bench.engines():
+        for _suffix, eng, _spec in bench.engines():
             _ours(video, 1, eng, batch)  # to the end: a source stopped early does not keep its decoder
         bench.usual_ok = True
         try:
@@ -628,8 +691,8 @@ def _stream_rows(bench: _Bench, n: int, devices: list[str] | None) -> list[Video
     for r in range(bench.repeat):
         again = f" (run {r + 1} of {bench.repeat})" if bench.repeat > 1 else ""
         runs.append(_decode_rows(bench, n, again))
-        for suffix, engine in bench.engines():
-            runs[-1] += _engine_rows(bench, n, engine, suffix, again)
+        for suffix, engine, spec in bench.engines():
+            runs[-1] += _engine_rows(bench, n, engine, spec, suffix, again)
     k = len(runs[0]) - 2 * len(bench.engines())  # the decode-only rows come first
     rows = _median_rows(runs, ceilings=(*range(k), *range(k + 1, len(runs[0]), 2)))
     decs, pairs = rows[:k], [rows[i:i + 2] for i in range(k, len(rows), 2)]
@@ -644,6 +707,10 @@ def _stream_rows(bench: _Bench, n: int, devices: list[str] | None) -> list[Video
         limit(ours, decode_fps, only.fps)
         if usual is not None:
             ours.vs_usual = round(ours.fps / usual.fps, 2)
+    if bench.baseline is not None:
+        base = pairs[-1][0]
+        for ours, _only in pairs[:-1]:
+            ours.vs_baseline = round(ours.fps / base.fps, 3) if base.fps > 0 else None
     out = decs + ([usual] if usual else []) + [row for pair in pairs for row in pair]
     if bench.pool is not None:
         dec_b, ours = decs[-1], pairs[0][0]
@@ -675,8 +742,9 @@ def _decode_rows(bench: _Bench, n: int, again: str) -> list[VideoBenchRow]:
     return [dec, dec_b]
 
 
-def _engine_rows(bench: _Bench, n: int, engine, suffix: str, again: str) -> list[VideoBenchRow]:
-    """One run of trtc on ``n`` streams with ``engine``, then engine-only on the batches that run ran."""
+def _engine_rows(bench: _Bench, n: int, engine, spec, suffix: str, again: str) -> list[VideoBenchRow]:
+    """One run of trtc on ``n`` streams with ``engine``, then engine-only on the batches that run ran (input of
+    ``spec``'s size)."""
     video, batch, reporter = bench.video, bench.batch, bench.reporter
     got: dict = {}
 
@@ -693,7 +761,7 @@ def _engine_rows(bench: _Bench, n: int, engine, suffix: str, again: str) -> list
     where = "device-resident" if bench.on_gpu and not getattr(engine, "host_arrays_only", False) else "host numpy"
     with reporter.phase(f"{n} stream(s): engine-only{suffix}, {len(sizes)} batches{again}"):
         only = _timed_row(f"engine-only (bs {batch}, {where} input, no decode{suffix})", n,
-                          lambda: _engine_only(engine, bench.spec, sizes, batch, where == "device-resident"))
+                          lambda: _engine_only(engine, spec, sizes, batch, where == "device-resident"))
     only.batches = len(sizes)
     return [row, only]
 

@@ -623,11 +623,17 @@ def _int_list(ctx, param, value):
                    "only). Video too.")
 @click.option("--first-result/--no-first-result", default=True, show_default=True,
               help="A video benchmark: time to first result in a fresh process (engine open + first batch), twice.")
+@click.option("--baseline", type=click.Path(dir_okay=False),
+              help="A video benchmark: also run trtc and engine-only with this model, in the same interleaved runs "
+                   "after --model's; each of --model's trtc rows gets 'vs baseline' (its fps over the baseline's).")
+@click.option("--baseline-tuning", type=click.Choice(["auto", "off"]), default=None,
+              help="How an ONNX --baseline opens: auto (tuned, as trtc opens it) or off (ONNX Runtime's options of "
+                   "before the tuning: trtc before issue 30) [default: auto].")
 @json_flag
 @click.pass_obj
 def bench(state: State, models, batches, device, warmup, iterations, duration, video_model, streams, latency_frames,
           latency_video, decode_latency, memory_loops, devices, repeat, input_mode, reference, ort_tuning,
-          first_result, as_json):
+          first_result, baseline, baseline_tuning, as_json):
     """Time models side by side across batch sizes: latency p50/p90/p99, throughput, CV, speed-up vs the first.
     Or, with a video and --model, time the video pipelines side by side.
 
@@ -641,8 +647,9 @@ def bench(state: State, models, batches, device, warmup, iterations, duration, v
     frame rate. "vs decode-only" divides by the faster of two NVDEC decode-only loops; each of those and trtc runs
     --repeat times and the median run is shown. An engine-only row runs the same batches through the engine alone
     (no decode); "vs limit" divides trtc by the lower of decode-only and engine-only and names it. Time to first
-    result (engine open + first batch) is measured in two fresh processes. --device cpu: PyAV decode-only, the CPU
-    pipeline and engine-only on host batches.
+    result (engine open + first batch) is measured in two fresh processes. --baseline B adds B's trtc and
+    engine-only rows to the same runs, for a comparison that two separate runs cannot make fairly. --device cpu:
+    PyAV decode-only, the CPU pipeline and engine-only on host batches.
 
     \b
     Examples:
@@ -651,7 +658,14 @@ def bench(state: State, models, batches, device, warmup, iterations, duration, v
       trtc bench r50.fp16.onnx lite0.fp16.onnx --batch 64 --device cuda:0 --ort-tuning both
       trtc bench lite0.onnx opencv:lite0.onnx pretrained:efficientnet-lite0 --batch 1,8
       trtc bench clip1080.mp4 --model resnet50.fp16.onnx --streams 1,8,16,32 --json
+      trtc bench clip.mp4 --model torch-fp16:lite0.pt2 --baseline lite0.fp16.onnx --streams 16
     """
+    if (baseline or baseline_tuning) and not video_model:
+        raise UsageProblem("--baseline and --baseline-tuning are for a video benchmark",
+                           "trtc bench clip.mp4 --model m.pt2 --baseline m.fp16.onnx")
+    if baseline_tuning and not baseline:
+        raise UsageProblem("--baseline-tuning says how --baseline opens, and no --baseline was given",
+                           "add --baseline MODEL, or leave --baseline-tuning out")
     if video_model:
         from .bench_video import bench_video
 
@@ -661,7 +675,8 @@ def bench(state: State, models, batches, device, warmup, iterations, duration, v
                              batch=(batches or [None])[0], latency_frames=latency_frames,
                              latency_video=latency_video, decode_latency=decode_latency,
                              memory_loops=memory_loops, reporter=state.reporter(), repeat=repeat,
-                             devices=devices or None, ort_tuning=ort_tuning, first_result=first_result)
+                             devices=devices or None, ort_tuning=ort_tuning, first_result=first_result,
+                             baseline=baseline, baseline_tuning=baseline_tuning or "auto")
         _show(state, report, as_json, "render_bench_video")
         return
     from .bench import bench as run_bench

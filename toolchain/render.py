@@ -494,8 +494,10 @@ def render_bench_video(console, report) -> None:
                     f"({report.date})", title_justify="left")
     multi = any(getattr(r, "vs_one_gpu", None) is not None for r in report.rows)
     lim = any(getattr(r, "vs_limit", None) is not None for r in report.rows)
+    base = any(getattr(r, "vs_baseline", None) is not None for r in report.rows)
     for col in ("pipeline", "streams", "frames", "seconds", "fps", "CPU cores/stream", "vs decode-only",
-                "vs usual") + (("vs limit", "limited by") if lim else ()) + (("vs 1 GPU",) if multi else ()):
+                "vs usual") + (("vs limit", "limited by") if lim else ()) + (("vs baseline",) if base else ()) + \
+            (("vs 1 GPU",) if multi else ()):
         t.add_column(col, justify="left" if col == "pipeline" else "right")
     for r in report.rows:
         cores = getattr(r, "cores_per_stream", None)
@@ -507,11 +509,16 @@ def render_bench_video(console, report) -> None:
                   "" if r.vs_decode is None else f"{r.vs_decode:.2f}x",
                   "" if r.vs_usual is None else f"{r.vs_usual:.2f}x",
                   *((("", "") if vs_limit is None else (f"{vs_limit:.2f}x", r.limited_by)) if lim else ()),
+                  *((("" if getattr(r, "vs_baseline", None) is None else f"{r.vs_baseline:.3f}x"),) if base else ()),
                   *((("" if r.vs_one_gpu is None else f"{r.vs_one_gpu:.2f}x"),) if multi else ()))
     _print(console, t)
     if lim:
         console.print("vs limit: trtc's fps over the lower of decode-only and engine-only (engine-only: the same "
                       "batches through the engine alone, no decode); limited by: which of the two is lower")
+    if base:
+        b = report.baseline
+        console.print(f"vs baseline: trtc's fps over the trtc row of {escape(Path(b['model']).name)} "
+                      f"(ONNX Runtime tuning {b['tuning']}) in the same runs")
     first = getattr(report, "first_result", None)
     if first:
         a, b = first["first"], first["warm"]

@@ -145,3 +145,43 @@ def test_bench_video_on_the_cpu_has_engine_only_the_limit_and_time_to_first_resu
     for one in first["runs"]:
         assert 0 < one["import_s"] < 60 and 0 < one["open_s"] < one["first_result_s"] < 120
     assert any("no usual pipeline on the CPU" in w for w in rep["warnings"])
+
+
+def test_bench_video_with_a_baseline_runs_it_in_the_same_runs(lite0_onnx, lite0_fp16, bikes, tmp_path):
+    """`trtc bench VIDEO --model lite0.onnx --baseline lite0.fp16.onnx` on the CPU, 2 interleaved runs: the
+    baseline's trtc and engine-only rows follow the model's, on the same frames, and the model's trtc row divides
+    by the baseline's ("vs baseline", also in the table); a baseline that cannot take the batch is refused naming
+    it."""
+    from tests.clips import encode_clip
+
+    clip = encode_clip(bikes, tmp_path / "short.mp4", "libx264", (320, 136), frames=40)
+    args = ["bench", str(clip), "--model", str(lite0_onnx[0]), "--device", "cpu", "--streams", "2", "--batch", "8",
+            "--repeat", "2", "--latency-frames", "0", "--no-first-result"]
+    r = run([*args, "--baseline", str(lite0_fp16.output), "--json"])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.stdout)
+    assert rep["baseline"] == {"model": str(lite0_fp16.output), "tuning": "auto"}
+    dec, ours, only, base, base_only = rep["rows"]
+    assert ours["pipeline"] == "trtc (PyAV + numpy + engine, bs 8)"
+    assert base["pipeline"] == "trtc (PyAV + numpy + engine, bs 8, baseline lite0.fp16.onnx)"
+    assert base_only["pipeline"].startswith("engine-only (bs 8, host numpy input, no decode, baseline lite0.fp16")
+    assert ours["frames"] == base["frames"] == only["frames"] == base_only["frames"] == 80
+    assert base_only["batches"] == base["batches"] >= 10
+    for row in (dec, ours, base):
+        assert len(row["fps_runs"]) == 2  # interleaved: each pipeline ran in both runs
+    assert ours["vs_baseline"] == round(ours["fps"] / base["fps"], 3)
+    assert base["vs_baseline"] is None and base["vs_decode"] == round(base["fps"] / dec["fps"], 3)
+    r = run([*args, "--baseline", str(lite0_fp16.output), "--baseline-tuning", "off"])  # the table
+    assert r.exit_code == 0, r.output
+    assert "vs baseline" in r.output and "lite0.fp16.onnx (ONNX Runtime tuning off) in the same runs" in r.output
+    assert "baseline lite0.fp16.onnx, onnxruntime untuned" in r.output
+    small = tmp_path / "small" / "lite0.onnx"  # the same model, its manifest saying batches of at most 4
+    small.parent.mkdir()
+    shutil.copy(lite0_onnx[0], small)
+    doc = json.loads(Path(f"{lite0_onnx[0]}.json").read_text())
+    doc["batch"] = {"min": 1, "opt": 4, "max": 4}
+    Path(f"{small}.json").write_text(json.dumps(doc))
+    r = run([*args, "--baseline", str(small)])
+    assert r.exit_code == 2, r.output
+    assert "error: the baseline lite0.onnx: --batch 8 is above the model's largest batch (4)" in r.output
+    assert "fix: use --batch 4 or less, or a --baseline that takes it" in r.output

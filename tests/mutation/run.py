@@ -120,6 +120,9 @@ MUTANTS = [
     Mutant("video_vs_decode_inverted", "toolchain/bench_video.py", "multi.vs_decode = round(multi.fps / dec.fps, 3)",
            "multi.vs_decode = round(dec.fps / multi.fps, 3)", "multi-GPU bench's ratio to decode-only inverted",
            ("tests/unit/test_bench_video_rows.py",)),
+    Mutant("video_vs_baseline_inverted", "toolchain/bench_video.py",
+           "ours.vs_baseline = round(ours.fps / base.fps, 3)", "ours.vs_baseline = round(base.fps / ours.fps, 3)",
+           "the video bench's ratio to its --baseline inverted", ("tests/unit/test_bench_video_rows.py",)),
 ]
 
 

@@ -234,10 +234,14 @@ def test_engine_only_runs_the_batches_the_trtc_run_ran_and_the_limit_is_the_lowe
                                    infer=lambda x: calls.append(x.shape[0]) or [x[:, :2, 0, 0]])
     monkeypatch.setattr(bv, "_ours", lambda video, n, e, batch, **kw: (43 * n, 0.5, [], sizes * n))
     spec = types.SimpleNamespace(size=(16, 16))
-    bench = bv._Bench("clip.mp4", engine, spec, 0, 8, 8, 1, Reporter(), on_gpu=False)
-    ours, only = bv._engine_rows(bench, 2, engine, "", "")
+    other = types.SimpleNamespace(size=(24, 24))  # the bench's model's; the engine here is a baseline of its own
+    bench = bv._Bench("clip.mp4", engine, other, 0, 8, 8, 1, Reporter(), on_gpu=False)
+    shapes = []
+    engine.infer = lambda x: calls.append(x.shape[0]) or shapes.append(x.shape[1:]) or [x[:, :2, 0, 0]]
+    ours, only = bv._engine_rows(bench, 2, engine, spec, "", "")
     assert ours.batches == only.batches == 12 and only.frames == ours.frames == 86
     assert sorted(calls) == sorted([8, 3] + sizes * 2)  # each size warmed once, then the run's 12 batches
+    assert set(shapes) == {(3, 16, 16)}  # the input of the engine's own preprocessing
     assert only.pipeline.startswith("engine-only (bs 8, host numpy input")
     ours.fps = 300.0
     bv.limit(ours, 400.0, 350.0)
@@ -269,3 +273,71 @@ def test_engine_only_on_the_device_gets_the_layout_the_pipeline_writes_for_the_e
     c, h, w = 3, 4, 5
     want = (h * w * c * 2, 2, w * c * 2, c * 2) if preferred else (c * h * w * 2, h * w * 2, w * 2, 2)
     assert set(seen) == {want}
+
+
+def test_a_baseline_that_cannot_be_compared_is_refused_before_anything_opens(monkeypatch):
+    """--baseline's refusals come before any engine opens (the models here do not exist: an open would fail on the
+    path instead), each with its fix; and the CLI refuses the options outside a video benchmark."""
+    import pytest
+    from click.testing import CliRunner
+
+    from engines.errors import UsageProblem
+    from toolchain import bench_video as bv
+    from toolchain.cli import cli
+
+    def no_open(*a, **k):
+        raise AssertionError("an engine was opened before the refusal")
+
+    monkeypatch.setattr("engines.open_engine", no_open)
+    with pytest.raises(UsageProblem, match="is the model itself, opened the same way") as err:
+        bv.bench_video("clip.mp4", "m.onnx", device="cpu", baseline="./m.onnx")
+    assert "--baseline-tuning off" in err.value.fix
+    with pytest.raises(UsageProblem, match="is the model itself"):  # a program against itself: no tuning to vary
+        bv.bench_video("clip.mp4", "torch-fp16:m.pt2", device="cpu", baseline="torch-fp16:m.pt2")
+    with pytest.raises(UsageProblem, match="does not run on ONNX Runtime") as err:
+        bv.bench_video("clip.mp4", "m.onnx", device="cpu", baseline="m.pt2", baseline_tuning="off")
+    assert "--baseline-tuning" in err.value.fix
+    with pytest.raises(UsageProblem, match="is not auto or off"):
+        bv.bench_video("clip.mp4", "m.onnx", device="cpu", baseline="b.onnx", baseline_tuning="graphs")
+    # the same file is a fair baseline at other options: it gets as far as opening (here: refused by no_open)
+    with pytest.raises(AssertionError, match="was opened"):
+        bv.bench_video("clip.mp4", "m.onnx", device="cpu", baseline="m.onnx", baseline_tuning="off")
+    with pytest.raises(AssertionError, match="was opened"):
+        bv.bench_video("clip.mp4", "m.onnx", device="cpu", baseline="m.onnx", ort_tuning="off")
+    r = CliRunner().invoke(cli, ["bench", "m.onnx", "--baseline", "b.onnx"])
+    assert r.exit_code == 2 and "for a video benchmark" in r.output and "fix: trtc bench clip.mp4" in r.output
+    r = CliRunner().invoke(cli, ["bench", "clip.mp4", "--model", "m.onnx", "--baseline-tuning", "off"])
+    assert r.exit_code == 2 and "no --baseline was given" in r.output, r.output
+
+
+def test_the_model_s_trtc_rows_divide_by_the_baseline_s_of_the_same_runs(monkeypatch):
+    """Rows of one stream count with a baseline: the baseline's trtc and engine-only rows come last in every run,
+    each of the model's trtc rows (tuned and untuned) gets vs_baseline = its median fps over the baseline's median
+    trtc fps, and the baseline's own rows get none."""
+    from toolchain import bench_video as bv
+
+    fps = {"": [100.0, 130.0, 120.0], ", onnxruntime untuned": [50.0, 40.0, 45.0],
+           ", baseline b.onnx": [60.0, 58.0, 61.0]}
+    calls = []
+
+    def engine_rows(bench, n, engine, spec, suffix, again):
+        calls.append((suffix, spec))
+        f = fps[suffix][len([c for c in calls if c[0] == suffix]) - 1]
+        return [bv.VideoBenchRow(f"trtc (x{suffix})", n, 10, 1.0, f),
+                bv.VideoBenchRow(f"engine-only (x{suffix})", n, 10, 1.0, 1000.0)]
+
+    monkeypatch.setattr(bv, "_engine_rows", engine_rows)
+    monkeypatch.setattr(bv, "_decode_rows", lambda bench, n, again: [bv.VideoBenchRow("decode-only", n, 10, 1.0,
+                                                                                      500.0)])
+    bench = bv._Bench("clip.mp4", object(), "spec-a", 0, 8, 8, 3, bv.Reporter(), on_gpu=False)
+    bench.usual_ok = False  # no usual pipeline here
+    bench.untuned = object()
+    bench.baseline = (", baseline b.onnx", object(), "spec-b")
+    rows = bv._stream_rows(bench, 2, None)
+    assert [r.pipeline for r in rows] == ["decode-only", "trtc (x)", "engine-only (x)",
+                                          "trtc (x, onnxruntime untuned)", "engine-only (x, onnxruntime untuned)",
+                                          "trtc (x, baseline b.onnx)", "engine-only (x, baseline b.onnx)"]
+    assert calls[:3] == [("", "spec-a"), (", onnxruntime untuned", "spec-a"), (", baseline b.onnx", "spec-b")]
+    assert rows[1].fps == 120.0 and rows[3].fps == 45.0 and rows[5].fps == 60.0  # medians
+    assert rows[1].vs_baseline == 2.0 and rows[3].vs_baseline == 0.75
+    assert rows[5].vs_baseline is None and all(r.vs_baseline is None for r in rows[::2])
