@@ -567,19 +567,20 @@ def _open_baseline(baseline: str, tuning: str, options: dict, device: str, batch
     import engines
     from engines.video.pipeline import _check_batch
 
+    path = engines.split_engine(baseline)[1]  # torch-fp16:m.pt2 -> m.pt2, whose manifest it reads
     eng = engines.open_engine(baseline, device=device, **options)
     try:
-        manifest = engines.read_manifest(engines.split_engine(baseline)[1])
+        manifest = engines.read_manifest(path)
         try:
             _check_batch(eng, manifest, batch)
         except UsageProblem as exc:  # "the model takes ...": say which model
-            raise UsageProblem(f"the baseline {Path(baseline).name}: {exc.reason}",
+            raise UsageProblem(f"the baseline {Path(path).name}: {exc.reason}",
                                f"{exc.fix}, or a --baseline that takes it" if exc.fix else None) from None
     except BaseException:
         eng.close()
         raise
     untuned = ", onnxruntime untuned" if tuning == "off" else ""
-    return f", baseline {Path(engines.split_engine(baseline)[1]).name}{untuned}", eng, manifest.preprocess
+    return f", baseline {Path(path).name}{untuned}", eng, manifest.preprocess
 
 
 def program_options(model: str) -> dict:
