@@ -517,8 +517,9 @@ def render_bench_video(console, report) -> None:
                       "batches through the engine alone, no decode); limited by: which of the two is lower")
     if base:
         b = report.baseline
-        console.print(f"vs baseline: trtc's fps over the trtc row of {escape(Path(b['model']).name)} "
-                      f"(ONNX Runtime tuning {b['tuning']}) in the same runs")
+        how = "ONNX Runtime tuning off" if b["tuning"] == "off" else "opened as trtc opens it"
+        console.print(f"vs baseline: trtc's fps over the trtc row of {escape(Path(b['model']).name)} ({how}) in the "
+                      "same runs")
     first = getattr(report, "first_result", None)
     if first:
         a, b = first["first"], first["warm"]
