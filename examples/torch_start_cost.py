@@ -151,6 +151,12 @@ def table(rows: list[tuple[str, dict]]) -> str:
     return "\n".join(lines)
 
 
+def empty_cache(pt2: Path) -> None:
+    """Remove what trtc keeps beside the model (MODEL.pt2.inductor/*), so that the next start is a cold first."""
+    for old in pt2.parent.glob(f"{pt2.name}.inductor/*"):
+        old.unlink()
+
+
 def compare(rows: list[tuple[str, dict]], against: Path) -> dict:
     """With --against: per tree, the medians of its later starts' first results and compiled times, and the first
     result's median over the first start."""
@@ -161,8 +167,8 @@ def compare(rows: list[tuple[str, dict]], against: Path) -> dict:
         if not mine:
             continue
         totals = [r["total_s"] for r in mine]
-        out[name] = {"tree": tree, "first_result_s": statistics.median(totals), "first_results_s": totals,
-                     "of_first": statistics.median(totals) / first,
+        median = statistics.median(totals)
+        out[name] = {"tree": tree, "first_result_s": median, "first_results_s": totals, "of_first": median / first,
                      "compiled_s": statistics.median(r["compiled_s"] for r in mine)}
     return out
 
@@ -205,14 +211,12 @@ def main(argv=None) -> int:
     if against is not None and args.profile:
         ap.error("--profile profiles one tree's second start: leave out --against")
     pt2 = Path(args.model).resolve() if args.model else export(args.export or "pretrained:efficientnet-lite0", workdir, args.batch)
-    for old in pt2.parent.glob(f"{pt2.name}.inductor/*"):
-        old.unlink()  # a cold first start
+    empty_cache(pt2)  # a cold first start
     rows = []
     with tempfile.TemporaryDirectory() as caches:
         if args.bytecode_first:  # a cold start whose only purpose is torch's bytecode in --pycache
             start(pt2, args, f"{caches}/bytecode", warm="on")
-            for old in pt2.parent.glob(f"{pt2.name}.inductor/*"):
-                old.unlink()
+            empty_cache(pt2)
         rows.append(("first", start(pt2, args, f"{caches}/first", warm="on")))
         profile = f"{caches}/second.prof" if args.profile else None
         if against is not None:
