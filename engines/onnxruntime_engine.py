@@ -149,12 +149,22 @@ def session_options(ort, threads: int | None = None, qdq_fusion: bool = True):
 # ResNet-50 12,247 -> 16,976 -> 17,923, EfficientNet-Lite0 12,477 -> 15,252 -> 16,364; start-up (session + first
 # batch) Lite0 5.72 -> 3.96 s, ResNet-50 0.92 -> 0.76 s. prefer_nhwc gives most of the speed; HEURISTIC cuDNN
 # algorithm choice ran as fast as the default EXHAUSTIVE search (within 1%) and starts 1.5-2 s sooner. DEFAULT
-# started fastest but ran at 164-2,486 img/s (cuDNN's fallback kernels), so it is not used.
+# started fastest but ran at 164-2,486 img/s (cuDNN's fallback kernels), so it is not used. fuse_conv_bias (each
+# convolution with its bias and activation as one cuDNN frontend graph; session 25, H100, docs/BENCHMARKS.md): Lite0
+# FP16 engine-only 14.8-15.2k -> 22.2-22.4k img/s and its 16-stream video pipeline 12.0-12.6k -> 16.6-17.5k fps (one
+# machine, alternating); ResNet-50 FP16 unchanged (16,376 -> 16,418). Top-1 as without it (trtc validate on the GPU:
+# 99.6% against FP32, the same one flip). Its cost: the tuned session's first run at a new shape takes ~2.8 s longer
+# for Lite0 FP16 (cuDNN builds a plan per fused convolution), which the quick start hides (the quick session is never
+# fused); the first result of a video came 0.06-0.08 s later (medians of 8 and 4 fresh processes). Under NCHW
+# (without prefer_nhwc) cuDNN refused Lite0's first convolution fused at run time (HEURISTIC_QUERY_FAILED): a cuDNN
+# failure of the fused session reopens it unfused (:meth:`OnnxRuntimeEngine._unfuse`), said once.
 # ``tuning="graphs"`` adds CUDA graphs for the input buffers given to capture_graphs. Not the default: ONNX Runtime
 # captures in CUDA's global mode, which a CUDA call from any other thread breaks (on the H100, captures made while
 # the video pipeline's decoders ran failed with CUDA error 901, and a graph captured before they started failed in
-# its replay), so they are for an app calling the engine from one thread. ``tuning="off"``: the session as trtc opened it before (only device_id).
-TUNED_CUDA_OPTIONS = {"cudnn_conv_algo_search": "HEURISTIC", "prefer_nhwc": "1"}
+# its replay), so they are for an app calling the engine from one thread. ``tuning="off"``: the session as trtc
+# opened it before (only device_id).
+TUNED_CUDA_OPTIONS = {"cudnn_conv_algo_search": "HEURISTIC", "prefer_nhwc": "1", "fuse_conv_bias": "1"}
+FUSION = "fuse_conv_bias"
 TUNINGS = ("auto", "graphs", "off")
 MAX_CUDA_GRAPHS = 16  # graphs captured per session in its life (ONNX Runtime keeps each); more run without one
 _told: set = set()  # (path, what) said once per process
@@ -195,6 +205,16 @@ def _expected_key(inputs, doc: dict):
     return tuple((n, *shape[1:]) for shape in dims)
 
 
+def _cudnn_reason(exc: Exception) -> str:
+    """cuDNN's own words in an ONNX Runtime failure (e.g. "CUDNN_FE failure 8: HEURISTIC_QUERY_FAILED"), whose
+    message runs to kilobytes of JSON; else its first line, cut."""
+    import re
+
+    text = str(exc.__cause__ or exc)
+    found = re.search(r"CUDNN_FE failure \d+: \w+|CUDNN_STATUS_\w+", text)
+    return found.group(0) if found else first_line(exc, 160)
+
+
 class _Graphed:
     """One captured CUDA graph: its ONNX Runtime id, the IOBinding with the input and output addresses it was
     captured with, the outputs it writes, and its run options."""
@@ -211,15 +231,15 @@ class OnnxRuntimeEngine(EngineBase):
         CuPy; default: on when the device is CUDA and CuPy is installed). ``tf32``: the CUDA EP computes FP32
         convolutions and matrix products in TF32 on Ampere and later (its default, as PyTorch's cuDNN and
         TensorRT's FP32 builds do); ``tf32=False`` computes them in full FP32 (on an H100, Lite0's softmax against
-        the CPU EP: 4.2e-4 with TF32, 3.9e-7 without). ``tuning``: ``"auto"`` (NHWC kernels and heuristic cuDNN
-        algorithms; see TUNED_CUDA_OPTIONS), ``"graphs"`` (those and, on device buffers, CUDA graphs for the input
-        buffers given to :meth:`capture_graphs`: only for a single-threaded caller) or ``"off"`` (ONNX Runtime's
-        defaults); the CPU EP is the same in all three. ``quick_start`` (tuned CUDA sessions on device buffers):
-        the tuned session prepares each new input shape on a thread of its own, starting at open with the
-        manifest's batch, while the batches that come meanwhile run on a second session with cuDNN's default
-        algorithms and the depthwise convolutions as multiply-adds (engines._ort_quick says why and what it costs,
-        engines._quick_model how; the rewrite needs the ``onnx`` package); False: every batch runs the tuned session,
-        the first of each shape taking its preparation time."""
+        the CPU EP: 4.2e-4 with TF32, 3.9e-7 without). ``tuning``: ``"auto"`` (NHWC kernels, heuristic cuDNN
+        algorithms and convolutions fused with their bias; see TUNED_CUDA_OPTIONS), ``"graphs"`` (those and, on
+        device buffers, CUDA graphs for the input buffers given to :meth:`capture_graphs`: only for a single-threaded
+        caller) or ``"off"`` (ONNX Runtime's defaults); the CPU EP is the same in all three. ``quick_start``
+        (tuned CUDA sessions on device buffers): the tuned session prepares each new input shape on a thread of its
+        own, starting at open with the manifest's batch, while the batches that come meanwhile run on a second
+        session with cuDNN's default algorithms and the depthwise convolutions as multiply-adds (engines._ort_quick
+        says why and what it costs, engines._quick_model how; the rewrite needs the ``onnx`` package); False: every
+        batch runs the tuned session, the first of each shape taking its preparation time."""
         ort = require("onnxruntime", "Running ONNX models")
         if tuning not in TUNINGS:
             raise UsageProblem(f"unknown ONNX Runtime tuning {tuning!r}", f"use one of: {', '.join(TUNINGS)}")
@@ -263,7 +283,12 @@ class OnnxRuntimeEngine(EngineBase):
         self.quick = None  # a QuickStart when the first batches of a shape may run on the quick session
         if quick:
             self._quick_setup(ort, opts, providers, doc)  # before the tuned session: its warm-up overlaps that
-        self.session, self._graph_session = self._open(ort, opts, providers, graphs=on_device and tuning == "graphs")
+        graphs = on_device and tuning == "graphs"
+        self.session, self._graph_session = self._open(ort, opts, providers, graphs=graphs)
+        # fused: the session fuses convolutions with their bias (cuDNN's frontend); a cuDNN failure of a run reopens
+        # it without (_unfuse), with what it needs to open again
+        self.fused = providers[0][1].get(FUSION) == "1" if kind == "cuda" else False
+        self._reopen_with = (ort, opts, providers, graphs)
         # a session made with graphs enabled: every run that replays none says gpu_graph_id -1, else ONNX Runtime
         # would capture one of its own; cuda_graphs: whether capture_graphs may still make graphs
         self.cuda_graphs = self._graph_session
@@ -322,10 +347,16 @@ class OnnxRuntimeEngine(EngineBase):
         """Run the tuned session once on zeros of these input shapes (on the quick start's thread), after the
         caller's runs of it already enqueued have finished (QuickStart.route sends none meanwhile)."""
         self.stream.synchronize()
-        self._at_shapes(key)
-        run_options = self._device_run_options()
-        self._run_on_zeros(self.session, self.inputs, self.outputs, key, self.stream,
-                           lambda io: self._run(io, run_options))
+        for _ in range(2):  # again once, unfused, when cuDNN refused a fused convolution (_unfuse)
+            self._at_shapes(key)
+            run_options = self._device_run_options()
+            try:
+                self._run_on_zeros(self.session, self.inputs, self.outputs, key, self.stream,
+                                   lambda io: self._run(io, run_options))
+                return
+            except EngineError as exc:
+                if not self._unfuse(exc):
+                    raise
 
     def _run_on_zeros(self, session, inputs, outputs, key, stream, run) -> None:
         """``run(io)`` once with ``session``'s inputs bound to zeros of the shapes ``key`` and its outputs to new
@@ -393,6 +424,28 @@ class OnnxRuntimeEngine(EngineBase):
                 return session, False
         return self._session(ort, opts, providers), False
 
+    def _unfuse(self, exc: Exception) -> bool:
+        """After a run of the tuned session failed with ``exc``: when the session fuses convolutions with their bias
+        and cuDNN refused (a message naming cuDNN; e.g. HEURISTIC_QUERY_FAILED for Lite0's first convolution under
+        NCHW), reopen it without the fusion, say so once and return True: the caller runs again on the new session
+        (its bindings and graphs are gone). Otherwise False: the caller raises. Called where no other run of the
+        tuned session is under way (the caller's thread, or the quick start's preparing thread while QuickStart
+        routes every batch of that shape to the quick session)."""
+        if not self.fused or "cudnn" not in str(exc).lower():
+            return False
+        ort, opts, providers, graphs = self._reopen_with
+        plain = [(providers[0][0], {k: v for k, v in providers[0][1].items() if k != FUSION}), *providers[1:]]
+        if self.stream is not None:
+            self.stream.synchronize()  # the old session's queued work ends before it goes
+        self.session, self._graph_session = self._open(ort, opts, plain, graphs=graphs)
+        self.cuda_graphs = self._graph_session
+        self.fused = False
+        self._reopen_with = (ort, opts, plain, graphs)
+        self._binding, self._graphs, self._graph_ids, self._last_shapes = None, {}, 0, None
+        _say_once(self.path, "fusion", "runs its convolutions unfused: cuDNN refused a convolution fused with its "
+                                       f"bias ({_cudnn_reason(exc)})")
+        return True
+
     def _session(self, ort, opts, providers, model=None):
         """A session of ``model`` (a path or the bytes of a model; default: this engine's file)."""
         try:
@@ -418,6 +471,12 @@ class OnnxRuntimeEngine(EngineBase):
             if spec.name not in feeds:
                 raise UsageProblem(f"no data for model input {spec.name!r}")
             casted[spec.name] = np.ascontiguousarray(feeds[spec.name], dtype=spec.numpy_dtype)
+        self._at_shapes(tuple(casted[spec.name].shape for spec in self.inputs))
+        try:
+            return self.session.run(self._output_names, casted, self._graphless_options())
+        except Exception as exc:  # ORT's own exception types
+            if not self._unfuse(exc):
+                raise
         self._at_shapes(tuple(casted[spec.name].shape for spec in self.inputs))
         return self.session.run(self._output_names, casted, self._graphless_options())
 
@@ -464,6 +523,21 @@ class OnnxRuntimeEngine(EngineBase):
             self.stream.wait_event(caller.record())
         results = [device_output(outputs, i, spec, shape, self.stream)
                    for i, (spec, shape) in enumerate(zip(self.outputs, shapes))]
+        try:
+            self._tuned_run(xs, results, key)
+        except EngineError as exc:
+            if not self._unfuse(exc):
+                raise
+            self._tuned_run(xs, results, key)  # unfused: no graphs held, a new binding
+        if self._ran is None:
+            self._ran = cp.cuda.Event(disable_timing=True)
+        self._ran.record(self.stream)
+        if caller.ptr != self.stream.ptr:
+            caller.wait_event(self.stream.record())
+        return results
+
+    def _tuned_run(self, xs, results, key) -> None:
+        """One run of the tuned session on self.stream: the graph held for these inputs replayed, else a run."""
         graphed = self._graphs.get(self._key(xs)) if self.cuda_graphs else None
         if graphed is not None:
             self._run(graphed.binding, graphed.run_options)
@@ -476,12 +550,6 @@ class OnnxRuntimeEngine(EngineBase):
                 self._binding, self._run_options = self.session.io_binding(), self._device_run_options()
             self._bind(self._binding, xs, results)
             self._run(self._binding, self._run_options)
-        if self._ran is None:
-            self._ran = cp.cuda.Event(disable_timing=True)
-        self._ran.record(self.stream)
-        if caller.ptr != self.stream.ptr:
-            caller.wait_event(self.stream.record())
-        return results
 
     def _infer_quick(self, session, xs, outputs, shapes, caller) -> list:
         """One batch on the quick session, on its own stream, ordered with the caller's through events."""
@@ -555,6 +623,9 @@ class OnnxRuntimeEngine(EngineBase):
                 self.stream.synchronize()
             except EngineError as exc:
                 del self._graphs[key]
+                if self._unfuse(exc):  # unfused, every graph gone: capture them all again
+                    caller.wait_event(self.stream.record())
+                    return self.capture_graphs(arrays, stream)
                 self.cuda_graphs = False
                 _say_once(self.path, "capture", f"runs without CUDA graphs: capturing one failed ({exc.reason})")
                 break

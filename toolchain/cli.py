@@ -617,10 +617,10 @@ def _int_list(ctx, param, value):
               "on cuda:N where torch is installed, none on the CPU.")
 @click.option("--ort-tuning", type=click.Choice(["auto", "graphs", "off", "both", "all"]), default="auto",
               show_default=True,
-              help="ONNX Runtime models open tuned (auto: NHWC kernels, heuristic cuDNN algorithms), tuned with CUDA "
-                   "graphs of the fixed input (graphs), or with the options of before (off: only the device); both: "
-                   "auto and off, each tuned row's 'vs untuned' dividing by the untuned one; all: the three (models "
-                   "only). Video too.")
+              help="ONNX Runtime models open tuned (auto: NHWC kernels, heuristic cuDNN algorithms, convolutions fused "
+                   "with their bias), tuned with CUDA graphs of the fixed input (graphs), or with the options of "
+                   "before (off: only the device); both: auto and off, each tuned row's 'vs untuned' dividing by "
+                   "the untuned one; all: the three (models only). Video too.")
 @click.option("--first-result/--no-first-result", default=True, show_default=True,
               help="A video benchmark: time to first result in a fresh process (engine open + first batch), twice.")
 @click.option("--baseline", type=click.Path(dir_okay=False),

@@ -51,6 +51,7 @@ def test_the_tuned_session_computes_what_the_default_one_does(pair, lite0_onnx, 
 
     tuned, untuned = pair
     assert tuned.cuda_graphs and tuned.tuning == "graphs" and not untuned.cuda_graphs
+    assert tuned.fused and not untuned.fused  # convolutions fused with their bias (cuDNN's frontend)
     x = _photos_batch(lite0_onnx, photos, 32)
     buf = cp.zeros(x.shape, cp.float32)
     assert tuned.capture_graphs([buf]) == 1
@@ -176,3 +177,33 @@ def test_quick_start_answers_a_new_shape_at_once_and_agrees_with_the_tuned_sessi
         assert eng.quick.quick_runs == 1 and eng.quick._quick is None
     assert (first.argmax(1) == tuned.argmax(1)).all()
     assert np.abs(first - tuned).max() < 2e-2, float(np.abs(first - tuned).max())
+
+
+def test_a_fused_session_cudnn_refuses_runs_unfused_and_right(lite0_fp16, lite0_onnx, photos, monkeypatch, caplog):
+    """On an H100 (ONNX Runtime 1.31.1, cuDNN 9.14) cuDNN refused FP16 Lite0's first convolution fused with its bias
+    under NCHW at run time (HEURISTIC_QUERY_FAILED; session 25's probe). trtc asks for NHWC, where it is accepted, so
+    this test asks for NCHW to get a real refusal: the engine reopens the session unfused, says so once, and its
+    answers have the untuned session's top-1, logits within 5e-2 (FP16)."""
+    import cupy as cp
+
+    import engines
+    import engines.onnxruntime_engine as oe
+
+    _cuda_ok()
+    monkeypatch.setattr(oe, "TUNED_CUDA_OPTIONS", {k: v for k, v in oe.TUNED_CUDA_OPTIONS.items()
+                                                   if k != "prefer_nhwc"})
+    oe._told.clear()
+    path = lite0_fp16.output
+    with caplog.at_level(logging.WARNING, logger="trtc"):
+        with engines.open_engine(path, device="cuda:0", quick_start=False) as eng, \
+                engines.open_engine(path, device="cuda:0", tuning="off") as untuned:
+            assert eng.fused
+            x = _photos_batch(lite0_onnx, photos, 16).astype(eng.inputs[0].numpy_dtype)
+            got = cp.asnumpy(eng.infer(cp.asarray(x))[0]).astype(np.float32)
+            assert not eng.fused, "cuDNN accepted the fused NCHW convolutions: this test needs a refused case"
+            again = cp.asnumpy(eng.infer(cp.asarray(x))[0]).astype(np.float32)
+            want = cp.asnumpy(untuned.infer(cp.asarray(x))[0]).astype(np.float32)
+    assert (got.argmax(1) == want.argmax(1)).all() and (again.argmax(1) == want.argmax(1)).all()
+    assert np.abs(got - want).max() < 5e-2, float(np.abs(got - want).max())
+    said = [r.getMessage() for r in caplog.records if "unfused" in r.getMessage()]
+    assert len(said) == 1 and "CUDNN" in said[0], said

@@ -123,6 +123,10 @@ MUTANTS = [
     Mutant("video_vs_baseline_inverted", "toolchain/bench_video.py",
            "ours.vs_baseline = round(ours.fps / base.fps, 3)", "ours.vs_baseline = round(base.fps / ours.fps, 3)",
            "the video bench's ratio to its --baseline inverted", ("tests/unit/test_bench_video_rows.py",)),
+    Mutant("ort_unfused_keeps_fusion", "engines/onnxruntime_engine.py",
+           "plain = [(providers[0][0], {k: v for k, v in providers[0][1].items() if k != FUSION}), *providers[1:]]",
+           "plain = providers", "a session cuDNN refused fused is reopened with the fusion still on",
+           ("tests/unit/test_ort_tuning.py",)),
 ]
 
 

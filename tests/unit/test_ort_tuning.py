@@ -19,8 +19,9 @@ from engines.errors import EngineError, UsageProblem
 
 
 class Binding:
-    def __init__(self):
+    def __init__(self, owner=None):
         self.inputs, self.outputs = {}, {}
+        self.owner = owner  # the session that made it: ONNX Runtime's IOBinding belongs to one session
 
     def bind_input(self, name, device, device_id, dtype, shape, ptr):
         self.inputs[name] = (ptr, tuple(shape))
@@ -36,6 +37,7 @@ class Session:
         self.real, self.registry, self.runs = real, registry, []
         self.options = providers[0][1] if providers else {}
         self.gate = None  # a threading.Event the quick start's preparing thread waits on (tests of quick start)
+        self.fail = None  # a message every run raises (a session cuDNN refuses)
 
     def get_inputs(self):
         return self.real.get_inputs()
@@ -44,9 +46,11 @@ class Session:
         return self.real.get_outputs()
 
     def io_binding(self):
-        return Binding()
+        return Binding(self)
 
     def run(self, names, feeds, ro=None):  # host arrays: ONNX Runtime's own copies
+        if self.fail:
+            raise RuntimeError(self.fail)
         graph_id = ro.get_run_config_entry("gpu_graph_id") if ro is not None else None
         self.runs.append((graph_id, {k: (None, v.shape) for k, v in feeds.items()}, None))
         return [np.full((len(next(iter(feeds.values()))), 1000), len(self.runs), np.float32)]
@@ -60,6 +64,9 @@ class Session:
             assert self.gate.wait(10), "the test never opened the gate"
             if getattr(self.gate, "fail", None):
                 raise RuntimeError(self.gate.fail)
+        if self.fail:
+            raise RuntimeError(self.fail)
+        assert io.owner is self, "a binding of another session"
         self.runs.append((graph_id, dict(io.inputs), id(io)))
         for ptr, _shape in io.outputs.values():
             self.registry[ptr].host[...] = len(self.runs)
@@ -86,12 +93,16 @@ def cuda_engine(monkeypatch, lite0_onnx):
     asked = []
     sessions = []
 
-    def open_(tuning="auto", refuse_graphs=False, device_buffers=True, quick_start=False, gate=None):
+    def open_(tuning="auto", refuse_graphs=False, device_buffers=True, quick_start=False, gate=None,
+              refuse_fusion=None):
+        """refuse_fusion: the message every run of a session with fuse_conv_bias raises."""
         def session(self, ort_, opts, providers, model=None):
             asked.append(providers[0][1].copy())
             if refuse_graphs and providers[0][1].get("enable_cuda_graph") == "1":
                 raise EngineError("ONNX Runtime cannot load m.onnx: This session cannot use the CUDA Graph feature")
             s = Session(real, registry, providers)
+            if providers[0][1].get("fuse_conv_bias") == "1":
+                s.fail = refuse_fusion
             s.gate = gate if providers[0][1].get("cudnn_conv_algo_search") != "DEFAULT" else None
             s.model = model  # None: the engine's file
             sessions.append(s)
@@ -114,13 +125,15 @@ def cuda_engine(monkeypatch, lite0_onnx):
 def test_a_tuned_cuda_session_asks_for_nhwc_heuristic_algorithms_and_graphs_only_when_told(cuda_engine):
     eng, asked, _ = cuda_engine("auto")
     assert asked[-1]["prefer_nhwc"] == "1" and asked[-1]["cudnn_conv_algo_search"] == "HEURISTIC"
+    assert asked[-1]["fuse_conv_bias"] == "1" and eng.fused  # each convolution fused with its bias by cuDNN
     assert "enable_cuda_graph" not in asked[-1] and not eng.cuda_graphs and eng.capture_graphs([]) == 0
     eng, asked, _ = cuda_engine("graphs")
     assert asked[-1]["prefer_nhwc"] == "1" and asked[-1]["cudnn_conv_algo_search"] == "HEURISTIC"
+    assert asked[-1]["fuse_conv_bias"] == "1" and eng.fused
     assert asked[-1]["enable_cuda_graph"] == "1" and eng.cuda_graphs
     off, asked, _ = cuda_engine("off")
-    assert not ({"prefer_nhwc", "cudnn_conv_algo_search", "enable_cuda_graph"} & set(asked[-1]))
-    assert not off.cuda_graphs
+    assert not ({"prefer_nhwc", "cudnn_conv_algo_search", "enable_cuda_graph", "fuse_conv_bias"} & set(asked[-1]))
+    assert not off.cuda_graphs and not off.fused
     # host arrays only (no device buffers): tuned kernels, but no graphs (they need fixed device addresses)
     host, asked, _ = cuda_engine("graphs", device_buffers=False)
     assert asked[-1]["prefer_nhwc"] == "1" and "enable_cuda_graph" not in asked[-1] and not host.cuda_graphs
@@ -157,6 +170,75 @@ def test_an_onnx_runtime_failure_without_a_message_is_still_one_line(cuda_engine
     session.run_with_iobinding = fail
     with pytest.raises(EngineError, match="ONNX Runtime failed on .*: RuntimeError$"):
         eng.infer(cuda_engine.cp.asarray(np.zeros((2, 3, 224, 224), np.float32)))
+
+
+REFUSED = ("Error in execution: Non-zero status code returned while running Conv node. Name:'node_Conv_881' Status "
+           "Message: Failed to initialize CUDNN Frontend: CUDNN_FE failure 8: HEURISTIC_QUERY_FAILED")
+
+
+def _fused(options) -> bool:
+    return options.get("fuse_conv_bias") == "1"
+
+
+def test_a_fused_session_cudnn_refuses_is_reopened_unfused_and_said_once(cuda_engine, caplog):
+    """What cuDNN said on an H100 of Lite0's first convolution fused under NCHW (session 25): a run of the fused
+    session that fails in cuDNN reopens the session without the fusion, keeping the other tuned options, and the
+    batch runs there; later batches go straight to it; said once per model."""
+    oe._told.clear()
+    cp = cuda_engine.cp
+    x = cp.asarray(np.zeros((2, 3, 224, 224), np.float32))
+    with caplog.at_level(logging.WARNING, logger="trtc"):
+        eng, asked, fused = cuda_engine("auto", refuse_fusion=REFUSED)
+        out = eng.infer(x)[0]
+        assert eng.session is not fused and not eng.fused and len(cuda_engine.sessions) == 2
+        assert not _fused(asked[-1]) and asked[-1]["prefer_nhwc"] == "1"
+        assert asked[-1]["cudnn_conv_algo_search"] == "HEURISTIC" and asked[-1]["user_compute_stream"]
+        assert float(out.host[0, 0]) == 1 and len(eng.session.runs) == 1  # the unfused session's first run
+        eng.infer(x)
+        assert len(cuda_engine.sessions) == 2 and len(eng.session.runs) == 2  # not reopened again
+        host, _, _ = cuda_engine("auto", device_buffers=False, refuse_fusion=REFUSED)  # host arrays, ORT's copies
+        assert host.infer(np.zeros((2, 3, 224, 224), np.float32))[0].shape == (2, 1000) and not host.fused
+    said = [r.getMessage() for r in caplog.records if "unfused" in r.getMessage()]
+    assert len(said) == 1 and "HEURISTIC_QUERY_FAILED" in said[0] and "fused with its bias" in said[0]
+
+
+def test_graphs_of_a_fused_session_cudnn_refuses_are_captured_again_unfused(cuda_engine):
+    eng, asked, _ = cuda_engine("graphs", refuse_fusion=REFUSED)
+    a = cuda_engine.cp.asarray(np.zeros((2, 3, 224, 224), np.float32))
+    assert eng.capture_graphs([a]) == 1 and eng.cuda_graphs and not eng.fused
+    assert asked[-1]["enable_cuda_graph"] == "1" and not _fused(asked[-1])
+    assert [r[0] for r in eng.session.runs] == ["1", "1"]  # the new session's own graph ids, from 1
+    eng.infer(a)
+    assert eng.session.runs[-1][0] == "1"
+
+
+def test_the_quick_start_s_preparation_reopens_a_refused_fused_session(cuda_engine):
+    """The tuned session's first run of a shape is the quick start's preparation, on its own thread: a cuDNN
+    refusal there reopens it unfused and prepares the shape on the new session, while batches ran on the quick
+    session; afterwards they run on the unfused tuned session."""
+    gate = threading.Event()
+    eng, _, fused = cuda_engine("auto", quick_start=True, gate=gate, refuse_fusion=REFUSED)
+    eng.quick._warming.join(10)
+    x = cuda_engine.cp.asarray(np.zeros((4, 3, 224, 224), np.float32))
+    eng.infer(x)
+    gate.set()
+    assert eng.wait_ready(10)
+    assert not eng.fused and eng.session is not fused and not _fused(eng.session.options)
+    prepared = len(eng.session.runs)
+    assert prepared == 2  # the open-time batch and the caller's, prepared on the new session
+    eng.infer(x)
+    assert len(eng.session.runs) == prepared + 1
+
+
+def test_a_failure_that_is_not_cudnn_s_is_raised_and_the_session_stays_fused(cuda_engine):
+    eng, asked, fused = cuda_engine("auto", refuse_fusion="CUDA failure 2: out of memory")
+    with pytest.raises(EngineError, match="out of memory"):
+        eng.infer(cuda_engine.cp.asarray(np.zeros((2, 3, 224, 224), np.float32)))
+    assert eng.fused and eng.session is fused and len(cuda_engine.sessions) == 1
+    host, _, _ = cuda_engine("auto", device_buffers=False, refuse_fusion="CUDA failure 2: out of memory")
+    with pytest.raises(RuntimeError, match="out of memory"):
+        host.infer(np.zeros((2, 3, 224, 224), np.float32))
+    assert host.fused
 
 
 def test_an_unknown_tuning_is_refused_with_the_choices(lite0_onnx):
@@ -294,7 +376,7 @@ def test_quick_start_opens_a_default_algorithm_session_on_its_own_stream(cuda_en
     assert len(quick.runs) == 2 and quick.runs[-1][1]["input"][1] == (2, 3, 224, 224)
     assert _quick_sessions(cuda_engine.sessions) == [quick]  # not opened again
     assert quick.options["cudnn_conv_algo_search"] == "DEFAULT"
-    assert not {"prefer_nhwc", "enable_cuda_graph"} & set(quick.options)
+    assert not {"prefer_nhwc", "enable_cuda_graph", "fuse_conv_bias"} & set(quick.options)
     assert quick.options["user_compute_stream"] != tuned.options["user_compute_stream"]
     assert quick.options["device_id"] == 0
     # the quick session runs the copy with Lite0's depthwise convolutions as multiply-adds; the tuned one the file
