@@ -179,6 +179,13 @@ class QuickStart:
         with self._lock:
             return key in self._ready
 
+    def forget(self) -> None:
+        """The tuned session was replaced (OnnxRuntimeEngine._unfuse): the shapes the old one prepared are prepared
+        again before the new one runs them, each when next asked for (the shape being prepared now, if any, is
+        marked ready when its preparation ends, as before)."""
+        with self._lock:
+            self._ready.clear()
+
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until every shape queued so far is prepared and the quick session's warm-up ended; False when
         ``timeout`` seconds passed first."""

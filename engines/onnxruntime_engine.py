@@ -442,6 +442,8 @@ class OnnxRuntimeEngine(EngineBase):
         self.fused = False
         self._reopen_with = (ort, opts, plain, graphs)
         self._binding, self._graphs, self._graph_ids, self._last_shapes = None, {}, 0, None
+        if self.quick is not None:  # shapes the fused session prepared are new to this one
+            self.quick.forget()
         _say_once(self.path, "fusion", "runs its convolutions unfused: cuDNN refused a convolution fused with its "
                                        f"bias ({_cudnn_reason(exc)})")
         return True

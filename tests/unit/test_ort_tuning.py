@@ -230,6 +230,26 @@ def test_the_quick_start_s_preparation_reopens_a_refused_fused_session(cuda_engi
     assert len(eng.session.runs) == prepared + 1
 
 
+def test_shapes_the_fused_session_prepared_are_prepared_again_on_the_unfused_one(cuda_engine, lite0_onnx):
+    """The open-time batch is prepared on the fused session; cuDNN then refuses a new shape, and the session is
+    reopened unfused: the open-time batch is new to that session, so its next batch runs on the quick session while
+    the unfused one prepares it, not straight on a session that never ran it (seconds on the caller's thread)."""
+    gate = threading.Event()
+    gate.set()
+    eng, _, fused = cuda_engine("auto", quick_start=True, gate=gate)
+    n = _manifest_batch(lite0_onnx[0])
+    assert eng.wait_ready(10) and eng.fused and [r[1]["input"][1] for r in fused.runs] == [(n, 3, 224, 224)]
+    fused.fail = REFUSED
+    cp = cuda_engine.cp
+    eng.infer(cp.asarray(np.zeros((1, 3, 224, 224), np.float32)))  # a new shape: refused while being prepared
+    assert eng.wait_ready(10) and not eng.fused
+    before = eng.quick.quick_runs
+    eng.infer(cp.asarray(np.zeros((n, 3, 224, 224), np.float32)))
+    assert eng.quick.quick_runs == before + 1  # on the quick session, while the unfused one prepares it
+    assert eng.wait_ready(10)
+    assert [r[1]["input"][1] for r in eng.session.runs] == [(1, 3, 224, 224), (n, 3, 224, 224)]
+
+
 def test_a_failure_that_is_not_cudnn_s_is_raised_and_the_session_stays_fused(cuda_engine):
     eng, asked, fused = cuda_engine("auto", refuse_fusion="CUDA failure 2: out of memory")
     with pytest.raises(EngineError, match="out of memory"):
