@@ -5,12 +5,12 @@ Why: the tuned session (NHWC kernels, heuristic algorithm choice, convolutions f
 convolutions at the first run of each input shape, and cuDNN 9 compiles some of their kernels then (NVRTC;
 ``libcudnn_engines_runtime_compiled`` and ``libnvrtc`` are loaded by that run). On an H100 (ORT 1.31.1, cuDNN 9.14,
 FP16, batch 64) that first run took 2.3-4.6 s for EfficientNet-Lite0, 4.5 s of it in its convolutions, and again
-2.1-2.7 s at every other batch size; 0.75 s for ResNet-50. A session with cuDNN's default algorithms runs its first batch of 64 in 0.26 s (ResNet-50) and
-0.90 s (Lite0), though at 2,833 and 191 img/s afterwards. Both sessions gave the same top-1 on those batches
-(largest logit difference 0.006 for Lite0). So a caller gets its first results from the quick session and the
-tuned speed once the tuned session is ready; the quick session is let go when no shape is being prepared. Those
-figures are from before the fusion; with it (session 25) Lite0 FP16's first run took ~2.8 s longer (cuDNN builds a
-plan per fused convolution).
+2.1-2.7 s at every other batch size; 0.75 s for ResNet-50. A session with cuDNN's default algorithms runs its first
+batch of 64 in 0.26 s (ResNet-50) and 0.90 s (Lite0), though at 2,833 and 191 img/s afterwards. Both sessions gave
+the same top-1 on those batches (largest logit difference 0.006 for Lite0). So a caller gets its first results from
+the quick session and the tuned speed once the tuned session is ready; the quick session is let go when no shape is
+being prepared. Those figures are from before the fusion; with it (session 25) Lite0 FP16's first run took ~2.8 s
+longer (cuDNN builds a plan per fused convolution).
 
 With default algorithms ONNX Runtime asks cuDNN's frontend for the engines of its FALLBACK heuristic mode
 for every convolution (it logs "running in Fallback mode" for each). For depthwise convolutions those are generic
