@@ -150,7 +150,7 @@ def session_options(ort, threads: int | None = None, qdq_fusion: bool = True):
 # batch) Lite0 5.72 -> 3.96 s, ResNet-50 0.92 -> 0.76 s. prefer_nhwc gives most of the speed; HEURISTIC cuDNN
 # algorithm choice ran as fast as the default EXHAUSTIVE search (within 1%) and starts 1.5-2 s sooner. DEFAULT
 # started fastest but ran at 164-2,486 img/s (cuDNN's fallback kernels), so it is not used. fuse_conv_bias (each
-# convolution with its bias and activation as one cuDNN frontend graph; session 25, H100, docs/BENCHMARKS.md): Lite0
+# convolution with its bias as one cuDNN frontend graph; session 25, H100, docs/BENCHMARKS.md): Lite0
 # FP16 engine-only 14.8-15.2k -> 22.2-22.4k img/s and its 16-stream video pipeline 12.0-12.6k -> 16.6-17.5k fps (one
 # machine, alternating); ResNet-50 FP16 unchanged (16,376 -> 16,418). Top-1 as without it (trtc validate on the GPU:
 # 99.6% against FP32, the same one flip). Its cost: the tuned session's first run at a new shape takes ~2.8 s longer
