@@ -347,16 +347,14 @@ class OnnxRuntimeEngine(EngineBase):
         """Run the tuned session once on zeros of these input shapes (on the quick start's thread), after the
         caller's runs of it already enqueued have finished (QuickStart.route sends none meanwhile)."""
         self.stream.synchronize()
-        for _ in range(2):  # again once, unfused, when cuDNN refused a fused convolution (_unfuse)
+
+        def prepare():
             self._at_shapes(key)
             run_options = self._device_run_options()
-            try:
-                self._run_on_zeros(self.session, self.inputs, self.outputs, key, self.stream,
-                                   lambda io: self._run(io, run_options))
-                return
-            except EngineError as exc:
-                if not self._unfuse(exc):
-                    raise
+            self._run_on_zeros(self.session, self.inputs, self.outputs, key, self.stream,
+                               lambda io: self._run(io, run_options))
+
+        self._unfused_if_refused(prepare)
 
     def _run_on_zeros(self, session, inputs, outputs, key, stream, run) -> None:
         """``run(io)`` once with ``session``'s inputs bound to zeros of the shapes ``key`` and its outputs to new
@@ -424,6 +422,17 @@ class OnnxRuntimeEngine(EngineBase):
                 return session, False
         return self._session(ort, opts, providers), False
 
+    def _unfused_if_refused(self, run):
+        """``run()``; when it fails because cuDNN refused a fused convolution, ``run()`` again on the session
+        reopened unfused (:meth:`_unfuse`; ``run`` reads ``self.session`` and its bindings anew). Other failures
+        are raised."""
+        try:
+            return run()
+        except Exception as exc:  # EngineError from _run, ORT's own types from a host run
+            if not self._unfuse(exc):
+                raise
+        return run()
+
     def _unfuse(self, exc: Exception) -> bool:
         """After a run of the tuned session failed with ``exc``: when the session fuses convolutions with their bias
         and cuDNN refused (a message naming cuDNN; e.g. HEURISTIC_QUERY_FAILED for Lite0's first convolution under
@@ -473,14 +482,12 @@ class OnnxRuntimeEngine(EngineBase):
             if spec.name not in feeds:
                 raise UsageProblem(f"no data for model input {spec.name!r}")
             casted[spec.name] = np.ascontiguousarray(feeds[spec.name], dtype=spec.numpy_dtype)
-        self._at_shapes(tuple(casted[spec.name].shape for spec in self.inputs))
-        try:
+
+        def run():
+            self._at_shapes(tuple(casted[spec.name].shape for spec in self.inputs))
             return self.session.run(self._output_names, casted, self._graphless_options())
-        except Exception as exc:  # ORT's own exception types
-            if not self._unfuse(exc):
-                raise
-        self._at_shapes(tuple(casted[spec.name].shape for spec in self.inputs))
-        return self.session.run(self._output_names, casted, self._graphless_options())
+
+        return self._unfused_if_refused(run)
 
     def _graphless_options(self):
         """Run options for a run that must not use a CUDA graph (host arrays: ONNX Runtime's own copies), or None
@@ -525,12 +532,7 @@ class OnnxRuntimeEngine(EngineBase):
             self.stream.wait_event(caller.record())
         results = [device_output(outputs, i, spec, shape, self.stream)
                    for i, (spec, shape) in enumerate(zip(self.outputs, shapes))]
-        try:
-            self._tuned_run(xs, results, key)
-        except EngineError as exc:
-            if not self._unfuse(exc):
-                raise
-            self._tuned_run(xs, results, key)  # unfused: no graphs held, a new binding
+        self._unfused_if_refused(lambda: self._tuned_run(xs, results, key))
         if self._ran is None:
             self._ran = cp.cuda.Event(disable_timing=True)
         self._ran.record(self.stream)
