@@ -72,6 +72,7 @@ import resource
 import threading
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -543,8 +544,6 @@ def _baseline_options(model: str, baseline: str, tuning: str, model_tuning: str)
     """``engines.open_engine``'s options for the baseline, or a UsageProblem before anything opens: a tuning
     that is not auto or off, "off" for a model ONNX Runtime does not run, or the model itself opened as the model
     is (at ``model_tuning``)."""
-    from pathlib import Path
-
     from engines import split_engine
 
     if tuning not in ("auto", "off"):
@@ -562,8 +561,6 @@ def _baseline_options(model: str, baseline: str, tuning: str, model_tuning: str)
 
 def _open_baseline(baseline: str, tuning: str, options: dict, device: str, batch: int) -> tuple:
     """(name suffix, engine, preprocessing spec) of the baseline, checked to take the bench's batch."""
-    from pathlib import Path
-
     import engines
     from engines.video.pipeline import _check_batch
 
@@ -586,8 +583,6 @@ def _open_baseline(baseline: str, tuning: str, options: dict, device: str, batch
 def program_options(model: str) -> dict:
     """``engines.open_engine``'s options for a program (the compiled PyTorch engine) whose rows are timed: no quick
     start, so that no timed batch runs eagerly while its precompiled function loads; none for other models."""
-    from pathlib import Path
-
     from engines import PROGRAM_SUFFIXES, TORCH_PREFIXES, split_engine
 
     prefix, path, _ = split_engine(model)
@@ -597,8 +592,6 @@ def program_options(model: str) -> dict:
 def engine_options(model: str, tuning: str) -> dict:
     """``engines.open_engine``'s options for ``model`` at ONNX Runtime ``tuning``: those of
     :func:`toolchain.bench.ort_options` for an ONNX Runtime model, none for others (opencv:, plans, programs)."""
-    from pathlib import Path
-
     from engines import split_engine
     from engines.manifest import read_manifest_if_any
 
