@@ -1,11 +1,15 @@
-"""Shared fixtures. Real models are exported once per test session (they take seconds each on two cores)."""
+"""Shared fixtures. Real models are exported once per test run: under pytest-xdist the first worker that needs one
+makes it and the others load what it made (see :func:`made_once`)."""
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import os
+import pickle
 import shutil
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -30,6 +34,9 @@ needs_export = pytest.mark.skipif(not HAS_EXPORT, reason='needs the export and c
 
 
 def pytest_collection_modifyitems(config, items):
+    # tests marked slow first (a stable sort keeps the rest in order): under pytest-xdist a worker that starts one
+    # late is still running it when the others have nothing left, and the run waits for it
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     if _has_gpu():
         return
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU (run on the GPU machine)")
@@ -82,6 +89,32 @@ def pytest_runtest_makereport(item, call):
         report.outcome, report.longrepr = "failed", why
 
 
+def made_once(tmp_path_factory, name: str, make):
+    """``make(folder)`` run once per test run, its result shared by every pytest-xdist worker.
+
+    Without xdist this is ``make(tmp_path_factory.mktemp(name))``. Under xdist the workers of one run share the
+    parent of their base temporary folders: the first worker to get here takes an exclusive lock on ``name.lock``
+    there, makes the artifact in ``name/`` and pickles what ``make`` returned; a worker that gets the lock after it
+    loads that pickle. A ``make`` that raised leaves no pickle, so the next worker tries again (and fails the same
+    way, with its own traceback)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return make(tmp_path_factory.mktemp(name))
+    root = Path(tmp_path_factory.getbasetemp()).parent
+    done = root / f"{name}.pickle"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if done.exists():
+            return pickle.loads(done.read_bytes())
+        folder = root / name
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir()
+        result = make(folder)
+        tmp = done.with_suffix(".tmp")
+        tmp.write_bytes(pickle.dumps(result))
+        tmp.replace(done)
+        return result
+
+
 @pytest.fixture(scope="session")
 def photos():
     """scikit-image's photos; an error here is an error (a skip would hide every Lite0 test)."""
@@ -97,9 +130,11 @@ def lite0_onnx(tmp_path_factory, photos):
         pytest.skip("needs the export extra")
     from toolchain.export import export_onnx
 
-    out = tmp_path_factory.mktemp("lite0") / "lite0.onnx"
-    report = export_onnx("pretrained:efficientnet-lite0", out, check_data=photos)
-    return out, report
+    def make(folder):
+        out = folder / "lite0.onnx"
+        return out, export_onnx("pretrained:efficientnet-lite0", out, check_data=photos)
+
+    return made_once(tmp_path_factory, "lite0", make)
 
 
 @pytest.fixture(scope="session")
@@ -129,13 +164,15 @@ def resnet18_onnx(tmp_path_factory, resnet18_weights, photos):
     from toolchain.export import export_onnx
 
     weights, _ = resnet18_weights
-    d = tmp_path_factory.mktemp("r18onnx")
-    labels = d / "classes.txt"
-    labels.write_text("\n".join(f"class-{i}" for i in range(10)) + "\n")
-    out = d / "r18.onnx"
-    report = export_onnx("torchvision:resnet18", out, weights=str(weights), num_classes=10, labels=str(labels),
-                         check_data=photos)
-    return out, report
+
+    def make(d):
+        labels = d / "classes.txt"
+        labels.write_text("\n".join(f"class-{i}" for i in range(10)) + "\n")
+        out = d / "r18.onnx"
+        return out, export_onnx("torchvision:resnet18", out, weights=str(weights), num_classes=10,
+                                labels=str(labels), check_data=photos)
+
+    return made_once(tmp_path_factory, "r18onnx", make)
 
 
 def softmax(x: np.ndarray) -> np.ndarray:
@@ -196,8 +233,8 @@ def lite0_fp16(tmp_path_factory, lite0_onnx, bikes, photos):
     """FP16 Lite0, checked on the photos and every frame of bikes.mp4 (FP16 calibrates on nothing)."""
     from toolchain.quantize import quantize_onnx
 
-    out = tmp_path_factory.mktemp("lite0fp16") / "lite0.fp16.onnx"
-    return quantize_onnx(lite0_onnx[0], out, precision="fp16", check=[*map(str, photos), str(bikes)])
+    return made_once(tmp_path_factory, "lite0fp16", lambda d: quantize_onnx(
+        lite0_onnx[0], d / "lite0.fp16.onnx", precision="fp16", check=[*map(str, photos), str(bikes)]))
 
 
 @pytest.fixture(scope="session")
@@ -206,9 +243,9 @@ def lite0_int8(tmp_path_factory, lite0_onnx, bikes, calib_cache):
     split between tuning the search and the check."""
     from toolchain.quantize import quantize_onnx
 
-    out = tmp_path_factory.mktemp("lite0int8") / "lite0.int8.onnx"
-    return quantize_onnx(lite0_onnx[0], out, precision="int8", calib=[str(bikes)], calib_count=64,
-                         target_agreement=0.97, calib_cache=calib_cache / "lite0.json")
+    return made_once(tmp_path_factory, "lite0int8", lambda d: quantize_onnx(
+        lite0_onnx[0], d / "lite0.int8.onnx", precision="int8", calib=[str(bikes)], calib_count=64,
+        target_agreement=0.97, calib_cache=calib_cache / "lite0.json"))
 
 
 @pytest.fixture(scope="session")
@@ -217,9 +254,9 @@ def lite0_int8_plain(tmp_path_factory, lite0_onnx, bikes, calib_cache):
     the other 186 (issue 13: what a default ONNX Runtime session computes)."""
     from toolchain.quantize import quantize_onnx
 
-    out = tmp_path_factory.mktemp("lite0int8plain") / "lite0.int8.onnx"
-    return quantize_onnx(lite0_onnx[0], out, precision="int8", calib=[str(bikes)], calib_count=64,
-                         calib_cache=calib_cache / "lite0.json")
+    return made_once(tmp_path_factory, "lite0int8plain", lambda d: quantize_onnx(
+        lite0_onnx[0], d / "lite0.int8.onnx", precision="int8", calib=[str(bikes)], calib_count=64,
+        calib_cache=calib_cache / "lite0.json"))
 
 
 @pytest.fixture(scope="session")
@@ -227,7 +264,7 @@ def test_videos(tmp_path_factory, bikes):
     """Format and bad-input videos derived from bikes.mp4 with PyAV (see toolchain.datasets.make_test_videos)."""
     from toolchain.datasets import make_test_videos
 
-    return make_test_videos(tmp_path_factory.mktemp("videos"))
+    return made_once(tmp_path_factory, "videos", make_test_videos)
 
 
 @pytest.fixture(scope="module")
