@@ -10,6 +10,7 @@ returns a summary with per-source counts, the last frame each source got to, and
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -55,10 +56,13 @@ class RunSummary:
     # seconds from the start of run_video: engine(s), workers or actors ready ("ready_s"), first and last prediction
     # written; "started_at": that start, Unix seconds. Start-up is outside "seconds" (the frames/s span)
     timing: dict = field(default_factory=dict)
+    # -o could not be written to the end (a full disk, an I/O error): {"reason", "lines" (complete lines kept),
+    # "left" (the file holding them when it could not be moved onto -o, else None)}; the run stopped there
+    write_error: dict | None = None
 
     @property
     def ok(self) -> bool:
-        return not self.problems and not self.interrupted
+        return not self.problems and not self.interrupted and not self.write_error
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -193,6 +197,50 @@ def run_video(sources, model, *, device: str = "auto", batch: int | None = None,
     reporter = reporter or Reporter()
     started_at = time.time()
     sources, out_path, live_sources = _check_request(sources, model, device, output, resume, live, ray)
+    with contextlib.ExitStack() as held:
+        if out_path is not None:
+            held.enter_context(_one_writer(out_path))
+        return _run_video(sources, model, out_path, live_sources, started_at, device=device, batch=batch,
+                          top_k=top_k, stride=stride, decoder=decoder, colorspace=colorspace, scores=scores,
+                          max_wait_ms=max_wait_ms, loop=loop, realtime=realtime, latency=latency,
+                          with_latency=with_latency, force=force, resume=resume, reporter=reporter, stream=stream,
+                          ray=ray, ray_actors=ray_actors, ray_streams=ray_streams, live=live,
+                          live_options=live_options)
+
+
+@contextlib.contextmanager
+def _one_writer(out_path: Path):
+    """The lock of ``-o`` for the whole run (:func:`engines._io.output_lock`): a second run on the same output is
+    refused at once, naming the one writing it; a lock left by a run that is gone is taken over, said once."""
+    import logging
+
+    from engines._io import OutputBusy, output_lock
+
+    def who(h):
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(h["started"])) if h.get("started") else "?"
+        return f"PID {h.get('pid', '?')} on {h.get('host', '?')} since {since}"
+
+    with contextlib.ExitStack() as stack:
+        try:
+            got = stack.enter_context(output_lock(out_path))
+        except OutputBusy as busy:
+            raise UsageProblem(f"{out_path} is being written by another trtc run ({who(busy.holder)})",
+                               f"wait for that run to end (or stop it: kill {busy.holder.get('pid', '<pid>')}), or "
+                               "give another -o") from None
+        except OSError:  # the folder refuses the lock file: the output check says why, with its fix
+            from .outputs import check_output_path
+
+            check_output_path(out_path, True, suffix=None)
+            raise
+        if got.get("stale"):
+            logging.getLogger("trtc").warning("%s: took over its lock, left by a trtc run that is no longer "
+                                              "running (%s)", out_path, who(got["stale"]))
+        yield
+
+
+def _run_video(sources, model, out_path, live_sources, started_at, *, device, batch, top_k, stride, decoder,
+               colorspace, scores, max_wait_ms, loop, realtime, latency, with_latency, force, resume, reporter,
+               stream, ray, ray_actors, ray_streams, live, live_options) -> RunSummary:
     prior = _prior_output(out_path, model, sources, stride, top_k, force, resume, ray, reporter)
     options = dict(batch=batch, top_k=top_k, stride=stride, decoder=decoder, colorspace=colorspace, scores=scores,
                    max_wait_ms=max_wait_ms, loop=loop, realtime=realtime, latency=latency, done=prior.done,
@@ -227,6 +275,9 @@ def _check_request(sources, model, device, output, resume, live, ray):
         raise UsageProblem("no video sources given", "trtc run clip.mp4 --model model.onnx")
     out_path = Path(output) if output and output != "-" else None
     if out_path is not None:
+        from .outputs import refuse_special
+
+        refuse_special(out_path, suffix=".jsonl")  # before the lock file beside it (/dev/null: not in /dev)
         _refuse_writing_over_inputs(out_path, model, sources)
     if resume and out_path is None:
         raise UsageProblem("--resume continues an output file", "give the file of the earlier run with -o")
@@ -324,6 +375,9 @@ class _Lines:
     def __init__(self, out_path, prior: _Prior, stream, with_latency: bool):
         self.out_path, self.kept_bytes, self.with_latency = out_path, prior.bytes, with_latency
         self.tmp = None
+        self.error: OSError | None = None  # the write that failed (-o only); the run stops at it
+        self.kept_lines = 0  # after a failed write: the complete lines kept
+        self.left: Path | None = None  # where the complete lines stayed when they could not be moved onto -o
         self.written = self.events = 0  # lines this run wrote; of them, events
         self.last = dict(prior.done)  # source -> last frame in the output
         self.latencies: list = []
@@ -349,7 +403,7 @@ class _Lines:
         line = getattr(item, "line", None) if frame else None
         if not isinstance(line, str):
             line = json_line(item, self.with_latency)
-        self.sink.write(line.encode() if self.tmp is not None else line)  # one whole line per call
+        self._put(line)  # one whole line per call
         self.written += 1
         if not frame:  # a live source's event: a line of its own among the predictions
             self.events += 1
@@ -365,7 +419,7 @@ class _Lines:
         with one write of whole lines; returns how many."""
         text = "".join(block.lines if block.lines is not None else
                        (json_line(p, self.with_latency) for p in block.predictions()))
-        self.sink.write(text.encode() if self.tmp is not None else text)
+        self._put(text)
         self.written += len(block)
         for source, (_n, last) in block.per_source().items():
             self.last[source] = last
@@ -374,28 +428,93 @@ class _Lines:
         self._written_one()
         return len(block)
 
+    def _put(self, text: str) -> None:
+        if self.tmp is None:
+            self.sink.write(text)
+            return
+        try:
+            self.sink.write(text.encode())
+        except OSError as exc:
+            self.error = exc
+            raise _WriteFailed from exc
+
     def _written_one(self) -> None:
         """After predictions were written: their times, and complete lines on disk at least once a second."""
         now = time.perf_counter()
         self.first_at = self.first_at or time.time()
         self.last_at = time.time()
         if self.tmp is not None and now - self.synced > 1.0:  # complete lines on disk in the temporary file
-            self.sink.flush()
-            os.fsync(self.sink.fileno())
+            try:
+                self.sink.flush()
+                os.fsync(self.sink.fileno())
+            except OSError as exc:
+                self.error = exc
+                raise _WriteFailed from exc
             self.synced = now
 
     def close(self) -> None:
         if self.tmp is None:
             self.sink.flush()
             return
-        self.sink.flush()
-        os.fsync(self.sink.fileno())
+        if self.error is None:
+            try:
+                self.sink.flush()
+                os.fsync(self.sink.fileno())
+            except OSError as exc:
+                self.error = exc
+        if self.error is not None:
+            self._keep_complete_lines()
+            return
         self.sink.close()
         if self.written or self.kept_bytes:
             os.replace(self.tmp, self.out_path)
         else:
             self.tmp.unlink(missing_ok=True)
             self.out_path = None
+
+    def _keep_complete_lines(self) -> None:
+        """After a failed write: the temporary file cut after its last complete line (cutting needs no space),
+        then moved onto -o; where even the rename fails, it stays where it is and ``left`` names it."""
+        with contextlib.suppress(OSError):
+            self.sink.close()  # its buffer cannot be written either: what is on disk is what there is
+        with self.tmp.open("r+b") as f:
+            size = f.seek(0, os.SEEK_END)
+            end = size
+            while end > 0:  # back to the last newline, a block at a time
+                start = max(0, end - (1 << 16))
+                f.seek(start)
+                at = f.read(end - start).rfind(b"\n")
+                if at >= 0:
+                    end = start + at + 1
+                    break
+                end = start
+            f.truncate(end)
+            with contextlib.suppress(OSError):
+                os.fsync(f.fileno())
+        self.kept_lines = self._count_lines(end)
+        if end == 0:
+            self.tmp.unlink(missing_ok=True)
+            self.out_path = None
+            return
+        try:
+            os.replace(self.tmp, self.out_path)
+        except OSError:
+            self.left = self.tmp
+
+    def _count_lines(self, end: int) -> int:
+        n = 0
+        with self.tmp.open("rb") as f:
+            while end > 0:
+                chunk = f.read(min(end, 1 << 22))
+                if not chunk:
+                    break
+                n += chunk.count(b"\n")
+                end -= len(chunk)
+        return n
+
+
+class _WriteFailed(Exception):
+    """-o could not be written (``_Lines.error`` says why): the run stops, keeping every complete line."""
 
 
 def _write_lines(run, lines: _Lines, reporter, sources, device, ray, complete, finished) -> bool:
@@ -428,6 +547,8 @@ def _write_lines(run, lines: _Lines, reporter, sources, device, ray, complete, f
                 bar.failed = "every source failed"
     except KeyboardInterrupt:
         interrupted = True
+    except _WriteFailed:
+        pass  # lines.error says why; close() keeps every complete line
     finally:
         preds.close()  # stops the decoder threads and fills in the run's statistics
         lines.close()
@@ -457,7 +578,10 @@ def _summary(model, device, sources, run, lines: _Lines, prior: _Prior, interrup
                       resumed_lines=prior.lines, ray=_ray_summary(ray_info, run, prior.complete),
                       dropped=dict(stats.get("dropped") or {}), missing=dict(stats.get("missing") or {}),
                       damaged=dict(stats.get("damaged") or {}), events=lines.events,
-                      signal=stop_signal() if interrupted else None, live=live_sources)
+                      signal=stop_signal() if interrupted else None, live=live_sources,
+                      write_error=None if lines.error is None else {
+                          "reason": lines.error.strerror or type(lines.error).__name__,
+                          "lines": lines.kept_lines, "left": str(lines.left) if lines.left else None})
 
 
 def _timing(started_at: float, ready_at: float, lines: _Lines) -> dict:
@@ -490,12 +614,13 @@ def _orphans(out_path: Path, resume: bool, reporter) -> None:
     if resume and not out_path.exists():
         newest = found.pop()
         os.replace(newest, out_path)
-        log.warning("%s: resuming from %s, left by an earlier run that was killed before it could finish the file",
+        log.warning("%s: resuming from %s, left by an earlier run that could not finish the file (killed, or its "
+                    "disk was full)",
                     out_path, newest.name)
     for f in found:
-        log.warning("%s was left by an earlier trtc run on %s that was killed (%d bytes); it is not used: delete it, "
-                    "or rename it to %s and add --resume to continue from it", f, out_path.name, f.stat().st_size,
-                    out_path.name)
+        log.warning("%s was left by an earlier trtc run on %s that did not finish it (killed, or its disk was full; "
+                    "%d bytes); it is not used: delete it, or rename it to %s and add --resume to continue from it",
+                    f, out_path.name, f.stat().st_size, out_path.name)
 
 
 def _alive(pid: int) -> bool:
