@@ -425,7 +425,9 @@ def render_run(console, summary) -> None:
     from rich.table import Table
 
     # one sentence, never broken by rich ("108.7 \nfps"): the terminal may wrap it, the text has no newline
-    state = "interrupted after" if summary.interrupted else ""
+    write_error = getattr(summary, "write_error", None)
+    state = ("interrupted after" if summary.interrupted else
+             "stopped by a write error after" if write_error else "")
     console.print(f"{state} {summary.frames} frames in {summary.seconds:.2f} s = {summary.fps:.1f} fps on "
                   f"{summary.device} ({summary.decoder}; mean batch {summary.mean_batch:.1f})".strip(),
                   soft_wrap=True, highlight=False)
@@ -448,7 +450,8 @@ def render_run(console, summary) -> None:
     for src in shown:
         p = problems.get(src)
         if p is None:
-            status = "[green]ok[/]" if not summary.interrupted else "[yellow]interrupted[/]"
+            status = ("[yellow]interrupted[/]" if summary.interrupted else
+                      "[red]stopped: -o not written[/]" if write_error else "[green]ok[/]")
         else:  # what happened, without the source's name again (it is in the first column)
             reason = p["reason"][len(src) + 2:] if p["reason"].startswith(f"{src}: ") else p["reason"]
             status = f"[red]{escape(reason)}[/]"

@@ -491,7 +491,7 @@ class _Lines:
             f.truncate(end)
             with contextlib.suppress(OSError):
                 os.fsync(f.fileno())
-        self.kept_lines = self._count_lines(end)
+        self.kept_lines = self._reread(end)
         if end == 0:
             self.tmp.unlink(missing_ok=True)
             self.out_path = None
@@ -501,15 +501,19 @@ class _Lines:
         except OSError:
             self.left = self.tmp
 
-    def _count_lines(self, end: int) -> int:
+    def _reread(self, end: int) -> int:
+        """The complete lines kept, and each source's last frame among them (the summary's "last frame" and the
+        next --resume must agree with the file, not with what was handed to the failed write)."""
         n = 0
+        last: dict = {}
         with self.tmp.open("rb") as f:
-            while end > 0:
-                chunk = f.read(min(end, 1 << 22))
-                if not chunk:
-                    break
-                n += chunk.count(b"\n")
-                end -= len(chunk)
+            for raw in f:
+                n += 1
+                with contextlib.suppress(ValueError, KeyError, TypeError):
+                    d = json.loads(raw)
+                    if "frame" in d:
+                        last[str(d["source"])] = int(d["frame"])
+        self.last = last
         return n
 
 
@@ -576,7 +580,10 @@ def _summary(model, device, sources, run, lines: _Lines, prior: _Prior, interrup
                       output=str(lines.out_path) if lines.out_path else None, latency_ms=lat,
                       interrupted=interrupted, last_frame={s: lines.last.get(s) for s in sources},
                       resumed_lines=prior.lines, ray=_ray_summary(ray_info, run, prior.complete),
-                      dropped=dict(stats.get("dropped") or {}), missing=dict(stats.get("missing") or {}),
+                      # frames dropped because inference lagged: a live source's; a file's frames are never
+                      # dropped (those decoded when a run stops are simply not classified)
+                      dropped={s: n for s, n in (stats.get("dropped") or {}).items() if s in live_sources},
+                      missing=dict(stats.get("missing") or {}),
                       damaged=dict(stats.get("damaged") or {}), events=lines.events,
                       signal=stop_signal() if interrupted else None, live=live_sources,
                       write_error=None if lines.error is None else {
