@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -270,7 +271,7 @@ def _check_request(sources, model, device, output, resume, live, ray):
     sources = [os.fspath(s) for s in sources]
     if not str(device).strip():
         raise UsageProblem("--device is empty", "use auto, cpu, cuda:N, a list such as cuda:0,cuda:1, or cuda:all")
-    sources = batch_sources(sources) if ray is not None else _no_batch(sources)
+    sources = batch_sources(sources) if ray is not None else _no_batch(sources, model)
     if not sources:
         raise UsageProblem("no video sources given", "trtc run clip.mp4 --model model.onnx")
     out_path = Path(output) if output and output != "-" else None
@@ -742,16 +743,49 @@ def _refuse_writing_over_inputs(out_path: Path, model, sources: list[str]) -> No
                                "give -o another file, e.g. preds.jsonl")
 
 
-def _no_batch(sources: list[str]) -> list[str]:
+def _no_batch(sources: list[str], model) -> list[str]:
     for s in sources:
-        if s.startswith("@") or ("://" not in s and Path(s).is_dir()):
-            raise UsageProblem(f"{s} is a batch of videos (a folder or a list)",
+        if "://" not in s and not s.startswith("@") and Path(s).is_dir():
+            _refuse_folder(s, model)
+        if s.startswith("@"):
+            raise UsageProblem(f"{s} is a list of videos (a batch)",
                                "run batches with --ray (a local Ray instance by default; pip install 'trtc[ray]')")
+        if "://" not in s and not os.path.exists(s):  # missing input: exit 2, before any model is opened
+            folder = os.path.dirname(s) or "."
+            raise UsageProblem(f"no such file: {s}", f"check the path (ls {folder})")
     seen: set = set()
     twice = [s for s in sources if s in seen or seen.add(s)]
     if twice:  # its lines could not be told apart: results are keyed by source and frame
         raise UsageProblem(f"{twice[0]} is listed twice", "give each source once; --loop N reads each one N times")
     return sources
+
+
+def _refuse_folder(s: str, model) -> None:
+    """A folder given as a source without --ray: said for what it holds (videos, images, nothing of use)."""
+    from collections import Counter
+
+    from engines.preprocess import IMAGE_SUFFIXES
+
+    videos = 0
+    images: Counter = Counter()
+    for f in os.listdir(s):
+        suffix = os.path.splitext(f)[1]
+        videos += suffix.lower() in VIDEO_SUFFIXES
+        if suffix.lower() in IMAGE_SUFFIXES:
+            images[suffix] += 1
+    if videos:
+        raise UsageProblem(f"{s} is a folder of videos (a batch)", f"give the videos one by one (trtc run "
+                           f"{os.path.join(s, '*.mp4')} ...), or run the folder as a batch with --ray (a local Ray "
+                           "instance by default; pip install 'trtc[ray]')")
+    if images:
+        folder = s.rstrip("/") or "/"
+        name = os.path.basename(os.path.abspath(folder)) or "frames"
+        pattern = shlex.quote(os.path.join(folder, "*" + images.most_common(1)[0][0]))
+        raise UsageProblem(f"{s} is a folder of images, and trtc run classifies videos and cameras",
+                           f"make a video of them, one image a second, and run that: ffmpeg -framerate 1 -pattern_type "
+                           f"glob -i {pattern} -pix_fmt yuv420p -vf 'scale=trunc(iw/2)*2:trunc(ih/2)*2' {name}.mp4 && "
+                           f"trtc run {name}.mp4 --model {shlex.quote(str(model))}")
+    raise UsageProblem(f"{s} is a folder with no video in it", "give a video file or a camera URL (rtsp://...)")
 
 
 def done_file(out_path: Path) -> Path:
