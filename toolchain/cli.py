@@ -862,7 +862,28 @@ def run(state: State, sources, model, engine, device, batch, top_k, stride, outp
 
         sys.exit(exit_code())
     if not summary.ok:
+        if summary.problems:  # the table says what happened to each; one error line says what it means
+            _say_bad_sources(summary)
         sys.exit(1)
+
+
+def _say_bad_sources(summary) -> None:
+    """One `error:` line after the table for the sources that could not be read (exit 1), the first's fix under it."""
+    import re
+
+    first = summary.problems[0]
+    reason, fix = first["reason"], None
+    m = re.search(r" \(fix: (.*)\)$", reason)
+    if m:
+        reason, fix = reason[:m.start()], m.group(1)
+    if not reason.startswith(first["source"]):
+        reason = f"{first['source']}: {reason}"
+    n, total = len(summary.problems), len(summary.sources)
+    more = f" ({n - 1} more source(s) failed: see the table)" if n > 1 else ""
+    whole = "; the others completed" if n < total else ""
+    click.echo(f"error: {reason}{more}{whole}", err=True)
+    if fix:
+        click.echo(f"  fix: {fix}", err=True)
 
 
 def _say_write_error(summary, output) -> None:

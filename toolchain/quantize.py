@@ -159,6 +159,9 @@ def quantize_onnx(model: str | Path, output: str | Path | None = None, *, precis
                                                   target_agreement, calib_count, check_count, calib, check)
     src = Path(model)
     _refuse_program(src, precision)
+    from .model_source import refuse_non_onnx
+
+    refuse_non_onnx(src, "quantize")  # a text file is said to be one, not "Wire format was corrupt"
     out = _output_path(src, output, precision, force)
 
     t0 = time.perf_counter()

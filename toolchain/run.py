@@ -576,8 +576,8 @@ def _summary(model, device, sources, run, lines: _Lines, prior: _Prior, interrup
                       frames=stats["frames"], batches=stats["batches"], seconds=stats["seconds"],
                       fps=stats["fps"], mean_batch=stats["mean_batch"], per_source=per_source,
                       # the frames of a source with a problem: all it gave, also those still in flight then
-                      problems=[{"source": p.source, "reason": p.reason, "frames": per_source.get(p.source, p.frames)}
-                                for p in run.problems],
+                      problems=[{"source": p.source, "reason": plain_reason(p.source, p.reason),
+                                 "frames": per_source.get(p.source, p.frames)} for p in run.problems],
                       output=str(lines.out_path) if lines.out_path else None, latency_ms=lat,
                       interrupted=interrupted, last_frame={s: lines.last.get(s) for s in sources},
                       resumed_lines=prior.lines, ray=_ray_summary(ray_info, run, prior.complete),
@@ -753,11 +753,45 @@ def _no_batch(sources: list[str], model) -> list[str]:
         if "://" not in s and not os.path.exists(s):  # missing input: exit 2, before any model is opened
             folder = os.path.dirname(s) or "."
             raise UsageProblem(f"no such file: {s}", f"check the path (ls {folder})")
+        if "://" not in s and os.path.isfile(s):
+            _refuse_non_video(s)
     seen: set = set()
     twice = [s for s in sources if s in seen or seen.add(s)]
     if twice:  # its lines could not be told apart: results are keyed by source and frame
         raise UsageProblem(f"{twice[0]} is listed twice", "give each source once; --loop N reads each one N times")
     return sources
+
+
+# what a file that is plainly no video is (model_source.sniff's kinds), in words
+_NOT_VIDEO = {"text": "a text file", "image": "an image", "numpy": "NumPy data", "json": "a JSON file",
+              "manifest": "a trtc manifest (JSON)", "onnx": "an ONNX model", "plan": "a TensorRT plan",
+              "checkpoint": "PyTorch weights", "torchscript": "a TorchScript model", "exported": "a torch.export program",
+              "zip": "a zip archive", "empty": "an empty file (0 bytes)"}
+
+
+def _refuse_non_video(s: str) -> None:
+    """A source file that is plainly no video (a text file, a model, an image) is a mistake on the command line
+    (exit 2), said for what it is; a damaged or cut-off video is a bad source, reported by the run (exit 1)."""
+    from .model_source import sniff
+
+    kind = sniff(Path(s))
+    if Path(s).suffix.lower() in VIDEO_SUFFIXES and kind in ("text", "unknown", "json"):
+        return  # a video name over unreadable bytes: a damaged video, judged by the decoder
+    if kind in _NOT_VIDEO:
+        where = (" (--model takes models)" if kind in ("onnx", "plan", "torchscript", "exported") else
+                 " (images go to trtc validate --data)" if kind == "image" else "")
+        raise UsageProblem(f"{s} is {_NOT_VIDEO[kind]}, not a video{where}",
+                           "give a video file or a camera URL (rtsp://...); trtc data copies a sample video "
+                           "(trtc-data/bikes.mp4)")
+
+
+def plain_reason(source: str, reason: str) -> str:
+    """A source's problem in the user's words: no "[Errno 1094995529]" (FFmpeg's error number), and the file's
+    own name where the fix said FILE."""
+    import re
+
+    reason = re.sub(r"\[Errno -?\d+\] ", "", reason)
+    return reason.replace("ffprobe FILE", f"ffprobe {shlex.quote(source)}")
 
 
 def _refuse_folder(s: str, model) -> None:
