@@ -34,6 +34,7 @@ from ._ui import Reporter
 from .errors import ExportError, TrtcError, UsageProblem
 from .resources import check_input_fits
 from .model_source import LoadedModel, load_model, parse_source
+from .errors import said_as
 from .outputs import check_output_path  # noqa: F401 - quantize and build import it from here
 
 log = logging.getLogger("trtc")
@@ -711,7 +712,8 @@ def adopt_onnx(model: str | Path, *, labels: str | list[str] | None = None, inpu
     mpath = manifest_path(src)
     if mpath.exists() and not force:
         raise UsageProblem(f"{src.name} has a manifest already ({mpath.name})",
-                           "add --force to replace it with one made from these options")
+                           said_as("add --force to replace it with one made from these options",
+                                   "pass force=True to replace it with one made from these options"))
     proto, feeds, dims = _read_classifier(src)
     spec, assumed = _adopted_spec(dims, feeds[0].name, input_size, resize, mean, std, color)
     profile = _adopted_batch(dims, batch)

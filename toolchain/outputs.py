@@ -23,13 +23,17 @@ from engines.errors import OutputNotWritable, UsageProblem
 def check_output_path(output: str | os.PathLike, force: bool, suffix: str | None = ".onnx",
                       option: str = "-o") -> Path:
     """Check an output path before the work: see the module docstring. Returns it as a Path."""
+    from .errors import said_as
+
     out = Path(output)
+    another = said_as(f"another {option}", "another output path")
     if suffix is not None and out.suffix.lower() != suffix:
-        raise UsageProblem(f"output {out} must end in {suffix}", f"e.g. {option} model{suffix}")
+        raise UsageProblem(f"output {out} must end in {suffix}",
+                           said_as(f"e.g. {option} {out.stem}{suffix}", f"e.g. {out.with_suffix(suffix)}"))
     parent = out.parent
     if not parent.exists():
         raise UsageProblem(f"output folder {parent} does not exist",
-                           f"create it first (mkdir -p {parent}) or give another {option}")
+                           f"create it first (mkdir -p {parent}) or give {another}")
     if not parent.is_dir():
         raise UsageProblem(f"output folder {parent} is not a folder (it is a file)",
                            f"give {option} a path inside a folder")
@@ -38,7 +42,8 @@ def check_output_path(output: str | os.PathLike, force: bool, suffix: str | None
                            f"give a file name, e.g. {option} {out / ('out' + (suffix or '.txt'))}")
     refuse_special(out, option, suffix)
     if out.exists() and not force:
-        raise UsageProblem(f"{out} already exists", f"add --force to overwrite it, or give another {option}")
+        raise UsageProblem(f"{out} already exists", said_as(f"add --force to overwrite it, or give {another}",
+                                                            f"pass force=True to overwrite it, or give {another}"))
     probe_writable(parent)
     return out
 

@@ -289,7 +289,15 @@ def _output_path(src: Path, output, precision: str, force: bool) -> Path:
 
 def _read_parent(src: Path, input_size, resize, mean, std, color, warnings: list[str]) -> _Parent:
     """The parent model, its manifest if any, its single input and the preprocessing its data gets."""
-    parent = G.load(src)
+    try:
+        parent = G.load(src)
+    except QuantizeError as exc:
+        if "not a readable ONNX model" not in exc.reason:
+            raise
+        why = exc.reason.split(": ", 1)[-1]
+        raise QuantizeError(f"{src} is an .onnx file that does not parse ({why}): it may be cut short (a copy or a "
+                            "download that stopped) or damaged", f"copy {src} again from where it came from, or make "
+                            "it again with the trtc export command that made it") from exc
     G.refuse_reduced(parent, src.name)
     manifest = read_manifest_if_any(src)
     parent_sha = sha256_file(src)

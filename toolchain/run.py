@@ -246,10 +246,10 @@ def _run_video(sources, model, out_path, live_sources, started_at, *, device, ba
     options = dict(batch=batch, top_k=top_k, stride=stride, decoder=decoder, colorspace=colorspace, scores=scores,
                    max_wait_ms=max_wait_ms, loop=loop, realtime=realtime, latency=latency, done=prior.done,
                    live=True if live else None, live_options=live_options)
-    _say_what_is_assumed(model)
     finished: list = []  # --ray: (source, ok) of the sources that ended, in order
     run, closer, device, ray_info = _start(model, device, ray, ray_actors, ray_streams, sources, prior.complete,
                                            options, finished, reporter, with_latency)
+    _say_what_is_assumed(model)  # once the model opened: a file that is no model gets its error alone
     ready_at = time.time()
     try:
         lines = _Lines(out_path, prior, stream, with_latency)
