@@ -488,11 +488,11 @@ def export_onnx(source: str, output: str | Path, *, weights: str | None = None, 
     label_list = read_labels(labels) if isinstance(labels, (str, Path)) else labels
     timings, keep = {}, {}
 
+    # before the load (seconds of importing PyTorch): an architecture without weights is refused at once
+    origin = weights_origin(ref, weights, random_weights)
     t0 = time.perf_counter()
     with reporter.phase(f"loading {ref.text}"):
         loaded = load_model(ref, weights=weights, num_classes=num_classes)
-    # after the load, so that a mistyped architecture is named first (the load builds it, nothing slower)
-    origin = weights_origin(ref, weights, random_weights)
     timings["load_s"] = time.perf_counter() - t0
     spec = build_spec(loaded, input_size, resize, mean, std, color)
     check_x, check_files, warnings_ = _read_check_images(check_files, spec, data_name)  # before the slow work

@@ -8,7 +8,7 @@ from ._ui import model_label
 def _print(console, table) -> None:
     """Print a table without cutting what identifies a row: rich shrinks columns to the console's width (80 when
     piped) and ends cut words with an ellipsis (model names became 'lite0.int...'). The first column never wraps
-    or shrinks; the others wrap between words; only when the console is narrower than that does the table get
+    or shrinks; the others wrap between words (a header's words are never cut); only when the console is narrower than that does the table get
     wider than the console (the terminal then wraps its lines, and nothing is lost)."""
     from rich.measure import Measurement
 
@@ -20,6 +20,9 @@ def _print(console, table) -> None:
         # its minimum is its widest cell
         first.min_width = max([first.min_width or 0, *(Measurement.get(console, wide, cell).maximum
                                                        for cell in first.cells)])
+    for col in table.columns[1:]:  # a header wraps between its words, never cut inside one ("top-1 (decisi…")
+        words = str(col.header).split()
+        col.min_width = max([col.min_width or 0, *(len(w) for w in words)])
     need = Measurement.get(console, wide, table).minimum
     if need <= console.width:
         console.print(table)

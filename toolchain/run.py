@@ -155,6 +155,21 @@ def _check_resumed_options(out_path: Path, model, strides: set, ks: set, stride:
         refuse("--top-k", ks, top_k)
 
 
+def _refuse_top_k_over_classes(model, top_k: int) -> None:
+    """--top-k above the model's class count (its manifest says how many) would silently give fewer: refused."""
+    from engines import split_engine
+    from engines.manifest import classes_of, read_manifest_if_any
+
+    try:
+        manifest = read_manifest_if_any(split_engine(os.fspath(model))[1], verify_hash=False)
+        classes = classes_of(manifest.outputs) if manifest is not None else None
+    except TrtcError:  # a bad manifest is reported when the model is opened
+        return
+    if classes and top_k > classes:
+        raise UsageProblem(f"--top-k {top_k} asks for more classes than {Path(str(model)).name} has ({classes})",
+                           f"give --top-k {classes} or less")
+
+
 def _say_what_is_assumed(model) -> None:
     """An ONNX model without a manifest runs with the pipeline's defaults: said once, in the words trtc quantize
     uses (trtc validate refuses such a model unless another model's manifest gives the contract)."""
@@ -246,6 +261,7 @@ def _run_video(sources, model, out_path, live_sources, started_at, *, device, ba
     options = dict(batch=batch, top_k=top_k, stride=stride, decoder=decoder, colorspace=colorspace, scores=scores,
                    max_wait_ms=max_wait_ms, loop=loop, realtime=realtime, latency=latency, done=prior.done,
                    live=True if live else None, live_options=live_options)
+    _refuse_top_k_over_classes(model, top_k)
     finished: list = []  # --ray: (source, ok) of the sources that ended, in order
     run, closer, device, ray_info = _start(model, device, ray, ray_actors, ray_streams, sources, prior.complete,
                                            options, finished, reporter, with_latency)

@@ -213,7 +213,7 @@ def test_an_architecture_without_weights_is_refused(tmp_path, source):
     """Issue 25: `trtc export torchvision:resnet18 -o r.onnx` exported an untrained network, exit 0."""
     r = run(["export", source, "-o", str(tmp_path / "r.onnx")])
     assert r.exit_code == 2, r.output
-    lines = r.output.splitlines()[-2:]  # after the load's progress line: a mistyped architecture is named first
+    lines = r.output.splitlines()[-2:]  # refused before the model is loaded (no seconds of importing PyTorch)
     assert lines[0] == f"error: {source} has no trained weights without --weights: the export would be an " \
                        "untrained network", r.output
     assert lines[1].startswith("  fix: give them: --weights FILE") and lines[1].endswith("add --random-weights")
