@@ -260,8 +260,7 @@ def render_inspect(console, report: dict) -> None:
     if report["model"].get("weights"):
         t.add_row("weights", WEIGHTS_TEXT.get(report["model"]["weights"], escape(str(report["model"]["weights"]))))
     p = report["precision"] or {}
-    t.add_row("precision", escape(p.get("mode", "fp32") + (f", rest {p['high_precision']}" if p.get("high_precision")
-                                                          else "")))
+    t.add_row("precision", escape(precision_text(p)))
     b = report["batch"]
     t.add_row("batch", f"{b['min']}:{b['opt']}:{b['max']}")
     for io in ("inputs", "outputs"):
@@ -421,6 +420,17 @@ def _wrapped(console, head, body: str, indent: int) -> None:
     console.print(Text.assemble(head, lines[0]), soft_wrap=True, highlight=False)
     for line in lines[1:]:
         console.print(Text(" " * indent + line), soft_wrap=True, highlight=False)
+
+
+def precision_text(p: dict) -> str:
+    """A model's precision from its manifest's ``precision``: "int8 (INT8 on 4 of 50 layers, rest fp16)", so that a
+    model mostly left out of INT8 does not read as an INT8 one; "int8, rest fp16" for a manifest without counts."""
+    mode = p.get("mode", "fp32")
+    layers = p.get("layers") or {}
+    rest = f", rest {p['high_precision']}" if p.get("high_precision") else ""
+    if mode == "int8" and layers.get("total"):
+        return f"int8 (INT8 on {layers['int8']} of {layers['total']} layers{rest})"
+    return mode + rest
 
 
 def render_run(console, summary) -> None:
