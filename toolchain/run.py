@@ -287,6 +287,7 @@ def _check_request(sources, model, device, output, resume, live, ray):
     sources = [os.fspath(s) for s in sources]
     if not str(device).strip():
         raise UsageProblem("--device is empty", "use auto, cpu, cuda:N, a list such as cuda:0,cuda:1, or cuda:all")
+    _refuse_non_model(model)
     sources = batch_sources(sources) if ray is not None else _no_batch(sources, model)
     if not sources:
         raise UsageProblem("no video sources given", "trtc run clip.mp4 --model model.onnx")
@@ -776,6 +777,23 @@ def _no_batch(sources: list[str], model) -> list[str]:
     if twice:  # its lines could not be told apart: results are keyed by source and frame
         raise UsageProblem(f"{twice[0]} is listed twice", "give each source once; --loop N reads each one N times")
     return sources
+
+
+def _refuse_non_model(model) -> None:
+    """--model naming a file that is plainly no model (a text file, a video, an image): exit 2, said for what it
+    is, before any engine is tried."""
+    from engines import split_engine
+
+    from .model_source import _WHAT, sniff
+
+    path = Path(split_engine(os.fspath(model))[1])
+    if not path.is_file():
+        return
+    kind = sniff(path)
+    if kind in ("onnx", "plan", "torchscript", "exported", "unknown") or kind not in _WHAT:
+        return
+    raise UsageProblem(f"{path} {_WHAT[kind]}", "give --model an .onnx, a .plan or a .pt2 (make one with: trtc "
+                       "export pretrained:efficientnet-lite0 -o lite0.onnx)")
 
 
 # what a file that is plainly no video is (model_source.sniff's kinds), in words
