@@ -243,6 +243,8 @@ def refuse_non_onnx(p: Path, command: str, plans: bool = False) -> None:
     kind = sniff(p)
     if kind == "onnx" or (plans and kind == "plan"):
         return
+    if kind == "empty" and p.suffix.lower() in (".onnx", *(PLAN_SUFFIXES if plans else ())):
+        return  # a model cut to nothing (a failed copy): a damaged input, said by the loader
     takes = "an ONNX model (.onnx) or a TensorRT plan (.plan)" if plans else "an ONNX model (.onnx)"
     raise UsageProblem(f"{p} {_WHAT.get(kind, _WHAT['unknown'])}",
                        f"trtc {command} takes {takes}; make one with: trtc export pretrained:efficientnet-lite0 -o "

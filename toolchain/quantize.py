@@ -326,7 +326,7 @@ def _read_parent(src: Path, input_size, resize, mean, std, color, warnings: list
         if "not a readable ONNX model" not in exc.reason:
             raise
         why = exc.reason.split(": ", 1)[-1]
-        raise QuantizeError(f"{src} is an .onnx file that does not parse ({why}): it may be cut short (a copy or a "
+        raise QuantizeError(f"{src} is not a readable ONNX model ({why}): it may be cut short (a copy or a "
                             "download that stopped) or damaged", f"copy {src} again from where it came from, or make "
                             "it again with the trtc export command that made it") from exc
     G.refuse_reduced(parent, src.name)

@@ -19,7 +19,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from engines import VIDEO_SUFFIXES
+from engines import PLAN_SUFFIXES, VIDEO_SUFFIXES
 from engines.errors import TrtcError
 from engines.video import default_device
 from engines.video.results import ResultBlock, json_line
@@ -792,6 +792,8 @@ def _refuse_non_model(model) -> None:
     kind = sniff(path)
     if kind in ("onnx", "plan", "torchscript", "exported", "unknown") or kind not in _WHAT:
         return
+    if kind == "empty" and path.suffix.lower() in (".onnx", ".pt2", *PLAN_SUFFIXES):
+        return  # a model file cut to nothing: a damaged model, said when it is opened
     raise UsageProblem(f"{path} {_WHAT[kind]}", "give --model an .onnx, a .plan or a .pt2 (make one with: trtc "
                        "export pretrained:efficientnet-lite0 -o lite0.onnx)")
 
