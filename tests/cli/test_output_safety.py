@@ -185,3 +185,36 @@ def test_run_predictions_to_a_full_stdout(lite0_onnx, bikes, full_stdout, tmp_pa
     assert r.returncode == 1, r.stderr
     assert "error: cannot write to stdout: No space left on device" in r.stderr
     assert "Exception ignored" not in r.stderr and "bug in trtc" not in r.stderr
+
+
+@needs_export
+def test_disk_full_where_even_the_rename_fails(lite0_onnx, bikes, small_disk, tmp_path):
+    """The full disk also refuses the rename onto -o (injected: a folder without room for the new name): the
+    error names the file that holds the complete lines and the mv + --resume that finish it, and the next run on
+    that output says what the file is."""
+    out = small_disk / "out.jsonl"
+    # the CLI in a process of its own (the next run must see a writer that is gone), with the rename onto -o refused
+    inject = ("import errno, os, sys\nfrom toolchain.cli import main\nreal, target = os.replace, sys.argv[1]\n"
+              "def no_room(src, dst, *a, **k):\n"
+              "    if os.fspath(dst) == target:\n"
+              "        raise OSError(errno.ENOSPC, 'No space left on device')\n"
+              "    return real(src, dst, *a, **k)\n"
+              "os.replace = no_room\nsys.argv = ['trtc', *sys.argv[2:]]\nmain()\n")
+    p = subprocess.run([sys.executable, "-c", inject, str(out), *map(str, _run_args(lite0_onnx, bikes, out))],
+                       cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
+    r = type("R", (), {"exit_code": p.returncode, "output": p.stderr})
+    assert r.exit_code == 1, r.output
+    left = [p for p in small_disk.iterdir() if p.name.startswith(".out.jsonl.") and p.name.endswith(".tmp")]
+    assert len(left) == 1 and not out.exists(), sorted(small_disk.iterdir())
+    kept = left[0].read_text().splitlines()
+    assert kept and [json.loads(x)["frame"] for x in kept] == list(range(len(kept)))
+    error = next(ln for ln in r.output.splitlines() if ln.startswith("error:"))
+    assert error == (f"error: writing {out} failed: No space left on device; the run stopped, its {len(kept)} "
+                     f"complete lines are in {left[0]} (the rename onto {out} failed too)"), r.output
+    assert f"mv {left[0]} {out} and run the same command with --resume" in r.output
+
+    subprocess.run(["mount", "-o", "remount,size=400k", str(small_disk)], check=True)
+    again = _trtc(*_run_args(lite0_onnx, bikes, out), "--resume", cwd=tmp_path, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert "could not finish the file (killed, or its disk was full)" in again.stderr, again.stderr
+    assert [json.loads(x)["frame"] for x in out.read_text().splitlines()] == list(range(250))
