@@ -219,7 +219,8 @@ def _warn_below_validate(check_report: dict, precision: str, src: Path, out: Pat
     data = " ".join(f"--calib {shlex.quote(str(c))}" for c in (calib or [])) or "--calib VIDEO_OR_IMAGES"
     if target_agreement is None:
         fix = (f"quantize accuracy-aware, which keeps the layers that cost most out of INT8: trtc quantize "
-               f"{shlex.quote(str(src))} --precision int8 {data} --target-agreement {min(0.99, need + 0.02):.2f} "
+               f"{shlex.quote(str(src))} --precision int8 {data} --calib-count 64 --target-agreement "
+               f"{min(0.99, need + 0.02):.2f} "
                f"-o {shlex.quote(str(out))} --force; or calibrate on more data, or data closer to what the model "
                "will see (--calib-count, another --calib)")
     else:
