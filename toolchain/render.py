@@ -8,8 +8,9 @@ from ._ui import model_label
 def _print(console, table) -> None:
     """Print a table without cutting what identifies a row: rich shrinks columns to the console's width (80 when
     piped) and ends cut words with an ellipsis (model names became 'lite0.int...'). The first column never wraps
-    or shrinks; the others wrap between words (a header's words are never cut); only when the console is narrower than that does the table get
-    wider than the console (the terminal then wraps its lines, and nothing is lost)."""
+    or shrinks; the others wrap between words (a header's words are never cut); only when the console is narrower
+    than that does the table get wider than the console (the terminal then wraps its lines, and nothing is
+    lost)."""
     from rich.measure import Measurement
 
     wide = console.options.update_width(10_000)

@@ -801,8 +801,8 @@ def _refuse_non_model(model) -> None:
 # what a file that is plainly no video is (model_source.sniff's kinds), in words
 _NOT_VIDEO = {"text": "a text file", "image": "an image", "numpy": "NumPy data", "json": "a JSON file",
               "manifest": "a trtc manifest (JSON)", "onnx": "an ONNX model", "plan": "a TensorRT plan",
-              "checkpoint": "PyTorch weights", "torchscript": "a TorchScript model", "exported": "a torch.export program",
-              "zip": "a zip archive", "empty": "an empty file (0 bytes)"}
+              "checkpoint": "PyTorch weights", "torchscript": "a TorchScript model",
+              "exported": "a torch.export program", "zip": "a zip archive", "empty": "an empty file (0 bytes)"}
 
 
 def _refuse_non_video(s: str) -> None:
