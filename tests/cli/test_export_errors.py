@@ -31,7 +31,8 @@ def test_unknown_source_form(tmp_path):
 
 @needs_export
 def test_unknown_architecture_suggests(tmp_path):
-    r = run(["export", "torchvision:resnet19", "-o", str(tmp_path / "m.onnx")])
+    # with --random-weights: without weights at all, the missing --weights is said first, before PyTorch loads
+    r = run(["export", "torchvision:resnet19", "--random-weights", "-o", str(tmp_path / "m.onnx")])
     assert r.exit_code == 2, r.output
     assert "unknown torchvision architecture 'resnet19'" in r.output and "resnet18" in r.output
     assert_nothing_written(tmp_path)
