@@ -158,6 +158,7 @@ def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
     the extension still work.
     """
     target = Path(target)
+    _refuse_special(target)
     try:
         tmp_path = _temporary(target)
     except OSError as exc:  # a user's folder that is missing, read-only or full: say so, no traceback
@@ -198,6 +199,24 @@ def defer_until_placed(artifact_tmp: str | os.PathLike, target: str | os.PathLik
     return True
 
 
+def _refuse_special(target: Path) -> None:
+    """A device, FIFO or socket at ``target`` is never replaced by the rename (as root, /dev/null would become a
+    regular file): refused whatever the caller asked."""
+    import stat
+
+    try:
+        mode = os.stat(target).st_mode
+    except OSError:
+        return
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return
+    from .errors import UsageProblem
+
+    raise UsageProblem(f"{target} is not a regular file (a device, a FIFO or a socket): trtc writes regular files "
+                       "only, and would replace it", f"write to a file path instead, e.g. {target.stem or 'out'}"
+                       f"{target.suffix or '.out'} in the current folder")
+
+
 def _cannot_write(target: Path, exc: OSError):
     from .errors import OutputNotWritable, UsageProblem
 
@@ -217,3 +236,77 @@ def atomic_write_bytes(target: str | os.PathLike, data: bytes) -> None:
 
 def atomic_write_text(target: str | os.PathLike, text: str) -> None:
     atomic_write_bytes(target, text.encode("utf-8"))
+
+
+class OutputBusy(Exception):
+    """Raised by :func:`output_lock` when another live process holds the lock; ``holder`` is what its lock file
+    says ({"pid", "host", "started"}), empty when it could not be read."""
+
+    def __init__(self, lock: Path, holder: dict):
+        super().__init__(str(lock))
+        self.lock, self.holder = lock, holder
+
+
+def lock_file(target: str | os.PathLike) -> Path:
+    """The advisory lock file of an output that a process writes for a long time (``trtc run -o``)."""
+    target = Path(target)
+    return target.with_name(f".{target.name}.lock")
+
+
+def _read_holder(fd: int) -> dict:
+    import json
+
+    try:
+        os.lseek(fd, 0, os.SEEK_SET)
+        data = json.loads(os.read(fd, 4096).decode() or "{}")
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError, UnicodeDecodeError):
+        return {}
+
+
+@contextlib.contextmanager
+def output_lock(target: str | os.PathLike) -> Iterator[dict]:
+    """Hold the advisory lock of ``target`` while the block runs: one writer per output.
+
+    The lock is an ``flock`` on ``.NAME.lock`` beside the target, which holds the writer's host, process id and
+    start time (Unix seconds). The kernel releases an ``flock`` when its process ends however it ends (SIGKILL
+    included), so a lock file whose lock can be taken was left by a process that is gone: it is taken over, and
+    what it said is yielded as ``{"stale": {...}}`` for the caller to report. A lock held by a live process
+    raises :class:`OutputBusy` at once (nothing waits). The lock file is removed when the block ends."""
+    import fcntl
+    import json
+    import time
+
+    lock = lock_file(target)
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_holder(fd)
+            os.close(fd)
+            raise OutputBusy(lock, holder) from None
+        except OSError:
+            os.close(fd)
+            raise
+        try:  # the file locked must still be the one at the path (its holder may have removed it meanwhile)
+            same = os.stat(lock).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    stale = _read_holder(fd)
+    me = {"pid": os.getpid(), "host": socket.gethostname(), "started": round(time.time(), 3)}
+    try:
+        os.ftruncate(fd, 0)
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.write(fd, json.dumps(me).encode() + b"\n")
+    except OSError:  # a full disk: the flock still holds; the file only lacks who holds it
+        pass
+    try:
+        yield {"stale": stale} if stale else {}
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(lock)
+        os.close(fd)

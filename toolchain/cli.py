@@ -8,8 +8,10 @@ Heavy modules are imported inside the commands, so `trtc --help` is instant.
 from __future__ import annotations
 
 import errno
+import io
 import json
 import os
+import shlex
 import sys
 import traceback
 
@@ -71,6 +73,12 @@ class TrtcGroup(click.Group):
             if exc.code == 1 and (isinstance(exc.__context__, BrokenPipeError)
                                   or type(sys.stdout).__name__ == "_PacifyFlushWrapper"):
                 sys.exit(EXIT_PIPE)
+            if exc.code in (0, None) and _stdout_failed():  # what was left in stdout's buffer could not go out
+                sys.exit(1)
+            raise
+        except OSError as exc:  # --help or a usage text that stdout cannot take
+            if not isinstance(exc, BrokenPipeError) and _stdout_failed(exc):
+                sys.exit(1)
             raise
 
     def invoke(self, ctx: click.Context):
@@ -94,10 +102,13 @@ class TrtcGroup(click.Group):
                 ctx.exit(EXIT_PIPE)
             if _debug(ctx):
                 traceback.print_exc()
+            if isinstance(exc, OSError) and not isinstance(exc, BrokenPipeError) and _stdout_failed(exc):
+                ctx.exit(1)
             if isinstance(exc, OSError) and exc.errno in _USER_OS_ERRORS:  # the user's file system, not a bug
                 where = f"{exc.filename}: " if exc.filename else ""
+                folder = os.path.dirname(os.path.abspath(exc.filename)) if exc.filename else os.getcwd()
                 _fail(ctx, f"{where}{exc.strerror}", "check the path, its permissions and the free space "
-                      "(ls -ld FOLDER, df -h)", 1)
+                      f"(ls -ld {shlex.quote(folder)}; df -h {shlex.quote(folder)})", 1)
             missing = _missing_core_package(exc)
             if missing:  # an install without trtc's own dependencies, not a bug
                 _fail(ctx, f"{missing}, a package trtc needs, is not installed for this Python ({sys.executable})",
@@ -129,6 +140,27 @@ def _stdout_reader_gone() -> bool:
     poller = select.poll()
     poller.register(fd, select.POLLOUT)
     return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0))
+
+
+def _stdout_failed(exc: OSError | None = None) -> bool:
+    """Whether stdout cannot take what trtc printed (a full disk behind `> file`, /dev/full, an I/O error): its
+    buffer still holds text that a flush cannot write. Then says so in one line on stderr and points stdout at the
+    null device, so that Python's own flush at exit adds no 'Exception ignored' (exit 1, CONVENTIONS.md)."""
+    failed = getattr(sys.stdout, "failed", None)
+    if failed is None:
+        try:
+            sys.stdout.flush()
+            return False
+        except (OSError, ValueError) as again:
+            failed = again
+    if isinstance(failed, BrokenPipeError):
+        return False  # the reader went away: EXIT_PIPE's case
+    why = failed.strerror if isinstance(failed, OSError) else str(failed)
+    _quiet_stdout()
+    click.echo(f"error: cannot write to stdout: {why or 'I/O error'}; what was printed is incomplete", err=True)
+    click.echo("  fix: free space where stdout goes (df -h), or redirect stdout to a file on another disk",
+               err=True)
+    return True
 
 
 def _quiet_stdout() -> None:
@@ -812,7 +844,9 @@ def run(state: State, sources, model, engine, device, batch, top_k, stride, outp
         atomic_write_text(summary_path, json.dumps(summary.to_dict(), indent=2) + "\n")
     from . import render
 
-    render.render_run(state.out if output else state.err, summary)
+    render.render_run(state.out if output and not summary.write_error else state.err, summary)
+    if summary.write_error:
+        _say_write_error(summary, output)
     if summary.interrupted:
         where = ", ".join(f"{s} {'nothing' if f is None else f'up to frame {f}'}"
                           for s, f in summary.last_frame.items())
@@ -828,7 +862,47 @@ def run(state: State, sources, model, engine, device, batch, top_k, stride, outp
 
         sys.exit(exit_code())
     if not summary.ok:
+        if summary.problems:  # the table says what happened to each; one error line says what it means
+            _say_bad_sources(summary)
         sys.exit(1)
+
+
+def _say_bad_sources(summary) -> None:
+    """One `error:` line after the table for the sources that could not be read (exit 1), the first's fix under it."""
+    import re
+
+    first = summary.problems[0]
+    reason, fix = first["reason"], None
+    m = re.search(r" \(fix: (.*)\)$", reason)
+    if m:
+        reason, fix = reason[:m.start()], m.group(1)
+    if not reason.startswith(first["source"]):
+        reason = f"{first['source']}: {reason}"
+    n, total = len(summary.problems), len(summary.sources)
+    more = f" ({n - 1} more source(s) failed: see the table)" if n > 1 else ""
+    whole = "; the others completed" if n < total else ""
+    click.echo(f"error: {reason}{more}{whole}", err=True)
+    if fix:
+        click.echo(f"  fix: {fix}", err=True)
+
+
+def _say_write_error(summary, output) -> None:
+    """-o could not be written to the end: what was kept, where, and the command that finishes it (exit 1)."""
+    err = summary.write_error
+    folder = os.path.dirname(os.path.abspath(output))
+    if err["left"]:
+        kept = (f"its {err['lines']} complete lines are in {err['left']} (the rename onto {output} failed too)")
+        fix = (f"free space (df -h {folder}), then mv {shlex.quote(err['left'])} {shlex.quote(output)} and run the "
+               "same command with --resume")
+    elif summary.output:
+        kept = f"{output} keeps its {err['lines']} complete lines"
+        fix = f"free space (df -h {folder}), then run the same command with --resume to finish it"
+    else:
+        kept = "no complete line could be written"
+        fix = f"free space (df -h {folder}), then run the same command again"
+    click.echo(f"error: writing {output} failed: {err['reason']}; the run stopped, {kept}", err=True)
+    click.echo(f"  fix: {fix}", err=True)
+    sys.exit(1)
 
 
 @cli.command(context_settings=CONTEXT)
@@ -878,8 +952,29 @@ def keep_stdout_for_results() -> None:
         os.dup2(2, 1)
     except OSError:  # no stdout or stderr to work with (a closed descriptor): leave things as they are
         return
-    sys.stdout = os.fdopen(results, "w", buffering=1, encoding=sys.stdout.encoding or "utf-8",
-                           errors=getattr(sys.stdout, "errors", None) or "strict")
+    sys.stdout = _Results(open(results, "wb"), encoding=sys.stdout.encoding or "utf-8",  # noqa: SIM115 - stdout
+                          errors=getattr(sys.stdout, "errors", None) or "strict", line_buffering=True)
+
+
+class _Results(io.TextIOWrapper):
+    """stdout that remembers the error a write or a flush met (``failed``), so that trtc can tell a full disk or
+    an I/O error behind stdout from one of its own files (:func:`_stdout_failed`)."""
+
+    failed: OSError | None = None
+
+    def write(self, text):
+        try:
+            return super().write(text)
+        except OSError as exc:
+            self.failed = exc
+            raise
+
+    def flush(self):
+        try:
+            return super().flush()
+        except OSError as exc:
+            self.failed = exc
+            raise
 
 
 def main() -> None:

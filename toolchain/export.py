@@ -34,6 +34,7 @@ from ._ui import Reporter
 from .errors import ExportError, TrtcError, UsageProblem
 from .resources import check_input_fits
 from .model_source import LoadedModel, load_model, parse_source
+from .errors import said_as
 from .outputs import check_output_path  # noqa: F401 - quantize and build import it from here
 
 log = logging.getLogger("trtc")
@@ -487,11 +488,11 @@ def export_onnx(source: str, output: str | Path, *, weights: str | None = None, 
     label_list = read_labels(labels) if isinstance(labels, (str, Path)) else labels
     timings, keep = {}, {}
 
+    # before the load (seconds of importing PyTorch): an architecture without weights is refused at once
+    origin = weights_origin(ref, weights, random_weights)
     t0 = time.perf_counter()
     with reporter.phase(f"loading {ref.text}"):
         loaded = load_model(ref, weights=weights, num_classes=num_classes)
-    # after the load, so that a mistyped architecture is named first (the load builds it, nothing slower)
-    origin = weights_origin(ref, weights, random_weights)
     timings["load_s"] = time.perf_counter() - t0
     spec = build_spec(loaded, input_size, resize, mean, std, color)
     check_x, check_files, warnings_ = _read_check_images(check_files, spec, data_name)  # before the slow work
@@ -711,7 +712,8 @@ def adopt_onnx(model: str | Path, *, labels: str | list[str] | None = None, inpu
     mpath = manifest_path(src)
     if mpath.exists() and not force:
         raise UsageProblem(f"{src.name} has a manifest already ({mpath.name})",
-                           "add --force to replace it with one made from these options")
+                           said_as("add --force to replace it with one made from these options",
+                                   "pass force=True to replace it with one made from these options"))
     proto, feeds, dims = _read_classifier(src)
     spec, assumed = _adopted_spec(dims, feeds[0].name, input_size, resize, mean, std, color)
     profile = _adopted_batch(dims, batch)

@@ -14,11 +14,14 @@ def inspect_artifact(path: str | Path, device: int = 0) -> dict:
     p = Path(path)
     if not p.is_file():
         raise UsageProblem(f"no such file: {p}", "give an .onnx or .plan made by trtc")
+    from .model_source import refuse_non_onnx
+
+    refuse_non_onnx(p, "inspect", plans=True)
     m = read_manifest_if_any(p)
     if m is None and p.suffix.lower() == ".onnx":
         return _bare_onnx(p)
     if m is None and p.suffix.lower() != ".plan":
-        raise TrtcError(f"{p} is neither an .onnx model nor a .plan", "give an .onnx or .plan made by trtc")
+        raise UsageProblem(f"{p} is neither an .onnx model nor a .plan", "give an .onnx or .plan made by trtc")
     if m is None:
         m = read_manifest(p)  # raises: a plan without its manifest cannot be described
     out = {"artifact": str(p), "kind": m.kind, "bytes": m.artifact.get("bytes"), "sha256": m.artifact.get("sha256"),

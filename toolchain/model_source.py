@@ -234,6 +234,23 @@ def _holds_images(folder: Path) -> bool:
     return any(q.is_dir() or q.suffix.lower() in IMAGE_SUFFIXES for q in entries)
 
 
+def refuse_non_onnx(p: Path, command: str, plans: bool = False) -> None:
+    """Raise the UsageProblem of a file that is plainly no ONNX model (a text file, a video, an image, NumPy data,
+    ...) given to ``command`` (quantize, inspect), in the words ``trtc run`` uses; a file that may be one (an .onnx
+    name, ONNX's first bytes, a .plan where ``plans``) passes, for the loader to judge."""
+    if not p.is_file():
+        return
+    kind = sniff(p)
+    if kind == "onnx" or (plans and kind == "plan"):
+        return
+    if kind == "empty" and p.suffix.lower() in (".onnx", *(PLAN_SUFFIXES if plans else ())):
+        return  # a model cut to nothing (a failed copy): a damaged input, said by the loader
+    takes = "an ONNX model (.onnx) or a TensorRT plan (.plan)" if plans else "an ONNX model (.onnx)"
+    raise UsageProblem(f"{p} {_WHAT.get(kind, _WHAT['unknown'])}",
+                       f"trtc {command} takes {takes}; make one with: trtc export pretrained:efficientnet-lite0 -o "
+                       "lite0.onnx")
+
+
 def _not_a_model(p: Path, kind: str, use: str | None) -> UsageProblem:
     """The UsageProblem for P, a KIND (see sniff, or "folder") given where the command USE wants a model."""
     opt = use.split(" ", 1)[1] if use and use.startswith("validate ") else None

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import shlex
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -159,6 +160,9 @@ def quantize_onnx(model: str | Path, output: str | Path | None = None, *, precis
                                                   target_agreement, calib_count, check_count, calib, check)
     src = Path(model)
     _refuse_program(src, precision)
+    from .model_source import refuse_non_onnx
+
+    refuse_non_onnx(src, "quantize")  # a text file is said to be one, not "Wire format was corrupt"
     out = _output_path(src, output, precision, force)
 
     t0 = time.perf_counter()
@@ -187,12 +191,43 @@ def quantize_onnx(model: str | Path, output: str | Path | None = None, *, precis
     size, m, mpath, check_report = _write_checked(out, conv, parent, data, ref_check, precision, recipe,
                                                   high_precision, device, warnings, reporter)
     timings["check_s"] = time.perf_counter() - t0
+    _warn_below_validate(check_report, precision, src, out, calib, target_agreement, conv.layers, warnings)
     return QuantizeReport(output=str(out), manifest=str(mpath), precision=precision, bytes=size,
                           sha256=m.artifact["sha256"],
                           parent={"file": str(src), "sha256": parent.sha, "bytes": src.stat().st_size},
                           recipe=recipe, layers=conv.layers, kept=conv.kept, calibration=conv.calibration,
                           search=conv.search, check=check_report,
                           timings={k: round(v, 2) for k, v in timings.items()}, warnings=warnings)
+
+
+def _warn_below_validate(check_report: dict, precision: str, src: Path, out: Path, calib, target_agreement,
+                         layers: dict, warnings: list[str]) -> None:
+    """A model whose own check falls below what `trtc validate` requires by default would pass here and fail
+    there: said, with what to do (accuracy-aware quantization, more or other calibration data)."""
+    from .validate import DEFAULT_THRESHOLDS
+
+    need = DEFAULT_THRESHOLDS[precision]["min_top1_agreement"]
+    got = check_report.get("top1_agreement")
+    if got is None or got >= need:
+        return
+    what = (f"top-1 agreement with the parent is {got:.1%} on the check data, below the {need:.0%} that trtc "
+            f"validate requires of an {precision.upper()} model by default: validate will FAIL {out.name}")
+    if precision != "int8":
+        warnings.append(f"{what}; keep the layers that differ in FP32 (--keep-fp32 OP_OR_NODE) or use the FP32 "
+                        "model")
+        return
+    data = " ".join(f"--calib {shlex.quote(str(c))}" for c in (calib or [])) or "--calib VIDEO_OR_IMAGES"
+    if target_agreement is None:
+        fix = (f"quantize accuracy-aware, which keeps the layers that cost most out of INT8: trtc quantize "
+               f"{shlex.quote(str(src))} --precision int8 {data} --calib-count 64 --target-agreement "
+               f"{min(0.99, need + 0.02):.2f} "
+               f"-o {shlex.quote(str(out))} --force; or calibrate on more data, or data closer to what the model "
+               "will see (--calib-count, another --calib)")
+    else:
+        fix = (f"--target-agreement {target_agreement} was met on the tuning data ({layers.get('kept', 0)} layer(s) "
+               "kept out of INT8) but not on the check data: calibrate on more data, or data closer to what the "
+               "model will see (--calib-count, another --calib), or raise --target-agreement")
+    warnings.append(f"{what}. To fix: {fix}")
 
 
 def _refuse_program(src: Path, precision: str) -> None:
@@ -286,7 +321,15 @@ def _output_path(src: Path, output, precision: str, force: bool) -> Path:
 
 def _read_parent(src: Path, input_size, resize, mean, std, color, warnings: list[str]) -> _Parent:
     """The parent model, its manifest if any, its single input and the preprocessing its data gets."""
-    parent = G.load(src)
+    try:
+        parent = G.load(src)
+    except QuantizeError as exc:
+        if "not a readable ONNX model" not in exc.reason:
+            raise
+        why = exc.reason.split(": ", 1)[-1]
+        raise QuantizeError(f"{src} is not a readable ONNX model ({why}): it may be cut short (a copy or a "
+                            "download that stopped) or damaged", f"copy {src} again from where it came from, or make "
+                            "it again with the trtc export command that made it") from exc
     G.refuse_reduced(parent, src.name)
     manifest = read_manifest_if_any(src)
     parent_sha = sha256_file(src)
@@ -434,6 +477,8 @@ def _convert_int8(parent: _Parent, data: _Data, parent_session, keep_ops, keep_n
     if fres is not None:
         kept += fres.kept
     recipe["kept_layers"] = list(qres.excluded)
+    # how much of the model is INT8, for inspect and the reports ("INT8 on 4 of 50 layers")
+    recipe["layers"] = {"int8": len(qres.quantized), "total": len(layers)}
     return _Converted(final=final, kept=kept, calibration=calibration, search=search,
                       layers={"total": len(layers), "int8": len(qres.quantized), "kept": len(qres.excluded),
                               "activation_qdq": qres.activations, "weight_dq": qres.weights,

@@ -8,8 +8,9 @@ from ._ui import model_label
 def _print(console, table) -> None:
     """Print a table without cutting what identifies a row: rich shrinks columns to the console's width (80 when
     piped) and ends cut words with an ellipsis (model names became 'lite0.int...'). The first column never wraps
-    or shrinks; the others wrap between words; only when the console is narrower than that does the table get
-    wider than the console (the terminal then wraps its lines, and nothing is lost)."""
+    or shrinks; the others wrap between words (a header's words are never cut); only when the console is narrower
+    than that does the table get wider than the console (the terminal then wraps its lines, and nothing is
+    lost)."""
     from rich.measure import Measurement
 
     wide = console.options.update_width(10_000)
@@ -20,6 +21,9 @@ def _print(console, table) -> None:
         # its minimum is its widest cell
         first.min_width = max([first.min_width or 0, *(Measurement.get(console, wide, cell).maximum
                                                        for cell in first.cells)])
+    for col in table.columns[1:]:  # a header wraps between its words, never cut inside one ("top-1 (decisi…")
+        words = str(col.header).split()
+        col.min_width = max([col.min_width or 0, *(len(w) for w in words)])
     need = Measurement.get(console, wide, table).minimum
     if need <= console.width:
         console.print(table)
@@ -257,8 +261,7 @@ def render_inspect(console, report: dict) -> None:
     if report["model"].get("weights"):
         t.add_row("weights", WEIGHTS_TEXT.get(report["model"]["weights"], escape(str(report["model"]["weights"]))))
     p = report["precision"] or {}
-    t.add_row("precision", escape(p.get("mode", "fp32") + (f", rest {p['high_precision']}" if p.get("high_precision")
-                                                          else "")))
+    t.add_row("precision", escape(precision_text(p)))
     b = report["batch"]
     t.add_row("batch", f"{b['min']}:{b['opt']}:{b['max']}")
     for io in ("inputs", "outputs"):
@@ -420,12 +423,25 @@ def _wrapped(console, head, body: str, indent: int) -> None:
         console.print(Text(" " * indent + line), soft_wrap=True, highlight=False)
 
 
+def precision_text(p: dict) -> str:
+    """A model's precision from its manifest's ``precision``: "int8 (INT8 on 4 of 50 layers, rest fp16)", so that a
+    model mostly left out of INT8 does not read as an INT8 one; "int8, rest fp16" for a manifest without counts."""
+    mode = p.get("mode", "fp32")
+    layers = p.get("layers") or {}
+    rest = f", rest {p['high_precision']}" if p.get("high_precision") else ""
+    if mode == "int8" and layers.get("total"):
+        return f"int8 (INT8 on {layers['int8']} of {layers['total']} layers{rest})"
+    return mode + rest
+
+
 def render_run(console, summary) -> None:
     from rich.markup import escape
     from rich.table import Table
 
     # one sentence, never broken by rich ("108.7 \nfps"): the terminal may wrap it, the text has no newline
-    state = "interrupted after" if summary.interrupted else ""
+    write_error = getattr(summary, "write_error", None)
+    state = ("interrupted after" if summary.interrupted else
+             "stopped by a write error after" if write_error else "")
     console.print(f"{state} {summary.frames} frames in {summary.seconds:.2f} s = {summary.fps:.1f} fps on "
                   f"{summary.device} ({summary.decoder}; mean batch {summary.mean_batch:.1f})".strip(),
                   soft_wrap=True, highlight=False)
@@ -448,7 +464,8 @@ def render_run(console, summary) -> None:
     for src in shown:
         p = problems.get(src)
         if p is None:
-            status = "[green]ok[/]" if not summary.interrupted else "[yellow]interrupted[/]"
+            status = ("[yellow]interrupted[/]" if summary.interrupted else
+                      "[red]stopped: -o not written[/]" if write_error else "[green]ok[/]")
         else:  # what happened, without the source's name again (it is in the first column)
             reason = p["reason"][len(src) + 2:] if p["reason"].startswith(f"{src}: ") else p["reason"]
             status = f"[red]{escape(reason)}[/]"

@@ -10,14 +10,16 @@ returns a summary with per-source counts, the last frame each source got to, and
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shlex
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from engines import VIDEO_SUFFIXES
+from engines import PLAN_SUFFIXES, VIDEO_SUFFIXES
 from engines.errors import TrtcError
 from engines.video import default_device
 from engines.video.results import ResultBlock, json_line
@@ -55,10 +57,13 @@ class RunSummary:
     # seconds from the start of run_video: engine(s), workers or actors ready ("ready_s"), first and last prediction
     # written; "started_at": that start, Unix seconds. Start-up is outside "seconds" (the frames/s span)
     timing: dict = field(default_factory=dict)
+    # -o could not be written to the end (a full disk, an I/O error): {"reason", "lines" (complete lines kept),
+    # "left" (the file holding them when it could not be moved onto -o, else None)}; the run stopped there
+    write_error: dict | None = None
 
     @property
     def ok(self) -> bool:
-        return not self.problems and not self.interrupted
+        return not self.problems and not self.interrupted and not self.write_error
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -150,6 +155,21 @@ def _check_resumed_options(out_path: Path, model, strides: set, ks: set, stride:
         refuse("--top-k", ks, top_k)
 
 
+def _refuse_top_k_over_classes(model, top_k: int) -> None:
+    """--top-k above the model's class count (its manifest says how many) would silently give fewer: refused."""
+    from engines import split_engine
+    from engines.manifest import classes_of, read_manifest_if_any
+
+    try:
+        manifest = read_manifest_if_any(split_engine(os.fspath(model))[1], verify_hash=False)
+        classes = classes_of(manifest.outputs) if manifest is not None else None
+    except TrtcError:  # a bad manifest is reported when the model is opened
+        return
+    if classes and top_k > classes:
+        raise UsageProblem(f"--top-k {top_k} asks for more classes than {Path(str(model)).name} has ({classes})",
+                           f"give --top-k {classes} or less")
+
+
 def _say_what_is_assumed(model) -> None:
     """An ONNX model without a manifest runs with the pipeline's defaults: said once, in the words trtc quantize
     uses (trtc validate refuses such a model unless another model's manifest gives the contract)."""
@@ -193,14 +213,59 @@ def run_video(sources, model, *, device: str = "auto", batch: int | None = None,
     reporter = reporter or Reporter()
     started_at = time.time()
     sources, out_path, live_sources = _check_request(sources, model, device, output, resume, live, ray)
+    with contextlib.ExitStack() as held:
+        if out_path is not None:
+            held.enter_context(_one_writer(out_path))
+        return _run_video(sources, model, out_path, live_sources, started_at, device=device, batch=batch,
+                          top_k=top_k, stride=stride, decoder=decoder, colorspace=colorspace, scores=scores,
+                          max_wait_ms=max_wait_ms, loop=loop, realtime=realtime, latency=latency,
+                          with_latency=with_latency, force=force, resume=resume, reporter=reporter, stream=stream,
+                          ray=ray, ray_actors=ray_actors, ray_streams=ray_streams, live=live,
+                          live_options=live_options)
+
+
+@contextlib.contextmanager
+def _one_writer(out_path: Path):
+    """The lock of ``-o`` for the whole run (:func:`engines._io.output_lock`): a second run on the same output is
+    refused at once, naming the one writing it; a lock left by a run that is gone is taken over, said once."""
+    import logging
+
+    from engines._io import OutputBusy, output_lock
+
+    def who(h):
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(h["started"])) if h.get("started") else "?"
+        return f"PID {h.get('pid', '?')} on {h.get('host', '?')} since {since}"
+
+    with contextlib.ExitStack() as stack:
+        try:
+            got = stack.enter_context(output_lock(out_path))
+        except OutputBusy as busy:
+            raise UsageProblem(f"{out_path} is being written by another trtc run ({who(busy.holder)})",
+                               f"wait for that run to end (or stop it: kill {busy.holder.get('pid', '<pid>')}), or "
+                               "give another -o") from None
+        except OSError:  # the folder refuses the lock file: the output check says why, with its fix
+            from .outputs import check_output_path
+
+            check_output_path(out_path, True, suffix=None)
+            raise
+        if got.get("stale"):
+            logging.getLogger("trtc").warning("%s: took over its lock, left by a trtc run that is no longer "
+                                              "running (%s)", out_path, who(got["stale"]))
+        yield
+
+
+def _run_video(sources, model, out_path, live_sources, started_at, *, device, batch, top_k, stride, decoder,
+               colorspace, scores, max_wait_ms, loop, realtime, latency, with_latency, force, resume, reporter,
+               stream, ray, ray_actors, ray_streams, live, live_options) -> RunSummary:
     prior = _prior_output(out_path, model, sources, stride, top_k, force, resume, ray, reporter)
     options = dict(batch=batch, top_k=top_k, stride=stride, decoder=decoder, colorspace=colorspace, scores=scores,
                    max_wait_ms=max_wait_ms, loop=loop, realtime=realtime, latency=latency, done=prior.done,
                    live=True if live else None, live_options=live_options)
-    _say_what_is_assumed(model)
+    _refuse_top_k_over_classes(model, top_k)
     finished: list = []  # --ray: (source, ok) of the sources that ended, in order
     run, closer, device, ray_info = _start(model, device, ray, ray_actors, ray_streams, sources, prior.complete,
                                            options, finished, reporter, with_latency)
+    _say_what_is_assumed(model)  # once the model opened: a file that is no model gets its error alone
     ready_at = time.time()
     try:
         lines = _Lines(out_path, prior, stream, with_latency)
@@ -222,11 +287,15 @@ def _check_request(sources, model, device, output, resume, live, ray):
     sources = [os.fspath(s) for s in sources]
     if not str(device).strip():
         raise UsageProblem("--device is empty", "use auto, cpu, cuda:N, a list such as cuda:0,cuda:1, or cuda:all")
-    sources = batch_sources(sources) if ray is not None else _no_batch(sources)
+    _refuse_non_model(model)
+    sources = batch_sources(sources) if ray is not None else _no_batch(sources, model)
     if not sources:
         raise UsageProblem("no video sources given", "trtc run clip.mp4 --model model.onnx")
     out_path = Path(output) if output and output != "-" else None
     if out_path is not None:
+        from .outputs import refuse_special
+
+        refuse_special(out_path, suffix=".jsonl")  # before the lock file beside it (/dev/null: not in /dev)
         _refuse_writing_over_inputs(out_path, model, sources)
     if resume and out_path is None:
         raise UsageProblem("--resume continues an output file", "give the file of the earlier run with -o")
@@ -324,6 +393,9 @@ class _Lines:
     def __init__(self, out_path, prior: _Prior, stream, with_latency: bool):
         self.out_path, self.kept_bytes, self.with_latency = out_path, prior.bytes, with_latency
         self.tmp = None
+        self.error: OSError | None = None  # the write that failed (-o only); the run stops at it
+        self.kept_lines = 0  # after a failed write: the complete lines kept
+        self.left: Path | None = None  # where the complete lines stayed when they could not be moved onto -o
         self.written = self.events = 0  # lines this run wrote; of them, events
         self.last = dict(prior.done)  # source -> last frame in the output
         self.latencies: list = []
@@ -349,7 +421,7 @@ class _Lines:
         line = getattr(item, "line", None) if frame else None
         if not isinstance(line, str):
             line = json_line(item, self.with_latency)
-        self.sink.write(line.encode() if self.tmp is not None else line)  # one whole line per call
+        self._put(line)  # one whole line per call
         self.written += 1
         if not frame:  # a live source's event: a line of its own among the predictions
             self.events += 1
@@ -365,7 +437,7 @@ class _Lines:
         with one write of whole lines; returns how many."""
         text = "".join(block.lines if block.lines is not None else
                        (json_line(p, self.with_latency) for p in block.predictions()))
-        self.sink.write(text.encode() if self.tmp is not None else text)
+        self._put(text)
         self.written += len(block)
         for source, (_n, last) in block.per_source().items():
             self.last[source] = last
@@ -374,28 +446,97 @@ class _Lines:
         self._written_one()
         return len(block)
 
+    def _put(self, text: str) -> None:
+        if self.tmp is None:
+            self.sink.write(text)
+            return
+        try:
+            self.sink.write(text.encode())
+        except OSError as exc:
+            self.error = exc
+            raise _WriteFailed from exc
+
     def _written_one(self) -> None:
         """After predictions were written: their times, and complete lines on disk at least once a second."""
         now = time.perf_counter()
         self.first_at = self.first_at or time.time()
         self.last_at = time.time()
         if self.tmp is not None and now - self.synced > 1.0:  # complete lines on disk in the temporary file
-            self.sink.flush()
-            os.fsync(self.sink.fileno())
+            try:
+                self.sink.flush()
+                os.fsync(self.sink.fileno())
+            except OSError as exc:
+                self.error = exc
+                raise _WriteFailed from exc
             self.synced = now
 
     def close(self) -> None:
         if self.tmp is None:
             self.sink.flush()
             return
-        self.sink.flush()
-        os.fsync(self.sink.fileno())
+        if self.error is None:
+            try:
+                self.sink.flush()
+                os.fsync(self.sink.fileno())
+            except OSError as exc:
+                self.error = exc
+        if self.error is not None:
+            self._keep_complete_lines()
+            return
         self.sink.close()
         if self.written or self.kept_bytes:
             os.replace(self.tmp, self.out_path)
         else:
             self.tmp.unlink(missing_ok=True)
             self.out_path = None
+
+    def _keep_complete_lines(self) -> None:
+        """After a failed write: the temporary file cut after its last complete line (cutting needs no space),
+        then moved onto -o; where even the rename fails, it stays where it is and ``left`` names it."""
+        with contextlib.suppress(OSError):
+            self.sink.close()  # its buffer cannot be written either: what is on disk is what there is
+        with self.tmp.open("r+b") as f:
+            size = f.seek(0, os.SEEK_END)
+            end = size
+            while end > 0:  # back to the last newline, a block at a time
+                start = max(0, end - (1 << 16))
+                f.seek(start)
+                at = f.read(end - start).rfind(b"\n")
+                if at >= 0:
+                    end = start + at + 1
+                    break
+                end = start
+            f.truncate(end)
+            with contextlib.suppress(OSError):
+                os.fsync(f.fileno())
+        self.kept_lines = self._reread(end)
+        if end == 0:
+            self.tmp.unlink(missing_ok=True)
+            self.out_path = None
+            return
+        try:
+            os.replace(self.tmp, self.out_path)
+        except OSError:
+            self.left = self.tmp
+
+    def _reread(self, end: int) -> int:
+        """The complete lines kept, and each source's last frame among them (the summary's "last frame" and the
+        next --resume must agree with the file, not with what was handed to the failed write)."""
+        n = 0
+        last: dict = {}
+        with self.tmp.open("rb") as f:
+            for raw in f:
+                n += 1
+                with contextlib.suppress(ValueError, KeyError, TypeError):
+                    d = json.loads(raw)
+                    if "frame" in d:
+                        last[str(d["source"])] = int(d["frame"])
+        self.last = last
+        return n
+
+
+class _WriteFailed(Exception):
+    """-o could not be written (``_Lines.error`` says why): the run stops, keeping every complete line."""
 
 
 def _write_lines(run, lines: _Lines, reporter, sources, device, ray, complete, finished) -> bool:
@@ -428,6 +569,8 @@ def _write_lines(run, lines: _Lines, reporter, sources, device, ray, complete, f
                 bar.failed = "every source failed"
     except KeyboardInterrupt:
         interrupted = True
+    except _WriteFailed:
+        pass  # lines.error says why; close() keeps every complete line
     finally:
         preds.close()  # stops the decoder threads and fills in the run's statistics
         lines.close()
@@ -450,14 +593,20 @@ def _summary(model, device, sources, run, lines: _Lines, prior: _Prior, interrup
                       frames=stats["frames"], batches=stats["batches"], seconds=stats["seconds"],
                       fps=stats["fps"], mean_batch=stats["mean_batch"], per_source=per_source,
                       # the frames of a source with a problem: all it gave, also those still in flight then
-                      problems=[{"source": p.source, "reason": p.reason, "frames": per_source.get(p.source, p.frames)}
-                                for p in run.problems],
+                      problems=[{"source": p.source, "reason": plain_reason(p.source, p.reason),
+                                 "frames": per_source.get(p.source, p.frames)} for p in run.problems],
                       output=str(lines.out_path) if lines.out_path else None, latency_ms=lat,
                       interrupted=interrupted, last_frame={s: lines.last.get(s) for s in sources},
                       resumed_lines=prior.lines, ray=_ray_summary(ray_info, run, prior.complete),
-                      dropped=dict(stats.get("dropped") or {}), missing=dict(stats.get("missing") or {}),
+                      # frames dropped because inference lagged: a live source's; a file's frames are never
+                      # dropped (those decoded when a run stops are simply not classified)
+                      dropped={s: n for s, n in (stats.get("dropped") or {}).items() if s in live_sources},
+                      missing=dict(stats.get("missing") or {}),
                       damaged=dict(stats.get("damaged") or {}), events=lines.events,
-                      signal=stop_signal() if interrupted else None, live=live_sources)
+                      signal=stop_signal() if interrupted else None, live=live_sources,
+                      write_error=None if lines.error is None else {
+                          "reason": lines.error.strerror or type(lines.error).__name__,
+                          "lines": lines.kept_lines, "left": str(lines.left) if lines.left else None})
 
 
 def _timing(started_at: float, ready_at: float, lines: _Lines) -> dict:
@@ -490,12 +639,13 @@ def _orphans(out_path: Path, resume: bool, reporter) -> None:
     if resume and not out_path.exists():
         newest = found.pop()
         os.replace(newest, out_path)
-        log.warning("%s: resuming from %s, left by an earlier run that was killed before it could finish the file",
+        log.warning("%s: resuming from %s, left by an earlier run that could not finish the file (killed, or its "
+                    "disk was full)",
                     out_path, newest.name)
     for f in found:
-        log.warning("%s was left by an earlier trtc run on %s that was killed (%d bytes); it is not used: delete it, "
-                    "or rename it to %s and add --resume to continue from it", f, out_path.name, f.stat().st_size,
-                    out_path.name)
+        log.warning("%s was left by an earlier trtc run on %s that did not finish it (killed, or its disk was full; "
+                    "%d bytes); it is not used: delete it, or rename it to %s and add --resume to continue from it",
+                    f, out_path.name, f.stat().st_size, out_path.name)
 
 
 def _alive(pid: int) -> bool:
@@ -610,16 +760,102 @@ def _refuse_writing_over_inputs(out_path: Path, model, sources: list[str]) -> No
                                "give -o another file, e.g. preds.jsonl")
 
 
-def _no_batch(sources: list[str]) -> list[str]:
+def _no_batch(sources: list[str], model) -> list[str]:
     for s in sources:
-        if s.startswith("@") or ("://" not in s and Path(s).is_dir()):
-            raise UsageProblem(f"{s} is a batch of videos (a folder or a list)",
+        if "://" not in s and not s.startswith("@") and Path(s).is_dir():
+            _refuse_folder(s, model)
+        if s.startswith("@"):
+            raise UsageProblem(f"{s} is a list of videos (a batch)",
                                "run batches with --ray (a local Ray instance by default; pip install 'trtc[ray]')")
+        if "://" not in s and not os.path.exists(s):  # missing input: exit 2, before any model is opened
+            folder = os.path.dirname(s) or "."
+            raise UsageProblem(f"no such file: {s}", f"check the path (ls {folder})")
+        if "://" not in s and os.path.isfile(s):
+            _refuse_non_video(s)
     seen: set = set()
     twice = [s for s in sources if s in seen or seen.add(s)]
     if twice:  # its lines could not be told apart: results are keyed by source and frame
         raise UsageProblem(f"{twice[0]} is listed twice", "give each source once; --loop N reads each one N times")
     return sources
+
+
+def _refuse_non_model(model) -> None:
+    """--model naming a file that is plainly no model (a text file, a video, an image): exit 2, said for what it
+    is, before any engine is tried."""
+    from engines import split_engine
+
+    from .model_source import _WHAT, sniff
+
+    path = Path(split_engine(os.fspath(model))[1])
+    if not path.is_file():
+        return
+    kind = sniff(path)
+    if kind in ("onnx", "plan", "torchscript", "exported", "unknown") or kind not in _WHAT:
+        return
+    if kind == "empty" and path.suffix.lower() in (".onnx", ".pt2", *PLAN_SUFFIXES):
+        return  # a model file cut to nothing: a damaged model, said when it is opened
+    raise UsageProblem(f"{path} {_WHAT[kind]}", "give --model an .onnx, a .plan or a .pt2 (make one with: trtc "
+                       "export pretrained:efficientnet-lite0 -o lite0.onnx)")
+
+
+# what a file that is plainly no video is (model_source.sniff's kinds), in words
+_NOT_VIDEO = {"text": "a text file", "image": "an image", "numpy": "NumPy data", "json": "a JSON file",
+              "manifest": "a trtc manifest (JSON)", "onnx": "an ONNX model", "plan": "a TensorRT plan",
+              "checkpoint": "PyTorch weights", "torchscript": "a TorchScript model",
+              "exported": "a torch.export program", "zip": "a zip archive", "empty": "an empty file (0 bytes)"}
+
+
+def _refuse_non_video(s: str) -> None:
+    """A source file that is plainly no video (a text file, a model, an image) is a mistake on the command line
+    (exit 2), said for what it is; a damaged or cut-off video is a bad source, reported by the run (exit 1)."""
+    from .model_source import sniff
+
+    kind = sniff(Path(s))
+    if Path(s).suffix.lower() in VIDEO_SUFFIXES and kind in ("text", "unknown", "json"):
+        return  # a video name over unreadable bytes: a damaged video, judged by the decoder
+    if kind in _NOT_VIDEO:
+        where = (" (--model takes models)" if kind in ("onnx", "plan", "torchscript", "exported") else
+                 " (images go to trtc validate --data)" if kind == "image" else "")
+        raise UsageProblem(f"{s} is {_NOT_VIDEO[kind]}, not a video{where}",
+                           "give a video file or a camera URL (rtsp://...); trtc data copies a sample video "
+                           "(trtc-data/bikes.mp4)")
+
+
+def plain_reason(source: str, reason: str) -> str:
+    """A source's problem in the user's words: no "[Errno 1094995529]" (FFmpeg's error number), and the file's
+    own name where the fix said FILE."""
+    import re
+
+    reason = re.sub(r"\[Errno -?\d+\] ", "", reason)
+    return reason.replace("ffprobe FILE", f"ffprobe {shlex.quote(source)}")
+
+
+def _refuse_folder(s: str, model) -> None:
+    """A folder given as a source without --ray: said for what it holds (videos, images, nothing of use)."""
+    from collections import Counter
+
+    from engines.preprocess import IMAGE_SUFFIXES
+
+    videos = 0
+    images: Counter = Counter()
+    for f in os.listdir(s):
+        suffix = os.path.splitext(f)[1]
+        videos += suffix.lower() in VIDEO_SUFFIXES
+        if suffix.lower() in IMAGE_SUFFIXES:
+            images[suffix] += 1
+    if videos:
+        raise UsageProblem(f"{s} is a folder of videos (a batch)", f"give the videos one by one (trtc run "
+                           f"{os.path.join(s, '*.mp4')} ...), or run the folder as a batch with --ray (a local Ray "
+                           "instance by default; pip install 'trtc[ray]')")
+    if images:
+        folder = s.rstrip("/") or "/"
+        name = os.path.basename(os.path.abspath(folder)) or "frames"
+        pattern = shlex.quote(os.path.join(folder, "*" + images.most_common(1)[0][0]))
+        raise UsageProblem(f"{s} is a folder of images, and trtc run classifies videos and cameras",
+                           f"make a video of them, one image a second, and run that: ffmpeg -framerate 1 -pattern_type "
+                           f"glob -i {pattern} -pix_fmt yuv420p -vf 'scale=trunc(iw/2)*2:trunc(ih/2)*2' {name}.mp4 && "
+                           f"trtc run {name}.mp4 --model {shlex.quote(str(model))}")
+    raise UsageProblem(f"{s} is a folder with no video in it", "give a video file or a camera URL (rtsp://...)")
 
 
 def done_file(out_path: Path) -> Path:

@@ -274,6 +274,11 @@ def _check_arguments(candidates: list[str], data: list[str], thresholds: dict | 
         if k not in DEFAULT_THRESHOLDS["fp32"]:
             raise UsageProblem(f"unknown threshold {k!r}", f"use {', '.join(DEFAULT_THRESHOLDS['fp32'])}")
     cal.check_sources(data)
+    for d in data:  # a folder without a single image is a wrong --data (exit 2), as a missing one is
+        p = Path(d)
+        if p.is_dir() and not any(q.suffix.lower() in cal.IMAGE_SUFFIXES and q.is_file() for q in p.rglob("*")):
+            raise UsageProblem(f"no images (jpg/png/bmp/webp) in {p}", "give --data a folder of images (class "
+                               "subfolders give labels), a video or a .npy/.npz file")
 
 
 def _contract_source(ref: ModelRef, cands: list[ModelRef]) -> Manifest:

@@ -31,7 +31,8 @@ def test_unknown_source_form(tmp_path):
 
 @needs_export
 def test_unknown_architecture_suggests(tmp_path):
-    r = run(["export", "torchvision:resnet19", "-o", str(tmp_path / "m.onnx")])
+    # with --random-weights: without weights at all, the missing --weights is said first, before PyTorch loads
+    r = run(["export", "torchvision:resnet19", "--random-weights", "-o", str(tmp_path / "m.onnx")])
     assert r.exit_code == 2, r.output
     assert "unknown torchvision architecture 'resnet19'" in r.output and "resnet18" in r.output
     assert_nothing_written(tmp_path)
@@ -213,7 +214,7 @@ def test_an_architecture_without_weights_is_refused(tmp_path, source):
     """Issue 25: `trtc export torchvision:resnet18 -o r.onnx` exported an untrained network, exit 0."""
     r = run(["export", source, "-o", str(tmp_path / "r.onnx")])
     assert r.exit_code == 2, r.output
-    lines = r.output.splitlines()[-2:]  # after the load's progress line: a mistyped architecture is named first
+    lines = r.output.splitlines()[-2:]  # refused before the model is loaded (no seconds of importing PyTorch)
     assert lines[0] == f"error: {source} has no trained weights without --weights: the export would be an " \
                        "untrained network", r.output
     assert lines[1].startswith("  fix: give them: --weights FILE") and lines[1].endswith("add --random-weights")

@@ -150,7 +150,7 @@ def test_inspect_corrupt_and_foreign_files(tmp_path):
     txt = tmp_path / "notes.txt"
     txt.write_text("hello")
     code, text = _invoke(["inspect", str(txt)])
-    assert code == 1 and "notes.txt" in _error_lines(text), text
+    assert code == 2 and "notes.txt is a text file, not a model" in _error_lines(text), text  # a wrong kind: 2
     empty = tmp_path / "empty.onnx"
     empty.write_bytes(b"")  # protobuf reads no bytes as an empty model: inspect said "runs here: yes"
     code, text = _invoke(["inspect", str(empty)])

@@ -232,7 +232,7 @@ def test_a_run_with_nothing_to_keep_leaves_no_output_file(lite0_onnx, tmp_path):
     out = tmp_path / "o.jsonl"
     args = ["run", str(tmp_path / "missing.mp4"), "--model", str(lite0_onnx[0]), "--device", "cpu", "-o", str(out)]
     r = CliRunner().invoke(cli, args)
-    assert r.exit_code == 1 and "no such file" in r.output and "fix: check the path" in r.output
+    assert r.exit_code == 2 and "no such file" in r.output and "fix: check the path" in r.output  # a missing input
     assert not out.exists() and not list(tmp_path.glob(".o.jsonl.*"))
 
 
