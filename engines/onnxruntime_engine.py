@@ -179,6 +179,19 @@ def _say_once(path, what: str, text: str) -> None:
         logging.getLogger("trtc").warning("%s: %s", Path(path).name, text)
 
 
+def tuned_cuda_options(path) -> dict:
+    """The CUDA EP options of a tuned session of this model: TUNED_CUDA_OPTIONS for a float graph; for a quantized
+    one (Q/DQ, engines._quick_model.is_float_graph) only the heuristic algorithm choice. NHWC layout and conv-bias
+    fusion are graph rewrites made for convolutions whose weights are constants: under the CUDA EP (ORT 1.31) the
+    NHWC rewrite of an INT8 Lite0, whose kept-in-FP16 convolutions read their weights through DequantizeLinear and
+    Cast, failed at its first run ("Input channels C is not equal to kernel channels * group")."""
+    from ._quick_model import is_float_graph
+
+    if is_float_graph(path):
+        return dict(TUNED_CUDA_OPTIONS)
+    return {"cudnn_conv_algo_search": TUNED_CUDA_OPTIONS["cudnn_conv_algo_search"]}
+
+
 def _int8_note(path, kind: str, precision: dict) -> None:
     """INT8 Q/DQ models under the CUDA EP compute through Q/DQ pairs, not integer kernels: say it once."""
     if kind == "cuda" and precision.get("mode") == "int8":
@@ -279,7 +292,7 @@ class OnnxRuntimeEngine(EngineBase):
         if kind == "cuda" and not tf32:
             providers[0][1]["use_tf32"] = "0"
         if kind == "cuda" and tuning in ("auto", "graphs"):
-            providers[0][1].update(TUNED_CUDA_OPTIONS)
+            providers[0][1].update(tuned_cuda_options(self.path))
         self.quick = None  # a QuickStart when the first batches of a shape may run on the quick session
         if quick:
             self._quick_setup(ort, opts, providers, doc)  # before the tuned session: its warm-up overlaps that

@@ -94,8 +94,9 @@ def cuda_engine(monkeypatch, lite0_onnx):
     sessions = []
 
     def open_(tuning="auto", refuse_graphs=False, device_buffers=True, quick_start=False, gate=None,
-              refuse_fusion=None):
-        """refuse_fusion: the message every run of a session with fuse_conv_bias raises."""
+              refuse_fusion=None, path=None):
+        """refuse_fusion: the message every run of a session with fuse_conv_bias raises; path: the model opened
+        (default: the FP32 Lite0 export; the fake's inputs and outputs are that export's either way)."""
         def session(self, ort_, opts, providers, model=None):
             asked.append(providers[0][1].copy())
             if refuse_graphs and providers[0][1].get("enable_cuda_graph") == "1":
@@ -112,7 +113,7 @@ def cuda_engine(monkeypatch, lite0_onnx):
         monkeypatch.setattr("engines._gpu.check_gpu_index", lambda i: None)
         monkeypatch.setattr(oe, "providers_for", lambda d: [("CUDAExecutionProvider", {"device_id": 0}),
                                                             "CPUExecutionProvider"])
-        eng = oe.OnnxRuntimeEngine(lite0_onnx[0], device="cuda:0", tuning=tuning, device_buffers=device_buffers,
+        eng = oe.OnnxRuntimeEngine(path or lite0_onnx[0], device="cuda:0", tuning=tuning, device_buffers=device_buffers,
                                    quick_start=quick_start)
         return eng, asked, eng.session
 
@@ -137,6 +138,19 @@ def test_a_tuned_cuda_session_asks_for_nhwc_heuristic_algorithms_and_graphs_only
     # host arrays only (no device buffers): tuned kernels, but no graphs (they need fixed device addresses)
     host, asked, _ = cuda_engine("graphs", device_buffers=False)
     assert asked[-1]["prefer_nhwc"] == "1" and "enable_cuda_graph" not in asked[-1] and not host.cuda_graphs
+
+
+def test_a_quantized_model_gets_no_nhwc_layout_nor_fusion_and_no_quick_copy(cuda_engine, lite0_int8):
+    """INT8 Lite0 (Q/DQ; its kept-in-FP16 convolutions read their weights through DequantizeLinear and Cast): the
+    tuned session asks only for heuristic algorithms (ONNX Runtime's NHWC rewrite of this graph failed on an H100),
+    and the quick session runs the file itself, not the depthwise copy made for float graphs."""
+    eng, asked, _ = cuda_engine("auto", path=lite0_int8.output, quick_start=True)
+    eng.wait_ready(30)
+    tuned = [a for a in asked if a.get("cudnn_conv_algo_search") == "HEURISTIC"]
+    assert tuned and all(not ({"prefer_nhwc", "fuse_conv_bias"} & set(a)) for a in tuned) and not eng.fused
+    quick = _quick_sessions(cuda_engine.sessions)
+    assert quick and all(s.model is None or s.model == str(lite0_int8.output) for s in quick)
+    eng.close()
 
 
 def test_a_model_onnx_runtime_cannot_graph_runs_without_and_says_so_once(cuda_engine, caplog):
