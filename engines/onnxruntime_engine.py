@@ -218,6 +218,16 @@ def _expected_key(inputs, doc: dict):
     return tuple((n, *shape[1:]) for shape in dims)
 
 
+def refused_by_cudnn(exc: Exception) -> bool:
+    """Whether ``exc`` is cuDNN refusing a convolution as asked (its frontend's failure, or NOT_SUPPORTED), the one
+    failure a session reopened without the fusion can mend; not any error naming cuDNN (an allocation failure, an
+    illegal access: those are raised)."""
+    import re
+
+    text = str(exc.__cause__ or exc)
+    return re.search(r"CUDNN_FE failure|CUDNN_STATUS_NOT_SUPPORTED", text) is not None
+
+
 def _cudnn_reason(exc: Exception) -> str:
     """cuDNN's own words in an ONNX Runtime failure (e.g. "CUDNN_FE failure 8: HEURISTIC_QUERY_FAILED"), whose
     message runs to kilobytes of JSON; else its first line, cut."""
@@ -258,6 +268,9 @@ class OnnxRuntimeEngine(EngineBase):
             raise UsageProblem(f"unknown ONNX Runtime tuning {tuning!r}", f"use one of: {', '.join(TUNINGS)}")
         self.path = Path(path)
         self.device = device
+        # the tuned session's one owner: every use of it (a run, the quick start's preparation, a capture, the
+        # reopen unfused that replaces it) holds this lock, so no two overlap and none meets a half-replaced one
+        self._lock = threading.RLock()
         kind, self.device_id = parse_device(device)
         doc = _manifest_json(self.path) or {}  # read once: the Q/DQ rule, the warnings and the batch below
         precision = doc.get("precision") or {}
@@ -358,16 +371,17 @@ class OnnxRuntimeEngine(EngineBase):
 
     def _prepare_shape(self, key) -> None:
         """Run the tuned session once on zeros of these input shapes (on the quick start's thread), after the
-        caller's runs of it already enqueued have finished (QuickStart.route sends none meanwhile)."""
-        self.stream.synchronize()
-
+        caller's runs of it already enqueued have finished. Under the engine's lock: a caller's run of the tuned
+        session meanwhile waits (QuickStart.route sends the device batches to the quick session instead)."""
         def prepare():
             self._at_shapes(key)
             run_options = self._device_run_options()
             self._run_on_zeros(self.session, self.inputs, self.outputs, key, self.stream,
                                lambda io: self._run(io, run_options))
 
-        self._unfused_if_refused(prepare)
+        with self._lock:
+            self.stream.synchronize()
+            self._unfused_if_refused(prepare)
 
     def _run_on_zeros(self, session, inputs, outputs, key, stream, run) -> None:
         """``run(io)`` once with ``session``'s inputs bound to zeros of the shapes ``key`` and its outputs to new
@@ -448,19 +462,19 @@ class OnnxRuntimeEngine(EngineBase):
 
     def _unfuse(self, exc: Exception) -> bool:
         """After a run of the tuned session failed with ``exc``: when the session fuses convolutions with their bias
-        and cuDNN refused (a message naming cuDNN; e.g. HEURISTIC_QUERY_FAILED for Lite0's first convolution under
-        NCHW), reopen it without the fusion, say so once and return True: the caller runs again on the new session
-        (its bindings and graphs are gone). Otherwise False: the caller raises. Called where no other run of the
-        tuned session is under way (the caller's thread, or the quick start's preparing thread while QuickStart
-        routes every batch of that shape to the quick session)."""
-        if not self.fused or "cudnn" not in str(exc).lower():
+        and cuDNN refused one (:func:`refused_by_cudnn`; e.g. HEURISTIC_QUERY_FAILED for Lite0's first convolution
+        under NCHW), reopen it without the fusion, say so once and return True: the caller runs again on the new
+        session (its bindings and graphs are gone; graphs a failed capture turned off stay off). Otherwise False:
+        the caller raises. Called under the engine's lock, so no other use of the session it replaces is under
+        way."""
+        if not self.fused or not refused_by_cudnn(exc):
             return False
         ort, opts, providers, graphs = self._reopen_with
         plain = [(providers[0][0], {k: v for k, v in providers[0][1].items() if k != FUSION}), *providers[1:]]
         if self.stream is not None:
             self.stream.synchronize()  # the old session's queued work ends before it goes
         self.session, self._graph_session = self._open(ort, opts, plain, graphs=graphs)
-        self.cuda_graphs = self._graph_session
+        self.cuda_graphs = self.cuda_graphs and self._graph_session  # a failed capture's "off" stays off
         self.fused = False
         self._reopen_with = (ort, opts, plain, graphs)
         self._binding, self._graphs, self._graph_ids, self._last_shapes = None, {}, 0, None
@@ -500,7 +514,8 @@ class OnnxRuntimeEngine(EngineBase):
             self._at_shapes(tuple(casted[spec.name].shape for spec in self.inputs))
             return self.session.run(self._output_names, casted, self._graphless_options())
 
-        return self._unfused_if_refused(run)
+        with self._lock:
+            return self._unfused_if_refused(run)
 
     def _graphless_options(self):
         """Run options for a run that must not use a CUDA graph (host arrays: ONNX Runtime's own copies), or None
@@ -545,10 +560,11 @@ class OnnxRuntimeEngine(EngineBase):
             self.stream.wait_event(caller.record())
         results = [device_output(outputs, i, spec, shape, self.stream)
                    for i, (spec, shape) in enumerate(zip(self.outputs, shapes))]
-        self._unfused_if_refused(lambda: self._tuned_run(xs, results, key))
-        if self._ran is None:
-            self._ran = cp.cuda.Event(disable_timing=True)
-        self._ran.record(self.stream)
+        with self._lock:
+            self._unfused_if_refused(lambda: self._tuned_run(xs, results, key))
+            if self._ran is None:
+                self._ran = cp.cuda.Event(disable_timing=True)
+            self._ran.record(self.stream)
         if caller.ptr != self.stream.ptr:
             caller.wait_event(self.stream.record())
         return results
@@ -623,6 +639,11 @@ class OnnxRuntimeEngine(EngineBase):
         if not self.cuda_graphs or len(self.inputs) != 1:
             return len(self._graphs)
         self.wait_ready()  # a preparation running on its thread would break the capture
+        with self._lock:
+            return self._capture(arrays, stream)
+
+    def _capture(self, arrays, stream) -> int:
+        """capture_graphs under the engine's lock."""
         import cupy as cp
 
         caller = external_stream(stream, self.device_id) if stream is not None else cp.cuda.get_current_stream()
@@ -642,7 +663,7 @@ class OnnxRuntimeEngine(EngineBase):
                 del self._graphs[key]
                 if self._unfuse(exc):  # unfused, every graph gone: capture them all again
                     caller.wait_event(self.stream.record())
-                    return self.capture_graphs(arrays, stream)
+                    return self._capture(arrays, stream)
                 self.cuda_graphs = False
                 _say_once(self.path, "capture", f"runs without CUDA graphs: capturing one failed ({exc.reason})")
                 break
@@ -669,7 +690,8 @@ class OnnxRuntimeEngine(EngineBase):
 
     def close(self) -> None:
         self.wait_ready()  # the preparing thread runs the session: let it finish before the session goes
-        self.quick = None
-        self._binding = None
-        self._graphs = {}
-        self.session = None
+        with self._lock:
+            self.quick = None
+            self._binding = None
+            self._graphs = {}
+            self.session = None
