@@ -357,8 +357,9 @@ class OnnxRuntimeEngine(EngineBase):
                                 self.path.name, retire=lambda session: self._quick_stream.synchronize())
         self.quick.warm(lambda session: self._warm_quick(session, doc))
 
-    def _warm_quick(self, session, doc: dict) -> None:
-        """One run of the quick session on zeros at the expected input shapes (on QuickStart.warm's thread)."""
+    def _warm_quick(self, session, doc: dict) -> bool:
+        """One run of the quick session on zeros at the expected input shapes (on QuickStart.warm's thread); False
+        when those shapes are unknown (no run)."""
         inputs, outputs = [_spec(a) for a in session.get_inputs()], [_spec(a) for a in session.get_outputs()]
         key = _expected_key(inputs, doc)
         if key is not None:
@@ -368,6 +369,7 @@ class OnnxRuntimeEngine(EngineBase):
                     session.run_with_iobinding(io, run_options)
 
             self._run_on_zeros(session, inputs, outputs, key, self._quick_stream, run)
+        return key is not None
 
     def _prepare_shape(self, key) -> None:
         """Run the tuned session once on zeros of these input shapes (on the quick start's thread), after the

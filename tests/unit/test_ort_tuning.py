@@ -122,11 +122,13 @@ def cuda_engine(monkeypatch, lite0_onnx):
     sessions = []
 
     def open_(tuning="auto", refuse_graphs=False, device_buffers=True, quick_start=False, gate=None,
-              refuse_fusion=None, path=None):
+              refuse_fusion=None, path=None, refuse_quick=None):
         """refuse_fusion: the message every run of a session with fuse_conv_bias raises; path: the model opened
         (default: the FP32 Lite0 export; the fake's inputs and outputs are that export's either way)."""
         def session(self, ort_, opts, providers, model=None):
             asked.append(providers[0][1].copy())
+            if refuse_quick and providers[0][1].get("cudnn_conv_algo_search") == "DEFAULT":
+                raise EngineError(f"ONNX Runtime cannot load m.onnx: {refuse_quick}")
             if refuse_graphs and providers[0][1].get("enable_cuda_graph") == "1":
                 raise EngineError("ONNX Runtime cannot load m.onnx: This session cannot use the CUDA Graph feature")
             s = Session(real, registry, providers)
@@ -214,7 +216,7 @@ def test_no_two_uses_of_the_tuned_session_overlap(cuda_engine):
         t.join(60)
     assert eng.wait_ready(30)
     assert not errors, errors
-    assert not eng.fused and eng.session is not fused and len(eng.session.runs) > 40
+    assert not eng.fused and eng.session is not fused and len(eng.session.runs) >= 30  # the numpy batches at least
     assert cuda_engine.use["overlaps"] == []
     eng.close()
 
@@ -676,6 +678,41 @@ def test_a_warm_up_thread_that_cannot_start_leaves_route_free(monkeypatch):
     t.start()
     t.join(10)
     assert routed == opened and len(opened) == 1
+
+
+def test_a_quick_session_that_cannot_open_leaves_every_batch_to_the_tuned_one(cuda_engine, caplog):
+    """The quick session fails to open (here out of memory): batches wait for the tuned session's preparation and
+    run there, none fails, and the loss of the quick start is said once."""
+    gate = threading.Event()
+    with caplog.at_level(logging.WARNING, logger="trtc"):
+        eng, _, tuned = cuda_engine("auto", quick_start=True, gate=gate, refuse_quick="CUDA failure 2: out of memory")
+        x = cuda_engine.cp.asarray(np.zeros((4, 3, 224, 224), np.float32))
+        threading.Timer(0.2, gate.set).start()  # the preparation ends a little later
+        outs = [eng.infer(x)[0] for _ in range(3)]
+    assert eng.quick.quick_runs == 0 and not _quick_sessions(cuda_engine.sessions)
+    assert [float(o.host[0, 0]) for o in outs] == [len(tuned.runs) - 2, len(tuned.runs) - 1, len(tuned.runs)]
+    said = [r.getMessage() for r in caplog.records if "quick start off" in r.getMessage()]
+    assert len(said) == 1 and "out of memory" in said[0]
+    eng.close()
+
+
+def test_the_quick_session_is_let_go_when_no_shape_is_known_to_prepare(cuda_engine, lite0_onnx, tmp_path):
+    """A model without a manifest (dynamic batch): nothing to prepare at open, so the quick session the warm-up
+    opened is let go, not kept for the engine's life; a device batch then opens one for its own preparation."""
+    import shutil
+
+    bare = tmp_path / "bare.onnx"
+    shutil.copy(lite0_onnx[0], bare)
+    gate = threading.Event()
+    gate.set()
+    eng, _, _ = cuda_engine("auto", quick_start=True, gate=gate, path=bare)
+    eng.quick._warming.join(10)
+    assert len(_quick_sessions(cuda_engine.sessions)) == 1 and eng.quick._quick is None
+    eng.infer(np.zeros((2, 3, 224, 224), np.float32))  # numpy: the tuned session, no quick session opened
+    assert len(_quick_sessions(cuda_engine.sessions)) == 1 and eng.quick._quick is None
+    eng.infer(cuda_engine.cp.asarray(np.zeros((2, 3, 224, 224), np.float32)))
+    assert eng.wait_ready(10) and eng.quick._quick is None
+    eng.close()
 
 
 def test_a_failed_preparation_leaves_the_error_to_the_tuned_run(cuda_engine):
