@@ -48,6 +48,8 @@ from __future__ import annotations
 import logging
 import threading
 
+from .errors import first_line
+
 log = logging.getLogger("trtc")
 
 
@@ -72,6 +74,7 @@ class QuickStart:
         self._quick = None
         self.quick_runs = 0  # batches the quick session ran (reported in tests and benchmarks)
         self.failed: dict = {}  # shape -> the exception its preparation raised (the tuned run then raises it itself)
+        self.unavailable = None  # why the quick session could not open: every batch then waits for the tuned one
 
     def start(self, key) -> None:
         """Prepare ``key`` in the background unless it is ready or queued."""
@@ -94,8 +97,8 @@ class QuickStart:
         def go():
             try:
                 session = self._open_warm()
-                if session is not None:
-                    run_once(session)
+                if session is not None and not run_once(session):
+                    self._let_go_if_idle()  # no shape to prepare is known: nothing for it to cover yet
             except Exception as exc:  # noqa: BLE001 - the tuned session meets the same problem in the caller
                 log.debug("%s: warming the quick session failed: %s", self.name, exc)
         self._opening = True  # before the thread starts: a route() meanwhile waits for this creation
@@ -127,6 +130,15 @@ class QuickStart:
                 self._lock.notify_all()
         return kept
 
+    def _let_go_if_idle(self) -> None:
+        """Let the quick session go when no shape is being prepared (its stream idle first, as in _run)."""
+        with self._lock:
+            if self._queue:
+                return
+            retired, self._quick = self._quick, None
+        if retired is not None and self._retire is not None:
+            self._retire(retired)
+
     def _still_wanted(self) -> bool:
         """Whether warm() should open (or keep) a quick session: none is kept yet, and preparations are queued or
         none has ended (else there is nothing left to cover). Under the lock: warm() asks before and after its
@@ -136,16 +148,24 @@ class QuickStart:
     def route(self, key):
         """None (run the tuned session) when the tuned session has prepared ``key`` and prepares nothing else now;
         else the quick session, queueing ``key``'s preparation if it needs one. Never the tuned session while it
-        prepares a shape on its thread: two runs of it at once, at two shapes, failed on an H100 with illegal
-        memory accesses in cuDNN's convolutions (ORT 1.31.1, session 20)."""
+        prepares a shape on its thread: the caller's run would wait for the preparation (the engine's lock).
+        When the quick session cannot open, None: the caller runs the tuned session, waiting for its preparation,
+        and the failure is said once."""
         with self._lock:
             if key in self._ready and not self._queue:
                 return None
             self._start(key)
             if self._quick is None and self._opening:  # warm() is opening it: wait rather than open a second
                 self._lock.wait_for(lambda: not self._opening)
+            if self._quick is None and self.unavailable is None:
+                try:
+                    self._quick = self._open_quick()
+                except Exception as exc:  # noqa: BLE001 - the tuned session still runs every batch
+                    self.unavailable = exc
+                    log.warning("%s: quick start off, the first batches wait for the tuned session: its quick "
+                                "session did not open (%s)", self.name, first_line(exc))
             if self._quick is None:
-                self._quick = self._open_quick()
+                return None
             self.quick_runs += 1
             return self._quick
 

@@ -60,30 +60,53 @@ def _fields(buf, pos: int, end: int):
             raise ValueError(f"protobuf wire type {wire}")
 
 
-def has_grouped_conv(path: str | os.PathLike) -> bool:
-    """Whether the ONNX file has a Conv whose ``group`` is above 1, read from the protobuf's wire format without
-    ``onnx`` and without reading the weights (ModelProto.graph = 7; GraphProto.node = 1; NodeProto.op_type = 4,
-    .attribute = 5; AttributeProto.name = 1, .i = 3). True when the file cannot be read this way (the caller
-    then parses it properly)."""
+QUANT_OPS = (b"QuantizeLinear", b"DequantizeLinear", b"QLinearConv", b"QLinearMatMul", b"ConvInteger",
+             b"MatMulInteger", b"DynamicQuantizeLinear")
+
+
+def node_kinds(path: str | os.PathLike) -> tuple | None:
+    """(whether a Conv has ``group`` above 1, whether any node quantizes: Q/DQ or integer kernels) of the ONNX
+    file, read from the protobuf's wire format without ``onnx`` and without reading the weights (ModelProto.graph
+    = 7; GraphProto.node = 1; NodeProto.op_type = 4, .attribute = 5; AttributeProto.name = 1, .i = 3); None when
+    the file cannot be read this way."""
     import mmap
 
+    grouped = quant = False
     try:
         with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
             for field, wire, start, end in _fields(m, 0, len(m)):
                 if field == 7 and wire == 2:
                     for f2, w2, s2, e2 in _fields(m, start, end):
-                        if f2 == 1 and w2 == 2 and _grouped_conv_node(m, s2, e2):
-                            return True
-            return False
+                        if f2 == 1 and w2 == 2:
+                            op, group = _node_op(m, s2, e2)
+                            grouped |= op == b"Conv" and group > 1
+                            quant |= op in QUANT_OPS
     except (OSError, ValueError, IndexError):
-        return True
+        return None
+    return grouped, quant
 
 
-def _grouped_conv_node(m, start: int, end: int) -> bool:
-    conv, group = False, 1
+def has_grouped_conv(path: str | os.PathLike) -> bool:
+    """Whether the ONNX file has a Conv whose ``group`` is above 1 (:func:`node_kinds`); True when the file cannot
+    be read that way (the caller then parses it properly)."""
+    kinds = node_kinds(path)
+    return True if kinds is None else kinds[0]
+
+
+def is_float_graph(path: str | os.PathLike) -> bool:
+    """Whether the model computes in floating point only (no Q/DQ pair, no integer kernel), as the graph rewrites
+    that speed a float model up assume (this module's copy; ONNX Runtime's NHWC layout and conv-bias fusion, see
+    engines.onnxruntime_engine.tuned_cuda_options). False when the file cannot be scanned: no rewrite on a guess."""
+    kinds = node_kinds(path)
+    return kinds is not None and not kinds[1]
+
+
+def _node_op(m, start: int, end: int) -> tuple:
+    """(op_type bytes, group attribute) of one NodeProto."""
+    op, group = None, 1
     for field, wire, s, e in _fields(m, start, end):
         if field == 4 and wire == 2:
-            conv = m[s:e] == b"Conv"
+            op = m[s:e]
         elif field == 5 and wire == 2:
             name, i = None, None
             for f2, w2, s2, e2 in _fields(m, s, e):
@@ -93,14 +116,17 @@ def _grouped_conv_node(m, start: int, end: int) -> bool:
                     i = s2
             if name == b"group" and i is not None:
                 group = i
-    return conv and group > 1
+    return op, group
 
 
 def depthwise_as_taps(path: str | os.PathLike) -> bytes | None:
     """The rewritten model's bytes (see the module), or None: no depthwise convolution to rewrite, or the model
     cannot be rewritten here (said at debug level). A model without grouped convolutions costs a scan of its
-    nodes (no ``onnx`` import, no weights read: it runs beside CUDA's start and must not slow it)."""
-    if not has_grouped_conv(path):
+    nodes (no ``onnx`` import, no weights read: it runs beside CUDA's start and must not slow it). A quantized
+    model (Q/DQ) is never rewritten: the copy is made for float graphs, and a Q/DQ model's convolutions are the
+    quantizer's to place."""
+    kinds = node_kinds(path)
+    if kinds is not None and (not kinds[0] or kinds[1]):
         return None
     if not is_installed("onnx"):
         log.debug("%s: onnx is not installed; the quick session runs the model as it is", path)
@@ -108,6 +134,8 @@ def depthwise_as_taps(path: str | os.PathLike) -> bytes | None:
     import onnx
 
     model = onnx.load(os.fspath(path), load_external_data=False)
+    if any(n.op_type.encode() in QUANT_OPS for n in model.graph.node):
+        return None
     if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
         log.debug("%s: weights in external data; the quick session runs the model as it is", path)
         return None
@@ -244,4 +272,4 @@ class QuickModel:
         return os.fspath(self.path) if self.rewritten is None else self.rewritten
 
 
-__all__ = ["QuickModel", "depthwise_as_taps", "rewrite_depthwise"]
+__all__ = ["QuickModel", "depthwise_as_taps", "is_float_graph", "node_kinds", "rewrite_depthwise"]

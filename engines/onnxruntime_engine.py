@@ -179,6 +179,19 @@ def _say_once(path, what: str, text: str) -> None:
         logging.getLogger("trtc").warning("%s: %s", Path(path).name, text)
 
 
+def tuned_cuda_options(path) -> dict:
+    """The CUDA EP options of a tuned session of this model: TUNED_CUDA_OPTIONS for a float graph; for a quantized
+    one (Q/DQ, engines._quick_model.is_float_graph) only the heuristic algorithm choice. NHWC layout and conv-bias
+    fusion are graph rewrites made for convolutions whose weights are constants: under the CUDA EP (ORT 1.31) the
+    NHWC rewrite of an INT8 Lite0, whose kept-in-FP16 convolutions read their weights through DequantizeLinear and
+    Cast, failed at its first run ("Input channels C is not equal to kernel channels * group")."""
+    from ._quick_model import is_float_graph
+
+    if is_float_graph(path):
+        return dict(TUNED_CUDA_OPTIONS)
+    return {"cudnn_conv_algo_search": TUNED_CUDA_OPTIONS["cudnn_conv_algo_search"]}
+
+
 def _int8_note(path, kind: str, precision: dict) -> None:
     """INT8 Q/DQ models under the CUDA EP compute through Q/DQ pairs, not integer kernels: say it once."""
     if kind == "cuda" and precision.get("mode") == "int8":
@@ -203,6 +216,16 @@ def _expected_key(inputs, doc: dict):
     if any(not all(isinstance(d, int) and d > 0 for d in shape[1:]) for shape in dims):
         return None
     return tuple((n, *shape[1:]) for shape in dims)
+
+
+def refused_by_cudnn(exc: Exception) -> bool:
+    """Whether ``exc`` is cuDNN refusing a convolution as asked (its frontend's failure, or NOT_SUPPORTED), the one
+    failure a session reopened without the fusion can mend; not any error naming cuDNN (an allocation failure, an
+    illegal access: those are raised)."""
+    import re
+
+    text = str(exc.__cause__ or exc)
+    return re.search(r"CUDNN_FE failure|CUDNN_STATUS_NOT_SUPPORTED", text) is not None
 
 
 def _cudnn_reason(exc: Exception) -> str:
@@ -245,6 +268,9 @@ class OnnxRuntimeEngine(EngineBase):
             raise UsageProblem(f"unknown ONNX Runtime tuning {tuning!r}", f"use one of: {', '.join(TUNINGS)}")
         self.path = Path(path)
         self.device = device
+        # the tuned session's one owner: every use of it (a run, the quick start's preparation, a capture, the
+        # reopen unfused that replaces it) holds this lock, so no two overlap and none meets a half-replaced one
+        self._lock = threading.RLock()
         kind, self.device_id = parse_device(device)
         doc = _manifest_json(self.path) or {}  # read once: the Q/DQ rule, the warnings and the batch below
         precision = doc.get("precision") or {}
@@ -279,7 +305,7 @@ class OnnxRuntimeEngine(EngineBase):
         if kind == "cuda" and not tf32:
             providers[0][1]["use_tf32"] = "0"
         if kind == "cuda" and tuning in ("auto", "graphs"):
-            providers[0][1].update(TUNED_CUDA_OPTIONS)
+            providers[0][1].update(tuned_cuda_options(self.path))
         self.quick = None  # a QuickStart when the first batches of a shape may run on the quick session
         if quick:
             self._quick_setup(ort, opts, providers, doc)  # before the tuned session: its warm-up overlaps that
@@ -331,8 +357,9 @@ class OnnxRuntimeEngine(EngineBase):
                                 self.path.name, retire=lambda session: self._quick_stream.synchronize())
         self.quick.warm(lambda session: self._warm_quick(session, doc))
 
-    def _warm_quick(self, session, doc: dict) -> None:
-        """One run of the quick session on zeros at the expected input shapes (on QuickStart.warm's thread)."""
+    def _warm_quick(self, session, doc: dict) -> bool:
+        """One run of the quick session on zeros at the expected input shapes (on QuickStart.warm's thread); False
+        when those shapes are unknown (no run)."""
         inputs, outputs = [_spec(a) for a in session.get_inputs()], [_spec(a) for a in session.get_outputs()]
         key = _expected_key(inputs, doc)
         if key is not None:
@@ -342,19 +369,21 @@ class OnnxRuntimeEngine(EngineBase):
                     session.run_with_iobinding(io, run_options)
 
             self._run_on_zeros(session, inputs, outputs, key, self._quick_stream, run)
+        return key is not None
 
     def _prepare_shape(self, key) -> None:
         """Run the tuned session once on zeros of these input shapes (on the quick start's thread), after the
-        caller's runs of it already enqueued have finished (QuickStart.route sends none meanwhile)."""
-        self.stream.synchronize()
-
+        caller's runs of it already enqueued have finished. Under the engine's lock: a caller's run of the tuned
+        session meanwhile waits (QuickStart.route sends the device batches to the quick session instead)."""
         def prepare():
             self._at_shapes(key)
             run_options = self._device_run_options()
             self._run_on_zeros(self.session, self.inputs, self.outputs, key, self.stream,
                                lambda io: self._run(io, run_options))
 
-        self._unfused_if_refused(prepare)
+        with self._lock:
+            self.stream.synchronize()
+            self._unfused_if_refused(prepare)
 
     def _run_on_zeros(self, session, inputs, outputs, key, stream, run) -> None:
         """``run(io)`` once with ``session``'s inputs bound to zeros of the shapes ``key`` and its outputs to new
@@ -435,19 +464,19 @@ class OnnxRuntimeEngine(EngineBase):
 
     def _unfuse(self, exc: Exception) -> bool:
         """After a run of the tuned session failed with ``exc``: when the session fuses convolutions with their bias
-        and cuDNN refused (a message naming cuDNN; e.g. HEURISTIC_QUERY_FAILED for Lite0's first convolution under
-        NCHW), reopen it without the fusion, say so once and return True: the caller runs again on the new session
-        (its bindings and graphs are gone). Otherwise False: the caller raises. Called where no other run of the
-        tuned session is under way (the caller's thread, or the quick start's preparing thread while QuickStart
-        routes every batch of that shape to the quick session)."""
-        if not self.fused or "cudnn" not in str(exc).lower():
+        and cuDNN refused one (:func:`refused_by_cudnn`; e.g. HEURISTIC_QUERY_FAILED for Lite0's first convolution
+        under NCHW), reopen it without the fusion, say so once and return True: the caller runs again on the new
+        session (its bindings and graphs are gone; graphs a failed capture turned off stay off). Otherwise False:
+        the caller raises. Called under the engine's lock, so no other use of the session it replaces is under
+        way."""
+        if not self.fused or not refused_by_cudnn(exc):
             return False
         ort, opts, providers, graphs = self._reopen_with
         plain = [(providers[0][0], {k: v for k, v in providers[0][1].items() if k != FUSION}), *providers[1:]]
         if self.stream is not None:
             self.stream.synchronize()  # the old session's queued work ends before it goes
         self.session, self._graph_session = self._open(ort, opts, plain, graphs=graphs)
-        self.cuda_graphs = self._graph_session
+        self.cuda_graphs = self.cuda_graphs and self._graph_session  # a failed capture's "off" stays off
         self.fused = False
         self._reopen_with = (ort, opts, plain, graphs)
         self._binding, self._graphs, self._graph_ids, self._last_shapes = None, {}, 0, None
@@ -487,7 +516,8 @@ class OnnxRuntimeEngine(EngineBase):
             self._at_shapes(tuple(casted[spec.name].shape for spec in self.inputs))
             return self.session.run(self._output_names, casted, self._graphless_options())
 
-        return self._unfused_if_refused(run)
+        with self._lock:
+            return self._unfused_if_refused(run)
 
     def _graphless_options(self):
         """Run options for a run that must not use a CUDA graph (host arrays: ONNX Runtime's own copies), or None
@@ -532,10 +562,11 @@ class OnnxRuntimeEngine(EngineBase):
             self.stream.wait_event(caller.record())
         results = [device_output(outputs, i, spec, shape, self.stream)
                    for i, (spec, shape) in enumerate(zip(self.outputs, shapes))]
-        self._unfused_if_refused(lambda: self._tuned_run(xs, results, key))
-        if self._ran is None:
-            self._ran = cp.cuda.Event(disable_timing=True)
-        self._ran.record(self.stream)
+        with self._lock:
+            self._unfused_if_refused(lambda: self._tuned_run(xs, results, key))
+            if self._ran is None:
+                self._ran = cp.cuda.Event(disable_timing=True)
+            self._ran.record(self.stream)
         if caller.ptr != self.stream.ptr:
             caller.wait_event(self.stream.record())
         return results
@@ -610,6 +641,11 @@ class OnnxRuntimeEngine(EngineBase):
         if not self.cuda_graphs or len(self.inputs) != 1:
             return len(self._graphs)
         self.wait_ready()  # a preparation running on its thread would break the capture
+        with self._lock:
+            return self._capture(arrays, stream)
+
+    def _capture(self, arrays, stream) -> int:
+        """capture_graphs under the engine's lock."""
         import cupy as cp
 
         caller = external_stream(stream, self.device_id) if stream is not None else cp.cuda.get_current_stream()
@@ -629,7 +665,7 @@ class OnnxRuntimeEngine(EngineBase):
                 del self._graphs[key]
                 if self._unfuse(exc):  # unfused, every graph gone: capture them all again
                     caller.wait_event(self.stream.record())
-                    return self.capture_graphs(arrays, stream)
+                    return self._capture(arrays, stream)
                 self.cuda_graphs = False
                 _say_once(self.path, "capture", f"runs without CUDA graphs: capturing one failed ({exc.reason})")
                 break
@@ -656,7 +692,8 @@ class OnnxRuntimeEngine(EngineBase):
 
     def close(self) -> None:
         self.wait_ready()  # the preparing thread runs the session: let it finish before the session goes
-        self.quick = None
-        self._binding = None
-        self._graphs = {}
-        self.session = None
+        with self._lock:
+            self.quick = None
+            self._binding = None
+            self._graphs = {}
+            self.session = None

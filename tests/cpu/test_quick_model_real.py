@@ -75,3 +75,18 @@ def test_a_model_without_depthwise_convolutions_is_found_without_onnx(resnet18_o
     monkeypatch.setitem(sys.modules, "onnx", None)  # importing onnx now fails
     assert has_grouped_conv(resnet18_onnx[0]) is False
     assert depthwise_as_taps(resnet18_onnx[0]) is None
+
+
+def test_a_quantized_graph_gets_no_float_rewrite(lite0_int8, lite0_fp16):
+    """INT8 Lite0 (Q/DQ, accuracy-aware: some convolutions kept in FP16 read their weights through DequantizeLinear
+    and Cast): neither the quick copy nor ONNX Runtime's NHWC layout and conv-bias fusion, which are made for float
+    graphs; FP16 Lite0 gets all three. The scan reads node types only, without onnx."""
+    from engines._quick_model import depthwise_as_taps, node_kinds
+    from engines.onnxruntime_engine import TUNED_CUDA_OPTIONS, tuned_cuda_options
+
+    assert node_kinds(lite0_int8.output) == (True, True)
+    assert node_kinds(lite0_fp16.output) == (True, False)
+    assert depthwise_as_taps(lite0_int8.output) is None
+    assert depthwise_as_taps(lite0_fp16.output) is not None
+    assert tuned_cuda_options(lite0_int8.output) == {"cudnn_conv_algo_search": "HEURISTIC"}
+    assert tuned_cuda_options(lite0_fp16.output) == TUNED_CUDA_OPTIONS

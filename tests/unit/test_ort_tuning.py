@@ -38,6 +38,32 @@ class Session:
         self.options = providers[0][1] if providers else {}
         self.gate = None  # a threading.Event the quick start's preparing thread waits on (tests of quick start)
         self.fail = None  # a message every run raises (a session cuDNN refuses)
+        self.use = None  # {"active": n, "overlaps": [...], "hold": s}: shared by the tuned sessions of one engine
+
+    def _using(self):
+        """A run's span: with ``use`` set, an overlap with another run of a tuned session is recorded (and each run
+        lasts ``hold`` seconds, so that a missing lock shows)."""
+        import contextlib
+
+        use = self.use
+
+        @contextlib.contextmanager
+        def span():
+            if use is None:
+                yield
+                return
+            with use["lock"]:
+                use["active"] += 1
+                if use["active"] > 1:
+                    use["overlaps"].append(threading.current_thread().name)
+            try:
+                time.sleep(use["hold"])
+                yield
+            finally:
+                with use["lock"]:
+                    use["active"] -= 1
+
+        return span()
 
     def get_inputs(self):
         return self.real.get_inputs()
@@ -52,7 +78,8 @@ class Session:
         if self.fail:
             raise RuntimeError(self.fail)
         graph_id = ro.get_run_config_entry("gpu_graph_id") if ro is not None else None
-        self.runs.append((graph_id, {k: (None, v.shape) for k, v in feeds.items()}, None))
+        with self._using():
+            self.runs.append((graph_id, {k: (None, v.shape) for k, v in feeds.items()}, None))
         return [np.full((len(next(iter(feeds.values()))), 1000), len(self.runs), np.float32)]
 
     def run_with_iobinding(self, io, ro):
@@ -67,9 +94,10 @@ class Session:
         if self.fail:
             raise RuntimeError(self.fail)
         assert io.owner is self, "a binding of another session"
-        self.runs.append((graph_id, dict(io.inputs), id(io)))
-        for ptr, _shape in io.outputs.values():
-            self.registry[ptr].host[...] = len(self.runs)
+        with self._using():
+            self.runs.append((graph_id, dict(io.inputs), id(io)))
+            for ptr, _shape in io.outputs.values():
+                self.registry[ptr].host[...] = len(self.runs)
 
 
 @pytest.fixture
@@ -94,16 +122,21 @@ def cuda_engine(monkeypatch, lite0_onnx):
     sessions = []
 
     def open_(tuning="auto", refuse_graphs=False, device_buffers=True, quick_start=False, gate=None,
-              refuse_fusion=None):
-        """refuse_fusion: the message every run of a session with fuse_conv_bias raises."""
+              refuse_fusion=None, path=None, refuse_quick=None):
+        """refuse_fusion: the message every run of a session with fuse_conv_bias raises; path: the model opened
+        (default: the FP32 Lite0 export; the fake's inputs and outputs are that export's either way)."""
         def session(self, ort_, opts, providers, model=None):
             asked.append(providers[0][1].copy())
+            if refuse_quick and providers[0][1].get("cudnn_conv_algo_search") == "DEFAULT":
+                raise EngineError(f"ONNX Runtime cannot load m.onnx: {refuse_quick}")
             if refuse_graphs and providers[0][1].get("enable_cuda_graph") == "1":
                 raise EngineError("ONNX Runtime cannot load m.onnx: This session cannot use the CUDA Graph feature")
             s = Session(real, registry, providers)
             if providers[0][1].get("fuse_conv_bias") == "1":
                 s.fail = refuse_fusion
             s.gate = gate if providers[0][1].get("cudnn_conv_algo_search") != "DEFAULT" else None
+            if providers[0][1].get("cudnn_conv_algo_search") != "DEFAULT":
+                s.use = open_.use
             s.model = model  # None: the engine's file
             sessions.append(s)
             return s
@@ -112,11 +145,12 @@ def cuda_engine(monkeypatch, lite0_onnx):
         monkeypatch.setattr("engines._gpu.check_gpu_index", lambda i: None)
         monkeypatch.setattr(oe, "providers_for", lambda d: [("CUDAExecutionProvider", {"device_id": 0}),
                                                             "CPUExecutionProvider"])
-        eng = oe.OnnxRuntimeEngine(lite0_onnx[0], device="cuda:0", tuning=tuning, device_buffers=device_buffers,
+        eng = oe.OnnxRuntimeEngine(path or lite0_onnx[0], device="cuda:0", tuning=tuning, device_buffers=device_buffers,
                                    quick_start=quick_start)
         return eng, asked, eng.session
 
     open_.cp = cp
+    open_.use = None  # set to watch the tuned sessions for overlapping runs (see Session._using)
     open_.registry = registry
     open_.sessions = sessions
     return open_
@@ -137,6 +171,78 @@ def test_a_tuned_cuda_session_asks_for_nhwc_heuristic_algorithms_and_graphs_only
     # host arrays only (no device buffers): tuned kernels, but no graphs (they need fixed device addresses)
     host, asked, _ = cuda_engine("graphs", device_buffers=False)
     assert asked[-1]["prefer_nhwc"] == "1" and "enable_cuda_graph" not in asked[-1] and not host.cuda_graphs
+
+
+def test_a_quantized_model_gets_no_nhwc_layout_nor_fusion_and_no_quick_copy(cuda_engine, lite0_int8):
+    """INT8 Lite0 (Q/DQ; its kept-in-FP16 convolutions read their weights through DequantizeLinear and Cast): the
+    tuned session asks only for heuristic algorithms (ONNX Runtime's NHWC rewrite of this graph failed on an H100),
+    and the quick session runs the file itself, not the depthwise copy made for float graphs."""
+    eng, asked, _ = cuda_engine("auto", path=lite0_int8.output, quick_start=True)
+    eng.wait_ready(30)
+    tuned = [a for a in asked if a.get("cudnn_conv_algo_search") == "HEURISTIC"]
+    assert tuned and all(not ({"prefer_nhwc", "fuse_conv_bias"} & set(a)) for a in tuned) and not eng.fused
+    quick = _quick_sessions(cuda_engine.sessions)
+    assert quick and all(s.model is None or s.model == str(lite0_int8.output) for s in quick)
+    eng.close()
+
+
+def test_no_two_uses_of_the_tuned_session_overlap(cuda_engine):
+    """The engine's one owner of its tuned session: the quick start's preparation, numpy batches (ONNX Runtime's
+    copies), device batches, graph captures and the reopen unfused (cuDNN refuses the fused session's first run),
+    each from its own thread at once, never run the tuned session (or the one replacing it) at the same time."""
+    cuda_engine.use = {"lock": threading.Lock(), "active": 0, "overlaps": [], "hold": 0.005}
+    eng, _, fused = cuda_engine("graphs", quick_start=True, refuse_fusion=REFUSED)
+    cp = cuda_engine.cp
+    a = cp.asarray(np.zeros((4, 3, 224, 224), np.float32))
+    errors = []
+
+    def repeat(name, call, times=15):
+        def go():
+            try:
+                for _ in range(times):
+                    call()
+            except Exception as exc:  # noqa: BLE001 - reported below
+                errors.append((name, repr(exc)))
+        return threading.Thread(target=go, name=name)
+
+    threads = [repeat("numpy-2", lambda: eng.infer(np.zeros((2, 3, 224, 224), np.float32))),
+               repeat("numpy-3", lambda: eng.infer(np.zeros((3, 3, 224, 224), np.float32))),
+               repeat("device-4", lambda: eng.infer(a)),
+               repeat("device-1", lambda: eng.infer(cp.asarray(np.zeros((1, 3, 224, 224), np.float32)))),
+               repeat("capture", lambda: eng.capture_graphs([a]), times=5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert eng.wait_ready(30)
+    assert not errors, errors
+    assert not eng.fused and eng.session is not fused and len(eng.session.runs) >= 30  # the numpy batches at least
+    assert cuda_engine.use["overlaps"] == []
+    eng.close()
+
+
+def test_only_a_cudnn_refusal_reopens_the_session_unfused(cuda_engine):
+    """An error that merely names cuDNN (an allocation failure in it) is raised, and the session stays fused;
+    cuDNN's frontend refusing the fused graph reopens it."""
+    x = cuda_engine.cp.asarray(np.zeros((2, 3, 224, 224), np.float32))
+    eng, _, fused = cuda_engine("auto", refuse_fusion="CUDNN failure 4: CUDNN_STATUS_ALLOC_FAILED")
+    with pytest.raises(EngineError, match="ALLOC_FAILED"):
+        eng.infer(x)
+    assert eng.fused and eng.session is fused
+    eng, _, fused = cuda_engine("auto", refuse_fusion="cuDNN: CUDNN_STATUS_NOT_SUPPORTED")
+    eng.infer(x)
+    assert not eng.fused and eng.session is not fused
+
+
+def test_graphs_a_failed_capture_turned_off_stay_off_after_the_reopen(cuda_engine):
+    eng, _, first = cuda_engine("graphs")
+    a = cuda_engine.cp.asarray(np.zeros((2, 3, 224, 224), np.float32))
+    first.fail = "CUDA failure 901: operation failed due to a previous error during capture"
+    assert eng.capture_graphs([a]) == 0 and not eng.cuda_graphs
+    first.fail = REFUSED  # then cuDNN refuses the fused session: reopened unfused, still without graphs
+    eng.infer(a)
+    assert eng.session is not first and not eng.fused and not eng.cuda_graphs
+    assert eng.capture_graphs([a]) == 0 and eng.session.runs[-1][0] == "-1"
 
 
 def test_a_model_onnx_runtime_cannot_graph_runs_without_and_says_so_once(cuda_engine, caplog):
@@ -572,6 +678,41 @@ def test_a_warm_up_thread_that_cannot_start_leaves_route_free(monkeypatch):
     t.start()
     t.join(10)
     assert routed == opened and len(opened) == 1
+
+
+def test_a_quick_session_that_cannot_open_leaves_every_batch_to_the_tuned_one(cuda_engine, caplog):
+    """The quick session fails to open (here out of memory): batches wait for the tuned session's preparation and
+    run there, none fails, and the loss of the quick start is said once."""
+    gate = threading.Event()
+    with caplog.at_level(logging.WARNING, logger="trtc"):
+        eng, _, tuned = cuda_engine("auto", quick_start=True, gate=gate, refuse_quick="CUDA failure 2: out of memory")
+        x = cuda_engine.cp.asarray(np.zeros((4, 3, 224, 224), np.float32))
+        threading.Timer(0.2, gate.set).start()  # the preparation ends a little later
+        outs = [eng.infer(x)[0] for _ in range(3)]
+    assert eng.quick.quick_runs == 0 and not _quick_sessions(cuda_engine.sessions)
+    assert [float(o.host[0, 0]) for o in outs] == [len(tuned.runs) - 2, len(tuned.runs) - 1, len(tuned.runs)]
+    said = [r.getMessage() for r in caplog.records if "quick start off" in r.getMessage()]
+    assert len(said) == 1 and "out of memory" in said[0]
+    eng.close()
+
+
+def test_the_quick_session_is_let_go_when_no_shape_is_known_to_prepare(cuda_engine, lite0_onnx, tmp_path):
+    """A model without a manifest (dynamic batch): nothing to prepare at open, so the quick session the warm-up
+    opened is let go, not kept for the engine's life; a device batch then opens one for its own preparation."""
+    import shutil
+
+    bare = tmp_path / "bare.onnx"
+    shutil.copy(lite0_onnx[0], bare)
+    gate = threading.Event()
+    gate.set()
+    eng, _, _ = cuda_engine("auto", quick_start=True, gate=gate, path=bare)
+    eng.quick._warming.join(10)
+    assert len(_quick_sessions(cuda_engine.sessions)) == 1 and eng.quick._quick is None
+    eng.infer(np.zeros((2, 3, 224, 224), np.float32))  # numpy: the tuned session, no quick session opened
+    assert len(_quick_sessions(cuda_engine.sessions)) == 1 and eng.quick._quick is None
+    eng.infer(cuda_engine.cp.asarray(np.zeros((2, 3, 224, 224), np.float32)))
+    assert eng.wait_ready(10) and eng.quick._quick is None
+    eng.close()
 
 
 def test_a_failed_preparation_leaves_the_error_to_the_tuned_run(cuda_engine):
