@@ -16,10 +16,10 @@ import time
 import numpy as np
 
 from .._deps import require
-from .live import Reconnector, network_error
 from ..errors import first_line
-from .sources import (DETAIL_CHARS, MAX_REJECTED_PACKETS, SourceError, SourceInfo, Timeline, _colorspace_from_av,
-                      open_url)
+from .live import Liveness, NoFrames, network_error, open_url, watched_packets
+from .source_base import (DETAIL_CHARS, MAX_REJECTED_PACKETS, SourceError, SourceInfo, Timeline, _colorspace_from_av,
+                          _synchronize)
 
 # PyAV codec name -> PyNvVideoCodec's cudaVideoCodec member
 AV_TO_NVDEC = {"h264": "H264", "hevc": "HEVC", "av1": "AV1", "vp9": "VP9", "vp8": "VP8", "mpeg2video": "MPEG2",
@@ -61,7 +61,7 @@ def stream_format(stream) -> tuple[str, str, int]:
 def open_stream(src, av):
     """Open ``src.name`` with PyAV and the source's network options; returns (container, stream). Raises
     SourceError worded for a person (see :func:`engines.video.sources.open_url`)."""
-    container = open_url(av, src.name, src.options)
+    container = open_url(av, src.name, src.options, watched=src.live)
     if not container.streams.video:
         container.close()
         raise SourceError(src.name, "has no video stream", "check the URL")
@@ -90,20 +90,27 @@ class _Lost(Exception):
     """The demuxer failed mid-stream; ``__cause__`` says why."""
 
 
-def feed_pass(src, nvc, stream_ptr: int, on_frame, index: int, container, stream):
+def feed_pass(src, nvc, stream_ptr: int, on_frame, index: int, container, stream, lv: Liveness | None = None):
     """Demux ``stream`` with PyAV, decode with NVDEC, call ``on_frame(index, pts, seconds, frame, fed_at)`` per
-    frame. Returns the next index, or None when ``on_frame`` asked to stop; raises _Lost when reading fails."""
+    frame. Returns the next index, or None when ``on_frame`` asked to stop; raises _Lost when reading fails.
+    ``lv``: a live source's :class:`~engines.video.live.Liveness`, told of each decoded frame; its watchdog
+    (:func:`~engines.video.live.watched_packets`) raises NoFrames when frames stop."""
     dec = make_decoder(src, nvc, stream, stream_ptr)
     feed = AnnexB(stream)
     clock = Timeline(stream, live=src.live)
     low = src.latency in ("low", "zero")
     fed: dict = {}
     rejected = 0
-    packets = container.demux(stream)
+    if lv is not None:
+        packets = watched_packets(container, stream, lv, src.stop)
+    else:
+        packets = ((p, False) for p in container.demux(stream))
     try:
         while True:
             try:
-                packet = next(packets, None)
+                packet, interrupted = next(packets, (None, False))
+            except NoFrames:
+                raise
             except Exception as exc:  # noqa: BLE001 - av.error.*, OSError: the connection or file failed
                 raise _Lost() from exc
             if packet is None or packet.size == 0:
@@ -127,6 +134,8 @@ def feed_pass(src, nvc, stream_ptr: int, on_frame, index: int, container, stream
                     frames = dec.Decode(pkt)
                     rejected = 0
                 except Exception as exc:  # noqa: BLE001 - a damaged packet: skipped and counted
+                    if interrupted:  # cut short by the watchdog's read timeout, not damaged in the stream
+                        continue
                     src.damaged += 1
                     rejected += 1
                     if rejected >= MAX_REJECTED_PACKETS:
@@ -141,6 +150,8 @@ def feed_pass(src, nvc, stream_ptr: int, on_frame, index: int, container, stream
                     frame = frames[i]
                     pts, t = clock.stamp(_PtsOnly(frame.getPTS(), stream.time_base))
                     src.decoded += 1
+                    if lv is not None:
+                        src._frame_arrived(lv)
                     go = on_frame(index, pts, t, frame, fed.pop(pts, now))
                     del frame
                     index += 1
@@ -154,8 +165,6 @@ def feed_pass(src, nvc, stream_ptr: int, on_frame, index: int, container, stream
                     fed.pop(k, None)
     finally:
         src.missing += clock.missing
-        from .sources import _synchronize
-
         _synchronize(stream_ptr)  # our kernels' reads of the decoder's surfaces finish before it is freed
         del dec
 
@@ -170,27 +179,29 @@ class _PtsOnly:
 
 def run_fed(src, nvc, stream_ptr: int, on_frame) -> None:
     """A URL or live source on the GPU path: connect, feed NVDEC, and for a live source reconnect with back-off
-    until given up (SourceError), as :class:`~engines.video.sources.PyAVSource` does on the CPU."""
+    until given up (SourceError), judged by decoded frames with the CPU path's
+    :class:`~engines.video.live.Liveness` and watchdog."""
     av = require("av", "Reading network and live sources on the GPU path")
-    rc = Reconnector(src.options)
+    lv = Liveness(src.options) if src.live else None
     index = 0
     passes = 0
     while True:
+        if lv is not None:
+            lv.opening()
         try:
             container, stream = open_stream(src, av)
         except SourceError as exc:
-            if not src.live:
+            if lv is None:
                 raise
-            src._retry_or_give_up(rc, exc.detail, exc.fix)
+            src._lost(lv, exc.detail, exc.fix)
             continue
-        back = rc.connected()
-        if back is not None:
-            src._event("reconnected", outage_s=back[0], attempts=back[1])
         reason, fix = "the stream ended: the server closed it", "check the camera or server"
         try:
-            index = feed_pass(src, nvc, stream_ptr, on_frame, index, container, stream)
+            index = feed_pass(src, nvc, stream_ptr, on_frame, index, container, stream, lv)
             if index is None:
                 return
+        except NoFrames as exc:
+            reason, fix = exc.reason, exc.fix
         except _Lost as exc:
             if not src.live:
                 raise SourceError(src.name, "stopped while reading: "
@@ -199,11 +210,10 @@ def run_fed(src, nvc, stream_ptr: int, on_frame) -> None:
         finally:
             container.close()
         passes += 1
-        if not src.live:
+        if lv is None:
             if passes >= src.loop:
                 return
             continue
         if src.stop is not None and src.stop.is_set():
             return
-        src._event("disconnected", reason=reason)
-        src._retry_or_give_up(rc, reason, fix)
+        src._lost(lv, reason, fix)

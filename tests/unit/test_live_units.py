@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from engines.video.hub import EVENT, FRAME, FrameHub
-from engines.video.live import LiveOptions, Reconnector, network_error
+from engines.video.live import LiveOptions, Liveness, network_error
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,21 +30,78 @@ class Clock:
 
 def test_backoff_doubles_up_to_its_cap_and_gives_up_after_reconnect_for():
     clock = Clock()
-    rc = Reconnector(LiveOptions(backoff_first=0.5, backoff_max=4, reconnect_for=10), clock)
+    lv = Liveness(LiveOptions(backoff_first=0.5, backoff_max=4, reconnect_for=10), clock)
+    lv.frame()
     delays = []
-    while (d := rc.lost()) is not None:
+    while (d := lv.lost()) is not None:
         delays.append(d)
         clock.t += d
     assert delays == [0.5, 1, 2, 4, 2.5]  # the last one is cut to end exactly at reconnect_for
-    assert rc.outage_s() == pytest.approx(10)
-    assert rc.connected() == (pytest.approx(10), 5) and not rc.in_outage
-    assert rc.lost() == 0.5  # a new outage starts the schedule again
+    assert lv.outage_s() == pytest.approx(10)
+    lv.opening()
+    assert lv.frame() == (pytest.approx(10), 5)  # the first frame of the new connection ends the outage
+    assert lv.lost() == 0.5  # a new outage starts the schedule again
 
 
 def test_reconnect_attempts_limit_and_zero_means_no_reconnect():
-    rc = Reconnector(LiveOptions(reconnect_attempts=2), Clock())
-    assert [rc.lost(), rc.lost(), rc.lost()] == [0.5, 1, None]
-    assert Reconnector(LiveOptions(reconnect_for=0), Clock()).lost() is None
+    lv = Liveness(LiveOptions(reconnect_attempts=2), Clock())
+    assert [lv.lost(), lv.lost(), lv.lost()] == [0.5, 1, None]
+    assert "--reconnect-attempts (now 2)" in lv.ran_out()
+    lv = Liveness(LiveOptions(reconnect_for=0), Clock())
+    assert lv.lost() is None and "--reconnect-for" in lv.ran_out()
+
+
+def test_a_connection_counts_from_its_first_frame_and_the_outage_from_the_last():
+    """Connections that open but give no frame neither end the outage nor restart its clock: the outage (and
+    reconnect_for) runs from the last frame, and only a frame ends it."""
+    clock = Clock()
+    lv = Liveness(LiveOptions(read_timeout=5, open_timeout=3, reconnect_for=15), clock)
+    assert lv.deadline() == 3  # the first frame is due open_timeout after the attempt
+    clock.t = 1.0
+    assert lv.frame() is None and lv.live  # the first frame ever: no reconnection
+    clock.t = 2.0
+    lv.frame()
+    assert lv.deadline() == 7  # read_timeout after the last frame
+    clock.t = 7.0
+    assert lv.lost() is not None and lv.outage_s() == 5.0  # counted from the last frame
+    for t in (8.0, 11.0, 14.0):  # each attempt opens, no frame comes
+        clock.t = t
+        lv.opening()
+        assert lv.deadline() == min(t + 3, 17.0)  # never past the give-up moment (last frame + reconnect_for)
+        clock.t = lv.deadline()
+        delay = lv.lost()
+    assert delay is None and lv.outage_s() == 15.0 and not lv.live
+
+
+def test_watchdog_resumes_interrupted_reads_and_fires_at_the_deadline():
+    """watched_packets: a read that PyAV's short timeout interrupts is resumed with a fresh demuxer while the
+    deadline is ahead; past it NoFrames says which timeout, whatever the demuxer does."""
+    from engines.video.live import AVERROR_EXIT, NoFrames, watched_packets
+
+    class Exit(Exception):
+        errno = AVERROR_EXIT
+
+    clock = Clock()
+    reads = []
+
+    class Container:
+        def demux(self, stream):
+            reads.append(clock.t)
+            while True:
+                clock.t += 1.0
+                if clock.t < 3:
+                    yield f"p{clock.t:g}"
+                else:
+                    raise Exit("Immediate exit requested")
+
+    lv = Liveness(LiveOptions(read_timeout=5, open_timeout=10), clock)
+    got = []
+    with pytest.raises(NoFrames, match="no frame for 5 s"):
+        for packet, _ in watched_packets(Container(), None, lv):
+            lv.frame()
+            got.append(packet)
+    assert got == ["p1", "p2"] and clock.t == 7.0  # the last frame at 2 s, declared lost at 2 + 5 s
+    assert reads == [0.0, 3.0, 4.0, 5.0, 6.0]  # one fresh demuxer per interrupted read
 
 
 def test_hub_drop_oldest_keeps_the_newest_frames_and_counts_the_rest():
