@@ -152,7 +152,8 @@ class Liveness:
     runs from the last frame (from the first attempt for a source that never gave one), so ``outage_s`` is the
     time without frames and ``reconnect_for`` counts from the last frame. :meth:`deadline` is when the watchdog
     declares the current connection lost: ``open_timeout`` after the attempt began until its first frame, then
-    ``read_timeout`` after the last frame, never past the moment the source is to be given up."""
+    ``read_timeout`` after the last frame, and for a source that had frames never past the moment it is to be
+    given up (a source's first connection gets its whole ``open_timeout``)."""
 
     def __init__(self, options: LiveOptions, clock=time.monotonic):
         self.o = options
@@ -189,7 +190,9 @@ class Liveness:
         if self.live:
             return self.last_frame + self.o.read_timeout
         due = self.attempt_start + self.o.open_timeout
-        return min(due, self.outage_start + self.o.reconnect_for) if self.outage_start is not None else due
+        if self.ever and self.outage_start is not None:  # a source that had frames: not past its give-up moment
+            return min(due, self.outage_start + self.o.reconnect_for)
+        return due  # a first connection gets its whole open_timeout
 
     def timeout_reason(self) -> tuple[str, str]:
         """(reason, fix) for a connection the watchdog declared lost."""
@@ -248,7 +251,7 @@ def _interrupted(exc: BaseException) -> bool:
 
 
 def watched_packets(container, stream, liveness: Liveness, stop=None):
-    """The packets of a live ``stream`` (opened by :func:`open_url` with ``watched=True``), under trtc's watchdog:
+    """The packets of a live ``stream`` (opened by :func:`open_url` with its ``liveness``), under trtc's watchdog:
     yields (packet, interrupted) until the stream ends; raises :class:`NoFrames` once ``liveness.deadline()`` has
     passed (checked after every packet and at least every ``watch_slice`` s), so a timeout fires at its own time
     whatever FFmpeg does with an interrupted read. A read that PyAV's short read timeout interrupted is resumed
@@ -280,29 +283,38 @@ def watched_packets(container, stream, liveness: Liveness, stop=None):
             packets.close()
 
 
-def open_url(av, name: str, options: LiveOptions, watched: bool = False):
+def open_url(av, name: str, options: LiveOptions, liveness: Liveness | None = None):
     """A network source opened by PyAV with ``options``' RTSP transport and open/read timeouts; a failure is a
-    SourceError in words (:func:`network_error`), a silent server included. ``watched``: reads time out after
-    ``options.watch_slice`` s instead, for :func:`watched_packets` to judge by frames."""
+    SourceError in words (:func:`network_error`), a silent server included.
+
+    ``liveness``: a watched live source (:func:`watched_packets`). Its reads time out after
+    ``options.watch_slice`` s, and the open ends by the attempt's deadline (:meth:`Liveness.deadline`): PyAV
+    bounds its two steps (the handshake, then reading the first packets to learn the stream) each by its open
+    timeout, so each gets half of the time left."""
     t0 = time.monotonic()
-    read = options.watch_slice if watched else options.read_timeout
+    if liveness is None:
+        timeout = (options.open_timeout, options.read_timeout)
+    else:
+        timeout = (max(0.05, liveness.deadline() - liveness.clock()) / 2, options.watch_slice)
     try:
-        return av.open(name, options=options.av_options(name), timeout=(options.open_timeout, read))
+        return av.open(name, options=options.av_options(name), timeout=timeout)
     except Exception as exc:  # noqa: BLE001 - av.error.*, OSError
-        reason, fix = network_error(name, exc, options, opening=True, elapsed=time.monotonic() - t0)
+        reason, fix = network_error(name, exc, options, opening=True, elapsed=time.monotonic() - t0,
+                                    limit=timeout[0])
         raise SourceError(name, f"cannot connect: {reason}", fix) from exc
 
 
 def network_error(name: str, exc: BaseException, options: LiveOptions, opening: bool,
-                  elapsed: float | None = None) -> tuple[str, str]:
+                  elapsed: float | None = None, limit: float | None = None) -> tuple[str, str]:
     """(reason, fix) in words for a failure to open or read a network source. FFmpeg's texts ("Immediate exit
     requested", "Invalid data found when processing input") are kept in brackets after the explanation. A failure
     that came when the timeout ran out (``elapsed``, seconds the attempt took) is a timeout whatever FFmpeg says:
-    its RTSP client reports a server that never answers as "Invalid data"."""
+    its RTSP client reports a server that never answers as "Invalid data". ``limit``: the timeout the demuxer was
+    given, where it is not the option's own."""
     text = first_line(exc)
     low = text.lower()
     host = str(name).split("://", 1)[-1].split("/", 1)[0].rsplit("@", 1)[-1]
-    limit = options.open_timeout if opening else options.read_timeout
+    limit = limit or (options.open_timeout if opening else options.read_timeout)
     if isinstance(exc, ConnectionRefusedError) or "connection refused" in low:
         return (f"nothing accepts connections at {host} (connection refused)",
                 "check that the camera or server is running and the URL's host and port")

@@ -58,10 +58,10 @@ def stream_format(stream) -> tuple[str, str, int]:
     return codec, chroma, depth
 
 
-def open_stream(src, av):
+def open_stream(src, av, liveness=None):
     """Open ``src.name`` with PyAV and the source's network options; returns (container, stream). Raises
     SourceError worded for a person (see :func:`engines.video.sources.open_url`)."""
-    container = open_url(av, src.name, src.options, watched=src.live)
+    container = open_url(av, src.name, src.options, liveness)
     if not container.streams.video:
         container.close()
         raise SourceError(src.name, "has no video stream", "check the URL")
@@ -189,7 +189,7 @@ def run_fed(src, nvc, stream_ptr: int, on_frame) -> None:
         if lv is not None:
             lv.opening()
         try:
-            container, stream = open_stream(src, av)
+            container, stream = open_stream(src, av, lv)
         except SourceError as exc:
             if lv is None:
                 raise

@@ -136,11 +136,11 @@ class PyAVSource(LiveSource):
         self.stop: threading.Event | None = None
         self.on_event = None  # callable(SourceEvent), set by the pipeline
 
-    def _open(self):
+    def _open(self, liveness=None):
         av = require("av", "Decoding video on the CPU")
         check_exists(self.name)
         if is_url(self.name):
-            container = open_url(av, self.name, self.options, watched=self.live)
+            container = open_url(av, self.name, self.options, liveness)
         else:
             try:
                 container = av.open(self.name)
@@ -205,7 +205,7 @@ class PyAVSource(LiveSource):
         while True:
             lv.opening()
             try:
-                container, stream = self._open()
+                container, stream = self._open(lv)
             except SourceError as exc:
                 self._lost(lv, exc.detail, exc.fix)
                 continue

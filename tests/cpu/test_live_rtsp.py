@@ -10,6 +10,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -94,6 +95,8 @@ def test_killed_server_reconnects_with_events_and_sigterm_keeps_the_output(rtsp,
 
 
 def test_unreachable_port_is_a_failure_with_a_fix(rtsp, lite0_onnx, tmp_path):
+    """A camera unreachable from the start: a connect_failed event at the first failure (then quiet back-off), a
+    gave_up after --reconnect-for, and "never connected" in the problem."""
     url = f"rtsp://127.0.0.1:{rtsp.free_port()}/cam"
     t0 = time.monotonic()
     proc = _trtc("-q", "run", url, "--model", lite0_onnx[0], "--device", "cpu", "--reconnect-for", "2",
@@ -101,11 +104,13 @@ def test_unreachable_port_is_a_failure_with_a_fix(rtsp, lite0_onnx, tmp_path):
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 1
     assert time.monotonic() - t0 < 40
-    (event,) = [json.loads(line) for line in stdout.splitlines()]  # stdout: the event line, nothing else
+    first, event = [json.loads(line) for line in stdout.splitlines()]  # stdout: the event lines, nothing else
+    assert first["event"] == "connect_failed" and "nothing accepts connections" in first["reason"]
     assert event["event"] == "gave_up" and event["attempts"] >= 2 and 1.9 < event["outage_s"] < 10
     (problem,) = json.loads((tmp_path / "s.json").read_text())["problems"]
     assert "nothing accepts connections at 127.0.0.1" in problem["reason"] and "gave up after" in problem["reason"]
-    assert stderr.count(url) == 1  # the status column says what happened, not the URL again
+    assert "never connected" in problem["reason"]
+    assert stderr.count(url) == 1  # -q: the status column says what happened, no warning repeats the URL
 
 
 def test_silent_server_times_out_and_never_hangs(rtsp, lite0_onnx, tmp_path):
@@ -121,7 +126,8 @@ def test_silent_server_times_out_and_never_hangs(rtsp, lite0_onnx, tmp_path):
     assert time.monotonic() - t0 < 30
     (problem,) = json.loads((tmp_path / "s.json").read_text())["problems"]
     assert "no answer to the connection within 1 s" in problem["reason"] and "gave up after" in problem["reason"]
-    assert [json.loads(line)["event"] for line in stdout.splitlines()] == ["gave_up"]
+    assert [json.loads(line)["event"] for line in stdout.splitlines()] == ["connect_failed", "gave_up"]
+    assert stderr.count("cannot connect (retrying quietly)") == 1, stderr  # a warning at once, then quiet
 
 
 def test_three_cameras_one_dead_the_others_unaffected(rtsp, engine):
@@ -209,6 +215,149 @@ def test_worker_pool_passes_live_events_through_in_order(rtsp, lite0_onnx):
     at = next(n for n, i in enumerate(items) if isinstance(i, SourceEvent))  # disconnected: a's frames all before
     assert not [i for i in items[at:] if not isinstance(i, SourceEvent) and i.source == a.url]
     assert run.events and run.events[0].event == "disconnected"
+
+
+class _Proxy:
+    """A TCP relay between trtc and the RTSP server on 127.0.0.1. ``mute``: the server's RTP data (interleaved
+    "$" frames) is dropped while its RTSP replies pass (a camera whose encoder hung); ``stall``: nothing passes
+    either way while set (held, not dropped), on every connection, new ones included."""
+
+    def __init__(self, target: int):
+        import socket
+        import threading
+
+        self.mute, self.stall = threading.Event(), threading.Event()
+        self.target = target
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.url = f"rtsp://127.0.0.1:{self.sock.getsockname()[1]}/cam"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        import socket
+        import threading
+
+        while True:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            u = socket.create_connection(("127.0.0.1", self.target))
+            threading.Thread(target=self._pipe, args=(c, u, False), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(u, c, True), daemon=True).start()
+
+    def _pipe(self, a, b, from_server):
+        buf = b""
+        try:
+            while data := a.recv(65536):
+                while self.stall.is_set():
+                    time.sleep(0.01)
+                if not from_server:
+                    b.sendall(data)
+                    continue
+                buf += data
+                while buf:  # whole interleaved frames or RTSP messages, so muting never cuts one in half
+                    if buf[:1] == b"$":
+                        if len(buf) < 4 or len(buf) < 4 + int.from_bytes(buf[2:4], "big"):
+                            break
+                        n = 4 + int.from_bytes(buf[2:4], "big")
+                        if not self.mute.is_set():
+                            b.sendall(buf[:n])
+                        buf = buf[n:]
+                    else:
+                        end = buf.find(b"\r\n\r\n")
+                        if end < 0:
+                            break
+                        head = buf[:end + 4]
+                        length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                                       if line.lower().startswith(b"content-length:")), 0)
+                        if len(buf) < end + 4 + length:
+                            break
+                        b.sendall(buf[:end + 4 + length])
+                        buf = buf[end + 4 + length:]
+        except OSError:
+            pass
+        finally:
+            a.close()
+            b.close()
+
+    def close(self):
+        self.sock.close()
+
+
+def _events_and_frames(run, until, limit: float):
+    """(events with their monotonic arrival times, [(monotonic time, prediction)]) until ``until(events, frames)``
+    or ``limit`` seconds."""
+    from engines.video import SourceEvent
+
+    events, frames, t0 = [], [], time.monotonic()
+    for item in run:
+        now = time.monotonic()
+        (events if isinstance(item, SourceEvent) else frames).append((now, item))
+        if until(events, frames) or now - t0 > limit:
+            break
+    return events, frames
+
+
+def test_a_camera_that_answers_but_sends_no_video_is_lost_once_then_given_up(rtsp, engine):
+    """The server answers RTSP but its video stops (and every reconnection gets replies without video): one
+    disconnected at --read-timeout after the last frame (+-1 s), no reconnected (no frame came), and gave_up at
+    --reconnect-for after the last frame (+-1 s), with outage_s the time without frames."""
+    from engines.video import LiveOptions, classify
+
+    with rtsp.start(pattern=True) as srv:
+        proxy = _Proxy(srv.port)
+        try:
+            run = classify([proxy.url], engine, batch=4, top_k=1, events=True,
+                           live_options=LiveOptions(read_timeout=3, open_timeout=3, reconnect_for=8))
+            events, frames = _events_and_frames(
+                run, lambda ev, fr: (len(fr) >= 30 and proxy.mute.set()) or any(e.event == "gave_up" for _, e in ev),
+                60)
+        finally:
+            proxy.close()
+    kinds = [e.event for _, e in events]
+    assert kinds == ["disconnected", "gave_up"], kinds
+    last = frames[-1][0]
+    (t_lost, lost), (t_gave, gave) = events
+    assert 3 - 1 <= t_lost - last <= 3 + 1 and "no frame for 3 s" in lost.reason
+    assert 8 - 1 <= t_gave - last <= 8 + 1 and gave.outage_s == pytest.approx(t_gave - last, abs=1)
+    assert not run.ok and "--reconnect-for" in str(run.problems[0].reason) + str(run.problems)
+
+
+def test_a_stall_on_an_open_connection_is_lost_at_the_read_timeout_and_comes_back(rtsp, engine):
+    """A stream that stalls 6 s with --read-timeout 2: disconnected 2 s (+-1 s) after the last frame (trtc's own
+    watchdog, whatever FFmpeg does with its first timeout), then reconnected at the first frame after the stall
+    with outage_s = the time without frames, and frames go on."""
+    from engines.video import LiveOptions, classify
+
+    with rtsp.start(pattern=True) as srv:
+        proxy = _Proxy(srv.port)
+        state = {}
+
+        def until(ev, fr):
+            if len(fr) >= 30 and "stall" not in state:  # the stall ends 6 s later, whatever the run does
+                state["stall"] = threading.Timer(6, proxy.stall.clear)
+                proxy.stall.set()
+                state["stall"].start()
+            return any(e.event == "reconnected" for _, e in ev) and len(fr) >= 60
+
+        try:
+            run = classify([proxy.url], engine, batch=4, top_k=1, events=True,
+                           live_options=LiveOptions(read_timeout=2, open_timeout=2, reconnect_for=30))
+            events, frames = _events_and_frames(run, until, 60)
+        finally:
+            proxy.stall.clear()
+            proxy.close()
+    kinds = [e.event for _, e in events]
+    assert kinds == ["disconnected", "reconnected"], kinds
+    (t_lost, lost), (t_back, back) = events
+    last = max(t for t, _ in frames if t < t_lost)
+    assert 2 - 1 <= t_lost - last <= 2 + 1 and "no frame for 2 s" in lost.reason
+    first_after = min(t for t, _ in frames if t > t_lost)
+    # the time without frames (the socket buffers still deliver a little of the stream after the stall begins)
+    assert back.outage_s == pytest.approx(first_after - last, abs=1) and 2 < back.outage_s < 7
+    assert len(frames) >= 60
 
 
 def test_resume_refuses_live_sources(lite0_onnx, tmp_path):
