@@ -325,6 +325,7 @@ class _Lines:
         self.out_path, self.kept_bytes, self.with_latency = out_path, prior.bytes, with_latency
         self.tmp = None
         self.written = self.events = 0  # lines this run wrote; of them, events
+        self.last_event: dict = {}  # live source -> its latest event
         self.last = dict(prior.done)  # source -> last frame in the output
         self.latencies: list = []
         self.synced = 0.0
@@ -349,6 +350,8 @@ class _Lines:
         line = getattr(item, "line", None) if frame else None
         if not isinstance(line, str):
             line = json_line(item, self.with_latency)
+        if not frame:  # kept before the line goes out: a stop signal may come as soon as it is read
+            self.last_event[item.source] = item
         self.sink.write(line.encode() if self.tmp is not None else line)  # one whole line per call
         self.written += 1
         if not frame:  # a live source's event: a line of its own among the predictions
@@ -451,13 +454,28 @@ def _summary(model, device, sources, run, lines: _Lines, prior: _Prior, interrup
                       fps=stats["fps"], mean_batch=stats["mean_batch"], per_source=per_source,
                       # the frames of a source with a problem: all it gave, also those still in flight then
                       problems=[{"source": p.source, "reason": p.reason, "frames": per_source.get(p.source, p.frames)}
-                                for p in run.problems],
+                                for p in run.problems] + _lost_at_stop(lines.last_event, run.problems, per_source),
                       output=str(lines.out_path) if lines.out_path else None, latency_ms=lat,
                       interrupted=interrupted, last_frame={s: lines.last.get(s) for s in sources},
                       resumed_lines=prior.lines, ray=_ray_summary(ray_info, run, prior.complete),
                       dropped=dict(stats.get("dropped") or {}), missing=dict(stats.get("missing") or {}),
                       damaged=dict(stats.get("damaged") or {}), events=lines.events,
                       signal=stop_signal() if interrupted else None, live=live_sources)
+
+
+def _lost_at_stop(last_event: dict, problems, per_source: dict) -> list[dict]:
+    """The live sources without frames when the run ended (their latest event a ``disconnected`` or a
+    ``connect_failed``, not yet given up): problems too, whatever ended the run (a stop signal included)."""
+    reported = {p.source for p in problems}
+    out = []
+    for source, ev in last_event.items():
+        if source in reported or ev.event not in ("disconnected", "connect_failed"):
+            continue
+        without = time.time() - ev.received + (ev.outage_s or 0.0)
+        what = "never connected" if ev.event == "connect_failed" else "lost"
+        out.append({"source": source, "frames": per_source.get(source, ev.frames),
+                    "reason": f"{what}: {ev.reason}; no frame for {without:.1f} s when the run ended"})
+    return out
 
 
 def _timing(started_at: float, ready_at: float, lines: _Lines) -> dict:

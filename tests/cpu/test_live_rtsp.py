@@ -113,6 +113,26 @@ def test_unreachable_port_is_a_failure_with_a_fix(rtsp, lite0_onnx, tmp_path):
     assert stderr.count(url) == 1  # -q: the status column says what happened, no warning repeats the URL
 
 
+def test_sigterm_keeps_a_camera_that_never_connected_in_the_problems(rtsp, lite0_onnx, tmp_path):
+    """A camera unreachable from the start, the run stopped by SIGTERM while it retries: the connect_failed line
+    comes at once, the exit code is the signal's (143), and the camera is a problem ("never connected"), not just
+    "interrupted"."""
+    url = f"rtsp://127.0.0.1:{rtsp.free_port()}/cam"
+    proc = _trtc("run", url, "--model", lite0_onnx[0], "--device", "cpu", "--summary", tmp_path / "s.json")
+    try:
+        first = json.loads(proc.stdout.readline())  # blocks until the first line: the event
+        assert first["event"] == "connect_failed"
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, stderr
+    summary = json.loads((tmp_path / "s.json").read_text())
+    (problem,) = summary["problems"]
+    assert problem["source"] == url and problem["reason"].startswith("never connected: cannot connect: nothing")
+    assert "when the run ended" in problem["reason"] and summary["interrupted"]
+
+
 def test_silent_server_times_out_and_never_hangs(rtsp, lite0_onnx, tmp_path):
     with rtsp.start(silent=True) as srv:
         t0 = time.monotonic()
