@@ -69,7 +69,8 @@ def open_stream(src, av, liveness=None):
 
 
 def make_decoder(src, nvc, stream, stream_ptr: int):
-    """Check NVDEC's capabilities for the stream and create the core decoder on ``stream_ptr``."""
+    """Check NVDEC's capabilities for the stream, set ``src.info`` from it (replaced at every connection), and
+    create the core decoder on ``stream_ptr``."""
     codec_member, chroma, depth = stream_format(stream)
     cc = stream.codec_context
     if codec_member is None:
@@ -79,9 +80,10 @@ def make_decoder(src, nvc, stream, stream_ptr: int):
     chroma_enum = members.get(chroma) or members.get(f"YUV{chroma}") or members.get("Monochrome")
     src._check_caps(nvc, codec, chroma_enum, depth, cc.width, cc.height, cc.name)
     fps = float(stream.average_rate) if stream.average_rate else None
-    if src.info is None:
-        src.info = SourceInfo(src.name, cc.name, cc.width, cc.height, fps, None,
-                              _colorspace_from_av(cc, cc.height, src.override))
+    # each connection is a new stream: a camera may come back at another size, codec or colour space, and the
+    # preprocessing plans (keyed on these) follow the new info; an info another thread holds is replaced, not changed
+    src.info = SourceInfo(src.name, cc.name, cc.width, cc.height, fps, None,
+                          _colorspace_from_av(cc, cc.height, src.override))
     src.time_base = stream.time_base
     return src._core_decoder(nvc, codec, stream_ptr)
 

@@ -279,3 +279,32 @@ def test_missing_frames_are_counted_from_the_span_of_timestamps_even_out_of_orde
     assert feed([0, step, 5 * step, 6 * step]).missing == 3  # frames 2, 3 and 4 never came
     tl = feed([None, step, 2 * step])  # an RTSP session's first frame has no pts
     assert tl.missing == 0 and tl.low == 0
+
+
+def test_gpu_live_path_replans_a_camera_that_returns_at_another_size():
+    """nvdec_feed.make_decoder takes each connection's stream as new: the source's info (size, codec, colour) is
+    replaced, so the preprocessing plan (keyed on it) follows a camera that comes back at another resolution."""
+    from fractions import Fraction
+    from types import SimpleNamespace as NS
+
+    from engines.video.nvdec_feed import make_decoder
+    from engines.video.sources import NvdecSource
+
+    made = []
+    nvc = NS(cudaVideoCodec=NS(H264=4, HEVC=8), cudaVideoChromaFormat=NS(__members__={"YUV420": 1}),
+             DisplayDecodeLatencyType=NS(NATIVE=0, LOW=1, ZERO=2),
+             GetDecoderCaps=lambda **kw: {"supported": True, "width_max": 8192, "height_max": 8192},
+             CreateDecoder=lambda **kw: made.append(kw) or object())
+
+    def stream(codec, w, h):
+        cc = NS(name=codec, width=w, height=h, pix_fmt="yuv420p", format=None, colorspace=None, color_range=None)
+        return NS(codec_context=cc, average_rate=Fraction(30), time_base=Fraction(1, 90000))
+
+    src = NvdecSource("rtsp://127.0.0.1:1/cam")
+    make_decoder(src, nvc, stream("h264", 640, 360), 0)
+    first = src.info
+    make_decoder(src, nvc, stream("hevc", 1920, 1080), 0)
+    assert (first.width, first.height, first.codec) == (640, 360, "h264")  # the old info is not changed in place
+    assert (src.info.width, src.info.height, src.info.codec) == (1920, 1080, "hevc")
+    assert src.info.colorspace.matrix == "bt709" and first.colorspace.matrix == "bt601"
+    assert [m["codec"] for m in made] == [4, 8]  # a decoder per connection, for its codec
