@@ -744,6 +744,9 @@ def bench(state: State, models, batches, device, warmup, iterations, duration, v
 @click.option("--on-lag", type=click.Choice(["drop-oldest", "block"], case_sensitive=False), default="drop-oldest",
               show_default=True, help="Live sources, when inference is slower than the camera: drop the oldest "
               "waiting frame (counted; bounded latency), or block (keep every frame; for recording).")
+@click.option("--max-lag", type=FiniteFloat(0), default=2.0, show_default=True, metavar="SECONDS",
+              help="Live sources: frames captured longer ago than this are decoded but skipped until the source is "
+              "back under half of it (lagging / caught_up events; 0: no bound).")
 @click.option("--rtsp-transport", type=click.Choice(["tcp", "udp"], case_sensitive=False), default="tcp",
               show_default=True, help="RTSP's transport: tcp (in the RTSP connection; no loss) or udp.")
 @click.option("--open-timeout", type=FiniteFloat(0, above=True), default=10.0, show_default=True, metavar="SECONDS",
@@ -753,7 +756,8 @@ def bench(state: State, models, batches, device, warmup, iterations, duration, v
 @click.pass_obj
 def run(state: State, sources, model, engine, device, batch, top_k, stride, output, decoder, colorspace, scores,
         max_wait_ms, loop, realtime, with_latency, decode_latency, summary_path, force, resume, ray_address, ray_actors,
-        ray_streams, live, reconnect_for, reconnect_attempts, on_lag, rtsp_transport, open_timeout, read_timeout):
+        ray_streams, live, reconnect_for, reconnect_attempts, on_lag, max_lag, rtsp_transport, open_timeout,
+        read_timeout):
     """Classify the frames of video SOURCES (files, or URLs such as rtsp://) and print one JSON line per frame:
     source, frame index, pts, time in seconds, and the top-k labels with scores.
 
@@ -801,7 +805,7 @@ def run(state: State, sources, model, engine, device, batch, top_k, stride, outp
 
     live_options = LiveOptions(transport=rtsp_transport.lower(), open_timeout=open_timeout, read_timeout=read_timeout,
                                reconnect_for=reconnect_for, reconnect_attempts=reconnect_attempts,
-                               policy=on_lag.lower()).check()
+                               policy=on_lag.lower(), max_lag=max_lag or None).check()
     summary = run_video(list(sources), model, device=device, batch=batch, top_k=top_k, stride=stride,
                         output=output, decoder=decoder, colorspace=None if colorspace == "auto" else colorspace,
                         scores=scores, max_wait_ms=max_wait_ms, loop=loop, realtime=realtime,

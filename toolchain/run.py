@@ -49,6 +49,8 @@ class RunSummary:
     dropped: dict = field(default_factory=dict)  # live sources: frames dropped because inference lagged
     missing: dict = field(default_factory=dict)  # live sources: frames their timestamps say never arrived
     damaged: dict = field(default_factory=dict)  # packets or frames the decoder could not read
+    lagged: dict = field(default_factory=dict)  # live sources: frames skipped for being past --max-lag
+    lag_s: dict = field(default_factory=dict)  # live sources: capture -> result, seconds: p50, p99, max, frames
     events: int = 0  # live sources' event records (disconnected, reconnected, gave_up) written with the lines
     signal: str | None = None  # "SIGTERM" when a stop signal (not Ctrl-C) ended the run
     live: list = field(default_factory=list)  # the sources read as live (they cannot be resumed)
@@ -460,6 +462,7 @@ def _summary(model, device, sources, run, lines: _Lines, prior: _Prior, interrup
                       resumed_lines=prior.lines, ray=_ray_summary(ray_info, run, prior.complete),
                       dropped=dict(stats.get("dropped") or {}), missing=dict(stats.get("missing") or {}),
                       damaged=dict(stats.get("damaged") or {}), events=lines.events,
+                      lagged=dict(stats.get("lagged") or {}), lag_s=dict(stats.get("lag_s") or {}),
                       signal=stop_signal() if interrupted else None, live=live_sources)
 
 

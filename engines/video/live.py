@@ -62,6 +62,7 @@ class LiveOptions:
     backoff_max: float = 10.0
     policy: str = "drop-oldest"  # or "block"
     queue_frames: int | None = None  # frames a live source may have waiting (default: one batch, at least 2)
+    max_lag: float | None = 2.0  # a frame captured longer ago than this is decoded but skipped (None: no bound)
 
     def check(self) -> "LiveOptions":
         from ..errors import UsageProblem
@@ -79,6 +80,8 @@ class LiveOptions:
             raise UsageProblem(f"reconnect-for must be 0 or more seconds, got {self.reconnect_for!r}")
         if self.reconnect_attempts is not None and self.reconnect_attempts < 0:
             raise UsageProblem(f"reconnect-attempts must be 0 or more, got {self.reconnect_attempts}")
+        if self.max_lag is not None and not (math.isfinite(self.max_lag) and self.max_lag > 0):
+            raise UsageProblem(f"max-lag must be a positive number of seconds, got {self.max_lag!r}")
         if self.queue_frames is not None and self.queue_frames < 1:
             raise UsageProblem(f"the live queue must hold at least one frame, got {self.queue_frames}")
         return self
@@ -139,6 +142,12 @@ class SourceEvent:
             return f"{self.source}: connection lost after {self.frames} frames: {self.reason}"
         if self.event == "reconnected":
             return f"{self.source}: reconnected after {self.outage_s:.1f} s ({self.attempts} attempt(s))"
+        if self.event == "lagging":
+            return f"{self.source}: {self.extra['lag_s']:.1f} s behind live (bound {self.extra['max_lag_s']:g} s): " \
+                   "skipping frames until caught up"
+        if self.event == "caught_up":
+            return f"{self.source}: caught up ({self.extra['lag_s']:.1f} s behind) after skipping " \
+                   f"{self.extra['skipped']} frame(s)"
         if self.event == "gave_up":
             return f"{self.source}: gave up reconnecting after {self.outage_s:.1f} s ({self.attempts} attempt(s))"
         return f"{self.source}: {self.event}" + (f": {self.reason}" if self.reason else "")
@@ -236,6 +245,63 @@ class Liveness:
             time.sleep(seconds)
             return True
         return not stop.wait(seconds)
+
+
+class LagClock:
+    """When a live stream's frames were captured, on the wall clock: the stream's own time (pts x time base)
+    anchored at the wall clock by the smallest (received - stream time) seen on this connection, so delay that
+    builds up before decoding (a stall, a link thinner than the stream, a reader that cannot keep up) shows as
+    lag, while the fixed delay of the path to the first frame does not. (RTCP sender reports' NTP times are not
+    read: PyAV does not hand them out.) :meth:`reset` at every connection: RTSP restarts timestamps."""
+
+    def __init__(self):
+        self.offset: float | None = None  # capture wall time = offset + stream time
+
+    def reset(self) -> None:
+        self.offset = None
+
+    def captured(self, t: float | None, received: float) -> float:
+        """The capture time of a frame with stream time ``t`` received at ``received`` (Unix seconds)."""
+        if t is None:
+            return received if self.offset is None else max(self.offset, received - 3600.0)
+        off = received - t
+        if self.offset is None or off < self.offset:
+            self.offset = off
+        return self.offset + t
+
+
+class LagStats:
+    """Lag of one source's results (seconds from capture to result): p50, p99 and max in fixed memory (a
+    histogram of 10 ms bins up to 120 s; larger lags fall in the last bin and still set ``max``)."""
+
+    BIN = 0.01
+    BINS = 12000
+
+    def __init__(self):
+        import numpy as np
+
+        self.counts = np.zeros(self.BINS, np.int64)
+        self.n = 0
+        self.max = 0.0
+
+    def add(self, lag: float) -> None:
+        lag = max(0.0, lag)
+        self.counts[min(int(lag / self.BIN), self.BINS - 1)] += 1
+        self.n += 1
+        self.max = max(self.max, lag)
+
+    def quantile(self, q: float) -> float:
+        """The upper edge of the bin holding quantile ``q`` (so within 10 ms above the true value, capped by max)."""
+        import numpy as np
+
+        k = int(np.searchsorted(np.cumsum(self.counts), q * self.n, side="left"))
+        return min((k + 1) * self.BIN, self.max)
+
+    def to_dict(self) -> dict:
+        if not self.n:
+            return {}
+        return {"p50": round(self.quantile(0.5), 3), "p99": round(self.quantile(0.99), 3), "max": round(self.max, 3),
+                "frames": self.n}
 
 
 class NoFrames(Exception):
@@ -356,6 +422,27 @@ class LiveSource:
         back = lv.frame()
         if back is not None:
             self._event("reconnected", outage_s=back[0], attempts=back[1])
+
+    def _keep(self, lag: float) -> bool:
+        """Whether a decoded frame ``lag`` s after its capture is passed on; decided before any preprocessing. Past
+        ``options.max_lag`` frames are skipped (counted in ``lagged``) until the lag is back under half the bound:
+        one ``lagging`` event when skipping starts, one ``caught_up`` (with the frames skipped) when it ends."""
+        bound = self.options.max_lag
+        if bound is None:
+            return True
+        skipping = getattr(self, "_skipping", None)
+        if skipping is None:
+            if lag <= bound:
+                return True
+            self._skipping = 0
+            self._event("lagging", extra={"lag_s": round(lag, 3), "max_lag_s": bound})
+        elif lag <= bound / 2:
+            self._skipping = None
+            self._event("caught_up", extra={"lag_s": round(lag, 3), "skipped": skipping})
+            return True
+        self._skipping += 1
+        self.lagged += 1
+        return False
 
     def _lost(self, lv: Liveness, reason: str, fix: str | None) -> None:
         """The attempt or the connection failed: say so once (``disconnected`` when frames stopped,

@@ -17,7 +17,7 @@ import numpy as np
 
 from .._deps import require
 from ..errors import first_line
-from .live import Liveness, NoFrames, network_error, open_url, watched_packets
+from .live import LagClock, Liveness, NoFrames, network_error, open_url, watched_packets
 from .source_base import (DETAIL_CHARS, MAX_REJECTED_PACKETS, SourceError, SourceInfo, Timeline, _colorspace_from_av,
                           _synchronize)
 
@@ -100,6 +100,7 @@ def feed_pass(src, nvc, stream_ptr: int, on_frame, index: int, container, stream
     dec = make_decoder(src, nvc, stream, stream_ptr)
     feed = AnnexB(stream)
     clock = Timeline(stream, live=src.live)
+    lags = LagClock() if lv is not None else None
     low = src.latency in ("low", "zero")
     fed: dict = {}
     rejected = 0
@@ -154,6 +155,11 @@ def feed_pass(src, nvc, stream_ptr: int, on_frame, index: int, container, stream
                     src.decoded += 1
                     if lv is not None:
                         src._frame_arrived(lv)
+                        received = time.time()
+                        if not src._keep(received - lags.captured(t, received)):  # decoded, not preprocessed
+                            del frame
+                            index += 1
+                            continue
                     go = on_frame(index, pts, t, frame, fed.pop(pts, now))
                     del frame
                     index += 1

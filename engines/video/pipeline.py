@@ -96,6 +96,8 @@ class RunStats:
     dropped: dict = field(default_factory=dict)  # live sources: frames dropped because inference lagged (policy)
     missing: dict = field(default_factory=dict)  # live sources: frames the stream's timestamps say never arrived
     damaged: dict = field(default_factory=dict)  # frames or packets the decoder could not read (not classified)
+    lagged: dict = field(default_factory=dict)  # live sources: frames skipped because they were past --max-lag
+    lag: dict = field(default_factory=dict)  # live sources: LagStats of capture -> result (CPU path)
 
     def for_pool(self) -> dict:
         """What a worker process or Ray actor sends back at the end of a job: :meth:`to_dict` with the batch sizes,
@@ -110,7 +112,7 @@ class RunStats:
         self.batch_sizes += other.get("batch_sizes") or []
         used = {d for d in (self.decoder.split(",") if self.decoder else []) + [other.get("decoder") or ""] if d}
         self.decoder = ",".join(sorted(used))
-        for field_name in ("decoded", "dropped", "missing", "damaged"):
+        for field_name in ("decoded", "dropped", "missing", "damaged", "lagged"):
             mine = getattr(self, field_name)
             for k, v in (other.get(field_name) or {}).items():
                 k = names.get(k, k)
@@ -121,7 +123,7 @@ class RunStats:
         the frames the pipeline ``dropped`` of it, keyed by its name."""
         self.decoded[src.name] = self.decoded.get(src.name, 0) + src.decoded
         for field_name, n in (("dropped", dropped), ("missing", getattr(src, "missing", 0)),
-                              ("damaged", getattr(src, "damaged", 0))):
+                              ("damaged", getattr(src, "damaged", 0)), ("lagged", getattr(src, "lagged", 0))):
             if n:
                 d = getattr(self, field_name)
                 d[src.name] = d.get(src.name, 0) + n
@@ -136,7 +138,8 @@ class RunStats:
                 "fps": round(self.fps, 1), "mean_batch": round(mean_batch, 2), "path": self.path,
                 "decoder": self.decoder,
                 "per_source": self.per_source, "decoded": self.decoded, "dropped": self.dropped,
-                "missing": self.missing, "damaged": self.damaged,
+                "missing": self.missing, "damaged": self.damaged, "lagged": self.lagged,
+                "lag_s": {k: v.to_dict() for k, v in self.lag.items()},
                 "infer_stage": {k: round(v, 3) for k, v in self.infer_stage.items()},
                 "decode_stage": {k: round(v, 3) for k, v in self.decode_stage.items()}}
 

@@ -19,7 +19,7 @@ from ..errors import TrtcError, first_line
 import numpy as np
 
 from ..preprocess import ColorSpace, YuvPlanes
-from .live import (LiveOptions, LiveSource, Liveness, NoFrames, is_network, network_error, open_url,
+from .live import (LagClock, LiveOptions, LiveSource, Liveness, NoFrames, is_network, network_error, open_url,
                    watched_packets)
 from .source_base import (DETAIL_CHARS, MAX_REJECTED_PACKETS, SourceError, SourceInfo, Timeline,  # noqa: F401
                           _colorspace_from_av, _synchronize)
@@ -133,6 +133,8 @@ class PyAVSource(LiveSource):
         self.decoded = 0
         self.missing = 0  # live: frames the stream's timestamps say were sent but never arrived
         self.damaged = 0  # frames the decoder flagged as damaged (not classified)
+        self.lagged = 0  # live: frames decoded but skipped because they were past --max-lag
+        self.captured: float | None = None  # live: the capture time (Unix s) of the frame last passed on
         self.stop: threading.Event | None = None
         self.on_event = None  # callable(SourceEvent), set by the pipeline
 
@@ -210,6 +212,7 @@ class PyAVSource(LiveSource):
                 self._lost(lv, exc.detail, exc.fix)
                 continue
             clock = Timeline(stream, live=True)
+            lags = LagClock()  # a new connection: the stream's times start again
             skipped: list = []
             reason, fix = "the stream ended: the server closed it", "check the camera or server"
             try:
@@ -220,10 +223,12 @@ class PyAVSource(LiveSource):
                         self.info.colorspace = _colorspace_from_av(frame, frame.height, self.override)
                     pts, t = clock.stamp(frame)
                     self.decoded += 1
+                    received = time.time()
+                    self.captured = lags.captured(t, received)
                     if frame.is_corrupt:
                         self.damaged += 1
-                    else:
-                        yield index, pts, t, host_planes(frame), time.time()
+                    elif self._keep(received - self.captured):  # before any conversion or preprocessing
+                        yield index, pts, t, host_planes(frame), received
                     index += 1
                     if self.stop is not None and self.stop.is_set():
                         return
@@ -371,6 +376,7 @@ class NvdecSource(LiveSource):
         self._stamp = None  # stamp_index's constants: (fps, time_base, fps x time_base, its numerator, denominator)
         self.missing = 0  # live: frames the stream's timestamps say never arrived
         self.damaged = 0  # packets NVDEC refused (skipped)
+        self.lagged = 0  # live: frames decoded but skipped because they were past --max-lag
         self.stop: threading.Event | None = None
         self.on_event = None  # callable(SourceEvent), set by the pipeline
 

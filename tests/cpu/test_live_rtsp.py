@@ -380,6 +380,45 @@ def test_a_stall_on_an_open_connection_is_lost_at_the_read_timeout_and_comes_bac
     assert len(frames) >= 60
 
 
+def test_a_backlog_past_max_lag_is_skipped_before_preprocessing_and_reported(rtsp, engine):
+    """A 4 s stall shorter than --read-timeout: the frames held back arrive late, all at once. Their lag
+    (capture -> now, from the stream's timestamps) is past --max-lag 1: one lagging event, frames decoded but
+    skipped (counted in lagged), one caught_up with the count; no disconnection; every frame is classified,
+    skipped, dropped or damaged; the lag of the results is measured per source and its max stays near the bound."""
+    from engines.video import LiveOptions, classify
+
+    with rtsp.start(pattern=True) as srv:
+        proxy = _Proxy(srv.port)
+        state = {}
+
+        def until(ev, fr):
+            if len(fr) >= 30 and "stall" not in state:
+                state["stall"] = threading.Timer(4, proxy.stall.clear)
+                proxy.stall.set()
+                state["stall"].start()
+            return any(e.event == "caught_up" for _, e in ev) and len(fr) >= 90
+
+        try:
+            run = classify([proxy.url], engine, batch=4, top_k=1, events=True,
+                           live_options=LiveOptions(read_timeout=10, max_lag=1.0, reconnect_attempts=0))
+            events, frames = _events_and_frames(run, until, 60)
+        finally:
+            proxy.stall.clear()
+            proxy.close()
+    kinds = [e.event for _, e in events]
+    assert kinds == ["lagging", "caught_up"], kinds
+    lagging, caught = events[0][1], events[1][1]
+    assert lagging.extra["lag_s"] > 1.0 and caught.extra["lag_s"] <= 0.5
+    s = run.stats
+    assert s.lagged[proxy.url] == caught.extra["skipped"] >= 30  # most of the 4 s held back (30 fps)
+    decoded, classified = s.decoded[proxy.url], s.per_source[proxy.url]
+    assert 0 <= decoded - classified - s.lagged[proxy.url] - s.dropped.get(proxy.url, 0) \
+        - s.damaged.get(proxy.url, 0) <= 1
+    lag = s.to_dict()["lag_s"][proxy.url]
+    print(f"lag of results: {lag}")
+    assert lag["frames"] == classified and lag["max"] < 1.0 + 1.0  # the bound plus a batch's wait and inference
+
+
 def test_resume_refuses_live_sources(lite0_onnx, tmp_path):
     from click.testing import CliRunner
 

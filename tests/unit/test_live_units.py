@@ -308,3 +308,49 @@ def test_gpu_live_path_replans_a_camera_that_returns_at_another_size():
     assert (src.info.width, src.info.height, src.info.codec) == (1920, 1080, "hevc")
     assert src.info.colorspace.matrix == "bt709" and first.colorspace.matrix == "bt601"
     assert [m["codec"] for m in made] == [4, 8]  # a decoder per connection, for its codec
+
+
+def test_lag_is_capture_to_now_anchored_at_the_quickest_frame_and_restarts_per_connection():
+    from engines.video.live import LagClock
+
+    lc = LagClock()
+    assert lc.captured(10.0, 1000.5) == 1000.5  # the first frame anchors: stream time 10 s = 1000.5
+    assert lc.captured(10.04, 1000.6) == pytest.approx(1000.54)  # 60 ms late: lag 0.06 s
+    assert lc.captured(11.0, 1005.0) == pytest.approx(1001.5)  # after a stall: 3.5 s behind live
+    assert lc.captured(12.0, 1001.9) == pytest.approx(1001.9)  # a quicker frame moves the anchor (never a negative lag)
+    lc.reset()
+    assert lc.captured(0.0, 2000.0) == 2000.0  # a new connection's timestamps start again
+
+
+def test_lag_stats_quantiles_within_a_bin_and_max_exact():
+    from engines.video.live import LagStats
+
+    st = LagStats()
+    for i in range(1000):
+        st.add(i / 1000)  # 0 .. 0.999 s
+    st.add(500.0)  # past the last bin: still the max
+    d = st.to_dict()
+    assert d["frames"] == 1001 and d["max"] == 500.0
+    assert 0.5 <= d["p50"] <= 0.51 and 0.98 <= d["p99"] <= 0.99 + 0.01
+    assert LagStats().to_dict() == {}
+
+
+def test_frames_past_max_lag_are_skipped_with_one_lagging_and_one_caught_up_event():
+    from engines.video.live import LiveSource
+
+    class Src(LiveSource):
+        name, decoded, stop, lagged = "cam", 0, None, 0
+        options = LiveOptions(max_lag=2.0)
+
+        def __init__(self):
+            self.events = []
+            self.on_event = self.events.append
+
+    src = Src()
+    kept = [src._keep(lag) for lag in (0.1, 1.9, 2.5, 3.0, 1.5, 0.9, 0.2, 2.1)]
+    assert kept == [True, True, False, False, False, True, True, False]  # skipping ends under half the bound
+    assert [(e.event, e.extra.get("skipped")) for e in src.events] == [("lagging", None), ("caught_up", 3),
+                                                                       ("lagging", None)]
+    assert src.lagged == 4 and src.events[0].extra["lag_s"] == 2.5
+    src.options = LiveOptions(max_lag=None)
+    assert src._keep(100.0)
