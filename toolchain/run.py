@@ -51,6 +51,9 @@ class RunSummary:
     damaged: dict = field(default_factory=dict)  # packets or frames the decoder could not read
     lagged: dict = field(default_factory=dict)  # live sources: frames skipped for being past --max-lag
     lag_s: dict = field(default_factory=dict)  # live sources: capture -> result, seconds: p50, p99, max, frames
+    # each source: received (decoded), classified, dropped by reason (queue: inference lagged; lag: past --max-lag),
+    # missing, damaged, lag_s, outages (disconnected events) and status ("ok", "interrupted" or its problem)
+    by_source: dict = field(default_factory=dict)
     events: int = 0  # live sources' event records (disconnected, reconnected, gave_up) written with the lines
     signal: str | None = None  # "SIGTERM" when a stop signal (not Ctrl-C) ended the run
     live: list = field(default_factory=list)  # the sources read as live (they cannot be resumed)
@@ -214,6 +217,7 @@ def run_video(sources, model, *, device: str = "auto", batch: int | None = None,
             atomic_write_text(done_file(lines.out_path), "".join(f"{s}\n" for s in whole))
         summary = _summary(model, device, sources, run, lines, prior, interrupted, ray_info, live_sources)
         summary.timing = _timing(started_at, ready_at, lines)
+        summary.by_source = _by_source(summary, lines.outages, dict(getattr(run.stats, "decoded", {}) or {}))
         return summary
     finally:
         closer()
@@ -328,6 +332,7 @@ class _Lines:
         self.tmp = None
         self.written = self.events = 0  # lines this run wrote; of them, events
         self.last_event: dict = {}  # live source -> its latest event
+        self.outages: dict = {}  # live source -> disconnected events written
         self.last = dict(prior.done)  # source -> last frame in the output
         self.latencies: list = []
         self.synced = 0.0
@@ -354,6 +359,8 @@ class _Lines:
             line = json_line(item, self.with_latency)
         if not frame:  # kept before the line goes out: a stop signal may come as soon as it is read
             self.last_event[item.source] = item
+            if item.event == "disconnected":
+                self.outages[item.source] = self.outages.get(item.source, 0) + 1
         self.sink.write(line.encode() if self.tmp is not None else line)  # one whole line per call
         self.written += 1
         if not frame:  # a live source's event: a line of its own among the predictions
@@ -464,6 +471,19 @@ def _summary(model, device, sources, run, lines: _Lines, prior: _Prior, interrup
                       damaged=dict(stats.get("damaged") or {}), events=lines.events,
                       lagged=dict(stats.get("lagged") or {}), lag_s=dict(stats.get("lag_s") or {}),
                       signal=stop_signal() if interrupted else None, live=live_sources)
+
+
+def _by_source(summary: "RunSummary", outages: dict, decoded: dict) -> dict:
+    """The summary's counts, one entry per source (what ``--summary`` holds for each camera or file)."""
+    problems = {p["source"]: p["reason"] for p in summary.problems}
+    out = {}
+    for src in summary.sources:
+        status = problems.get(src) or ("interrupted" if summary.interrupted else "ok")
+        out[src] = {"received": decoded.get(src), "classified": summary.per_source.get(src, 0),
+                    "dropped": {"queue": summary.dropped.get(src, 0), "lag": summary.lagged.get(src, 0)},
+                    "missing": summary.missing.get(src, 0), "damaged": summary.damaged.get(src, 0),
+                    "lag_s": summary.lag_s.get(src, {}), "outages": outages.get(src, 0), "status": status}
+    return out
 
 
 def _lost_at_stop(last_event: dict, problems, per_source: dict) -> list[dict]:

@@ -68,7 +68,7 @@ def test_killed_server_reconnects_with_events_and_sigterm_keeps_the_output(rtsp,
     out = tmp_path / "live.jsonl"
     with rtsp.start(pattern=True) as srv:
         proc = _trtc("run", srv.url, "--model", lite0_onnx[0], "--device", "cpu", "-o", out, "--top-k", "1",
-                     "--batch", "4")
+                     "--batch", "4", "--summary", tmp_path / "s.json")
         try:
             _wait_for_lines(out, proc, 20)
             srv.kill()
@@ -92,6 +92,10 @@ def test_killed_server_reconnects_with_events_and_sigterm_keeps_the_output(rtsp,
     assert "connection lost" in stderr and "reconnected after" in stderr
     assert "SIGTERM" not in stdout and "interrupted" in stdout  # the summary table
     assert "--resume" not in stderr  # a live source cannot be resumed: the message must not offer it
+    entry = json.loads((tmp_path / "s.json").read_text())["by_source"][srv.url]  # --summary per source
+    assert entry["outages"] == 1 and entry["status"] == "interrupted" and entry["classified"] == len(frames)
+    assert entry["received"] >= entry["classified"] + entry["dropped"]["queue"] + entry["dropped"]["lag"]
+    assert entry["lag_s"]["frames"] == len(frames) and 0 <= entry["lag_s"]["p50"] <= entry["lag_s"]["max"] < 10
 
 
 def test_unreachable_port_is_a_failure_with_a_fix(rtsp, lite0_onnx, tmp_path):
@@ -110,6 +114,9 @@ def test_unreachable_port_is_a_failure_with_a_fix(rtsp, lite0_onnx, tmp_path):
     (problem,) = json.loads((tmp_path / "s.json").read_text())["problems"]
     assert "nothing accepts connections at 127.0.0.1" in problem["reason"] and "gave up after" in problem["reason"]
     assert "never connected" in problem["reason"]
+    entry = json.loads((tmp_path / "s.json").read_text())["by_source"][url]
+    assert entry == {"received": 0, "classified": 0, "dropped": {"queue": 0, "lag": 0}, "missing": 0, "damaged": 0,
+                     "lag_s": {}, "outages": 0, "status": problem["reason"]}
     assert stderr.count(url) == 1  # -q: the status column says what happened, no warning repeats the URL
 
 
