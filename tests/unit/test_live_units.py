@@ -354,3 +354,46 @@ def test_frames_past_max_lag_are_skipped_with_one_lagging_and_one_caught_up_even
     assert src.lagged == 4 and src.events[0].extra["lag_s"] == 2.5
     src.options = LiveOptions(max_lag=None)
     assert src._keep(100.0)
+
+
+def test_ray_reruns_a_live_source_as_a_new_connection_with_frame_numbers_going_on():
+    """A live source whose Ray actor failed is handed to another actor without ``done`` (which a live source
+    refuses) and its new connection's frames, numbered from 0 there, reach the caller numbered on from the last
+    frame it had; a file in the same job still resumes with ``done``."""
+    from types import SimpleNamespace as NS
+
+    from engines.video.pipeline import RunStats
+    from engines.video.ray_cluster import _Dispatch
+    from engines.video.results import ResultBlock
+
+    calls = []
+
+    class Actor:
+        def __init__(self, name):
+            self.name, self.alive, self.labels = name, True, None
+            remote = NS(remote=lambda srcs, opts: calls.append((name, srcs, opts)) or object())
+            self.handle = NS(run=NS(options=lambda **kw: remote))
+
+    a, b = Actor("a"), Actor("b")
+    pool = NS(actors=[a, b], streams=4)
+    run = NS(problems=[], failures=[], retried=[], placement={}, stats=RunStats(), timing={}, events=[])
+    cam, clip = "rtsp://127.0.0.1:9/cam", "/data/clip.mp4"
+    d = _Dispatch(pool, [cam, clip], {}, run, None)
+    d.hand_out()
+
+    def block(frames):
+        return ResultBlock([cam], [0] * len(frames), frames, frames, [None] * len(frames), [[1]] * len(frames),
+                           [[0.5]] * len(frames), [None] * len(frames), [None] * len(frames),
+                           [0.0] * len(frames), ['{"x": 1}\n'] * len(frames), None)
+
+    assert [list(d._kept(a, block([0, 1, 2])).frame)] == [[0, 1, 2]]
+    d.last[clip] = 7
+    a.alive = False
+    d.busy.clear()
+    d.retry_or_give_up(a, [cam, clip], "died")
+    d.hand_out()
+    name, srcs, opts = calls[-1]
+    assert name == "b" and opts["done"] == {clip: 7}  # the file resumes; the camera does not
+    got = d._kept(b, block([0, 1]))
+    assert list(got.frame) == [3, 4] and got.lines is None  # numbered on; the lines formatted again
+    assert not run.problems
