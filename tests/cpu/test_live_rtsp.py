@@ -249,7 +249,7 @@ class _Proxy:
     "$" frames) is dropped while its RTSP replies pass (a camera whose encoder hung); ``stall``: nothing passes
     either way while set (held, not dropped), on every connection, new ones included."""
 
-    def __init__(self, target: int):
+    def __init__(self, target: int, path: str = "/cam"):
         import socket
         import threading
 
@@ -258,7 +258,7 @@ class _Proxy:
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(8)
-        self.url = f"rtsp://127.0.0.1:{self.sock.getsockname()[1]}/cam"
+        self.url = f"rtsp://127.0.0.1:{self.sock.getsockname()[1]}{path}"
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self):

@@ -146,6 +146,7 @@ def _server(tmp_path, bikes):
 
     class Aio:
         url = f"rtsp://127.0.0.1:{port}/bikes.mp4?play_count=0"
+        path = "/bikes.mp4?play_count=0"
 
         def start(self):
             code = ("import asyncio, sys; import aio_rtsp_toolkit.server as s; "
@@ -167,7 +168,9 @@ def _server(tmp_path, bikes):
                 self.proc.kill()
                 self.proc.wait(10)
 
-    return Aio().start(), "aio"
+    srv = Aio()
+    srv.port = port
+    return srv.start(), "aio"
 
 
 def test_gpu_live_source_reconnects_after_the_server_is_killed(bikes, cuda_lite0, tmp_path):
@@ -256,3 +259,70 @@ def test_gpu_cli_stdout_is_only_json_on_a_damaged_clip(bikes, lite0_onnx, tmp_pa
     lines = r.stdout.splitlines()
     assert len(lines) >= 240 and all(json.loads(line)["source"] == str(bad) for line in lines), r.stderr[-2000:]
     print(f"\nstdout: {len(lines)} JSON lines; stderr: {r.stderr.count('Decode Error')} 'Decode Error' lines")
+
+
+def test_gpu_live_camera_answering_without_video_is_lost_once_then_given_up(bikes, cuda_lite0, tmp_path):
+    """The GPU live path (PyAV demuxer -> NVDEC) shares the CPU path's liveness: the server's video muted while
+    its RTSP replies pass gives exactly disconnected (--read-timeout after the last frame, +-1 s) and gave_up
+    (--reconnect-for after the last frame, +-1 s); no reconnected, since no frame came."""
+    from engines.video import LiveOptions, SourceEvent, classify
+    from tests.cpu.test_live_rtsp import _Proxy
+
+    srv, kind = _server(tmp_path, bikes)
+    proxy = _Proxy(srv.port, getattr(srv, "path", "/cam"))
+    events, frames = [], []
+    try:
+        run = classify([proxy.url], cuda_lite0, batch=4, top_k=1, events=True,
+                       live_options=LiveOptions(read_timeout=3, open_timeout=3, reconnect_for=8))
+        t0 = time.monotonic()
+        for item in run:
+            now = time.monotonic()
+            (events if isinstance(item, SourceEvent) else frames).append((now, item))
+            if len(frames) >= 30:
+                proxy.mute.set()
+            if any(e.event == "gave_up" for _, e in events) or now - t0 > 60:
+                break
+    finally:
+        proxy.close()
+        srv.kill()
+    assert [e.event for _, e in events] == ["disconnected", "gave_up"], [e.event for _, e in events]
+    last = frames[-1][0]
+    (t_lost, lost), (t_gave, gave) = events
+    assert 2 <= t_lost - last <= 4 and "no frame for 3 s" in lost.reason
+    assert 7 <= t_gave - last <= 9 and run.stats.decoder == "nvdec"
+
+
+def test_gpu_live_camera_returning_at_another_resolution_is_replanned(bikes, tmp_path):
+    """A camera that comes back at another size (bikes.mp4 at 640x272, then a 640x360 pattern on the same port):
+    the GPU live path's source info follows each connection, so every surface NVDEC hands out matches the info its
+    preprocessing plan is made from (NV12: 1.5 x height rows), and frame numbers go on."""
+    import cupy as cp
+
+    from engines.video import LiveOptions
+    from engines.video.sources import NvdecSource
+
+    if rtsp_server.available() is not None:
+        pytest.skip("needs gst-rtsp-server (a file, then a pattern, on one port)")
+    first = rtsp_server.start(file=bikes)
+    port = first.port
+    seen, servers = [], [first]
+    src = NvdecSource(first.url, live=True, options=LiveOptions(read_timeout=3, open_timeout=5, reconnect_for=30))
+    stream = cp.cuda.Stream(non_blocking=True)
+
+    def on_frame(index, pts, t, frame, fed_at):
+        surface = cp.from_dlpack(frame)
+        seen.append((index, tuple(surface.shape), src.info.width, src.info.height))
+        if len(seen) == 30:
+            first.kill()
+            servers.append(rtsp_server.Server(port, ["--pattern"]).start())
+        return len(seen) < 90
+
+    try:
+        src.run(stream.ptr, on_frame)
+    finally:
+        for s in servers:
+            s.kill()
+    before, after = seen[:30], seen[30:]
+    assert {(shape, w, h) for _, shape, w, h in before} == {((408, 640), 640, 272)}
+    assert {(shape, w, h) for _, shape, w, h in after} == {((540, 640), 640, 360)}
+    assert [i for i, *_ in seen] == list(range(len(seen))) and len(seen) == 90
