@@ -92,18 +92,83 @@ class _Lost(Exception):
     """The demuxer failed mid-stream; ``__cause__`` says why."""
 
 
+class _Feed:
+    """One connection's (or pass's) NVDEC decoder and what it keeps between packets: the pts -> feed time of
+    packets whose frames have not come out, the run of refused packets, the stream's clock and, for a live
+    source, its liveness and lag clock."""
+
+    def __init__(self, src, nvc, stream, stream_ptr: int, on_frame, lv: Liveness | None):
+        self.src, self.nvc, self.stream, self.on_frame, self.lv = src, nvc, stream, on_frame, lv
+        self.dec = make_decoder(src, nvc, stream, stream_ptr)
+        self.clock = Timeline(stream, live=src.live)
+        self.lags = LagClock() if lv is not None else None
+        self.low = src.latency in ("low", "zero")
+        self.fed: dict = {}
+        self.rejected = 0
+
+    def decode(self, data, pts, interrupted: bool):
+        """NVDEC's frames for one Annex B chunk (``data`` None: flush), or None for a packet it refused (skipped
+        and counted as damage, unless an interrupted read cut it short); too many refusals in a row end the source."""
+        nvc, src = self.nvc, self.src
+        pkt = nvc.PacketData()
+        if data is not None:
+            pkt.bsl_data, pkt.bsl = int(data.ctypes.data), int(data.size)
+            pkt.pts = int(pts) if pts is not None else 0
+            if self.low:
+                pkt.decode_flag = nvc.VideoPacketFlag.ENDOFPICTURE
+            self.fed[pkt.pts] = time.perf_counter()
+        else:
+            pkt.bsl = 0
+        try:
+            frames = self.dec.Decode(pkt)
+            self.rejected = 0
+            return frames
+        except Exception as exc:  # noqa: BLE001 - a damaged packet: skipped and counted
+            if interrupted:  # cut short by the watchdog's read timeout, not damaged in the stream
+                return None
+            src.damaged += 1
+            self.rejected += 1
+            if self.rejected >= MAX_REJECTED_PACKETS:
+                raise SourceError(src.name, f"NVDEC refused {self.rejected} packets in a row "
+                                  f"({first_line(exc, DETAIL_CHARS)})", "check the stream; or --device cpu") from exc
+            return None
+        finally:
+            del pkt
+
+    def deliver(self, frames, index: int):
+        """Each frame to ``on_frame`` (a live frame past --max-lag is skipped first); the next index, or None when
+        ``on_frame`` asked to stop. Keeps no reference to a frame."""
+        src, lv = self.src, self.lv
+        now = time.perf_counter()
+        for i in range(len(frames)):
+            frame = frames[i]
+            pts, t = self.clock.stamp(_PtsOnly(frame.getPTS(), self.stream.time_base))
+            src.decoded += 1
+            if lv is not None:
+                src._frame_arrived(lv)
+                received = time.time()
+                if not src._keep(received - self.lags.captured(t, received)):  # decoded, not preprocessed
+                    del frame
+                    index += 1
+                    continue
+            go = self.on_frame(index, pts, t, frame, self.fed.pop(pts, now))
+            del frame
+            index += 1
+            if go is False:
+                return None
+        if len(self.fed) > 64:  # packets whose frames never came out (damaged data): forget them
+            for k in sorted(self.fed)[:-64]:
+                self.fed.pop(k, None)
+        return index
+
+
 def feed_pass(src, nvc, stream_ptr: int, on_frame, index: int, container, stream, lv: Liveness | None = None):
     """Demux ``stream`` with PyAV, decode with NVDEC, call ``on_frame(index, pts, seconds, frame, fed_at)`` per
     frame. Returns the next index, or None when ``on_frame`` asked to stop; raises _Lost when reading fails.
     ``lv``: a live source's :class:`~engines.video.live.Liveness`, told of each decoded frame; its watchdog
     (:func:`~engines.video.live.watched_packets`) raises NoFrames when frames stop."""
-    dec = make_decoder(src, nvc, stream, stream_ptr)
-    feed = AnnexB(stream)
-    clock = Timeline(stream, live=src.live)
-    lags = LagClock() if lv is not None else None
-    low = src.latency in ("low", "zero")
-    fed: dict = {}
-    rejected = 0
+    feed = _Feed(src, nvc, stream, stream_ptr, on_frame, lv)
+    annexb = AnnexB(stream)
     if lv is not None:
         packets = watched_packets(container, stream, lv, src.stop)
     else:
@@ -116,65 +181,24 @@ def feed_pass(src, nvc, stream_ptr: int, on_frame, index: int, container, stream
                 raise
             except Exception as exc:  # noqa: BLE001 - av.error.*, OSError: the connection or file failed
                 raise _Lost() from exc
-            if packet is None or packet.size == 0:
-                if packet is None:
-                    chunks = [(None, None)]  # end of stream: flush the frames the decoder still holds
-                else:
-                    continue
-            else:
-                chunks = feed.convert(packet)
+            if packet is not None and packet.size == 0:
+                continue
+            # None: end of stream, flush the frames the decoder still holds
+            chunks = [(None, None)] if packet is None else annexb.convert(packet)
             for data, pts in chunks:
-                pkt = nvc.PacketData()
-                if data is not None:
-                    pkt.bsl_data, pkt.bsl = int(data.ctypes.data), int(data.size)
-                    pkt.pts = int(pts) if pts is not None else 0
-                    if low:
-                        pkt.decode_flag = nvc.VideoPacketFlag.ENDOFPICTURE
-                    fed[pkt.pts] = time.perf_counter()
-                else:
-                    pkt.bsl = 0
-                try:
-                    frames = dec.Decode(pkt)
-                    rejected = 0
-                except Exception as exc:  # noqa: BLE001 - a damaged packet: skipped and counted
-                    if interrupted:  # cut short by the watchdog's read timeout, not damaged in the stream
-                        continue
-                    src.damaged += 1
-                    rejected += 1
-                    if rejected >= MAX_REJECTED_PACKETS:
-                        raise SourceError(src.name, f"NVDEC refused {rejected} packets in a row "
-                                          f"({first_line(exc, DETAIL_CHARS)})",
-                                          "check the stream; or --device cpu") from exc
+                frames = feed.decode(data, pts, interrupted)
+                if frames is None:
                     continue
-                finally:
-                    del pkt
-                now = time.perf_counter()
-                for i in range(len(frames)):
-                    frame = frames[i]
-                    pts, t = clock.stamp(_PtsOnly(frame.getPTS(), stream.time_base))
-                    src.decoded += 1
-                    if lv is not None:
-                        src._frame_arrived(lv)
-                        received = time.time()
-                        if not src._keep(received - lags.captured(t, received)):  # decoded, not preprocessed
-                            del frame
-                            index += 1
-                            continue
-                    go = on_frame(index, pts, t, frame, fed.pop(pts, now))
-                    del frame
-                    index += 1
-                    if go is False:
-                        return None
+                index = feed.deliver(frames, index)
                 del frames, data
+                if index is None:
+                    return None
             if packet is None:
                 return index
-            if len(fed) > 64:  # packets whose frames never came out (damaged data): forget them
-                for k in sorted(fed)[:-64]:
-                    fed.pop(k, None)
     finally:
-        src.missing += clock.missing
+        src.missing += feed.clock.missing
         _synchronize(stream_ptr)  # our kernels' reads of the decoder's surfaces finish before it is freed
-        del dec
+        del feed
 
 
 class _PtsOnly:

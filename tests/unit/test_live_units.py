@@ -397,3 +397,60 @@ def test_ray_reruns_a_live_source_as_a_new_connection_with_frame_numbers_going_o
     got = d._kept(b, block([0, 1]))
     assert list(got.frame) == [3, 4] and got.lines is None  # numbered on; the lines formatted again
     assert not run.problems
+
+
+def _fake_nvdec(refuse_every: int = 0):
+    """A stand-in for PyNvVideoCodec's core decoder: one frame per non-empty packet, carrying the pts fed; every
+    ``refuse_every``-th packet refused (as NVDEC refuses a damaged one)."""
+    from types import SimpleNamespace as NS
+
+    class Frame:
+        def __init__(self, pts):
+            self.pts = pts
+
+        def getPTS(self):
+            return self.pts
+
+    class Dec:
+        n = 0
+
+        def Decode(self, pkt):
+            if not pkt.bsl:
+                return []
+            Dec.n += 1
+            if refuse_every and Dec.n % refuse_every == 0:
+                raise RuntimeError("refused")
+            return [Frame(pkt.pts)]
+
+    class PacketData:
+        bsl, bsl_data, pts, decode_flag = 0, 0, 0, 0
+
+    return NS(cudaVideoCodec=NS(H264=4), cudaVideoChromaFormat=NS(__members__={"YUV420": 1}),
+              DisplayDecodeLatencyType=NS(NATIVE=0, LOW=1, ZERO=2), VideoPacketFlag=NS(ENDOFPICTURE=1),
+              GetDecoderCaps=lambda **kw: {"supported": True}, CreateDecoder=lambda **kw: Dec(),
+              PacketData=PacketData)
+
+
+@pytest.mark.parametrize("refuse_every", [0, 10])
+def test_nvdec_feed_pass_numbers_frames_counts_refused_packets_and_times_them(bikes, monkeypatch, refuse_every):
+    """feed_pass over bikes.mp4's real packets (PyAV demuxer, Annex B filter) with a stand-in decoder: every
+    packet's frame is passed on with consecutive indices and the pts-based time; a refused packet is counted as
+    damage and skipped, the stream going on."""
+    import av
+
+    from engines.video import nvdec_feed
+    from engines.video.sources import NvdecSource
+
+    monkeypatch.setattr(nvdec_feed, "_synchronize", lambda ptr: None)
+    src = NvdecSource(str(bikes), live=False)
+    got = []
+    with av.open(str(bikes)) as c:
+        s = c.streams.video[0]
+        tb = s.time_base
+        end = nvdec_feed.feed_pass(src, _fake_nvdec(refuse_every), 0,
+                                   lambda i, pts, t, f, fed: got.append((i, pts, t)), 5, c, s)
+    refused = 250 // refuse_every if refuse_every else 0
+    assert src.damaged == refused and src.decoded == 250 - refused == len(got)
+    assert [i for i, _, _ in got] == list(range(5, 5 + len(got))) and end == 5 + len(got)
+    assert all(t == pytest.approx(float(pts * tb)) for _, pts, t in got)
+    assert src.info.width == 640 and src.info.height == 272
