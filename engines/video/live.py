@@ -34,7 +34,7 @@ NETWORK_SCHEMES = ("rtsp", "rtsps", "rtmp", "rtmps", "srt", "udp", "rtp", "tcp",
 POLICIES = ("drop-oldest", "block")
 TRANSPORTS = ("tcp", "udp")
 # seconds a read of a live source may block before trtc's watchdog checks the time since the last frame
-WATCH_SLICE = 1.0
+WATCH_SLICE = 0.5
 AVERROR_EXIT = 1414092869  # FFmpeg's "Immediate exit requested": PyAV's read timeout interrupted the read
 
 

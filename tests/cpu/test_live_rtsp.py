@@ -226,8 +226,8 @@ def test_worker_pool_passes_live_events_through_in_order(rtsp, lite0_onnx):
 
     with rtsp.start(pattern=True) as a, rtsp.start(pattern=True) as b, \
             WorkerPool(lite0_onnx[0], devices=["cpu", "cpu"]) as pool:
-        run = pool.classify([a.url, b.url], events=True, batch=4, top_k=1,
-                            live_options=LiveOptions(reconnect_attempts=0))
+        run = pool.classify([a.url, b.url], events=True, batch=4, top_k=1,  # no lag bound: connection events only
+                            live_options=LiveOptions(reconnect_attempts=0, max_lag=None))
         items, t0 = [], time.monotonic()
         for item in run:
             items.append(item)
@@ -348,7 +348,8 @@ def test_a_camera_that_answers_but_sends_no_video_is_lost_once_then_given_up(rts
     last = frames[-1][0]
     (t_lost, lost), (t_gave, gave) = events
     assert 3 - 1 <= t_lost - last <= 3 + 1 and "no frame for 3 s" in lost.reason
-    assert 8 - 1 <= t_gave - last <= 8 + 1 and gave.outage_s == pytest.approx(t_gave - last, abs=1)
+    assert 8 - 1 <= gave.outage_s <= 8 + 1  # the time without frames, as the source measured it
+    assert gave.outage_s == pytest.approx(t_gave - last, abs=1)  # and as the results show it
     assert not run.ok and "--reconnect-for" in str(run.problems[0].reason) + str(run.problems)
 
 
@@ -382,8 +383,9 @@ def test_a_stall_on_an_open_connection_is_lost_at_the_read_timeout_and_comes_bac
     last = max(t for t, _ in frames if t < t_lost)
     assert 2 - 1 <= t_lost - last <= 2 + 1 and "no frame for 2 s" in lost.reason
     first_after = min(t for t, _ in frames if t > t_lost)
-    # the time without frames (the socket buffers still deliver a little of the stream after the stall begins)
-    assert back.outage_s == pytest.approx(first_after - last, abs=1) and 2 < back.outage_s < 7
+    # the time without frames (the socket buffers still deliver a little of the stream after the stall begins; the
+    # back-off between attempts may add up to its next step, 2 s here, after the stall ends)
+    assert back.outage_s == pytest.approx(first_after - last, abs=1) and 2 < back.outage_s < 6 + 2 + 2
     assert len(frames) >= 60
 
 
