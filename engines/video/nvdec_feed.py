@@ -6,7 +6,9 @@ each compressed packet goes to PyNvVideoCodec's core decoder as a ``PacketData``
 NVDEC's parser reads H.264/HEVC as an Annex B byte stream, so those packets pass FFmpeg's ``*_mp4toannexb``
 bitstream filter first (a no-op for streams that are Annex B already, as RTSP's are; for MP4-style streams it
 writes start codes and puts the parameter sets before key frames). A packet the decoder refuses is skipped and
-counted; the stream goes on. A live source reconnects as on the CPU path (:class:`~engines.video.live.LiveSource`).
+counted, and so is a packet the demuxer flags as corrupt (NVDEC conceals damage in what it decodes and
+PyNvVideoCodec 2.2.4 hands no decode status to Python: this is the damage the GPU path can see); the stream goes
+on. A live source reconnects as on the CPU path (:class:`~engines.video.live.LiveSource`).
 """
 
 from __future__ import annotations
@@ -183,6 +185,8 @@ def feed_pass(src, nvc, stream_ptr: int, on_frame, index: int, container, stream
                 raise _Lost() from exc
             if packet is not None and packet.size == 0:
                 continue
+            if packet is not None and packet.is_corrupt:  # the demuxer saw the container damaged (e.g. MPEG-TS
+                src.damaged += 1  # continuity errors): NVDEC would conceal it without a word
             # None: end of stream, flush the frames the decoder still holds
             chunks = [(None, None)] if packet is None else annexb.convert(packet)
             for data, pts in chunks:

@@ -454,3 +454,32 @@ def test_nvdec_feed_pass_numbers_frames_counts_refused_packets_and_times_them(bi
     assert [i for i, _, _ in got] == list(range(5, 5 + len(got))) and end == 5 + len(got)
     assert all(t == pytest.approx(float(pts * tb)) for _, pts, t in got)
     assert src.info.width == 640 and src.info.height == 272
+
+
+def test_nvdec_feed_counts_packets_the_demuxer_flags_as_corrupt(bikes, monkeypatch, tmp_path):
+    """bikes.mp4 remuxed to MPEG-TS with 4 KB zeroed: PyAV's demuxer flags the damaged packet, and the GPU feed
+    counts it as damage although the (stand-in) decoder takes every packet, as NVDEC conceals."""
+    import av
+
+    from engines.video import nvdec_feed
+    from engines.video.sources import NvdecSource
+
+    ts = tmp_path / "b.ts"
+    with av.open(str(bikes)) as i, av.open(str(ts), "w", format="mpegts") as o:
+        st = i.streams.video[0]
+        t = o.add_stream_from_template(st)
+        for p in i.demux(st):
+            if p.dts is not None:
+                p.stream = t
+                o.mux(p)
+    data = bytearray(ts.read_bytes())
+    at = len(data) // 2 // 188 * 188 + 4  # inside a transport packet's payload, mid-file
+    data[at:at + 4096] = bytes(4096)
+    bad = tmp_path / "zeroed.ts"
+    bad.write_bytes(bytes(data))
+    monkeypatch.setattr(nvdec_feed, "_synchronize", lambda ptr: None)
+    for path, damaged in ((ts, 0), (bad, 1)):
+        src = NvdecSource(str(path), live=False)
+        with av.open(str(path)) as c:
+            nvdec_feed.feed_pass(src, _fake_nvdec(), 0, lambda *a: None, 0, c, c.streams.video[0])
+        assert (src.damaged > 0) == bool(damaged), (path.name, src.damaged)
