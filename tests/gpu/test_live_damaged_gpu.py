@@ -326,3 +326,41 @@ def test_gpu_live_camera_returning_at_another_resolution_is_replanned(bikes, tmp
     assert {(shape, w, h) for _, shape, w, h in before} == {((408, 640), 640, 272)}
     assert {(shape, w, h) for _, shape, w, h in after} == {((540, 640), 640, 360)}
     assert [i for i, *_ in seen] == list(range(len(seen))) and len(seen) == 90
+
+
+def test_nvdec_tells_concealed_pictures_only_by_printing(bikes, tmp_path, capfd):
+    """What the GPU path's damage report rests on (PyNvVideoCodec 2.2.4): on a clip with flipped bytes the core
+    decoder prints "Decode Error occurred for picture N" on file descriptor 1 for the pictures it concealed, and
+    hands Python no per-frame status (no DecodedFrame member says so). If this fails, PyNvVideoCodec now reports
+    damage some other way: count it in engines/video/nvdec_feed.py and the packet loop instead."""
+    import ctypes
+
+    import cupy as cp
+    import PyNvVideoCodec as nvc
+
+    ts = _remux_ts(bikes, tmp_path / "bikes.ts")
+    bad = tmp_path / "bad.ts"
+    bad.write_bytes(_damage(ts.read_bytes(), "flip", random.Random(5)))
+    stream = cp.cuda.Stream(non_blocking=True)
+    dmx = nvc.CreateDemuxer(filename=str(bad))
+    dec = nvc.CreateDecoder(gpuid=0, codec=dmx.GetNvCodecId(), cudacontext=0, cudastream=stream.ptr,
+                            usedevicememory=True)
+    members, frames, refused = set(), 0, 0
+    for packet in dmx:
+        try:
+            got = dec.Decode(packet)
+        except Exception:  # noqa: BLE001 - a refused packet
+            refused += 1
+            continue
+        for i in range(len(got)):
+            members |= {m for m in dir(got[i]) if not m.startswith("_")}
+            frames += 1
+        del got
+    stream.synchronize()
+    ctypes.CDLL(None).fflush(None)  # C stdio's buffer of fd 1
+    out = capfd.readouterr().out
+    statusy = {m for m in members if any(w in m.lower() for w in ("status", "error", "corrupt", "conceal"))}
+    print(f"\nNVDEC on a flipped TS: {frames} frames, {refused} refused packets, "
+          f"{out.count('Decode Error')} 'Decode Error' prints; DecodedFrame members: {sorted(members)}")
+    assert frames >= 200 and out.count("Decode Error") > 0
+    assert not statusy, statusy
