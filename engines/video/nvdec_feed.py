@@ -149,7 +149,8 @@ class _Feed:
             if lv is not None:
                 src._frame_arrived(lv)
                 received = time.time()
-                if not src._keep(received - self.lags.captured(t, received)):  # decoded, not preprocessed
+                src.captured = self.lags.captured(t, received)  # read by on_frame for the lag of the result
+                if not src._keep(received - src.captured):  # decoded, not preprocessed
                     del frame
                     index += 1
                     continue

@@ -377,6 +377,7 @@ class NvdecSource(LiveSource):
         self.missing = 0  # live: frames the stream's timestamps say never arrived
         self.damaged = 0  # packets NVDEC refused (skipped)
         self.lagged = 0  # live: frames decoded but skipped because they were past --max-lag
+        self.captured: float | None = None  # live: the capture time (Unix s) of the frame last passed on
         self.stop: threading.Event | None = None
         self.on_event = None  # callable(SourceEvent), set by the pipeline
 

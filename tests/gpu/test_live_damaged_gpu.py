@@ -290,6 +290,8 @@ def test_gpu_live_camera_answering_without_video_is_lost_once_then_given_up(bike
     (t_lost, lost), (t_gave, gave) = events
     assert 2 <= t_lost - last <= 4 and "no frame for 3 s" in lost.reason
     assert 7 <= t_gave - last <= 9 and run.stats.decoder == "nvdec"
+    lag = run.stats.to_dict()["lag_s"][proxy.url]  # capture -> result, measured on the GPU path too
+    assert lag["frames"] == len(frames) and 0 <= lag["p50"] <= lag["p99"] <= lag["max"] < 2 + 1
 
 
 def test_gpu_live_camera_returning_at_another_resolution_is_replanned(bikes, tmp_path):
