@@ -97,7 +97,7 @@ class RunStats:
     missing: dict = field(default_factory=dict)  # live sources: frames the stream's timestamps say never arrived
     damaged: dict = field(default_factory=dict)  # frames or packets the decoder could not read (not classified)
     lagged: dict = field(default_factory=dict)  # live sources: frames skipped because they were past --max-lag
-    lag: dict = field(default_factory=dict)  # live sources: LagStats of capture -> result (CPU path)
+    lag: dict = field(default_factory=dict)  # live sources: LagStats of capture -> result
 
     def for_pool(self) -> dict:
         """What a worker process or Ray actor sends back at the end of a job: :meth:`to_dict` with the batch sizes,
