@@ -81,6 +81,13 @@ class SourceProblem:
         return f"{self.reason} (after {self.frames} frames)"
 
 
+class LagFigures(dict):
+    """A worker's lag figures for one source (p50, p99, max, frames), kept as they came."""
+
+    def to_dict(self) -> dict:
+        return dict(self)
+
+
 @dataclass
 class RunStats:
     frames: int = 0
@@ -117,6 +124,9 @@ class RunStats:
             for k, v in (other.get(field_name) or {}).items():
                 k = names.get(k, k)
                 mine[k] = mine.get(k, 0) + v
+        for k, v in (other.get("lag_s") or {}).items():  # a source runs in one worker at a time: its figures whole
+            if v:
+                self.lag[names.get(k, k)] = LagFigures(v)
 
     def add_source(self, src, dropped: int = 0) -> None:
         """Add what a source's decoder counted (decoded, and the live/damage counts ``missing`` and ``damaged``) and

@@ -483,3 +483,17 @@ def test_nvdec_feed_counts_packets_the_demuxer_flags_as_corrupt(bikes, monkeypat
         with av.open(str(path)) as c:
             nvdec_feed.feed_pass(src, _fake_nvdec(), 0, lambda *a: None, 0, c, c.streams.video[0])
         assert (src.damaged > 0) == bool(damaged), (path.name, src.damaged)
+
+
+def test_a_workers_lag_figures_reach_the_pool_stats():
+    from engines.video.live import LagStats
+    from engines.video.pipeline import RunStats
+
+    worker = RunStats()
+    worker.lag["/w/cam"] = LagStats()
+    for x in (0.1, 0.2, 0.3):
+        worker.lag["/w/cam"].add(x)
+    pool = RunStats()
+    pool.merge_from(worker.for_pool(), names={"/w/cam": "cam"})
+    lag = pool.to_dict()["lag_s"]
+    assert lag == {"cam": worker.lag["/w/cam"].to_dict()} and lag["cam"]["frames"] == 3
