@@ -746,7 +746,7 @@ def bench(state: State, models, batches, device, warmup, iterations, duration, v
               "waiting frame (counted; bounded latency), or block (keep every frame; for recording).")
 @click.option("--max-lag", type=FiniteFloat(0), default=2.0, show_default=True, metavar="SECONDS",
               help="Live sources: frames captured longer ago than this are decoded but skipped until the source is "
-              "back under half of it (lagging / caught_up events; 0: no bound).")
+              "back under half of it (lagging / caught_up events; 0: no bound; not with --on-lag block).")
 @click.option("--rtsp-transport", type=click.Choice(["tcp", "udp"], case_sensitive=False), default="tcp",
               show_default=True, help="RTSP's transport: tcp (in the RTSP connection; no loss) or udp.")
 @click.option("--open-timeout", type=FiniteFloat(0, above=True), default=10.0, show_default=True, metavar="SECONDS",

@@ -426,9 +426,10 @@ class LiveSource:
     def _keep(self, lag: float) -> bool:
         """Whether a decoded frame ``lag`` s after its capture is passed on; decided before any preprocessing. Past
         ``options.max_lag`` frames are skipped (counted in ``lagged``) until the lag is back under half the bound:
-        one ``lagging`` event when skipping starts, one ``caught_up`` (with the frames skipped) when it ends."""
+        one ``lagging`` event when skipping starts, one ``caught_up`` (with the frames skipped) when it ends.
+        Under the ``block`` policy every frame is kept."""
         bound = self.options.max_lag
-        if bound is None:
+        if bound is None or self.options.policy == "block":  # block keeps every frame (a recording)
             return True
         skipping = getattr(self, "_skipping", None)
         if skipping is None:

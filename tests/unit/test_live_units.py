@@ -354,6 +354,8 @@ def test_frames_past_max_lag_are_skipped_with_one_lagging_and_one_caught_up_even
     assert src.lagged == 4 and src.events[0].extra["lag_s"] == 2.5
     src.options = LiveOptions(max_lag=None)
     assert src._keep(100.0)
+    src.options = LiveOptions(policy="block")  # a recording keeps every frame
+    assert src._keep(100.0) and src.lagged == 4
 
 
 def test_ray_reruns_a_live_source_as_a_new_connection_with_frame_numbers_going_on():
