@@ -153,6 +153,7 @@ def test_silent_server_times_out_and_never_hangs(rtsp, lite0_onnx, tmp_path):
     assert time.monotonic() - t0 < 30
     (problem,) = json.loads((tmp_path / "s.json").read_text())["problems"]
     assert "no answer to the connection within 1 s" in problem["reason"] and "gave up after" in problem["reason"]
+    assert "--reconnect-attempts (now 1)" in problem["reason"]  # the fix names the option that ended it
     assert [json.loads(line)["event"] for line in stdout.splitlines()] == ["connect_failed", "gave_up"]
     assert stderr.count("cannot connect (retrying quietly)") == 1, stderr  # a warning at once, then quiet
 
