@@ -429,6 +429,28 @@ def test_a_backlog_past_max_lag_is_skipped_before_preprocessing_and_reported(rts
     assert lag["frames"] == classified and lag["max"] < 1.0 + 1.0  # the bound plus a batch's wait and inference
 
 
+def test_bandwidth_below_the_bitrate_is_lag_reported_and_bounded(rtsp, engine):
+    """The link carries 15 KB/s for 8 s (tests/faultproxy.py's throttle, well below the pattern's bitrate): the
+    frames arrive later and later, the lag passes --max-lag 1: one lagging event, frames skipped, then caught_up
+    once the backlog drains; no disconnection; the results' lag max stays under the bound + 1 s."""
+    from engines.video import LiveOptions, classify
+    from tests.faultproxy import Fault, FaultProxy
+
+    with rtsp.start(pattern=True) as srv, \
+            FaultProxy(("127.0.0.1", srv.port), [Fault("throttle", 4, 8, rate=15_000)], lifetime=60) as proxy:
+        run = classify([proxy.url()], engine, batch=4, top_k=1, events=True,
+                       live_options=LiveOptions(read_timeout=10, max_lag=1.0, reconnect_attempts=0))
+        events, frames = _events_and_frames(
+            run, lambda ev, fr: any(e.event == "caught_up" for _, e in ev) and len(fr) >= 200, 60)
+    kinds = [e.event for _, e in events]
+    assert kinds == ["lagging", "caught_up"], kinds
+    s = run.stats
+    lag = s.to_dict()["lag_s"][proxy.url()]
+    print(f"throttled: {s.lagged[proxy.url()]} skipped; lag of results {lag}")
+    assert s.lagged[proxy.url()] == events[1][1].extra["skipped"] > 0
+    assert lag["max"] < 1.0 + 1.0
+
+
 def test_resume_refuses_live_sources(lite0_onnx, tmp_path):
     from click.testing import CliRunner
 
