@@ -231,3 +231,13 @@ def test_mute_and_corrupt_need_rtsp_framing(echo):
         FaultProxy(echo, [Fault("mute", 0, 1)], rtsp=False)
     with pytest.raises(ValueError):
         Fault("drop", 0)
+
+
+def test_add_starts_a_fault_now(echo):
+    with FaultProxy(echo, rtsp=False, lifetime=10) as p:
+        with _client(p) as s:
+            time.sleep(0.3)
+            p.add("cut")
+            time.sleep(0.2)
+            assert _closed(s)
+        assert p.report()[0]["kind"] == "cut" and p.report()[0]["connections"] == 1
