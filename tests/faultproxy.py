@@ -73,7 +73,7 @@ class Injected:
     ended: float | None = None
     connections: int = 0  # cut, refused, or switched
     frames: int = 0  # RTP frames dropped (mute) or corrupted (corrupt)
-    bytes: int = 0  # bytes held back by throttle
+    bytes: int = 0  # bytes passed under throttle
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -163,16 +163,28 @@ class FaultProxy:
             return [i for i in self._active if self.faults[i].kind == kind
                     and (self.faults[i].conn is None or conn is None or self.faults[i].conn == conn.index)]
 
+    def add(self, kind: str, duration: float = 0.0, **kw) -> Fault:
+        """Schedule a fault starting now (for a test that waits for its client to be streaming first)."""
+        f = Fault(kind, self.elapsed(), duration, **kw)
+        with self._lock:
+            self.faults.append(f)
+            self.log.append(Injected(f.kind, f.conn))
+        return f
+
     def _schedule_loop(self) -> None:
-        pending = list(range(len(self.faults)))
+        done: set[int] = set()
         while not self._stop.is_set():
             t = self.elapsed()
             if t >= self.lifetime:
                 threading.Thread(target=self.stop, daemon=True).start()
                 return
-            for i in list(pending):
+            with self._lock:
+                count = len(self.faults)
+            for i in range(count):
                 f = self.faults[i]
-                if t >= f.start and i not in self._active and self.log[i].started is None:
+                if i in done:
+                    continue
+                if t >= f.start and self.log[i].started is None:
                     with self._lock:
                         self.log[i].started = time.time()
                         self._active.add(i)
@@ -187,7 +199,7 @@ class FaultProxy:
                     with self._lock:
                         self._active.discard(i)
                         self.log[i].ended = time.time()
-                    pending.remove(i)
+                    done.add(i)
             self._stop.wait(0.02)
 
     # ----------------------------------------------------------------------------------------------- plumbing

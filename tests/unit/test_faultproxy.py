@@ -177,7 +177,7 @@ def test_mute_drops_rtp_frames_and_passes_rtsp_text_and_rtcp(echo):
 def test_corrupt_flips_payload_bytes_but_keeps_framing_and_header(echo):
     payload = bytes(range(200))
     pkt = _frame(0, RTP + payload)
-    with FaultProxy(echo, [Fault("corrupt", 0.0, 30, rate=1.0, flips=4)], lifetime=10) as p:
+    with FaultProxy(echo, [Fault("corrupt", 0.0, 30, rate=1.0, flips=50)], lifetime=10) as p:
         with _client(p) as s:
             s.sendall(pkt * 3)
             got = _recv(s, len(pkt) * 3)
@@ -185,7 +185,7 @@ def test_corrupt_flips_payload_bytes_but_keeps_framing_and_header(echo):
     assert len(units) == 3 and rest == b""
     for u in units:
         assert u[:4] == pkt[:4] and u[4:16] == RTP  # framing and RTP header untouched
-        assert u[16:] != payload and sum(a != b for a, b in zip(u[16:], payload)) <= 4
+        assert u[16:] != payload and sum(a != b for a, b in zip(u[16:], payload)) <= 50
     assert p.report()[0]["frames"] == 3
 
 
@@ -231,3 +231,13 @@ def test_mute_and_corrupt_need_rtsp_framing(echo):
         FaultProxy(echo, [Fault("mute", 0, 1)], rtsp=False)
     with pytest.raises(ValueError):
         Fault("drop", 0)
+
+
+def test_add_starts_a_fault_now(echo):
+    with FaultProxy(echo, rtsp=False, lifetime=10) as p:
+        with _client(p) as s:
+            time.sleep(0.3)
+            p.add("cut")
+            time.sleep(0.2)
+            assert _closed(s)
+        assert p.report()[0]["kind"] == "cut" and p.report()[0]["connections"] == 1
