@@ -363,8 +363,11 @@ class _Lines:
                 self.outages[item.source] = self.outages.get(item.source, 0) + 1
         self.sink.write(line.encode() if self.tmp is not None else line)  # one whole line per call
         self.written += 1
-        if not frame:  # a live source's event: a line of its own among the predictions
-            self.events += 1
+        if not frame:  # a live source's event: a line of its own among the predictions, on disk at once (an
+            self.events += 1  # outage has no predictions after it to flush it out)
+            self.sink.flush()
+            if self.tmp is not None:
+                os.fsync(self.sink.fileno())
             return False
         self.last[item.source] = item.frame
         if item.latency_ms is not None:
