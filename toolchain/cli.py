@@ -776,16 +776,20 @@ def bench(state: State, models, batches, device, warmup, iterations, duration, v
 @click.option("--on-lag", type=click.Choice(["drop-oldest", "block"], case_sensitive=False), default="drop-oldest",
               show_default=True, help="Live sources, when inference is slower than the camera: drop the oldest "
               "waiting frame (counted; bounded latency), or block (keep every frame; for recording).")
+@click.option("--max-lag", type=FiniteFloat(0), default=2.0, show_default=True, metavar="SECONDS",
+              help="Live sources: frames captured longer ago than this are decoded but skipped until the source is "
+              "back under half of it (lagging / caught_up events; 0: no bound; not with --on-lag block).")
 @click.option("--rtsp-transport", type=click.Choice(["tcp", "udp"], case_sensitive=False), default="tcp",
               show_default=True, help="RTSP's transport: tcp (in the RTSP connection; no loss) or udp.")
 @click.option("--open-timeout", type=FiniteFloat(0, above=True), default=10.0, show_default=True, metavar="SECONDS",
-              help="Network sources: how long connecting may take.")
+              help="Network sources: how long a connection may take to give its first frame.")
 @click.option("--read-timeout", type=FiniteFloat(0, above=True), default=10.0, show_default=True, metavar="SECONDS",
-              help="Network sources: how long a connected stream may stay silent before it counts as lost.")
+              help="Network sources: how long a connected stream may go without a frame before it counts as lost.")
 @click.pass_obj
 def run(state: State, sources, model, engine, device, batch, top_k, stride, output, decoder, colorspace, scores,
         max_wait_ms, loop, realtime, with_latency, decode_latency, summary_path, force, resume, ray_address, ray_actors,
-        ray_streams, live, reconnect_for, reconnect_attempts, on_lag, rtsp_transport, open_timeout, read_timeout):
+        ray_streams, live, reconnect_for, reconnect_attempts, on_lag, max_lag, rtsp_transport, open_timeout,
+        read_timeout):
     """Classify the frames of video SOURCES (files, or URLs such as rtsp://) and print one JSON line per frame:
     source, frame index, pts, time in seconds, and the top-k labels with scores.
 
@@ -793,9 +797,11 @@ def run(state: State, sources, model, engine, device, batch, top_k, stride, outp
     the others go on, every result is kept, and the exit code is 1 at the end. Ctrl-C (exit 130) and SIGTERM
     (exit 143) keep every complete line of -o and say how far each source got; --resume goes on from there.
 
-    Live sources (rtsp:// and other URLs, or --live) reconnect with back-off, write event lines
-    ({"event": "disconnected", ...}) among the predictions, and count the frames dropped when inference lags; a
-    live source that is given up on is a failure (exit 1).
+    Live sources (rtsp:// and other URLs, or --live) are alive while frames arrive: they reconnect with back-off,
+    write event lines ({"event": "disconnected", ...}; connect_failed at once for a camera that cannot be reached)
+    among the predictions, and count the frames dropped when inference lags; a live source that is given up on is
+    a failure (exit 1). A stop signal's exit code (130, 143) wins over lost cameras, which the summary still lists
+    as problems.
 
     \b
     Examples:
@@ -831,7 +837,7 @@ def run(state: State, sources, model, engine, device, batch, top_k, stride, outp
 
     live_options = LiveOptions(transport=rtsp_transport.lower(), open_timeout=open_timeout, read_timeout=read_timeout,
                                reconnect_for=reconnect_for, reconnect_attempts=reconnect_attempts,
-                               policy=on_lag.lower()).check()
+                               policy=on_lag.lower(), max_lag=max_lag or None).check()
     summary = run_video(list(sources), model, device=device, batch=batch, top_k=top_k, stride=stride,
                         output=output, decoder=decoder, colorspace=None if colorspace == "auto" else colorspace,
                         scores=scores, max_wait_ms=max_wait_ms, loop=loop, realtime=realtime,

@@ -51,6 +51,11 @@ class RunSummary:
     dropped: dict = field(default_factory=dict)  # live sources: frames dropped because inference lagged
     missing: dict = field(default_factory=dict)  # live sources: frames their timestamps say never arrived
     damaged: dict = field(default_factory=dict)  # packets or frames the decoder could not read
+    lagged: dict = field(default_factory=dict)  # live sources: frames skipped for being past --max-lag
+    lag_s: dict = field(default_factory=dict)  # live sources: capture -> result, seconds: p50, p99, max, frames
+    # each source: received (decoded), classified, dropped by reason (queue: inference lagged; lag: past --max-lag),
+    # missing, damaged, lag_s, outages (disconnected events) and status ("ok", "interrupted" or its problem)
+    by_source: dict = field(default_factory=dict)
     events: int = 0  # live sources' event records (disconnected, reconnected, gave_up) written with the lines
     signal: str | None = None  # "SIGTERM" when a stop signal (not Ctrl-C) ended the run
     live: list = field(default_factory=list)  # the sources read as live (they cannot be resumed)
@@ -277,6 +282,7 @@ def _run_video(sources, model, out_path, live_sources, started_at, *, device, ba
             atomic_write_text(done_file(lines.out_path), "".join(f"{s}\n" for s in whole))
         summary = _summary(model, device, sources, run, lines, prior, interrupted, ray_info, live_sources)
         summary.timing = _timing(started_at, ready_at, lines)
+        summary.by_source = _by_source(summary, lines.outages, dict(getattr(run.stats, "decoded", {}) or {}))
         return summary
     finally:
         closer()
@@ -397,6 +403,8 @@ class _Lines:
         self.kept_lines = 0  # after a failed write: the complete lines kept
         self.left: Path | None = None  # where the complete lines stayed when they could not be moved onto -o
         self.written = self.events = 0  # lines this run wrote; of them, events
+        self.last_event: dict = {}  # live source -> its latest event
+        self.outages: dict = {}  # live source -> disconnected events written
         self.last = dict(prior.done)  # source -> last frame in the output
         self.latencies: list = []
         self.synced = 0.0
@@ -421,10 +429,18 @@ class _Lines:
         line = getattr(item, "line", None) if frame else None
         if not isinstance(line, str):
             line = json_line(item, self.with_latency)
+        if not frame:  # kept before the line goes out: a stop signal may come as soon as it is read
+            self.last_event[item.source] = item
+            if item.event == "disconnected":
+                self.outages[item.source] = self.outages.get(item.source, 0) + 1
         self._put(line)  # one whole line per call
         self.written += 1
-        if not frame:  # a live source's event: a line of its own among the predictions
-            self.events += 1
+        if not frame:  # a live source's event: a line of its own among the predictions, on disk at once (an
+            self.events += 1  # outage has no predictions after it to flush it out)
+            if self.tmp is None:
+                self.sink.flush()
+            else:
+                self._sync()
             return False
         self.last[item.source] = item.frame
         if item.latency_ms is not None:
@@ -462,13 +478,17 @@ class _Lines:
         self.first_at = self.first_at or time.time()
         self.last_at = time.time()
         if self.tmp is not None and now - self.synced > 1.0:  # complete lines on disk in the temporary file
-            try:
-                self.sink.flush()
-                os.fsync(self.sink.fileno())
-            except OSError as exc:
-                self.error = exc
-                raise _WriteFailed from exc
+            self._sync()
             self.synced = now
+
+    def _sync(self) -> None:
+        """The temporary file's complete lines on disk; a failure stops the run as a failed write does."""
+        try:
+            self.sink.flush()
+            os.fsync(self.sink.fileno())
+        except OSError as exc:
+            self.error = exc
+            raise _WriteFailed from exc
 
     def close(self) -> None:
         if self.tmp is None:
@@ -594,7 +614,8 @@ def _summary(model, device, sources, run, lines: _Lines, prior: _Prior, interrup
                       fps=stats["fps"], mean_batch=stats["mean_batch"], per_source=per_source,
                       # the frames of a source with a problem: all it gave, also those still in flight then
                       problems=[{"source": p.source, "reason": plain_reason(p.source, p.reason),
-                                 "frames": per_source.get(p.source, p.frames)} for p in run.problems],
+                                 "frames": per_source.get(p.source, p.frames)} for p in run.problems]
+                      + _lost_at_stop(lines.last_event, run.problems, per_source),
                       output=str(lines.out_path) if lines.out_path else None, latency_ms=lat,
                       interrupted=interrupted, last_frame={s: lines.last.get(s) for s in sources},
                       resumed_lines=prior.lines, ray=_ray_summary(ray_info, run, prior.complete),
@@ -603,10 +624,39 @@ def _summary(model, device, sources, run, lines: _Lines, prior: _Prior, interrup
                       dropped={s: n for s, n in (stats.get("dropped") or {}).items() if s in live_sources},
                       missing=dict(stats.get("missing") or {}),
                       damaged=dict(stats.get("damaged") or {}), events=lines.events,
+                      lagged=dict(stats.get("lagged") or {}), lag_s=dict(stats.get("lag_s") or {}),
                       signal=stop_signal() if interrupted else None, live=live_sources,
                       write_error=None if lines.error is None else {
                           "reason": lines.error.strerror or type(lines.error).__name__,
                           "lines": lines.kept_lines, "left": str(lines.left) if lines.left else None})
+
+
+def _by_source(summary: "RunSummary", outages: dict, decoded: dict) -> dict:
+    """The summary's counts, one entry per source (what ``--summary`` holds for each camera or file)."""
+    problems = {p["source"]: p["reason"] for p in summary.problems}
+    out = {}
+    for src in summary.sources:
+        status = problems.get(src) or ("interrupted" if summary.interrupted else "ok")
+        out[src] = {"received": decoded.get(src), "classified": summary.per_source.get(src, 0),
+                    "dropped": {"queue": summary.dropped.get(src, 0), "lag": summary.lagged.get(src, 0)},
+                    "missing": summary.missing.get(src, 0), "damaged": summary.damaged.get(src, 0),
+                    "lag_s": summary.lag_s.get(src, {}), "outages": outages.get(src, 0), "status": status}
+    return out
+
+
+def _lost_at_stop(last_event: dict, problems, per_source: dict) -> list[dict]:
+    """The live sources without frames when the run ended (their latest event a ``disconnected`` or a
+    ``connect_failed``, not yet given up): problems too, whatever ended the run (a stop signal included)."""
+    reported = {p.source for p in problems}
+    out = []
+    for source, ev in last_event.items():
+        if source in reported or ev.event not in ("disconnected", "connect_failed"):
+            continue
+        without = time.time() - ev.received + (ev.outage_s or 0.0)
+        what = "never connected" if ev.event == "connect_failed" else "lost"
+        out.append({"source": source, "frames": per_source.get(source, ev.frames),
+                    "reason": f"{what}: {ev.reason}; no frame for {without:.1f} s when the run ended"})
+    return out
 
 
 def _timing(started_at: float, ready_at: float, lines: _Lines) -> dict:

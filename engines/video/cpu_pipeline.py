@@ -12,12 +12,14 @@ import numpy as np
 
 from ..preprocess import preprocess_yuv
 from .hub import EVENT, Closed, FrameHub
+from .live import LagStats
 from .sources import SourceError
 
 
 def decode_stage(src, spec, stride, dtype, hub: FrameHub, stop: threading.Event, report_problem, counts,
                  skip_to: int = -1) -> None:
-    """One source: decode with PyAV, preprocess on the host, hand over (name, index, pts, t, x, received, at).
+    """One source: decode with PyAV, preprocess on the host, hand over (name, index, pts, t, x, received, at,
+    captured); ``captured``: a live source's capture time (Unix s, :class:`~engines.video.live.LagClock`), else None.
     Its own thread. Frames up to ``skip_to`` (a resumed run's last classified frame) are decoded, not classified."""
     src.stop = stop
     src.on_event = hub.event
@@ -29,8 +31,9 @@ def decode_stage(src, spec, stride, dtype, hub: FrameHub, stop: threading.Event,
             if index % stride or index <= skip_to:
                 continue
             at = time.monotonic()
+            captured = getattr(src, "captured", None) if src.live else None
             hub.put(src.name, (src.name, index, pts, t, preprocess_yuv(planes, spec, src.info.colorspace, dtype),
-                               received, at))
+                               received, at, captured))
     except Closed:
         hub.dropped[src.name] += 1
         return
@@ -147,9 +150,16 @@ def _run(chunk, engine, topk, stats, counts, start, make_prediction, pending: li
     stats.batches += 1
     stats.batch_sizes.append(len(chunk))
     rows = list(zip(chunk, idx.tolist(), sc.tolist(), strict=True))
-    for n, ((name, index, pts, t, _, received, at), i_row, s_row) in enumerate(rows):
+    for n, (item, i_row, s_row) in enumerate(rows):
+        name, index, pts, t, _, received, at = item[:7]
+        captured = item[7] if len(item) > 7 else None  # pushed frames (push.py) carry none
         counts[name] += 1
         stats.frames += 1
+        if captured is not None:  # a live source: capture -> result
+            lag = stats.lag.get(name)
+            if lag is None:
+                lag = stats.lag[name] = LagStats()
+            lag.add(now - captured)
         try:
             yield make_prediction(name, index, pts, t, i_row, s_row, (now - received) * 1000.0, None, received)
         except GeneratorExit:  # the caller has prediction n and left: the rest were not delivered

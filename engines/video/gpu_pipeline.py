@@ -42,6 +42,7 @@ from ..preprocess import MAX_FRAMES_PER_LAUNCH, GpuPreprocessor
 from ..topk import unpack
 from .assembler import InputBuffer, SlotAssembler, Stopped
 from .decoders import DECODERS
+from .live import LagStats
 from .sources import BatchUnavailable, SourceError, surface_format
 
 log = logging.getLogger("trtc")
@@ -227,6 +228,8 @@ class GpuBatches:
                 name, index, pts, t, fed_at, out_at, received = m[:7]  # pushed frames add the frame's owner
                 self.counts[name] = self.counts.get(name, 0) + 1
                 self.stats.frames += 1
+                if len(m) > 8 and m[8] is not None:  # a live frame: capture -> result
+                    self._lag(name, m[8])
                 latency = decode = None
                 if fed_at is not None:
                     latency = (now - fed_at) * 1000.0
@@ -235,6 +238,12 @@ class GpuBatches:
             self.stats.seconds = time.perf_counter() - start
         if errors:
             raise errors[0]
+
+    def _lag(self, name: str, captured: float) -> None:
+        lag = self.stats.lag.get(name)
+        if lag is None:
+            lag = self.stats.lag[name] = LagStats()
+        lag.add(time.time() - captured)
 
     def _warm_up(self, slots: list, stream) -> None:
         """Run the batch once before the clock starts, unless the engine's last pipeline ran this batch size too.
@@ -494,5 +503,8 @@ class _SourceWriter:
         if index % self.pipe.stride or index <= self.skip_to:
             return True
         plan, surface = self.plan_of(frame)
-        self.write([surface.data.ptr], [(self.src.name, index, pts, t, fed_at, out_at, time.time())], plan)
+        meta = (self.src.name, index, pts, t, fed_at, out_at, time.time())
+        if self.src.live:  # its capture time (a pushed frame's meta has its owner at 7)
+            meta += (None, getattr(self.src, "captured", None))
+        self.write([surface.data.ptr], [meta], plan)
         return True  # surface and frame references die here, before the next Decode

@@ -3,10 +3,15 @@
 A source is live when it is a network URL (rtsp://, rtmp://, srt://, udp://, http(s)://, ...) or when the caller
 says so (``classify(..., live=True)``, ``trtc run --live``). A live source differs from a file in four ways:
 
-- **It reconnects.** A connection that fails or ends is retried with exponential back-off (``backoff_first`` s,
-  doubling, at most ``backoff_max`` s) until ``reconnect_for`` seconds have passed without a frame (or
-  ``reconnect_attempts`` attempts were made); each outage and recovery is a :class:`SourceEvent`. A live source
-  that is given up on is a failure of that source, never a normal end.
+- **It is alive while frames arrive** (:class:`Liveness`). A connection counts once a decoded frame comes from it;
+  a connection that gives no frame within ``open_timeout`` s of its attempt, or no further frame within
+  ``read_timeout`` s of the last one, is lost, by trtc's own watchdog (:func:`watched_packets`) whatever the
+  demuxer does. A lost connection is retried with exponential back-off (``backoff_first`` s, doubling, at most
+  ``backoff_max`` s) until ``reconnect_for`` seconds have passed since the last frame (or ``reconnect_attempts``
+  attempts were made). Each outage is one ``disconnected`` event, ended by ``reconnected`` at the first frame of a
+  new connection (``outage_s``: the time without frames) or by ``gave_up``; a source that never gave a frame says
+  so at its first failure (``connect_failed``) and then retries quietly. A live source that is given up on is a
+  failure of that source, never a normal end.
 - **Its reading never waits on inference.** Frames are received and decoded in the source's own thread and handed
   over through a small per-source queue; when inference lags, the policy says what happens: ``drop-oldest``
   (default: the oldest waiting frame of that source is dropped, and counted) or ``block`` (nothing is dropped; the
@@ -23,10 +28,14 @@ import time
 from dataclasses import dataclass, field
 
 from ..errors import first_line
+from .source_base import SourceError
 
 NETWORK_SCHEMES = ("rtsp", "rtsps", "rtmp", "rtmps", "srt", "udp", "rtp", "tcp", "http", "https", "hls", "mms")
 POLICIES = ("drop-oldest", "block")
 TRANSPORTS = ("tcp", "udp")
+# seconds a read of a live source may block before trtc's watchdog checks the time since the last frame
+WATCH_SLICE = 0.5
+AVERROR_EXIT = 1414092869  # FFmpeg's "Immediate exit requested": PyAV's read timeout interrupted the read
 
 
 def scheme(name: str) -> str | None:
@@ -53,6 +62,7 @@ class LiveOptions:
     backoff_max: float = 10.0
     policy: str = "drop-oldest"  # or "block"
     queue_frames: int | None = None  # frames a live source may have waiting (default: one batch, at least 2)
+    max_lag: float | None = 2.0  # a frame captured longer ago than this is decoded but skipped (None: no bound)
 
     def check(self) -> "LiveOptions":
         from ..errors import UsageProblem
@@ -70,9 +80,17 @@ class LiveOptions:
             raise UsageProblem(f"reconnect-for must be 0 or more seconds, got {self.reconnect_for!r}")
         if self.reconnect_attempts is not None and self.reconnect_attempts < 0:
             raise UsageProblem(f"reconnect-attempts must be 0 or more, got {self.reconnect_attempts}")
+        if self.max_lag is not None and not (math.isfinite(self.max_lag) and self.max_lag > 0):
+            raise UsageProblem(f"max-lag must be a positive number of seconds, got {self.max_lag!r}")
         if self.queue_frames is not None and self.queue_frames < 1:
             raise UsageProblem(f"the live queue must hold at least one frame, got {self.queue_frames}")
         return self
+
+    @property
+    def watch_slice(self) -> float:
+        """PyAV's read timeout for a watched live source: the longest a read blocks before the watchdog looks at the
+        time since the last frame again (so a timeout fires at most this late)."""
+        return min(WATCH_SLICE, self.read_timeout, self.open_timeout)
 
     def av_options(self, name: str) -> dict:
         """FFmpeg options for opening ``name`` with PyAV."""
@@ -84,8 +102,10 @@ class LiveOptions:
 
 @dataclass
 class SourceEvent:
-    """Something that happened to a live source: ``disconnected`` (with the reason), ``reconnected`` (after
-    ``outage_s`` and ``attempts``), ``gave_up``; written as a JSON line beside the predictions."""
+    """Something that happened to a live source: ``connect_failed`` (its first attempt failed, with the reason),
+    ``disconnected`` (frames stopped, with the reason and ``outage_s`` so far), ``reconnected`` (the first frame of
+    a new connection, after ``outage_s`` without frames and ``attempts``), ``gave_up``; written as a JSON line
+    beside the predictions."""
 
     source: str
     event: str
@@ -116,37 +136,90 @@ class SourceEvent:
 
     def line(self) -> str:
         """The stderr line for this event."""
+        if self.event == "connect_failed":
+            return f"{self.source}: cannot connect (retrying quietly): {self.reason}"
         if self.event == "disconnected":
             return f"{self.source}: connection lost after {self.frames} frames: {self.reason}"
         if self.event == "reconnected":
             return f"{self.source}: reconnected after {self.outage_s:.1f} s ({self.attempts} attempt(s))"
+        if self.event == "lagging":
+            return f"{self.source}: {self.extra['lag_s']:.1f} s behind live (bound {self.extra['max_lag_s']:g} s): " \
+                   "skipping frames until caught up"
+        if self.event == "caught_up":
+            return f"{self.source}: caught up ({self.extra['lag_s']:.1f} s behind) after skipping " \
+                   f"{self.extra['skipped']} frame(s)"
         if self.event == "gave_up":
             return f"{self.source}: gave up reconnecting after {self.outage_s:.1f} s ({self.attempts} attempt(s))"
         return f"{self.source}: {self.event}" + (f": {self.reason}" if self.reason else "")
 
 
-class Reconnector:
-    """The back-off schedule of one live source's outages.
+class Liveness:
+    """One live source's connection, judged by its decoded frames (the one state machine of the CPU and GPU paths).
 
-    ``lost(reason)`` starts (or continues) an outage and returns the delay before the next attempt, or None when
-    the source is to be given up; ``connected()`` ends the outage. ``sleep`` waits, returning early (False) when
-    ``stop`` is set."""
+    The reader calls :meth:`opening` before each connection attempt, :meth:`frame` for each decoded frame and
+    :meth:`lost` when the attempt or the connection failed. A connection is *live* from its first frame; the outage
+    runs from the last frame (from the first attempt for a source that never gave one), so ``outage_s`` is the
+    time without frames and ``reconnect_for`` counts from the last frame. :meth:`deadline` is when the watchdog
+    declares the current connection lost: ``open_timeout`` after the attempt began until its first frame, then
+    ``read_timeout`` after the last frame, and for a source that had frames never past the moment it is to be
+    given up (a source's first connection gets its whole ``open_timeout``)."""
 
     def __init__(self, options: LiveOptions, clock=time.monotonic):
         self.o = options
         self.clock = clock
-        self.outage_start: float | None = None
-        self.attempts = 0  # attempts made in the current outage
+        self.ever = False  # a frame has come from some connection
+        self.live = False  # a frame has come from the current connection
+        self.last_frame: float | None = None
+        self.attempt_start = clock()
+        self.outage_start: float | None = self.attempt_start  # no frame yet: the outage runs from the start
+        self.attempts = 0  # reconnect attempts in the current outage
+        self.failures = 0  # failed attempts since the last frame
         self.delay = options.backoff_first
 
-    @property
-    def in_outage(self) -> bool:
-        return self.outage_start is not None
+    def opening(self) -> None:
+        """A connection attempt begins (its first frame is due within ``open_timeout``)."""
+        self.attempt_start = self.clock()
+        self.live = False
+
+    def frame(self) -> tuple[float, int] | None:
+        """A decoded frame arrived. Returns (seconds without frames, attempts) when it ends an outage of a source
+        that had frames before (a reconnection), else None."""
+        now = self.clock()
+        back = None
+        if not self.live:
+            if self.ever and self.outage_start is not None:
+                back = (now - self.outage_start, self.attempts)
+            self.live = self.ever = True
+            self.outage_start, self.attempts, self.failures, self.delay = None, 0, 0, self.o.backoff_first
+        self.last_frame = now
+        return back
+
+    def deadline(self) -> float:
+        """Monotonic time at which the current connection counts as lost without another frame."""
+        if self.live:
+            return self.last_frame + self.o.read_timeout
+        due = self.attempt_start + self.o.open_timeout
+        if self.ever and self.outage_start is not None:  # a source that had frames: not past its give-up moment
+            return min(due, self.outage_start + self.o.reconnect_for)
+        return due  # a first connection gets its whole open_timeout
+
+    def timeout_reason(self) -> tuple[str, str]:
+        """(reason, fix) for a connection the watchdog declared lost."""
+        if self.live:
+            return (f"no frame for {self.o.read_timeout:g} s",
+                    "check the camera and the network, or allow longer with --read-timeout")
+        return (f"no frame within {self.o.open_timeout:g} s of connecting",
+                "check the camera and the network, or allow longer with --open-timeout")
 
     def lost(self) -> float | None:
+        """The attempt or connection failed: the delay before the next attempt, or None to give up."""
         now = self.clock()
+        if self.live:
+            self.outage_start, self.attempts, self.delay = self.last_frame, 0, self.o.backoff_first
+        self.live = False
+        self.failures += 1
         if self.outage_start is None:
-            self.outage_start, self.attempts, self.delay = now, 0, self.o.backoff_first
+            self.outage_start = now
         elapsed = now - self.outage_start
         if self.o.reconnect_attempts is not None and self.attempts >= self.o.reconnect_attempts:
             return None
@@ -160,13 +233,11 @@ class Reconnector:
     def outage_s(self) -> float:
         return 0.0 if self.outage_start is None else self.clock() - self.outage_start
 
-    def connected(self) -> tuple[float, int] | None:
-        """Ends an outage: (its length in s, attempts), or None when there was none."""
-        if self.outage_start is None:
-            return None
-        out = (self.clock() - self.outage_start, self.attempts)
-        self.outage_start, self.attempts = None, 0
-        return out
+    def ran_out(self) -> str:
+        """The option that ended the outage, as the user types it."""
+        if self.o.reconnect_attempts is not None and self.attempts >= self.o.reconnect_attempts:
+            return f"--reconnect-attempts (now {self.o.reconnect_attempts})"
+        return f"--reconnect-for SECONDS (now {self.o.reconnect_for:g})"
 
     @staticmethod
     def sleep(seconds: float, stop) -> bool:
@@ -176,16 +247,140 @@ class Reconnector:
         return not stop.wait(seconds)
 
 
+class LagClock:
+    """When a live stream's frames were captured, on the wall clock: the stream's own time (pts x time base)
+    anchored at the wall clock by the smallest (received - stream time) seen on this connection, so delay that
+    builds up before decoding (a stall, a link thinner than the stream, a reader that cannot keep up) shows as
+    lag, while the fixed delay of the path to the first frame does not. (RTCP sender reports' NTP times are not
+    read: PyAV does not hand them out.) :meth:`reset` at every connection: RTSP restarts timestamps."""
+
+    def __init__(self):
+        self.offset: float | None = None  # capture wall time = offset + stream time
+
+    def reset(self) -> None:
+        self.offset = None
+
+    def captured(self, t: float | None, received: float) -> float:
+        """The capture time of a frame with stream time ``t`` received at ``received`` (Unix seconds)."""
+        if t is None:
+            return received if self.offset is None else max(self.offset, received - 3600.0)
+        off = received - t
+        if self.offset is None or off < self.offset:
+            self.offset = off
+        return self.offset + t
+
+
+class LagStats:
+    """Lag of one source's results (seconds from capture to result): p50, p99 and max in fixed memory (a
+    histogram of 10 ms bins up to 120 s; larger lags fall in the last bin and still set ``max``)."""
+
+    BIN = 0.01
+    BINS = 12000
+
+    def __init__(self):
+        import numpy as np
+
+        self.counts = np.zeros(self.BINS, np.int64)
+        self.n = 0
+        self.max = 0.0
+
+    def add(self, lag: float) -> None:
+        lag = max(0.0, lag)
+        self.counts[min(int(lag / self.BIN), self.BINS - 1)] += 1
+        self.n += 1
+        self.max = max(self.max, lag)
+
+    def quantile(self, q: float) -> float:
+        """The upper edge of the bin holding quantile ``q`` (so within 10 ms above the true value, capped by max)."""
+        import numpy as np
+
+        k = int(np.searchsorted(np.cumsum(self.counts), q * self.n, side="left"))
+        return min((k + 1) * self.BIN, self.max)
+
+    def to_dict(self) -> dict:
+        if not self.n:
+            return {}
+        return {"p50": round(self.quantile(0.5), 3), "p99": round(self.quantile(0.99), 3), "max": round(self.max, 3),
+                "frames": self.n}
+
+
+class NoFrames(Exception):
+    """The watchdog's verdict: no frame by the deadline (``reason``, ``fix`` in words)."""
+
+    def __init__(self, reason: str, fix: str):
+        super().__init__(reason)
+        self.reason, self.fix = reason, fix
+
+
+def _interrupted(exc: BaseException) -> bool:
+    return getattr(exc, "errno", None) == AVERROR_EXIT or "immediate exit requested" in str(exc).lower()
+
+
+def watched_packets(container, stream, liveness: Liveness, stop=None):
+    """The packets of a live ``stream`` (opened by :func:`open_url` with its ``liveness``), under trtc's watchdog:
+    yields (packet, interrupted) until the stream ends; raises :class:`NoFrames` once ``liveness.deadline()`` has
+    passed (checked after every packet and at least every ``watch_slice`` s), so a timeout fires at its own time
+    whatever FFmpeg does with an interrupted read. A read that PyAV's short read timeout interrupted is resumed
+    with a fresh demuxer (FFmpeg's RTSP reader goes on where it was); the packet such a read may hand back is
+    flagged ``interrupted`` (it may be cut short, so its decoder's refusal is not damage to the stream). Returns
+    early when ``stop`` is set. Other demuxer errors propagate (the connection failed)."""
+    slice_s = liveness.o.watch_slice
+    while True:
+        packets = container.demux(stream)
+        try:
+            while True:
+                t0 = time.monotonic()
+                try:
+                    packet = next(packets)
+                except StopIteration:
+                    return
+                except Exception as exc:  # noqa: BLE001 - av.error.ExitError from the read timeout; others go up
+                    if not _interrupted(exc):
+                        raise
+                    packet = None
+                if stop is not None and stop.is_set():
+                    return
+                if liveness.clock() >= liveness.deadline():
+                    raise NoFrames(*liveness.timeout_reason())
+                if packet is None:
+                    break  # a fresh demuxer resumes the read
+                yield packet, time.monotonic() - t0 >= 0.9 * slice_s
+        finally:
+            packets.close()
+
+
+def open_url(av, name: str, options: LiveOptions, liveness: Liveness | None = None):
+    """A network source opened by PyAV with ``options``' RTSP transport and open/read timeouts; a failure is a
+    SourceError in words (:func:`network_error`), a silent server included.
+
+    ``liveness``: a watched live source (:func:`watched_packets`). Its reads time out after
+    ``options.watch_slice`` s, and the open ends by the attempt's deadline (:meth:`Liveness.deadline`): PyAV
+    bounds its two steps (the handshake, then reading the first packets to learn the stream) each by its open
+    timeout, so each gets half of the time left."""
+    t0 = time.monotonic()
+    if liveness is None:
+        timeout = (options.open_timeout, options.read_timeout)
+    else:
+        timeout = (max(0.05, liveness.deadline() - liveness.clock()) / 2, options.watch_slice)
+    try:
+        return av.open(name, options=options.av_options(name), timeout=timeout)
+    except Exception as exc:  # noqa: BLE001 - av.error.*, OSError
+        reason, fix = network_error(name, exc, options, opening=True, elapsed=time.monotonic() - t0,
+                                    limit=timeout[0])
+        raise SourceError(name, f"cannot connect: {reason}", fix) from exc
+
+
 def network_error(name: str, exc: BaseException, options: LiveOptions, opening: bool,
-                  elapsed: float | None = None) -> tuple[str, str]:
+                  elapsed: float | None = None, limit: float | None = None) -> tuple[str, str]:
     """(reason, fix) in words for a failure to open or read a network source. FFmpeg's texts ("Immediate exit
     requested", "Invalid data found when processing input") are kept in brackets after the explanation. A failure
     that came when the timeout ran out (``elapsed``, seconds the attempt took) is a timeout whatever FFmpeg says:
-    its RTSP client reports a server that never answers as "Invalid data"."""
+    its RTSP client reports a server that never answers as "Invalid data". ``limit``: the timeout the demuxer was
+    given, where it is not the option's own."""
     text = first_line(exc)
     low = text.lower()
     host = str(name).split("://", 1)[-1].split("/", 1)[0].rsplit("@", 1)[-1]
-    limit = options.open_timeout if opening else options.read_timeout
+    limit = limit or (options.open_timeout if opening else options.read_timeout)
     if isinstance(exc, ConnectionRefusedError) or "connection refused" in low:
         return (f"nothing accepts connections at {host} (connection refused)",
                 "check that the camera or server is running and the URL's host and port")
@@ -222,18 +417,52 @@ class LiveSource:
         if self.on_event is not None:
             self.on_event(ev)
 
-    def _retry_or_give_up(self, rc: Reconnector, reason: str, fix: str | None) -> None:
-        """Wait for the next attempt; raise SourceError when the source is given up on (or the run stops)."""
-        from .sources import SourceError
+    def _frame_arrived(self, lv: Liveness) -> None:
+        """Per decoded frame: the first of a new connection after an outage is the ``reconnected`` event."""
+        back = lv.frame()
+        if back is not None:
+            self._event("reconnected", outage_s=back[0], attempts=back[1])
 
+    def _keep(self, lag: float) -> bool:
+        """Whether a decoded frame ``lag`` s after its capture is passed on; decided before any preprocessing. Past
+        ``options.max_lag`` frames are skipped (counted in ``lagged``) until the lag is back under half the bound:
+        one ``lagging`` event when skipping starts, one ``caught_up`` (with the frames skipped) when it ends.
+        Under the ``block`` policy every frame is kept."""
+        bound = self.options.max_lag
+        if bound is None or self.options.policy == "block":  # block keeps every frame (a recording)
+            return True
+        skipping = getattr(self, "_skipping", None)
+        if skipping is None:
+            if lag <= bound:
+                return True
+            self._skipping = 0
+            self._event("lagging", extra={"lag_s": round(lag, 3), "max_lag_s": bound})
+        elif lag <= bound / 2:
+            self._skipping = None
+            self._event("caught_up", extra={"lag_s": round(lag, 3), "skipped": skipping})
+            return True
+        self._skipping += 1
+        self.lagged += 1
+        return False
+
+    def _lost(self, lv: Liveness, reason: str, fix: str | None) -> None:
+        """The attempt or the connection failed: say so once (``disconnected`` when frames stopped,
+        ``connect_failed`` at a never-connected source's first failure; nothing for later failed attempts), then
+        wait for the next attempt; raise SourceError when the source is given up on (or the run stops)."""
         if self.stop is not None and self.stop.is_set():
             raise SourceError(self.name, f"stopped while reconnecting ({reason})")
-        delay = rc.lost()
+        was_live, first = lv.live, not lv.ever and lv.failures == 0
+        delay = lv.lost()
+        if was_live:
+            self._event("disconnected", reason=reason, outage_s=lv.outage_s())
+        elif first:
+            self._event("connect_failed", reason=reason)
         if delay is None:
-            outage, attempts = rc.outage_s(), rc.attempts
+            outage, attempts = lv.outage_s(), lv.attempts
             self._event("gave_up", reason=reason, outage_s=outage, attempts=attempts)
-            raise SourceError(self.name, f"live source lost: {reason}; gave up after {outage:.1f} s and "
+            what = ("never connected" if not lv.ever else "live source lost")
+            raise SourceError(self.name, f"{what}: {reason}; gave up after {outage:.1f} s without a frame and "
                               f"{attempts} reconnect attempt(s)",
-                              f"{fix}; to wait longer: --reconnect-for SECONDS (now {self.options.reconnect_for:g})")
-        if not Reconnector.sleep(delay, self.stop):
+                              f"{fix}; to keep trying longer: {lv.ran_out()}")
+        if not Liveness.sleep(delay, self.stop):
             raise SourceError(self.name, f"stopped while reconnecting ({reason})")

@@ -6,7 +6,9 @@ each compressed packet goes to PyNvVideoCodec's core decoder as a ``PacketData``
 NVDEC's parser reads H.264/HEVC as an Annex B byte stream, so those packets pass FFmpeg's ``*_mp4toannexb``
 bitstream filter first (a no-op for streams that are Annex B already, as RTSP's are; for MP4-style streams it
 writes start codes and puts the parameter sets before key frames). A packet the decoder refuses is skipped and
-counted; the stream goes on. A live source reconnects as on the CPU path (:class:`~engines.video.live.LiveSource`).
+counted, and so is a packet the demuxer flags as corrupt (NVDEC conceals damage in what it decodes and
+PyNvVideoCodec 2.2.4 hands no decode status to Python: this is the damage the GPU path can see); the stream goes
+on. A live source reconnects as on the CPU path (:class:`~engines.video.live.LiveSource`).
 """
 
 from __future__ import annotations
@@ -16,10 +18,10 @@ import time
 import numpy as np
 
 from .._deps import require
-from .live import Reconnector, network_error
 from ..errors import first_line
-from .sources import (DETAIL_CHARS, MAX_REJECTED_PACKETS, SourceError, SourceInfo, Timeline, _colorspace_from_av,
-                      open_url)
+from .live import LagClock, Liveness, NoFrames, network_error, open_url, watched_packets
+from .source_base import (DETAIL_CHARS, MAX_REJECTED_PACKETS, SourceError, SourceInfo, Timeline, _colorspace_from_av,
+                          _synchronize)
 
 # PyAV codec name -> PyNvVideoCodec's cudaVideoCodec member
 AV_TO_NVDEC = {"h264": "H264", "hevc": "HEVC", "av1": "AV1", "vp9": "VP9", "vp8": "VP8", "mpeg2video": "MPEG2",
@@ -58,10 +60,10 @@ def stream_format(stream) -> tuple[str, str, int]:
     return codec, chroma, depth
 
 
-def open_stream(src, av):
+def open_stream(src, av, liveness=None):
     """Open ``src.name`` with PyAV and the source's network options; returns (container, stream). Raises
     SourceError worded for a person (see :func:`engines.video.sources.open_url`)."""
-    container = open_url(av, src.name, src.options)
+    container = open_url(av, src.name, src.options, liveness)
     if not container.streams.video:
         container.close()
         raise SourceError(src.name, "has no video stream", "check the URL")
@@ -69,7 +71,8 @@ def open_stream(src, av):
 
 
 def make_decoder(src, nvc, stream, stream_ptr: int):
-    """Check NVDEC's capabilities for the stream and create the core decoder on ``stream_ptr``."""
+    """Check NVDEC's capabilities for the stream, set ``src.info`` from it (replaced at every connection), and
+    create the core decoder on ``stream_ptr``."""
     codec_member, chroma, depth = stream_format(stream)
     cc = stream.codec_context
     if codec_member is None:
@@ -79,9 +82,10 @@ def make_decoder(src, nvc, stream, stream_ptr: int):
     chroma_enum = members.get(chroma) or members.get(f"YUV{chroma}") or members.get("Monochrome")
     src._check_caps(nvc, codec, chroma_enum, depth, cc.width, cc.height, cc.name)
     fps = float(stream.average_rate) if stream.average_rate else None
-    if src.info is None:
-        src.info = SourceInfo(src.name, cc.name, cc.width, cc.height, fps, None,
-                              _colorspace_from_av(cc, cc.height, src.override))
+    # each connection is a new stream: a camera may come back at another size, codec or colour space, and the
+    # preprocessing plans (keyed on these) follow the new info; an info another thread holds is replaced, not changed
+    src.info = SourceInfo(src.name, cc.name, cc.width, cc.height, fps, None,
+                          _colorspace_from_av(cc, cc.height, src.override))
     src.time_base = stream.time_base
     return src._core_decoder(nvc, codec, stream_ptr)
 
@@ -90,74 +94,116 @@ class _Lost(Exception):
     """The demuxer failed mid-stream; ``__cause__`` says why."""
 
 
-def feed_pass(src, nvc, stream_ptr: int, on_frame, index: int, container, stream):
+class _Feed:
+    """One connection's (or pass's) NVDEC decoder and what it keeps between packets: the pts -> feed time of
+    packets whose frames have not come out, the run of refused packets, the stream's clock and, for a live
+    source, its liveness and lag clock."""
+
+    def __init__(self, src, nvc, stream, stream_ptr: int, on_frame, lv: Liveness | None):
+        self.src, self.nvc, self.stream, self.on_frame, self.lv = src, nvc, stream, on_frame, lv
+        self.dec = make_decoder(src, nvc, stream, stream_ptr)
+        self.clock = Timeline(stream, live=src.live)
+        self.lags = LagClock() if lv is not None else None
+        self.low = src.latency in ("low", "zero")
+        self.fed: dict = {}
+        self.rejected = 0
+
+    def decode(self, data, pts, interrupted: bool):
+        """NVDEC's frames for one Annex B chunk (``data`` None: flush), or None for a packet it refused (skipped
+        and counted as damage, unless an interrupted read cut it short); too many refusals in a row end the source."""
+        nvc, src = self.nvc, self.src
+        pkt = nvc.PacketData()
+        if data is not None:
+            pkt.bsl_data, pkt.bsl = int(data.ctypes.data), int(data.size)
+            pkt.pts = int(pts) if pts is not None else 0
+            if self.low:
+                pkt.decode_flag = nvc.VideoPacketFlag.ENDOFPICTURE
+            self.fed[pkt.pts] = time.perf_counter()
+        else:
+            pkt.bsl = 0
+        try:
+            frames = self.dec.Decode(pkt)
+            self.rejected = 0
+            return frames
+        except Exception as exc:  # noqa: BLE001 - a damaged packet: skipped and counted
+            if interrupted:  # cut short by the watchdog's read timeout, not damaged in the stream
+                return None
+            src.damaged += 1
+            self.rejected += 1
+            if self.rejected >= MAX_REJECTED_PACKETS:
+                raise SourceError(src.name, f"NVDEC refused {self.rejected} packets in a row "
+                                  f"({first_line(exc, DETAIL_CHARS)})", "check the stream; or --device cpu") from exc
+            return None
+        finally:
+            del pkt
+
+    def deliver(self, frames, index: int):
+        """Each frame to ``on_frame`` (a live frame past --max-lag is skipped first); the next index, or None when
+        ``on_frame`` asked to stop. Keeps no reference to a frame."""
+        src, lv = self.src, self.lv
+        now = time.perf_counter()
+        for i in range(len(frames)):
+            frame = frames[i]
+            pts, t = self.clock.stamp(_PtsOnly(frame.getPTS(), self.stream.time_base))
+            src.decoded += 1
+            if lv is not None:
+                src._frame_arrived(lv)
+                received = time.time()
+                src.captured = self.lags.captured(t, received)  # read by on_frame for the lag of the result
+                if not src._keep(received - src.captured):  # decoded, not preprocessed
+                    del frame
+                    index += 1
+                    continue
+            go = self.on_frame(index, pts, t, frame, self.fed.pop(pts, now))
+            del frame
+            index += 1
+            if go is False:
+                return None
+        if len(self.fed) > 64:  # packets whose frames never came out (damaged data): forget them
+            for k in sorted(self.fed)[:-64]:
+                self.fed.pop(k, None)
+        return index
+
+
+def feed_pass(src, nvc, stream_ptr: int, on_frame, index: int, container, stream, lv: Liveness | None = None):
     """Demux ``stream`` with PyAV, decode with NVDEC, call ``on_frame(index, pts, seconds, frame, fed_at)`` per
-    frame. Returns the next index, or None when ``on_frame`` asked to stop; raises _Lost when reading fails."""
-    dec = make_decoder(src, nvc, stream, stream_ptr)
-    feed = AnnexB(stream)
-    clock = Timeline(stream, live=src.live)
-    low = src.latency in ("low", "zero")
-    fed: dict = {}
-    rejected = 0
-    packets = container.demux(stream)
+    frame. Returns the next index, or None when ``on_frame`` asked to stop; raises _Lost when reading fails.
+    ``lv``: a live source's :class:`~engines.video.live.Liveness`, told of each decoded frame; its watchdog
+    (:func:`~engines.video.live.watched_packets`) raises NoFrames when frames stop."""
+    feed = _Feed(src, nvc, stream, stream_ptr, on_frame, lv)
+    annexb = AnnexB(stream)
+    if lv is not None:
+        packets = watched_packets(container, stream, lv, src.stop)
+    else:
+        packets = ((p, False) for p in container.demux(stream))
     try:
         while True:
             try:
-                packet = next(packets, None)
+                packet, interrupted = next(packets, (None, False))
+            except NoFrames:
+                raise
             except Exception as exc:  # noqa: BLE001 - av.error.*, OSError: the connection or file failed
                 raise _Lost() from exc
-            if packet is None or packet.size == 0:
-                if packet is None:
-                    chunks = [(None, None)]  # end of stream: flush the frames the decoder still holds
-                else:
-                    continue
-            else:
-                chunks = feed.convert(packet)
+            if packet is not None and packet.size == 0:
+                continue
+            if packet is not None and packet.is_corrupt:  # the demuxer saw the container damaged (e.g. MPEG-TS
+                src.damaged += 1  # continuity errors): NVDEC would conceal it without a word
+            # None: end of stream, flush the frames the decoder still holds
+            chunks = [(None, None)] if packet is None else annexb.convert(packet)
             for data, pts in chunks:
-                pkt = nvc.PacketData()
-                if data is not None:
-                    pkt.bsl_data, pkt.bsl = int(data.ctypes.data), int(data.size)
-                    pkt.pts = int(pts) if pts is not None else 0
-                    if low:
-                        pkt.decode_flag = nvc.VideoPacketFlag.ENDOFPICTURE
-                    fed[pkt.pts] = time.perf_counter()
-                else:
-                    pkt.bsl = 0
-                try:
-                    frames = dec.Decode(pkt)
-                    rejected = 0
-                except Exception as exc:  # noqa: BLE001 - a damaged packet: skipped and counted
-                    src.damaged += 1
-                    rejected += 1
-                    if rejected >= MAX_REJECTED_PACKETS:
-                        raise SourceError(src.name, f"NVDEC refused {rejected} packets in a row "
-                                          f"({first_line(exc, DETAIL_CHARS)})",
-                                          "check the stream; or --device cpu") from exc
+                frames = feed.decode(data, pts, interrupted)
+                if frames is None:
                     continue
-                finally:
-                    del pkt
-                now = time.perf_counter()
-                for i in range(len(frames)):
-                    frame = frames[i]
-                    pts, t = clock.stamp(_PtsOnly(frame.getPTS(), stream.time_base))
-                    src.decoded += 1
-                    go = on_frame(index, pts, t, frame, fed.pop(pts, now))
-                    del frame
-                    index += 1
-                    if go is False:
-                        return None
+                index = feed.deliver(frames, index)
                 del frames, data
+                if index is None:
+                    return None
             if packet is None:
                 return index
-            if len(fed) > 64:  # packets whose frames never came out (damaged data): forget them
-                for k in sorted(fed)[:-64]:
-                    fed.pop(k, None)
     finally:
-        src.missing += clock.missing
-        from .sources import _synchronize
-
+        src.missing += feed.clock.missing
         _synchronize(stream_ptr)  # our kernels' reads of the decoder's surfaces finish before it is freed
-        del dec
+        del feed
 
 
 class _PtsOnly:
@@ -170,27 +216,29 @@ class _PtsOnly:
 
 def run_fed(src, nvc, stream_ptr: int, on_frame) -> None:
     """A URL or live source on the GPU path: connect, feed NVDEC, and for a live source reconnect with back-off
-    until given up (SourceError), as :class:`~engines.video.sources.PyAVSource` does on the CPU."""
+    until given up (SourceError), judged by decoded frames with the CPU path's
+    :class:`~engines.video.live.Liveness` and watchdog."""
     av = require("av", "Reading network and live sources on the GPU path")
-    rc = Reconnector(src.options)
+    lv = Liveness(src.options) if src.live else None
     index = 0
     passes = 0
     while True:
+        if lv is not None:
+            lv.opening()
         try:
-            container, stream = open_stream(src, av)
+            container, stream = open_stream(src, av, lv)
         except SourceError as exc:
-            if not src.live:
+            if lv is None:
                 raise
-            src._retry_or_give_up(rc, exc.detail, exc.fix)
+            src._lost(lv, exc.detail, exc.fix)
             continue
-        back = rc.connected()
-        if back is not None:
-            src._event("reconnected", outage_s=back[0], attempts=back[1])
         reason, fix = "the stream ended: the server closed it", "check the camera or server"
         try:
-            index = feed_pass(src, nvc, stream_ptr, on_frame, index, container, stream)
+            index = feed_pass(src, nvc, stream_ptr, on_frame, index, container, stream, lv)
             if index is None:
                 return
+        except NoFrames as exc:
+            reason, fix = exc.reason, exc.fix
         except _Lost as exc:
             if not src.live:
                 raise SourceError(src.name, "stopped while reading: "
@@ -199,11 +247,10 @@ def run_fed(src, nvc, stream_ptr: int, on_frame) -> None:
         finally:
             container.close()
         passes += 1
-        if not src.live:
+        if lv is None:
             if passes >= src.loop:
                 return
             continue
         if src.stop is not None and src.stop.is_set():
             return
-        src._event("disconnected", reason=reason)
-        src._retry_or_give_up(rc, reason, fix)
+        src._lost(lv, reason, fix)

@@ -81,6 +81,13 @@ class SourceProblem:
         return f"{self.reason} (after {self.frames} frames)"
 
 
+class LagFigures(dict):
+    """A worker's lag figures for one source (p50, p99, max, frames), kept as they came."""
+
+    def to_dict(self) -> dict:
+        return dict(self)
+
+
 @dataclass
 class RunStats:
     frames: int = 0
@@ -96,6 +103,8 @@ class RunStats:
     dropped: dict = field(default_factory=dict)  # live sources: frames dropped because inference lagged (policy)
     missing: dict = field(default_factory=dict)  # live sources: frames the stream's timestamps say never arrived
     damaged: dict = field(default_factory=dict)  # frames or packets the decoder could not read (not classified)
+    lagged: dict = field(default_factory=dict)  # live sources: frames skipped because they were past --max-lag
+    lag: dict = field(default_factory=dict)  # live sources: LagStats of capture -> result
 
     def for_pool(self) -> dict:
         """What a worker process or Ray actor sends back at the end of a job: :meth:`to_dict` with the batch sizes,
@@ -110,18 +119,21 @@ class RunStats:
         self.batch_sizes += other.get("batch_sizes") or []
         used = {d for d in (self.decoder.split(",") if self.decoder else []) + [other.get("decoder") or ""] if d}
         self.decoder = ",".join(sorted(used))
-        for field_name in ("decoded", "dropped", "missing", "damaged"):
+        for field_name in ("decoded", "dropped", "missing", "damaged", "lagged"):
             mine = getattr(self, field_name)
             for k, v in (other.get(field_name) or {}).items():
                 k = names.get(k, k)
                 mine[k] = mine.get(k, 0) + v
+        for k, v in (other.get("lag_s") or {}).items():  # a source runs in one worker at a time: its figures whole
+            if v:
+                self.lag[names.get(k, k)] = LagFigures(v)
 
     def add_source(self, src, dropped: int = 0) -> None:
         """Add what a source's decoder counted (decoded, and the live/damage counts ``missing`` and ``damaged``) and
         the frames the pipeline ``dropped`` of it, keyed by its name."""
         self.decoded[src.name] = self.decoded.get(src.name, 0) + src.decoded
         for field_name, n in (("dropped", dropped), ("missing", getattr(src, "missing", 0)),
-                              ("damaged", getattr(src, "damaged", 0))):
+                              ("damaged", getattr(src, "damaged", 0)), ("lagged", getattr(src, "lagged", 0))):
             if n:
                 d = getattr(self, field_name)
                 d[src.name] = d.get(src.name, 0) + n
@@ -136,7 +148,8 @@ class RunStats:
                 "fps": round(self.fps, 1), "mean_batch": round(mean_batch, 2), "path": self.path,
                 "decoder": self.decoder,
                 "per_source": self.per_source, "decoded": self.decoded, "dropped": self.dropped,
-                "missing": self.missing, "damaged": self.damaged,
+                "missing": self.missing, "damaged": self.damaged, "lagged": self.lagged,
+                "lag_s": {k: v.to_dict() for k, v in self.lag.items()},
                 "infer_stage": {k: round(v, 3) for k, v in self.infer_stage.items()},
                 "decode_stage": {k: round(v, 3) for k, v in self.decode_stage.items()}}
 

@@ -35,6 +35,7 @@ from collections import deque
 
 from ..errors import EngineError, UsageProblem, first_line
 from .pipeline import RunStats, SourceProblem
+from .live import is_network
 from .results import LINE_MODES, BlockRun
 
 log = logging.getLogger("trtc")
@@ -417,6 +418,10 @@ class _Dispatch:
         self.wire = {s: _absolute(s) for s in sources}  # what the actors open: relative paths made absolute
         self.back = {w: s for s, w in self.wire.items()}  # ...and the caller's names again
         self.busy: dict = {}  # generator -> (actor, job)
+        # live sources re-run after a failed job: a new connection, its frames numbered on from here (not resumed)
+        self.offset: dict = {}
+        live = self.options.get("live")
+        self.live = {s for s in sources if (bool(live) if live is not None else is_network(s))}
 
     def finish(self, source, ok) -> None:
         if self.on_done is not None:
@@ -458,7 +463,10 @@ class _Dispatch:
             for s in job:
                 self.tries[s] += 1
                 self.run.placement[s] = a.name
-            done = {self.wire[s]: self.last[s] for s in job if s in self.last}
+            for s in job:
+                if s in self.live and s in self.last:  # a redo: the new connection's frame 0 follows the last one
+                    self.offset[s] = self.last[s] + 1
+            done = {self.wire[s]: self.last[s] for s in job if s in self.last and s not in self.live}
             names = {self.wire[s]: s for s in job if self.wire[s] != s}  # the lines name sources as the caller did
             gen = a.handle.run.options(num_returns="streaming").remote([self.wire[s] for s in job],
                                                                       dict(self.options, done=done, names=names))
@@ -506,6 +514,7 @@ class _Dispatch:
         None when none is left."""
         block.renamed(self.back)
         block.labels = actor.labels
+        block = block.shifted(self.offset)
         last = self.last
         block = block.keep(lambda s, f: f > last.get(s, -1))  # frames rise within a source in a block
         if not len(block):

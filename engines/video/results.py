@@ -86,6 +86,18 @@ class ResultBlock:
         kept.labels = self.labels
         return kept
 
+    def shifted(self, offsets: dict) -> ResultBlock:
+        """The rows with ``offsets[source]`` added to their frame numbers (a live source re-run as a new connection
+        numbers its frames on from where the failed run stopped); the lines are formatted again by the receiver."""
+        if not any(offsets.get(n) for n in self.names):
+            return self
+        add = [offsets.get(n, 0) for n in self.names]
+        out = ResultBlock(self.names, self.src, [f + add[s] for s, f in zip(self.src, self.frame, strict=True)],
+                          self.pts, self.time, self.indices, self.scores, self.latency, self.decode, self.received,
+                          None, self.device)
+        out.labels = self.labels
+        return out
+
     def renamed(self, names: dict) -> None:
         """Source names as the caller gave them (``names``: the name sent -> the caller's), in place."""
         self.names = [names.get(n, n) for n in self.names]

@@ -9,11 +9,9 @@ per-source report and keeps the other sources going.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from .._deps import is_installed, require
@@ -21,35 +19,13 @@ from ..errors import TrtcError, first_line
 import numpy as np
 
 from ..preprocess import ColorSpace, YuvPlanes
-from .live import LiveOptions, LiveSource, Reconnector, is_network, network_error
+from .live import (LagClock, LiveOptions, LiveSource, Liveness, NoFrames, is_network, network_error, open_url,
+                   watched_packets)
+from .source_base import (DETAIL_CHARS, MAX_REJECTED_PACKETS, SourceError, SourceInfo, Timeline,  # noqa: F401
+                          _colorspace_from_av, _synchronize)
 
 log = logging.getLogger("trtc")
 
-# AVColorSpace / AVColorRange values (libavutil/pixfmt.h) as PyAV reports them
-_AV_MATRIX = {1: "bt709", 5: "bt601", 6: "bt601", 9: "bt2020", 10: "bt2020"}
-_AV_FULL_RANGE = 2
-# characters of a decoder's or demuxer's own message kept in a source's (FFmpeg and PyNvVideoCodec can say a lot)
-DETAIL_CHARS = 300
-
-
-class SourceError(TrtcError):
-    """One source cannot be opened or stopped early; ``source`` names it."""
-
-    def __init__(self, source: str, reason: str, fix: str | None = None):
-        super().__init__(f"{source}: {reason}", fix)
-        self.source = source
-        self.detail = reason  # the reason without the source's name
-
-
-@dataclass
-class SourceInfo:
-    name: str
-    codec: str
-    width: int
-    height: int
-    fps: float | None
-    frames: int | None  # from the container, when it says
-    colorspace: ColorSpace
 
 
 def is_url(name: str) -> bool:
@@ -76,28 +52,6 @@ def pixel_rate(name: str) -> float | None:
             return float(stream.codec_context.width * stream.codec_context.height * float(rate or 30))
     except Exception:  # noqa: BLE001 - unreadable here: the worker that opens it reports why
         return None
-
-
-def open_url(av, name: str, options: LiveOptions):
-    """A network source opened by PyAV with ``options``' RTSP transport and open/read timeouts; a failure is a
-    SourceError in words (:func:`engines.video.live.network_error`), a silent server included."""
-    t0 = time.monotonic()
-    try:
-        return av.open(name, options=options.av_options(name), timeout=(options.open_timeout, options.read_timeout))
-    except Exception as exc:  # noqa: BLE001 - av.error.*, OSError
-        reason, fix = network_error(name, exc, options, opening=True, elapsed=time.monotonic() - t0)
-        raise SourceError(name, f"cannot connect: {reason}", fix) from exc
-
-
-def _colorspace_from_av(frame_or_stream, height: int, override: str | None) -> ColorSpace:
-    if override and override != "auto":
-        return ColorSpace.parse(override, height)
-    cs = getattr(frame_or_stream, "colorspace", None)
-    rng = getattr(frame_or_stream, "color_range", None)
-    base = ColorSpace.parse(None, height)
-    matrix = _AV_MATRIX.get(int(cs) if cs is not None else 2, base.matrix)
-    full = rng is not None and int(rng) == _AV_FULL_RANGE
-    return ColorSpace(matrix, "full" if full else "limited")
 
 
 def probe_colorspace(name: str, height: int, override: str | None, demuxer=None) -> ColorSpace:
@@ -179,14 +133,16 @@ class PyAVSource(LiveSource):
         self.decoded = 0
         self.missing = 0  # live: frames the stream's timestamps say were sent but never arrived
         self.damaged = 0  # frames the decoder flagged as damaged (not classified)
+        self.lagged = 0  # live: frames decoded but skipped because they were past --max-lag
+        self.captured: float | None = None  # live: the capture time (Unix s) of the frame last passed on
         self.stop: threading.Event | None = None
         self.on_event = None  # callable(SourceEvent), set by the pipeline
 
-    def _open(self):
+    def _open(self, liveness=None):
         av = require("av", "Decoding video on the CPU")
         check_exists(self.name)
         if is_url(self.name):
-            container = open_url(av, self.name, self.options)
+            container = open_url(av, self.name, self.options, liveness)
         else:
             try:
                 container = av.open(self.name)
@@ -244,34 +200,40 @@ class PyAVSource(LiveSource):
                                   "check or re-encode the file")
 
     def _live_frames(self):
-        """Connect, decode, and on any failure or end reconnect with back-off until given up (then raise)."""
-        rc = Reconnector(self.options)
+        """Connect, decode, and on any failure, end or watchdog timeout reconnect with back-off until given up
+        (then raise); liveness is judged by decoded frames (:class:`~engines.video.live.Liveness`)."""
+        lv = Liveness(self.options)
         index = 0
         while True:
+            lv.opening()
             try:
-                container, stream = self._open()
+                container, stream = self._open(lv)
             except SourceError as exc:
-                self._retry_or_give_up(rc, exc.detail, exc.fix)
+                self._lost(lv, exc.detail, exc.fix)
                 continue
-            back = rc.connected()
-            if back is not None:
-                self._event("reconnected", outage_s=back[0], attempts=back[1])
             clock = Timeline(stream, live=True)
+            lags = LagClock()  # a new connection: the stream's times start again
             skipped: list = []
             reason, fix = "the stream ended: the server closed it", "check the camera or server"
             try:
-                for frame in _decode(container, stream, self.name, skipped):
+                for frame in _decode(container, stream, self.name, skipped,
+                                     watched_packets(container, stream, lv, self.stop)):
+                    self._frame_arrived(lv)
                     if clock.first:
                         self.info.colorspace = _colorspace_from_av(frame, frame.height, self.override)
                     pts, t = clock.stamp(frame)
                     self.decoded += 1
+                    received = time.time()
+                    self.captured = lags.captured(t, received)
                     if frame.is_corrupt:
                         self.damaged += 1
-                    else:
-                        yield index, pts, t, host_planes(frame), time.time()
+                    elif self._keep(received - self.captured):  # before any conversion or preprocessing
+                        yield index, pts, t, host_planes(frame), received
                     index += 1
                     if self.stop is not None and self.stop.is_set():
                         return
+            except NoFrames as exc:
+                reason, fix = exc.reason, exc.fix
             except SourceError as exc:
                 cause = exc.__cause__ or exc
                 reason, fix = network_error(self.name, cause, self.options, opening=False)
@@ -281,52 +243,7 @@ class PyAVSource(LiveSource):
                 self.damaged += len(skipped)
             if self.stop is not None and self.stop.is_set():
                 return
-            self._event("disconnected", reason=reason)
-            self._retry_or_give_up(rc, reason, fix)
-
-
-class Timeline:
-    """A decoded frame's time from the stream's own timestamps: pts x time base, in seconds. A frame without a pts
-    (the first frame of an RTSP session, frames of some damaged streams) gets the previous one's plus one frame
-    period (the first: the stream's start, else 0). For a live stream, ``missing`` counts the frames that never
-    arrived: the frames the span of timestamps seen holds at the frame rate, less the frames seen (robust to
-    servers that stamp frames out of display order)."""
-
-    def __init__(self, stream, live: bool):
-        self.tb = stream.time_base
-        rate = stream.average_rate or stream.guessed_rate
-        self.step = (1 / (rate * self.tb)) if (rate and self.tb) else None  # one frame period in pts units
-        self.start = stream.start_time if (stream.start_time is not None and not live) else 0
-        self.last = None
-        self.live = live
-        self.low = self.high = None  # the span of timestamps seen
-        self.seen = 0
-        self.first = True
-
-    @property
-    def missing(self) -> int:
-        if not self.live or not self.step or self.low is None:
-            return 0
-        return max(0, int(round((self.high - self.low) / self.step)) + 1 - self.seen)
-
-    def stamp(self, frame) -> tuple[int | None, float | None]:
-        self.first = False
-        tb = frame.time_base or self.tb
-        pts = frame.pts
-        if pts is None:
-            if self.last is None:
-                pts = self.start
-            elif self.step:
-                pts = int(round(self.last + self.step))
-        if pts is not None:
-            self.last = pts
-            self.seen += 1
-            self.low = pts if self.low is None else min(self.low, pts)
-            self.high = pts if self.high is None else max(self.high, pts)
-        if pts is None or tb is None:
-            return pts, None
-        t = float(pts * tb)
-        return pts, (t if math.isfinite(t) else None)
+            self._lost(lv, reason, fix)
 
 
 def _cut_transport_stream(name: str, container) -> bool:
@@ -341,15 +258,22 @@ def _cut_transport_stream(name: str, container) -> bool:
     return all(size % n for n in (188, 192, 204))
 
 
-def _decode(container, stream, name, skipped: list):
+def _decode(container, stream, name, skipped: list, packets=None):
     """Frames of one stream; a packet the decoder rejects is skipped and counted (``skipped``), as NVDEC does
-    with corrupt pictures; the demuxer failing (file cut off, connection lost) ends the source with an error."""
-    packets = container.demux(stream)
+    with corrupt pictures; the demuxer failing (file cut off, connection lost) ends the source with an error.
+    ``packets``: (packet, interrupted) pairs to decode instead of the container's own
+    (:func:`~engines.video.live.watched_packets`); a refused packet that an interrupted read handed back is not
+    counted, being cut short by trtc's own watchdog rather than damaged in the stream. Its :class:`NoFrames`
+    passes through."""
+    if packets is None:
+        packets = ((p, False) for p in container.demux(stream))
     while True:
         try:
-            packet = next(packets)
+            packet, interrupted = next(packets)
         except StopIteration:
             return
+        except NoFrames:
+            raise
         except Exception as exc:  # noqa: BLE001 - av.error.*, OSError (network)
             try:  # the frames the decoder still holds (reordering, threads) were read whole: give them out
                 yield from stream.codec_context.decode(None)
@@ -359,7 +283,8 @@ def _decode(container, stream, name, skipped: list):
         try:
             frames = packet.decode()
         except Exception as exc:  # noqa: BLE001 - av.error.InvalidDataError and friends
-            skipped.append(first_line(exc, DETAIL_CHARS))
+            if not interrupted:
+                skipped.append(first_line(exc, DETAIL_CHARS))
             continue
         yield from frames
 
@@ -451,6 +376,8 @@ class NvdecSource(LiveSource):
         self._stamp = None  # stamp_index's constants: (fps, time_base, fps x time_base, its numerator, denominator)
         self.missing = 0  # live: frames the stream's timestamps say never arrived
         self.damaged = 0  # packets NVDEC refused (skipped)
+        self.lagged = 0  # live: frames decoded but skipped because they were past --max-lag
+        self.captured: float | None = None  # live: the capture time (Unix s) of the frame last passed on
         self.stop: threading.Event | None = None
         self.on_event = None  # callable(SourceEvent), set by the pipeline
 
@@ -752,17 +679,8 @@ class NvdecSource(LiveSource):
 
 
 BATCHED_SUFFIXES = (".mp4", ".mov", ".m4v")
-# packets in a row NVDEC may refuse before a source is given up (one refused packet is skipped and counted)
-MAX_REJECTED_PACKETS = 100
-
-
 class BatchUnavailable(Exception):
     """:meth:`NvdecSource.run_batches` cannot read this source before its first frame; use :meth:`run`."""
-
-
-def _synchronize(stream_ptr: int) -> None:
-    cp = require("cupy", "The GPU video pipeline")
-    cp.cuda.runtime.streamSynchronize(stream_ptr)
 
 
 def _codec_name_from_av(name: str) -> str | None:

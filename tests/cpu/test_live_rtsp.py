@@ -10,6 +10,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -67,7 +68,7 @@ def test_killed_server_reconnects_with_events_and_sigterm_keeps_the_output(rtsp,
     out = tmp_path / "live.jsonl"
     with rtsp.start(pattern=True) as srv:
         proc = _trtc("run", srv.url, "--model", lite0_onnx[0], "--device", "cpu", "-o", out, "--top-k", "1",
-                     "--batch", "4")
+                     "--batch", "4", "--summary", tmp_path / "s.json")
         try:
             _wait_for_lines(out, proc, 20)
             srv.kill()
@@ -91,9 +92,15 @@ def test_killed_server_reconnects_with_events_and_sigterm_keeps_the_output(rtsp,
     assert "connection lost" in stderr and "reconnected after" in stderr
     assert "SIGTERM" not in stdout and "interrupted" in stdout  # the summary table
     assert "--resume" not in stderr  # a live source cannot be resumed: the message must not offer it
+    entry = json.loads((tmp_path / "s.json").read_text())["by_source"][srv.url]  # --summary per source
+    assert entry["outages"] == 1 and entry["status"] == "interrupted" and entry["classified"] == len(frames)
+    assert entry["received"] >= entry["classified"] + entry["dropped"]["queue"] + entry["dropped"]["lag"]
+    assert entry["lag_s"]["frames"] == len(frames) and 0 <= entry["lag_s"]["p50"] <= entry["lag_s"]["max"] < 10
 
 
 def test_unreachable_port_is_a_failure_with_a_fix(rtsp, lite0_onnx, tmp_path):
+    """A camera unreachable from the start: a connect_failed event at the first failure (then quiet back-off), a
+    gave_up after --reconnect-for, and "never connected" in the problem."""
     url = f"rtsp://127.0.0.1:{rtsp.free_port()}/cam"
     t0 = time.monotonic()
     proc = _trtc("-q", "run", url, "--model", lite0_onnx[0], "--device", "cpu", "--reconnect-for", "2",
@@ -101,11 +108,36 @@ def test_unreachable_port_is_a_failure_with_a_fix(rtsp, lite0_onnx, tmp_path):
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 1
     assert time.monotonic() - t0 < 40
-    (event,) = [json.loads(line) for line in stdout.splitlines()]  # stdout: the event line, nothing else
+    first, event = [json.loads(line) for line in stdout.splitlines()]  # stdout: the event lines, nothing else
+    assert first["event"] == "connect_failed" and "nothing accepts connections" in first["reason"]
     assert event["event"] == "gave_up" and event["attempts"] >= 2 and 1.9 < event["outage_s"] < 10
     (problem,) = json.loads((tmp_path / "s.json").read_text())["problems"]
     assert "nothing accepts connections at 127.0.0.1" in problem["reason"] and "gave up after" in problem["reason"]
-    assert stderr.count(url) == 1  # the status column says what happened, not the URL again
+    assert "never connected" in problem["reason"]
+    entry = json.loads((tmp_path / "s.json").read_text())["by_source"][url]
+    assert entry == {"received": 0, "classified": 0, "dropped": {"queue": 0, "lag": 0}, "missing": 0, "damaged": 0,
+                     "lag_s": {}, "outages": 0, "status": problem["reason"]}
+    assert stderr.count(url) == 1  # -q: the status column says what happened, no warning repeats the URL
+
+
+def test_sigterm_keeps_a_camera_that_never_connected_in_the_problems(rtsp, lite0_onnx, tmp_path):
+    """A camera unreachable from the start, the run stopped by SIGTERM while it retries: the connect_failed line
+    comes at once, the exit code is the signal's (143), and the camera is a problem ("never connected"), not just
+    "interrupted"."""
+    url = f"rtsp://127.0.0.1:{rtsp.free_port()}/cam"
+    proc = _trtc("run", url, "--model", lite0_onnx[0], "--device", "cpu", "--summary", tmp_path / "s.json")
+    try:
+        first = json.loads(proc.stdout.readline())  # blocks until the first line: the event
+        assert first["event"] == "connect_failed"
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, stderr
+    summary = json.loads((tmp_path / "s.json").read_text())
+    (problem,) = summary["problems"]
+    assert problem["source"] == url and problem["reason"].startswith("never connected: cannot connect: nothing")
+    assert "when the run ended" in problem["reason"] and summary["interrupted"]
 
 
 def test_silent_server_times_out_and_never_hangs(rtsp, lite0_onnx, tmp_path):
@@ -121,7 +153,9 @@ def test_silent_server_times_out_and_never_hangs(rtsp, lite0_onnx, tmp_path):
     assert time.monotonic() - t0 < 30
     (problem,) = json.loads((tmp_path / "s.json").read_text())["problems"]
     assert "no answer to the connection within 1 s" in problem["reason"] and "gave up after" in problem["reason"]
-    assert [json.loads(line)["event"] for line in stdout.splitlines()] == ["gave_up"]
+    assert "--reconnect-attempts (now 1)" in problem["reason"]  # the fix names the option that ended it
+    assert [json.loads(line)["event"] for line in stdout.splitlines()] == ["connect_failed", "gave_up"]
+    assert stderr.count("cannot connect (retrying quietly)") == 1, stderr  # a warning at once, then quiet
 
 
 def test_three_cameras_one_dead_the_others_unaffected(rtsp, engine):
@@ -193,8 +227,8 @@ def test_worker_pool_passes_live_events_through_in_order(rtsp, lite0_onnx):
 
     with rtsp.start(pattern=True) as a, rtsp.start(pattern=True) as b, \
             WorkerPool(lite0_onnx[0], devices=["cpu", "cpu"]) as pool:
-        run = pool.classify([a.url, b.url], events=True, batch=4, top_k=1,
-                            live_options=LiveOptions(reconnect_attempts=0))
+        run = pool.classify([a.url, b.url], events=True, batch=4, top_k=1,  # no lag bound: connection events only
+                            live_options=LiveOptions(reconnect_attempts=0, max_lag=None))
         items, t0 = [], time.monotonic()
         for item in run:
             items.append(item)
@@ -209,6 +243,212 @@ def test_worker_pool_passes_live_events_through_in_order(rtsp, lite0_onnx):
     at = next(n for n, i in enumerate(items) if isinstance(i, SourceEvent))  # disconnected: a's frames all before
     assert not [i for i in items[at:] if not isinstance(i, SourceEvent) and i.source == a.url]
     assert run.events and run.events[0].event == "disconnected"
+
+
+class _Proxy:
+    """A TCP relay between trtc and the RTSP server on 127.0.0.1. ``mute``: the server's RTP data (interleaved
+    "$" frames) is dropped while its RTSP replies pass (a camera whose encoder hung); ``stall``: nothing passes
+    either way while set (held, not dropped), on every connection, new ones included."""
+
+    def __init__(self, target: int, path: str = "/cam"):
+        import socket
+        import threading
+
+        self.mute, self.stall = threading.Event(), threading.Event()
+        self.target = target
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.url = f"rtsp://127.0.0.1:{self.sock.getsockname()[1]}{path}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        import socket
+        import threading
+
+        while True:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            u = socket.create_connection(("127.0.0.1", self.target))
+            threading.Thread(target=self._pipe, args=(c, u, False), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(u, c, True), daemon=True).start()
+
+    def _pipe(self, a, b, from_server):
+        buf = b""
+        try:
+            while data := a.recv(65536):
+                while self.stall.is_set():
+                    time.sleep(0.01)
+                if not from_server:
+                    b.sendall(data)
+                    continue
+                buf += data
+                while buf:  # whole interleaved frames or RTSP messages, so muting never cuts one in half
+                    if buf[:1] == b"$":
+                        if len(buf) < 4 or len(buf) < 4 + int.from_bytes(buf[2:4], "big"):
+                            break
+                        n = 4 + int.from_bytes(buf[2:4], "big")
+                        if not self.mute.is_set():
+                            b.sendall(buf[:n])
+                        buf = buf[n:]
+                    else:
+                        end = buf.find(b"\r\n\r\n")
+                        if end < 0:
+                            break
+                        head = buf[:end + 4]
+                        length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                                       if line.lower().startswith(b"content-length:")), 0)
+                        if len(buf) < end + 4 + length:
+                            break
+                        b.sendall(buf[:end + 4 + length])
+                        buf = buf[end + 4 + length:]
+        except OSError:
+            pass
+        finally:
+            a.close()
+            b.close()
+
+    def close(self):
+        self.sock.close()
+
+
+def _events_and_frames(run, until, limit: float):
+    """(events with their monotonic arrival times, [(monotonic time, prediction)]) until ``until(events, frames)``
+    or ``limit`` seconds."""
+    from engines.video import SourceEvent
+
+    events, frames, t0 = [], [], time.monotonic()
+    for item in run:
+        now = time.monotonic()
+        (events if isinstance(item, SourceEvent) else frames).append((now, item))
+        if until(events, frames) or now - t0 > limit:
+            break
+    return events, frames
+
+
+def test_a_camera_that_answers_but_sends_no_video_is_lost_once_then_given_up(rtsp, engine):
+    """The server answers RTSP but its video stops (and every reconnection gets replies without video): one
+    disconnected at --read-timeout after the last frame (+-1 s), no reconnected (no frame came), and gave_up at
+    --reconnect-for after the last frame (+-1 s), with outage_s the time without frames."""
+    from engines.video import LiveOptions, classify
+
+    with rtsp.start(pattern=True) as srv:
+        proxy = _Proxy(srv.port)
+        try:
+            run = classify([proxy.url], engine, batch=4, top_k=1, events=True,
+                           live_options=LiveOptions(read_timeout=3, open_timeout=3, reconnect_for=8))
+            events, frames = _events_and_frames(
+                run, lambda ev, fr: (len(fr) >= 30 and proxy.mute.set()) or any(e.event == "gave_up" for _, e in ev),
+                60)
+        finally:
+            proxy.close()
+    kinds = [e.event for _, e in events]
+    assert kinds == ["disconnected", "gave_up"], kinds
+    last = frames[-1][0]
+    (t_lost, lost), (t_gave, gave) = events
+    assert 3 - 1 <= t_lost - last <= 3 + 1 and "no frame for 3 s" in lost.reason
+    assert 8 - 1 <= gave.outage_s <= 8 + 1  # the time without frames, as the source measured it
+    assert gave.outage_s == pytest.approx(t_gave - last, abs=1)  # and as the results show it
+    assert not run.ok and "--reconnect-for" in str(run.problems[0].reason) + str(run.problems)
+
+
+def test_a_stall_on_an_open_connection_is_lost_at_the_read_timeout_and_comes_back(rtsp, engine):
+    """A stream that stalls 6 s with --read-timeout 2: disconnected 2 s (+-1 s) after the last frame (trtc's own
+    watchdog, whatever FFmpeg does with its first timeout), then reconnected at the first frame after the stall
+    with outage_s = the time without frames, and frames go on."""
+    from engines.video import LiveOptions, classify
+
+    with rtsp.start(pattern=True) as srv:
+        proxy = _Proxy(srv.port)
+        state = {}
+
+        def until(ev, fr):
+            if len(fr) >= 30 and "stall" not in state:  # the stall ends 6 s later, whatever the run does
+                state["stall"] = threading.Timer(6, proxy.stall.clear)
+                proxy.stall.set()
+                state["stall"].start()
+            return any(e.event == "reconnected" for _, e in ev) and len(fr) >= 60
+
+        try:
+            run = classify([proxy.url], engine, batch=4, top_k=1, events=True,
+                           live_options=LiveOptions(read_timeout=2, open_timeout=2, reconnect_for=30))
+            events, frames = _events_and_frames(run, until, 60)
+        finally:
+            proxy.stall.clear()
+            proxy.close()
+    kinds = [e.event for _, e in events]
+    assert kinds == ["disconnected", "reconnected"], kinds
+    (t_lost, lost), (t_back, back) = events
+    last = max(t for t, _ in frames if t < t_lost)
+    assert 2 - 1 <= t_lost - last <= 2 + 1 and "no frame for 2 s" in lost.reason
+    first_after = min(t for t, _ in frames if t > t_lost)
+    # the time without frames (the socket buffers still deliver a little of the stream after the stall begins; the
+    # back-off between attempts may add up to its next step, 2 s here, after the stall ends)
+    assert back.outage_s == pytest.approx(first_after - last, abs=1) and 2 < back.outage_s < 6 + 2 + 2
+    assert len(frames) >= 60
+
+
+def test_a_backlog_past_max_lag_is_skipped_before_preprocessing_and_reported(rtsp, engine):
+    """A 4 s stall shorter than --read-timeout: the frames held back arrive late, all at once. Their lag
+    (capture -> now, from the stream's timestamps) is past --max-lag 1: one lagging event, frames decoded but
+    skipped (counted in lagged), one caught_up with the count; no disconnection; every frame is classified,
+    skipped, dropped or damaged; the lag of the results is measured per source and its max stays near the bound."""
+    from engines.video import LiveOptions, classify
+
+    with rtsp.start(pattern=True) as srv:
+        proxy = _Proxy(srv.port)
+        state = {}
+
+        def until(ev, fr):
+            if len(fr) >= 30 and "stall" not in state:
+                state["stall"] = threading.Timer(4, proxy.stall.clear)
+                proxy.stall.set()
+                state["stall"].start()
+            return any(e.event == "caught_up" for _, e in ev) and len(fr) >= 90
+
+        try:
+            run = classify([proxy.url], engine, batch=4, top_k=1, events=True,
+                           live_options=LiveOptions(read_timeout=10, max_lag=1.0, reconnect_attempts=0))
+            events, frames = _events_and_frames(run, until, 60)
+        finally:
+            proxy.stall.clear()
+            proxy.close()
+    kinds = [e.event for _, e in events]
+    assert kinds == ["lagging", "caught_up"], kinds
+    lagging, caught = events[0][1], events[1][1]
+    assert lagging.extra["lag_s"] > 1.0 and caught.extra["lag_s"] <= 0.5
+    s = run.stats
+    assert s.lagged[proxy.url] == caught.extra["skipped"] >= 30  # most of the 4 s held back (30 fps)
+    decoded, classified = s.decoded[proxy.url], s.per_source[proxy.url]
+    assert 0 <= decoded - classified - s.lagged[proxy.url] - s.dropped.get(proxy.url, 0) \
+        - s.damaged.get(proxy.url, 0) <= 1
+    lag = s.to_dict()["lag_s"][proxy.url]
+    print(f"lag of results: {lag}")
+    assert lag["frames"] == classified and lag["max"] < 1.0 + 1.0  # the bound plus a batch's wait and inference
+
+
+def test_bandwidth_below_the_bitrate_is_lag_reported_and_bounded(rtsp, engine):
+    """The link carries 15 KB/s for 8 s (tests/faultproxy.py's throttle, well below the pattern's bitrate): the
+    frames arrive later and later, the lag passes --max-lag 1: one lagging event, frames skipped, then caught_up
+    once the backlog drains; no disconnection; the results' lag max stays under the bound + 1 s."""
+    from engines.video import LiveOptions, classify
+    from tests.faultproxy import Fault, FaultProxy
+
+    with rtsp.start(pattern=True) as srv, \
+            FaultProxy(("127.0.0.1", srv.port), [Fault("throttle", 4, 8, rate=15_000)], lifetime=60) as proxy:
+        run = classify([proxy.url()], engine, batch=4, top_k=1, events=True,
+                       live_options=LiveOptions(read_timeout=10, max_lag=1.0, reconnect_attempts=0))
+        events, frames = _events_and_frames(
+            run, lambda ev, fr: any(e.event == "caught_up" for _, e in ev) and len(fr) >= 200, 60)
+    kinds = [e.event for _, e in events]
+    assert kinds == ["lagging", "caught_up"], kinds
+    s = run.stats
+    lag = s.to_dict()["lag_s"][proxy.url()]
+    print(f"throttled: {s.lagged[proxy.url()]} skipped; lag of results {lag}")
+    assert s.lagged[proxy.url()] == events[1][1].extra["skipped"] > 0
+    assert lag["max"] < 1.0 + 1.0
 
 
 def test_resume_refuses_live_sources(lite0_onnx, tmp_path):

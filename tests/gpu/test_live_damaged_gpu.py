@@ -146,6 +146,7 @@ def _server(tmp_path, bikes):
 
     class Aio:
         url = f"rtsp://127.0.0.1:{port}/bikes.mp4?play_count=0"
+        path = "/bikes.mp4?play_count=0"
 
         def start(self):
             code = ("import asyncio, sys; import aio_rtsp_toolkit.server as s; "
@@ -167,7 +168,9 @@ def _server(tmp_path, bikes):
                 self.proc.kill()
                 self.proc.wait(10)
 
-    return Aio().start(), "aio"
+    srv = Aio()
+    srv.port = port
+    return srv.start(), "aio"
 
 
 def test_gpu_live_source_reconnects_after_the_server_is_killed(bikes, cuda_lite0, tmp_path):
@@ -256,3 +259,110 @@ def test_gpu_cli_stdout_is_only_json_on_a_damaged_clip(bikes, lite0_onnx, tmp_pa
     lines = r.stdout.splitlines()
     assert len(lines) >= 240 and all(json.loads(line)["source"] == str(bad) for line in lines), r.stderr[-2000:]
     print(f"\nstdout: {len(lines)} JSON lines; stderr: {r.stderr.count('Decode Error')} 'Decode Error' lines")
+
+
+def test_gpu_live_camera_answering_without_video_is_lost_once_then_given_up(bikes, cuda_lite0, tmp_path):
+    """The GPU live path (PyAV demuxer -> NVDEC) shares the CPU path's liveness: the server's video muted while
+    its RTSP replies pass gives exactly disconnected (--read-timeout after the last frame, +-1 s) and gave_up
+    (--reconnect-for after the last frame, +-1 s); no reconnected, since no frame came."""
+    from engines.video import LiveOptions, SourceEvent, classify
+    from tests.cpu.test_live_rtsp import _Proxy
+
+    srv, kind = _server(tmp_path, bikes)
+    proxy = _Proxy(srv.port, getattr(srv, "path", "/cam"))
+    events, frames = [], []
+    try:
+        run = classify([proxy.url], cuda_lite0, batch=4, top_k=1, events=True,
+                       live_options=LiveOptions(read_timeout=3, open_timeout=3, reconnect_for=8))
+        t0 = time.monotonic()
+        for item in run:
+            now = time.monotonic()
+            (events if isinstance(item, SourceEvent) else frames).append((now, item))
+            if len(frames) >= 30:
+                proxy.mute.set()
+            if any(e.event == "gave_up" for _, e in events) or now - t0 > 60:
+                break
+    finally:
+        proxy.close()
+        srv.kill()
+    assert [e.event for _, e in events] == ["disconnected", "gave_up"], [e.event for _, e in events]
+    last = frames[-1][0]
+    (t_lost, lost), (t_gave, gave) = events
+    assert 2 <= t_lost - last <= 4 and "no frame for 3 s" in lost.reason
+    assert 7 <= t_gave - last <= 9 and run.stats.decoder == "nvdec"
+    lag = run.stats.to_dict()["lag_s"][proxy.url]  # capture -> result, measured on the GPU path too
+    assert lag["frames"] == len(frames) and 0 <= lag["p50"] <= lag["p99"] <= lag["max"] < 2 + 1
+
+
+def test_gpu_live_camera_returning_at_another_resolution_is_replanned(bikes, tmp_path):
+    """A camera that comes back at another size (bikes.mp4 at 640x272, then a 640x360 pattern on the same port):
+    the GPU live path's source info follows each connection, so every surface NVDEC hands out matches the info its
+    preprocessing plan is made from (NV12: 1.5 x height rows), and frame numbers go on."""
+    import cupy as cp
+
+    from engines.video import LiveOptions
+    from engines.video.sources import NvdecSource
+
+    if rtsp_server.available() is not None:
+        pytest.skip("needs gst-rtsp-server (a file, then a pattern, on one port)")
+    first = rtsp_server.start(file=bikes)
+    port = first.port
+    seen, servers = [], [first]
+    src = NvdecSource(first.url, live=True, options=LiveOptions(read_timeout=3, open_timeout=5, reconnect_for=30))
+    stream = cp.cuda.Stream(non_blocking=True)
+
+    def on_frame(index, pts, t, frame, fed_at):
+        surface = cp.from_dlpack(frame)
+        seen.append((index, tuple(surface.shape), src.info.width, src.info.height))
+        if len(seen) == 30:
+            first.kill()
+            servers.append(rtsp_server.Server(port, ["--pattern"]).start())
+        return len(seen) < 90
+
+    try:
+        src.run(stream.ptr, on_frame)
+    finally:
+        for s in servers:
+            s.kill()
+    before, after = seen[:30], seen[30:]
+    assert {(shape, w, h) for _, shape, w, h in before} == {((408, 640), 640, 272)}
+    assert {(shape, w, h) for _, shape, w, h in after} == {((540, 640), 640, 360)}
+    assert [i for i, *_ in seen] == list(range(len(seen))) and len(seen) == 90
+
+
+def test_nvdec_tells_concealed_pictures_only_by_printing(bikes, tmp_path, capfd):
+    """What the GPU path's damage report rests on (PyNvVideoCodec 2.2.4): on a clip with flipped bytes the core
+    decoder prints "Decode Error occurred for picture N" on file descriptor 1 for the pictures it concealed, and
+    hands Python no per-frame status (no DecodedFrame member says so). If this fails, PyNvVideoCodec now reports
+    damage some other way: count it in engines/video/nvdec_feed.py and the packet loop instead."""
+    import ctypes
+
+    import cupy as cp
+    import PyNvVideoCodec as nvc
+
+    ts = _remux_ts(bikes, tmp_path / "bikes.ts")
+    bad = tmp_path / "bad.ts"
+    bad.write_bytes(_damage(ts.read_bytes(), "flip", random.Random(5)))
+    stream = cp.cuda.Stream(non_blocking=True)
+    dmx = nvc.CreateDemuxer(filename=str(bad))
+    dec = nvc.CreateDecoder(gpuid=0, codec=dmx.GetNvCodecId(), cudacontext=0, cudastream=stream.ptr,
+                            usedevicememory=True)
+    members, frames, refused = set(), 0, 0
+    for packet in dmx:
+        try:
+            got = dec.Decode(packet)
+        except Exception:  # noqa: BLE001 - a refused packet
+            refused += 1
+            continue
+        for i in range(len(got)):
+            members |= {m for m in dir(got[i]) if not m.startswith("_")}
+            frames += 1
+        del got
+    stream.synchronize()
+    ctypes.CDLL(None).fflush(None)  # C stdio's buffer of fd 1
+    out = capfd.readouterr().out
+    statusy = {m for m in members if any(w in m.lower() for w in ("status", "error", "corrupt", "conceal"))}
+    print(f"\nNVDEC on a flipped TS: {frames} frames, {refused} refused packets, "
+          f"{out.count('Decode Error')} 'Decode Error' prints; DecodedFrame members: {sorted(members)}")
+    assert frames >= 200 and out.count("Decode Error") > 0
+    assert not statusy, statusy

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from engines.video.hub import EVENT, FRAME, FrameHub
-from engines.video.live import LiveOptions, Reconnector, network_error
+from engines.video.live import LiveOptions, Liveness, network_error
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,21 +30,78 @@ class Clock:
 
 def test_backoff_doubles_up_to_its_cap_and_gives_up_after_reconnect_for():
     clock = Clock()
-    rc = Reconnector(LiveOptions(backoff_first=0.5, backoff_max=4, reconnect_for=10), clock)
+    lv = Liveness(LiveOptions(backoff_first=0.5, backoff_max=4, reconnect_for=10), clock)
+    lv.frame()
     delays = []
-    while (d := rc.lost()) is not None:
+    while (d := lv.lost()) is not None:
         delays.append(d)
         clock.t += d
     assert delays == [0.5, 1, 2, 4, 2.5]  # the last one is cut to end exactly at reconnect_for
-    assert rc.outage_s() == pytest.approx(10)
-    assert rc.connected() == (pytest.approx(10), 5) and not rc.in_outage
-    assert rc.lost() == 0.5  # a new outage starts the schedule again
+    assert lv.outage_s() == pytest.approx(10)
+    lv.opening()
+    assert lv.frame() == (pytest.approx(10), 5)  # the first frame of the new connection ends the outage
+    assert lv.lost() == 0.5  # a new outage starts the schedule again
 
 
 def test_reconnect_attempts_limit_and_zero_means_no_reconnect():
-    rc = Reconnector(LiveOptions(reconnect_attempts=2), Clock())
-    assert [rc.lost(), rc.lost(), rc.lost()] == [0.5, 1, None]
-    assert Reconnector(LiveOptions(reconnect_for=0), Clock()).lost() is None
+    lv = Liveness(LiveOptions(reconnect_attempts=2), Clock())
+    assert [lv.lost(), lv.lost(), lv.lost()] == [0.5, 1, None]
+    assert "--reconnect-attempts (now 2)" in lv.ran_out()
+    lv = Liveness(LiveOptions(reconnect_for=0), Clock())
+    assert lv.lost() is None and "--reconnect-for" in lv.ran_out()
+
+
+def test_a_connection_counts_from_its_first_frame_and_the_outage_from_the_last():
+    """Connections that open but give no frame neither end the outage nor restart its clock: the outage (and
+    reconnect_for) runs from the last frame, and only a frame ends it."""
+    clock = Clock()
+    lv = Liveness(LiveOptions(read_timeout=5, open_timeout=3, reconnect_for=15), clock)
+    assert lv.deadline() == 3  # the first frame is due open_timeout after the attempt
+    clock.t = 1.0
+    assert lv.frame() is None and lv.live  # the first frame ever: no reconnection
+    clock.t = 2.0
+    lv.frame()
+    assert lv.deadline() == 7  # read_timeout after the last frame
+    clock.t = 7.0
+    assert lv.lost() is not None and lv.outage_s() == 5.0  # counted from the last frame
+    for t in (8.0, 11.0, 14.0):  # each attempt opens, no frame comes
+        clock.t = t
+        lv.opening()
+        assert lv.deadline() == min(t + 3, 17.0)  # never past the give-up moment (last frame + reconnect_for)
+        clock.t = lv.deadline()
+        delay = lv.lost()
+    assert delay is None and lv.outage_s() == 15.0 and not lv.live
+
+
+def test_watchdog_resumes_interrupted_reads_and_fires_at_the_deadline():
+    """watched_packets: a read that PyAV's short timeout interrupts is resumed with a fresh demuxer while the
+    deadline is ahead; past it NoFrames says which timeout, whatever the demuxer does."""
+    from engines.video.live import AVERROR_EXIT, NoFrames, watched_packets
+
+    class Exit(Exception):
+        errno = AVERROR_EXIT
+
+    clock = Clock()
+    reads = []
+
+    class Container:
+        def demux(self, stream):
+            reads.append(clock.t)
+            while True:
+                clock.t += 1.0
+                if clock.t < 3:
+                    yield f"p{clock.t:g}"
+                else:
+                    raise Exit("Immediate exit requested")
+
+    lv = Liveness(LiveOptions(read_timeout=5, open_timeout=10), clock)
+    got = []
+    with pytest.raises(NoFrames, match="no frame for 5 s"):
+        for packet, _ in watched_packets(Container(), None, lv):
+            lv.frame()
+            got.append(packet)
+    assert got == ["p1", "p2"] and clock.t == 7.0  # the last frame at 2 s, declared lost at 2 + 5 s
+    assert reads == [0.0, 3.0, 4.0, 5.0, 6.0]  # one fresh demuxer per interrupted read
 
 
 def test_hub_drop_oldest_keeps_the_newest_frames_and_counts_the_rest():
@@ -222,3 +279,223 @@ def test_missing_frames_are_counted_from_the_span_of_timestamps_even_out_of_orde
     assert feed([0, step, 5 * step, 6 * step]).missing == 3  # frames 2, 3 and 4 never came
     tl = feed([None, step, 2 * step])  # an RTSP session's first frame has no pts
     assert tl.missing == 0 and tl.low == 0
+
+
+def test_gpu_live_path_replans_a_camera_that_returns_at_another_size():
+    """nvdec_feed.make_decoder takes each connection's stream as new: the source's info (size, codec, colour) is
+    replaced, so the preprocessing plan (keyed on it) follows a camera that comes back at another resolution."""
+    from fractions import Fraction
+    from types import SimpleNamespace as NS
+
+    from engines.video.nvdec_feed import make_decoder
+    from engines.video.sources import NvdecSource
+
+    made = []
+    nvc = NS(cudaVideoCodec=NS(H264=4, HEVC=8), cudaVideoChromaFormat=NS(__members__={"YUV420": 1}),
+             DisplayDecodeLatencyType=NS(NATIVE=0, LOW=1, ZERO=2),
+             GetDecoderCaps=lambda **kw: {"supported": True, "width_max": 8192, "height_max": 8192},
+             CreateDecoder=lambda **kw: made.append(kw) or object())
+
+    def stream(codec, w, h):
+        cc = NS(name=codec, width=w, height=h, pix_fmt="yuv420p", format=None, colorspace=None, color_range=None)
+        return NS(codec_context=cc, average_rate=Fraction(30), time_base=Fraction(1, 90000))
+
+    src = NvdecSource("rtsp://127.0.0.1:1/cam")
+    make_decoder(src, nvc, stream("h264", 640, 360), 0)
+    first = src.info
+    make_decoder(src, nvc, stream("hevc", 1920, 1080), 0)
+    assert (first.width, first.height, first.codec) == (640, 360, "h264")  # the old info is not changed in place
+    assert (src.info.width, src.info.height, src.info.codec) == (1920, 1080, "hevc")
+    assert src.info.colorspace.matrix == "bt709" and first.colorspace.matrix == "bt601"
+    assert [m["codec"] for m in made] == [4, 8]  # a decoder per connection, for its codec
+
+
+def test_lag_is_capture_to_now_anchored_at_the_quickest_frame_and_restarts_per_connection():
+    from engines.video.live import LagClock
+
+    lc = LagClock()
+    assert lc.captured(10.0, 1000.5) == 1000.5  # the first frame anchors: stream time 10 s = 1000.5
+    assert lc.captured(10.04, 1000.6) == pytest.approx(1000.54)  # 60 ms late: lag 0.06 s
+    assert lc.captured(11.0, 1005.0) == pytest.approx(1001.5)  # after a stall: 3.5 s behind live
+    assert lc.captured(12.0, 1001.9) == pytest.approx(1001.9)  # a quicker frame moves the anchor (never a negative lag)
+    lc.reset()
+    assert lc.captured(0.0, 2000.0) == 2000.0  # a new connection's timestamps start again
+
+
+def test_lag_stats_quantiles_within_a_bin_and_max_exact():
+    from engines.video.live import LagStats
+
+    st = LagStats()
+    for i in range(1000):
+        st.add(i / 1000)  # 0 .. 0.999 s
+    st.add(500.0)  # past the last bin: still the max
+    d = st.to_dict()
+    assert d["frames"] == 1001 and d["max"] == 500.0
+    assert 0.5 <= d["p50"] <= 0.51 and 0.98 <= d["p99"] <= 0.99 + 0.01
+    assert LagStats().to_dict() == {}
+
+
+def test_frames_past_max_lag_are_skipped_with_one_lagging_and_one_caught_up_event():
+    from engines.video.live import LiveSource
+
+    class Src(LiveSource):
+        name, decoded, stop, lagged = "cam", 0, None, 0
+        options = LiveOptions(max_lag=2.0)
+
+        def __init__(self):
+            self.events = []
+            self.on_event = self.events.append
+
+    src = Src()
+    kept = [src._keep(lag) for lag in (0.1, 1.9, 2.5, 3.0, 1.5, 0.9, 0.2, 2.1)]
+    assert kept == [True, True, False, False, False, True, True, False]  # skipping ends under half the bound
+    assert [(e.event, e.extra.get("skipped")) for e in src.events] == [("lagging", None), ("caught_up", 3),
+                                                                       ("lagging", None)]
+    assert src.lagged == 4 and src.events[0].extra["lag_s"] == 2.5
+    src.options = LiveOptions(max_lag=None)
+    assert src._keep(100.0)
+    src.options = LiveOptions(policy="block")  # a recording keeps every frame
+    assert src._keep(100.0) and src.lagged == 4
+
+
+def test_ray_reruns_a_live_source_as_a_new_connection_with_frame_numbers_going_on():
+    """A live source whose Ray actor failed is handed to another actor without ``done`` (which a live source
+    refuses) and its new connection's frames, numbered from 0 there, reach the caller numbered on from the last
+    frame it had; a file in the same job still resumes with ``done``."""
+    from types import SimpleNamespace as NS
+
+    from engines.video.pipeline import RunStats
+    from engines.video.ray_cluster import _Dispatch
+    from engines.video.results import ResultBlock
+
+    calls = []
+
+    class Actor:
+        def __init__(self, name):
+            self.name, self.alive, self.labels = name, True, None
+            remote = NS(remote=lambda srcs, opts: calls.append((name, srcs, opts)) or object())
+            self.handle = NS(run=NS(options=lambda **kw: remote))
+
+    a, b = Actor("a"), Actor("b")
+    pool = NS(actors=[a, b], streams=4)
+    run = NS(problems=[], failures=[], retried=[], placement={}, stats=RunStats(), timing={}, events=[])
+    cam, clip = "rtsp://127.0.0.1:9/cam", "/data/clip.mp4"
+    d = _Dispatch(pool, [cam, clip], {}, run, None)
+    d.hand_out()
+
+    def block(frames):
+        return ResultBlock([cam], [0] * len(frames), frames, frames, [None] * len(frames), [[1]] * len(frames),
+                           [[0.5]] * len(frames), [None] * len(frames), [None] * len(frames),
+                           [0.0] * len(frames), ['{"x": 1}\n'] * len(frames), None)
+
+    assert [list(d._kept(a, block([0, 1, 2])).frame)] == [[0, 1, 2]]
+    d.last[clip] = 7
+    a.alive = False
+    d.busy.clear()
+    d.retry_or_give_up(a, [cam, clip], "died")
+    d.hand_out()
+    name, srcs, opts = calls[-1]
+    assert name == "b" and opts["done"] == {clip: 7}  # the file resumes; the camera does not
+    got = d._kept(b, block([0, 1]))
+    assert list(got.frame) == [3, 4] and got.lines is None  # numbered on; the lines formatted again
+    assert not run.problems
+
+
+def _fake_nvdec(refuse_every: int = 0):
+    """A stand-in for PyNvVideoCodec's core decoder: one frame per non-empty packet, carrying the pts fed; every
+    ``refuse_every``-th packet refused (as NVDEC refuses a damaged one)."""
+    from types import SimpleNamespace as NS
+
+    class Frame:
+        def __init__(self, pts):
+            self.pts = pts
+
+        def getPTS(self):
+            return self.pts
+
+    class Dec:
+        n = 0
+
+        def Decode(self, pkt):
+            if not pkt.bsl:
+                return []
+            Dec.n += 1
+            if refuse_every and Dec.n % refuse_every == 0:
+                raise RuntimeError("refused")
+            return [Frame(pkt.pts)]
+
+    class PacketData:
+        bsl, bsl_data, pts, decode_flag = 0, 0, 0, 0
+
+    return NS(cudaVideoCodec=NS(H264=4), cudaVideoChromaFormat=NS(__members__={"YUV420": 1}),
+              DisplayDecodeLatencyType=NS(NATIVE=0, LOW=1, ZERO=2), VideoPacketFlag=NS(ENDOFPICTURE=1),
+              GetDecoderCaps=lambda **kw: {"supported": True}, CreateDecoder=lambda **kw: Dec(),
+              PacketData=PacketData)
+
+
+@pytest.mark.parametrize("refuse_every", [0, 10])
+def test_nvdec_feed_pass_numbers_frames_counts_refused_packets_and_times_them(bikes, monkeypatch, refuse_every):
+    """feed_pass over bikes.mp4's real packets (PyAV demuxer, Annex B filter) with a stand-in decoder: every
+    packet's frame is passed on with consecutive indices and the pts-based time; a refused packet is counted as
+    damage and skipped, the stream going on."""
+    import av
+
+    from engines.video import nvdec_feed
+    from engines.video.sources import NvdecSource
+
+    monkeypatch.setattr(nvdec_feed, "_synchronize", lambda ptr: None)
+    src = NvdecSource(str(bikes), live=False)
+    got = []
+    with av.open(str(bikes)) as c:
+        s = c.streams.video[0]
+        tb = s.time_base
+        end = nvdec_feed.feed_pass(src, _fake_nvdec(refuse_every), 0,
+                                   lambda i, pts, t, f, fed: got.append((i, pts, t)), 5, c, s)
+    refused = 250 // refuse_every if refuse_every else 0
+    assert src.damaged == refused and src.decoded == 250 - refused == len(got)
+    assert [i for i, _, _ in got] == list(range(5, 5 + len(got))) and end == 5 + len(got)
+    assert all(t == pytest.approx(float(pts * tb)) for _, pts, t in got)
+    assert src.info.width == 640 and src.info.height == 272
+
+
+def test_nvdec_feed_counts_packets_the_demuxer_flags_as_corrupt(bikes, monkeypatch, tmp_path):
+    """bikes.mp4 remuxed to MPEG-TS with 4 KB zeroed: PyAV's demuxer flags the damaged packet, and the GPU feed
+    counts it as damage although the (stand-in) decoder takes every packet, as NVDEC conceals."""
+    import av
+
+    from engines.video import nvdec_feed
+    from engines.video.sources import NvdecSource
+
+    ts = tmp_path / "b.ts"
+    with av.open(str(bikes)) as i, av.open(str(ts), "w", format="mpegts") as o:
+        st = i.streams.video[0]
+        t = o.add_stream_from_template(st)
+        for p in i.demux(st):
+            if p.dts is not None:
+                p.stream = t
+                o.mux(p)
+    data = bytearray(ts.read_bytes())
+    at = len(data) // 2 // 188 * 188 + 4  # inside a transport packet's payload, mid-file
+    data[at:at + 4096] = bytes(4096)
+    bad = tmp_path / "zeroed.ts"
+    bad.write_bytes(bytes(data))
+    monkeypatch.setattr(nvdec_feed, "_synchronize", lambda ptr: None)
+    for path, damaged in ((ts, 0), (bad, 1)):
+        src = NvdecSource(str(path), live=False)
+        with av.open(str(path)) as c:
+            nvdec_feed.feed_pass(src, _fake_nvdec(), 0, lambda *a: None, 0, c, c.streams.video[0])
+        assert (src.damaged > 0) == bool(damaged), (path.name, src.damaged)
+
+
+def test_a_workers_lag_figures_reach_the_pool_stats():
+    from engines.video.live import LagStats
+    from engines.video.pipeline import RunStats
+
+    worker = RunStats()
+    worker.lag["/w/cam"] = LagStats()
+    for x in (0.1, 0.2, 0.3):
+        worker.lag["/w/cam"].add(x)
+    pool = RunStats()
+    pool.merge_from(worker.for_pool(), names={"/w/cam": "cam"})
+    lag = pool.to_dict()["lag_s"]
+    assert lag == {"cam": worker.lag["/w/cam"].to_dict()} and lag["cam"]["frames"] == 3
