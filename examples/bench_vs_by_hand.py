@@ -5,9 +5,9 @@ row's engine does).
 
     python3 examples/bench_vs_by_hand.py bikes8.mp4 torch-fp16:lite0.pt2     # from the project root, on a GPU
 
-On an H100 (2026-11-26, docs/BENCHMARKS.md session 15, probe NZ3) with Lite0 FP16: the bench's trtc row 17,434 fps,
+On an H100 (2026-11-26, docs/data/video-torch-vs-ort-h100-2026-11-26.json) with Lite0 FP16: the bench's trtc row 17,434 fps,
 by hand afterwards 12,713-17,067, where in a process of its own (examples/pipeline_parts.py) the pipeline ran at
-19,202. Later runs (probe NZ4, bench runs R5 and C) did not repeat the gap: the bench itself then reached
+19,202. Later runs did not repeat the gap: the bench itself then reached
 0.96-1.12x of its limit. This is the script that ran then, unchanged but for this text.
 """
 import statistics, sys, time

@@ -5,11 +5,11 @@ alone rates kept together: if they sum to 2 the two share nothing; if to 1, ever
 
     python3 examples/decode_engine_corun.py bikes8.mp4 lite0.fp16.onnx      # from the project root, on a GPU
 
-On an H100 (2026-11-26, docs/BENCHMARKS.md session 14), Lite0 FP16 (ONNX Runtime) and bikes8.mp4 kept 0.80
+On an H100 (2026-11-26, docs/data/push-queues-video-lite0-h100-2026-11-26.json), Lite0 FP16 (ONNX Runtime) and bikes8.mp4 kept 0.80
 (decode) and 0.71 (engine) together: a sum of 1.51. trtc's pipeline, which needs both, ran at 0.81x of the lower of
-the two alone in the same session: the two share the GPU, and 0.9x of that lower figure asks for more than these
+the two alone in the same process: the two share the GPU, and 0.9x of that lower figure asks for more than these
 two loops got at once. Each stage starts at a wall-clock time 40 s ahead (the engine's open and warm-up fit in it),
-so the timed windows overlap. This is the script that ran then (probe U), unchanged but for this text.
+so the timed windows overlap. This is the script that ran then, unchanged but for this text.
 """
 import json, subprocess, sys, time
 

@@ -15,7 +15,7 @@ With a READY_FILE it then writes its pid there, waits a second and runs null_new
 
     python3 examples/pipeline_lock.py bikes8.mp4 lite0.fp16.onnx 3 [READY_FILE]     # from the project root, on a GPU
 
-This ran as probe P2 on an H100 (docs/BENCHMARKS.md, session 17): no variant slowed there, and the lock was held 34%
+This ran on an H100 (docs/data/video-before-issue30-h100-2026-11-26.json): no variant slowed there, and the lock was held 34%
 of the time with both changes against 55-61% before them on another machine. It is that script with unused imports
 removed and this text added; it needs the gpu extra (CuPy, PyNvVideoCodec) and an NVIDIA GPU.
 """

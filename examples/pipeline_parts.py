@@ -6,7 +6,7 @@ each run and the medians as fractions of decode-only.
     python3 examples/pipeline_parts.py bikes8.mp4 torch-fp16:lite0.pt2     # from the project root, on a GPU
     python3 examples/pipeline_parts.py bikes8.mp4 lite0.fp16.onnx
 
-On an H100 (2026-11-26, docs/BENCHMARKS.md session 15, probe NZ) with Lite0 FP16 and bikes8.mp4: null engine 1.02x
+On an H100 (2026-11-26, docs/data/video-torch-vs-ort-h100-2026-11-26.json) with Lite0 FP16 and bikes8.mp4: null engine 1.02x
 of decode-only, the compiled engine 0.917x, tuned ONNX Runtime 0.56x (the engine's own limit). The same pipeline
 timed inside `trtc bench VIDEO`'s process ran at 0.80x once (examples/bench_vs_by_hand.py), and three later fresh
 processes of this script gave 1.04x, 0.93x and 0.96x: the rate varied between phases of a machine's life, for reasons

@@ -3,10 +3,10 @@ life, and do pushers of one process differ? Each repeat times the engine alone f
 second), then pushes device NV12 1080p frames from N threads into a new FramePusher (one figure a second, with the
 GPU's SM clock, power and utilisation from nvidia-smi). Prints two lines a repeat, writes JSON.
 
-Session 13 found with it that a pusher's speed is fixed for its whole life (one pusher in five at 0.90x of
-engine-only for all of its 60 s) and took CUDA's hardware work queues for the cause: with
-CUDA_DEVICE_MAX_CONNECTIONS=32 five of five pushers ran at 0.998x. Session 14 ran ten pushers each way in one
-call: with 32 queues 4 of 10 ran below 0.95x, with CUDA's default 8 none did (docs/PUSH.md), so the queues are not
+A first run showed with it that a pusher's speed is fixed for its whole life (one pusher in five at 0.90x of
+engine-only for all of its 60 s) and CUDA's hardware work queues were taken for the cause: with
+CUDA_DEVICE_MAX_CONNECTIONS=32 five of five pushers ran at 0.998x. Ten pushers each way in one
+call then showed: with 32 queues 4 of 10 ran below 0.95x, with CUDA's default 8 none did (docs/PUSH.md), so the queues are not
 the cause and trtc sets nothing. Compare the two with
 
     CUDA_DEVICE_MAX_CONNECTIONS=32 python3 examples/push_per_second.py --model r50.fp16.onnx --video bikes1080.mp4
