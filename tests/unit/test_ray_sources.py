@@ -40,7 +40,7 @@ def test_folders_and_lists_expand(tmp_path):
     with pytest.raises(UsageProblem, match="holds no video"):
         batch_sources([str(tmp_path / "empty")])
     with pytest.raises(UsageProblem, match="--ray") as e:
-        _no_batch([folder])
+        _no_batch([folder], "lite0.onnx")
     assert "--ray" in e.value.fix
 
 
