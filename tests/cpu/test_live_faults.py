@@ -92,8 +92,10 @@ class Run:
     def finish(self, timeout: float = 60) -> int:
         try:
             self.stdout, self.stderr = self.proc.communicate(timeout=timeout)
-        finally:
+        except subprocess.TimeoutExpired:
             self.proc.kill()
+            self.stdout, self.stderr = self.proc.communicate()
+            raise AssertionError(f"trtc run still running after {timeout} s; events {self.events()}") from None
         return self.proc.returncode
 
     def stop(self) -> int:
@@ -204,7 +206,8 @@ def test_reconnect_attempts_running_out_names_that_option(camera, lite0_onnx, tm
 
 def test_camera_returning_at_another_resolution_goes_on(rtsp, bikes, lite0_onnx, tmp_path):
     """The camera goes away and comes back as another stream (640x360 test pattern, then bikes.mp4 at its own
-    size): a `reconnected` event after the first frame of the new stream, frames numbered on, results for it."""
+    size): a `reconnected` event after the first frame of the new stream, frames numbered on, results for it.
+    (The CPU path decodes each connection anew; on the GPU path the same test checks the re-planned decoder.)"""
     with rtsp.start(pattern=True) as a, rtsp.start(file=bikes) as b, \
             FaultProxy(("127.0.0.1", a.port), lifetime=300) as proxy:
         run = Run(proxy.url(), lite0_onnx[0], tmp_path, "--read-timeout", 5)
@@ -215,4 +218,4 @@ def test_camera_returning_at_another_resolution_goes_on(rtsp, bikes, lite0_onnx,
     assert run.events()[:2] == ["disconnected", "reconnected"], run.events()
     frames = [r["frame"] for r in run.records() if "frame" in r]
     assert frames == sorted(set(frames))
-    assert all(r["top1"] if "top1" in r else r.get("indices") for r in run.records() if "frame" in r)
+    assert all(len(r["top_k"]) == 1 and 0 < r["top_k"][0]["score"] <= 1 for r in run.records() if "frame" in r)
