@@ -80,6 +80,10 @@ def make_decoder(src, nvc, stream, stream_ptr: int):
     codec = getattr(nvc.cudaVideoCodec, codec_member)
     members = getattr(nvc.cudaVideoChromaFormat, "__members__", {})
     chroma_enum = members.get(chroma) or members.get(f"YUV{chroma}") or members.get("Monochrome")
+    if src.live and (cc.width <= 0 or cc.height <= 0):  # the connection opened but no picture told its size: no
+        # video came (a camera that answers RTSP without sending any); the liveness rules judge it, as on the CPU
+        raise NoFrames("the connection gave no video (its picture size is unknown)",
+                       "check the camera: it answers but sends no video")
     src._check_caps(nvc, codec, chroma_enum, depth, cc.width, cc.height, cc.name)
     fps = float(stream.average_rate) if stream.average_rate else None
     # each connection is a new stream: a camera may come back at another size, codec or colour space, and the

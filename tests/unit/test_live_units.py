@@ -308,6 +308,13 @@ def test_gpu_live_path_replans_a_camera_that_returns_at_another_size():
     assert (src.info.width, src.info.height, src.info.codec) == (1920, 1080, "hevc")
     assert src.info.colorspace.matrix == "bt709" and first.colorspace.matrix == "bt601"
     assert [m["codec"] for m in made] == [4, 8]  # a decoder per connection, for its codec
+    # a connection that opened without any video (its size unknown) is no frame, judged by the liveness rules,
+    # not a stream NVDEC cannot decode (which would end the source)
+    from engines.video.live import NoFrames
+
+    with pytest.raises(NoFrames, match="no video"):
+        make_decoder(src, nvc, stream("h264", 0, 0), 0)
+    assert src.info.width == 1920 and len(made) == 2
 
 
 def test_lag_is_capture_to_now_anchored_at_the_quickest_frame_and_restarts_per_connection():
