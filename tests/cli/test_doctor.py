@@ -39,7 +39,7 @@ def test_doctor_table():
 
 def test_nvdec_caps_lookup_with_a_stand_in_module(monkeypatch):
     """A stand-in for PyNvVideoCodec (NOT the real library) shaped like 2.2.4's pybind11 module, whose chroma
-    enum names its members "420"/"444" (not attribute names). The real module ran on an H200: docs/GPU.md."""
+    enum names its members "420"/"444" (not attribute names). The real module ran on an H200: docs/VERIFIED.md."""
     import sys
     import types
 

@@ -95,9 +95,9 @@ def test_every_docs_page_is_in_the_readme_table_and_in_this_test():
     import re
 
     linked = set(re.findall(r"\(docs/([A-Z-]+)\.md\)", README.read_text()))
-    # pages of figures or of how the tests work, with no commands of the tour; BRING-YOUR-OWN-ONNX's commands need
+    # pages of figures, of internals or of how the tests work, with no commands of the tour; BRING-YOUR-OWN-ONNX's commands need
     # a model of the reader's own; TORCH's run on a GPU (its export would redo the tour's Lite0 export)
-    assert set(PAGES) <= linked and linked - set(PAGES) <= {"BENCHMARKS", "GPU", "CLUSTER", "TESTING",
+    assert set(PAGES) <= linked and linked - set(PAGES) <= {"BENCHMARKS", "INTERNALS", "CLUSTER", "TESTING",
                                                             "BRING-YOUR-OWN-ONNX", "EDGE", "TORCH"}
     for p in linked:
         assert (README.parent / "docs" / f"{p}.md").is_file(), p

@@ -45,7 +45,7 @@ def test_the_photos_fixture_does_not_turn_errors_into_skips(monkeypatch):
 
 
 def test_require_gpu_turns_gpu_skips_into_failures(monkeypatch):
-    """Issue 32: with TRTC_REQUIRE_GPU=1 (the GPU runs in docs/GPU.md) a GPU test that skips fails, so a broken gpu
+    """Issue 32: with TRTC_REQUIRE_GPU=1 (the GPU runs in docs/VERIFIED.md) a GPU test that skips fails, so a broken gpu
     extra cannot turn the GPU suite into a row of skips; skips for hardware or packages outside the extra stay."""
     monkeypatch.delenv("TRTC_REQUIRE_REAL", raising=False)
     monkeypatch.setenv("TRTC_REQUIRE_GPU", "1")
