@@ -4,7 +4,7 @@ The GPU pipeline launches its preprocessing kernel once per batch of decoded fra
 that share the interpreter lock. CuPy's ``RawKernel.__call__`` converts every argument on each call while holding
 that lock: with the kernel's 35 arguments the launch was 21-24% of the lock's held samples (roughly 50 us a launch)
 at 16 streams of 640x272 video on an H100, and 7% through this module with half as many launches (16 frames each;
-docs/BENCHMARKS.md, session 17, P and P2).
+docs/BENCHMARKS.md).
 
 :class:`DriverLaunch` packs the arguments once per launch plan (each parameter's bytes in an 8-byte slot of a
 per-thread buffer), and each launch then writes only the frames' surface pointers and the output pointer before it

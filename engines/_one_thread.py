@@ -2,7 +2,7 @@
 
 Why (the compiled PyTorch engine, engines.torch_engine): torch keeps cuDNN's execution plans in a cache per thread
 (``thread_local`` in ``aten/src/ATen/native/cudnn/Conv_v8.cpp``), so the first run of the model's function on a
-new thread builds every convolution's plan again. On an H100 (session 22; torch 2.11.0+cu130, Lite0 FP16, batch
+new thread builds every convolution's plan again. On an H100 (2026-11-26; torch 2.11.0+cu130, Lite0 FP16, batch
 64) that first run took 2.0-2.1 s on each new thread against 3 ms on a thread that had run it, and each video
 pipeline has an inference thread of its own: the first pipeline run of `trtc bench VIDEO` at 16 streams captured a
 CUDA graph for a new input slot there and ran at 8,700-11,200 fps against 20,000-21,800 for the runs after it.

@@ -3,7 +3,7 @@
 Why: with cuDNN's default algorithms (the quick session, engines._ort_quick) ONNX Runtime gets cuDNN's FALLBACK
 engines for every convolution. For depthwise convolutions those are generic implicit-GEMM kernels: on an H100
 (ORT 1.31.1, cuDNN 9.14) they made EfficientNet-Lite0's quick session run at 154-190 img/s, 0.33 s for a batch of
-64, against 15,000 img/s once the tuned session is ready (docs/BENCHMARKS.md, sessions 19 and 20). A depthwise
+64, against 15,000 img/s once the tuned session is ready (docs/BENCHMARKS.md). A depthwise
 convolution is one multiply-add per filter tap, so the copy computes it with ONNX Runtime's own element-wise
 kernels, which need no cuDNN set-up:
 

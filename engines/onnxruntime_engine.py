@@ -150,7 +150,7 @@ def session_options(ort, threads: int | None = None, qdq_fusion: bool = True):
 # batch) Lite0 5.72 -> 3.96 s, ResNet-50 0.92 -> 0.76 s. prefer_nhwc gives most of the speed; HEURISTIC cuDNN
 # algorithm choice ran as fast as the default EXHAUSTIVE search (within 1%) and starts 1.5-2 s sooner. DEFAULT
 # started fastest but ran at 164-2,486 img/s (cuDNN's fallback kernels), so it is not used. fuse_conv_bias (each
-# convolution with its bias as one cuDNN frontend graph; session 25, H100, docs/BENCHMARKS.md): Lite0
+# convolution with its bias as one cuDNN frontend graph; H100, 2026-11-27, docs/BENCHMARKS.md): Lite0
 # FP16 engine-only 14.8-15.2k -> 22.2-22.4k img/s and its 16-stream video pipeline 12.0-12.6k -> 16.6-17.5k fps (one
 # machine, alternating); ResNet-50 FP16 unchanged (16,376 -> 16,418). Top-1 as without it (trtc validate on the GPU:
 # 99.6% against FP32, the same one flip). Its cost: the tuned session's first run at a new shape takes ~2.8 s longer
@@ -404,8 +404,8 @@ class OnnxRuntimeEngine(EngineBase):
 
         Why: on an H100 (ONNX Runtime 1.31.1, cuDNN 9.14) the GPU tests at bae537d failed with an illegal
         instruction in Lite0's tuned session (FP32, graphs on) when a graph captured at batch 32 could replay after
-        the session ran at 7 and 1 on the preparing thread (tests/gpu/test_ort_tuning_gpu.py, session 21); session
-        20's failures were runs at a new size beside queued runs at the old one. ONNX Runtime's cuDNN convolutions
+        the session ran at 7 and 1 on the preparing thread (tests/gpu/test_ort_tuning_gpu.py); earlier failures
+        were runs at a new size beside queued runs at the old one. ONNX Runtime's cuDNN convolutions
         keep one execution plan each, that of the last input shape, and replace it at a new shape without waiting
         for the GPU (``Conv::UpdateState`` in its core/providers/cuda/nn/conv.cc), and cuDNN compiles some of
         Lite0's kernels at run time. That is our best reading, not a proof: a single-threaded probe of the FP16

@@ -422,7 +422,7 @@ class _PrecompiledLoader(threading.Thread):
     thread of its own (``start()``) or on the caller's (``run()``).
 
     Why the load goes to another thread and the eager warm-up stays on the caller's, and not the other way round
-    (which session 15 tried, run W, and which did not shorten the first run): torch keeps cuDNN's execution plans
+    (tried on an H100: it did not shorten the first run): torch keeps cuDNN's execution plans
     in a cache per thread (``thread_local`` in ``aten/src/ATen/native/cudnn/Conv_v8.cpp``; cuDNN's plans are not
     guaranteed thread-safe), so plans that another thread built are built again by the thread that runs the
     compiled function. Its first run spent about 2 s there on an H100 (Lite0 FP16, batch 64). The warm-up must run

@@ -47,7 +47,7 @@ With ``ort_tuning`` "both" an ONNX Runtime model also runs trtc and engine-only 
 model's, opened as trtc opens it (``baseline_tuning`` "auto") or, for an ONNX model, with ONNX Runtime's options
 before the tuning ("off"); each of the model's trtc rows then has ``vs_baseline``, its fps over the baseline's trtc
 fps. Two separate runs differ by more than the pipelines do: decode-only alone varied 20.5k-25.3k fps between two
-processes on one H100 (docs/BENCHMARKS.md, session 24), so a comparison belongs in one run. The baseline has no
+processes on one H100 (2026-11-27), so a comparison belongs in one run. The baseline has no
 usual, latency, memory, several-GPU or time-to-first-result rows.
 ``first_result``: the time to first result of `trtc run`, measured in a fresh Python process (nothing warm in the
 process; caches on disk are), twice: from just before ``engines.open_engine`` to the first Prediction of

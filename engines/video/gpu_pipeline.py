@@ -55,9 +55,9 @@ DECODE_BATCH = 8
 # ... but small frames decode so fast that the calls themselves become the limit: each call and its hand-on of frames
 # needs the interpreter lock, which the decoder threads share with inference. 16 streams of 640x272 (~22k fps on an
 # H100) ran the pipeline with a null engine at 0.70-0.72x of decode-only in two of three processes with 8 frames a
-# call, and at 0.93-1.05x with 16 (docs/BENCHMARKS.md, session 17, probe P). Frames under this many pixels are decoded
+# call, and at 0.93-1.05x with 16 (docs/BENCHMARKS.md). Frames under this many pixels are decoded
 # twice as many a call. More does not pay: decode-only alone ran at the same rate with 8 to 64 frames a call, and the
-# pipeline with 32 no faster than with 16 (session 24).
+# pipeline with 32 no faster than with 16 (H100, 2026-11-27).
 SMALL_FRAME_PIXELS = 960 * 540
 
 

@@ -181,7 +181,7 @@ def test_quick_start_answers_a_new_shape_at_once_and_agrees_with_the_tuned_sessi
 
 def test_a_fused_session_cudnn_refuses_runs_unfused_and_right(lite0_fp16, lite0_onnx, photos, monkeypatch, caplog):
     """On an H100 (ONNX Runtime 1.31.1, cuDNN 9.14) cuDNN refused FP16 Lite0's first convolution fused with its bias
-    under NCHW at run time (HEURISTIC_QUERY_FAILED; session 25's probe). trtc asks for NHWC, where it is accepted, so
+    under NCHW at run time (HEURISTIC_QUERY_FAILED, 2026-11-27). trtc asks for NHWC, where it is accepted, so
     this test asks for NCHW to get a real refusal: the engine reopens the session unfused, says so once, and its
     answers have the untuned session's top-1, logits within 5e-2 (FP16)."""
     import cupy as cp

@@ -170,7 +170,7 @@ def test_memory_flat_over_ten_passes(cuda_program, photo_batch):
 def test_the_model_s_function_runs_on_the_engine_s_own_thread(cuda_program, photo_batch, monkeypatch):
     """torch caches cuDNN's plans per thread: the model's function (here, the captures for new input slots) runs on
     the engine's own thread whichever thread calls, so that a new video pipeline's inference thread does not build
-    them again (engines._one_thread; 2 s a new thread for Lite0 on an H100, session 22); replays stay on the
+    them again (engines._one_thread; 2 s a new thread for Lite0 on an H100); replays stay on the
     caller's. Batches from other threads give the logits the first thread got."""
     import threading
 
