@@ -164,7 +164,8 @@ class QuickStart:
                     self.unavailable = exc
                     log.warning("%s: quick start off, the first batches wait for the tuned session: its quick "
                                 "session did not open (%s)", self.name, first_line(exc))
-            if self._quick is None:
+            if self._quick is None:  # no quick session: the tuned session runs it once this shape is prepared
+                self._lock.wait_for(lambda: key in self._ready)
                 return None
             self.quick_runs += 1
             return self._quick
@@ -186,6 +187,7 @@ class QuickStart:
             with self._lock:
                 self._queue.pop(0)
                 self._ready.add(key)
+                self._lock.notify_all()  # a route() without a quick session waits for this shape
         if retired is not None and self._retire is not None:
             try:  # a caller still running it keeps its own reference and waits itself (holds)
                 self._retire(retired)

@@ -14,10 +14,11 @@ def inspect_artifact(path: str | Path, device: int = 0) -> dict:
     p = Path(path)
     if not p.is_file():
         raise UsageProblem(f"no such file: {p}", "give an .onnx or .plan made by trtc")
-    from .model_source import refuse_non_onnx
-
-    refuse_non_onnx(p, "inspect", plans=True)
     m = read_manifest_if_any(p)
+    if m is None:  # an artifact trtc made (a .pt2 program too) is described from its manifest
+        from .model_source import refuse_non_onnx
+
+        refuse_non_onnx(p, "inspect", plans=True)
     if m is None and p.suffix.lower() == ".onnx":
         return _bare_onnx(p)
     if m is None and p.suffix.lower() != ".plan":

@@ -10,14 +10,13 @@ from click.testing import CliRunner
 from toolchain.cli import cli
 
 
-def test_trtc_run_reaches_open_engine_and_classify_with_the_library_s_options(tmp_path, monkeypatch):
+def test_trtc_run_reaches_open_engine_and_classify_with_the_library_s_options(tmp_path, monkeypatch, bikes):
     import engines
     import engines.video
 
     model = tmp_path / "m.onnx"
     model.write_bytes(b"not read: open_engine is recorded")
-    clip = tmp_path / "clip.mp4"
-    clip.write_bytes(b"")
+    clip = bikes  # a real video: run refuses a source that is plainly no video before any engine opens
     seen = {}
 
     class Engine:
