@@ -9,17 +9,17 @@ FP16, batch 64) that first run took 2.3-4.6 s for EfficientNet-Lite0, 4.5 s of i
 batch of 64 in 0.26 s (ResNet-50) and 0.90 s (Lite0), though at 2,833 and 191 img/s afterwards. Both sessions gave
 the same top-1 on those batches (largest logit difference 0.006 for Lite0). So a caller gets its first results from
 the quick session and the tuned speed once the tuned session is ready; the quick session is let go when no shape is
-being prepared. Those figures are from before the fusion; with it (session 25) Lite0 FP16's first run took ~2.8 s
+being prepared. Those figures are from before the fusion; with it (2026-11-27) Lite0 FP16's first run took ~2.8 s
 longer (cuDNN builds a plan per fused convolution).
 
 With default algorithms ONNX Runtime asks cuDNN's frontend for the engines of its FALLBACK heuristic mode
 for every convolution (it logs "running in Fallback mode" for each). For depthwise convolutions those are generic
 implicit-GEMM kernels: Lite0's quick session ran at 154-234 img/s in every variant tried (FP16 or FP32, NCHW or
 NHWC, any graph optimisation level), 0.3 s a batch of 64. So the quick session runs a copy of the model with each
-depthwise convolution as shifted multiply-adds (engines._quick_model): on an H100 (session 20) Lite0's quick
+depthwise convolution as shifted multiply-adds (engines._quick_model): on an H100 (2026-11-25) Lite0's quick
 session then ran at 1,913-1,925 img/s, its first run took 0.37-0.43 s instead of 0.84-1.25 s, and the first
 result of `trtc run` came at 1.48-1.60 s instead of 1.75-2.14 s (same machine, alternating). A model without
-depthwise convolutions (ResNet-50) runs as it is. Tried and not kept (docs/BENCHMARKS.md, session 19): ONNX
+depthwise convolutions (ResNet-50) runs as it is. Tried and not kept (2026-11-25): ONNX
 Runtime's CPU EP as a second stand-in, measured at open against this one (0.07-0.09 s a batch alone, 0.28-0.43 s
 beside the tuned session's preparation and the decoder: first results got later, ResNet-50's by 0.5 s), and a
 warm-up at batch 1 (a first run there costs as much as at 64).
@@ -27,16 +27,16 @@ warm-up at batch 1 (a first run there costs as much as at 64).
 The tuned session never runs beside its own preparation: while a shape prepares, every batch goes to the quick
 session, even one of a shape already prepared (route). With the fast quick session, a GPU test that runs the tuned
 session right after a change of batch size (its preparation still running) failed in 6 of 12 runs on an H100 with
-illegal memory accesses or illegal instructions in cuDNN's convolutions (session 20; 0 of 8 runs at 504beb1,
+illegal memory accesses or illegal instructions in cuDNN's convolutions (0 of 8 runs at 504beb1,
 whose slow quick session made that test slower). With this rule: 12 of 13 runs passed, the other failed without an
 illegal access (its log was lost). Likewise one run of the quick session is enqueued at a time, and a quick
-session is let go only with its stream idle. Session 21 found the same illegal instruction with one caller: a graph
+session is let go only with its stream idle. The same illegal instruction came later with one caller: a graph
 captured at one batch size replayable after the tuned session ran at another; at every change of shape of the
 tuned session the engine now waits for its last run if still on the GPU, and lets its graphs go
 (OnnxRuntimeEngine._at_shapes).
 
 The quick session is opened outside the lock (QuickStart._open_warm): the engine's open queues its batch without
-waiting for that creation, so the video source opens beside it. On an H100 (session 22, fresh processes,
+waiting for that creation, so the video source opens beside it. On an H100 (2026-11-26, fresh processes,
 alternating in one call, 8 runs each) Lite0's first result came at 1.23-1.36 s against 1.35-1.70 s; ResNet-50's at
 1.03-1.16 s against 1.09-1.21 s (4 each). Tried there and not kept: the tuned preparation waiting for the quick
 warm-up (Lite0 1.13-1.56 s, no better; ResNet-50 1.14-1.32 s, later) and the copy's 1x1 convolutions as MatMul
@@ -112,7 +112,7 @@ class QuickStart:
 
     def _open_warm(self):
         """The quick session for warm(), opened outside the lock: start() and route() need not wait the 0.3 s its
-        creation takes (on an H100, session 21's timeline: the engine's open waited for it in start(), so the video
+        creation takes (on an H100 the engine's open waited for it in start(), so the video
         source opened only after it). A route() that needs the quick session meanwhile waits for this one."""
         session = None
         try:

@@ -287,7 +287,7 @@ def _fused(options) -> bool:
 
 
 def test_a_fused_session_cudnn_refuses_is_reopened_unfused_and_said_once(cuda_engine, caplog):
-    """What cuDNN said on an H100 of Lite0's first convolution fused under NCHW (session 25): a run of the fused
+    """What cuDNN said on an H100 of Lite0's first convolution fused under NCHW (2026-11-27): a run of the fused
     session that fails in cuDNN reopens the session without the fusion, keeping the other tuned options, and the
     batch runs there; later batches go straight to it; said once per model."""
     oe._told.clear()
@@ -599,7 +599,7 @@ def test_the_warm_up_opens_no_quick_session_once_nothing_is_left_to_prepare(cuda
 
 def test_opening_the_quick_session_blocks_neither_start_nor_a_second_opening():
     """warm() opens the quick session outside QuickStart's lock: start() (the engine's open queues its batch) goes
-    on meanwhile, and route() waits for that session rather than opening a second (session 22: the engine's open
+    on meanwhile, and route() waits for that session rather than opening a second (on an H100, the engine's open
     returned 0.09-0.23 s sooner on an H100, medians of two calls, and Lite0's first result came at 1.23-1.36 s
     instead of 1.35-1.70 s)."""
     from engines._ort_quick import QuickStart
