@@ -60,7 +60,13 @@ class QuickStart:
     ``prepare(key)`` runs the tuned session once at that shape; one daemon thread prepares the queued shapes one
     at a time, in the order they were asked for (the shape asked for at open first; two preparations at once would
     only share the GPU's compiler). ``open_quick()`` opens the quick session (called under the lock, at most once
-    per period of preparation)."""
+    per period of preparation).
+
+    The quick session is kept only while a preparation is queued or running, and by warm() until the first is
+    asked for: whoever ends the last preparation (the preparing thread) or finds none queued (warm() with no shape
+    to run) lets it go, and only a caller that has just queued a preparation, or seen one queued, under the lock it
+    still holds, opens or keeps one. So once a preparation has ended, none is queued and the warm-up returned,
+    none is open."""
 
     def __init__(self, prepare, open_quick, name: str = "model", retire=None):
         self._prepare, self._open_quick, self.name = prepare, open_quick, name
@@ -150,13 +156,22 @@ class QuickStart:
         else the quick session, queueing ``key``'s preparation if it needs one. Never the tuned session while it
         prepares a shape on its thread: the caller's run would wait for the preparation (the engine's lock).
         When the quick session cannot open, None: the caller runs the tuned session, waiting for its preparation,
-        and the failure is said once."""
+        and the failure is said once. A quick session is opened here only while a preparation is queued or running,
+        checked under the lock held until the session is kept: the preparing thread, which lets it go when the
+        queue empties, then sees it (a session opened after that thread ended would be kept for the engine's
+        life)."""
         with self._lock:
-            if key in self._ready and not self._queue:
-                return None
-            self._start(key)
-            if self._quick is None and self._opening:  # warm() is opening it: wait rather than open a second
+            while True:
+                if key in self._ready and not self._queue:
+                    return None
+                self._start(key)
+                if self._quick is not None or not self._opening:
+                    break
+                # warm() is opening it: wait rather than open a second. The lock is let go meanwhile, so every
+                # preparation may end (and warm() then drops its session): ask again, as a new call would
                 self._lock.wait_for(lambda: not self._opening)
+            # here a preparation is queued or running (its thread lets the session opened below go), and the lock
+            # was held since that was seen
             if self._quick is None and self.unavailable is None:
                 try:
                     self._quick = self._open_quick()

@@ -657,6 +657,85 @@ def test_a_quick_session_opened_after_the_preparations_ended_is_not_kept():
     assert q._quick is None and ran == []  # nothing left to cover: not kept, not run
 
 
+def test_a_route_that_waited_for_the_warm_up_opens_nothing_once_the_preparations_ended():
+    """route() queues its shape, then waits (the lock let go) for the session warm() is opening; its shape's
+    preparation ends meanwhile, the preparing thread finds nothing to let go and ends, and warm() drops the session
+    it opened (nothing left to cover). The route then runs the tuned session: a quick session it opened there would
+    have no preparation whose end lets it go, and stay open after wait() said every shape was ready (the GPU test
+    of a first batch at a new size found it still open after the engine's wait_ready)."""
+    from engines._ort_quick import QuickStart
+
+    may_open, opening, opened, ran = threading.Event(), threading.Event(), [], []
+
+    def open_quick():
+        if not opened:  # warm()'s: held at the gate
+            opening.set()
+            assert may_open.wait(10)
+        opened.append(object())
+        return opened[-1]
+
+    q = QuickStart(lambda key: None, open_quick)
+    q.warm(ran.append)
+    assert opening.wait(10)  # the warm-up thread is inside open_quick
+    routed = []
+    routing = threading.Thread(target=lambda: routed.append(q.route("k")), daemon=True)
+    routing.start()
+    for _ in range(200):  # the route queued "k" and waits; the preparation ends and its thread with it
+        with q._lock:
+            if q.ready("k") and q._thread is None:
+                break
+        time.sleep(0.05)
+    assert q.ready("k") and q._thread is None and routing.is_alive()
+    may_open.set()
+    routing.join(10)
+    assert not routing.is_alive()
+    assert routed == [None] and q.quick_runs == 0  # prepared: the tuned session runs it
+    assert q.wait(10) and q._quick is None and len(opened) == 1 and ran == []
+    assert q.route("k") is None and q._quick is None and len(opened) == 1
+
+
+def test_a_route_that_waited_for_the_warm_up_queues_its_shape_again_when_forgotten():
+    """As above, but the tuned session was replaced meanwhile (forget()): the route queues its shape again and
+    runs on a quick session, which that preparation's end lets go."""
+    from engines._ort_quick import QuickStart
+
+    may_open, opening, may_prepare, opened, prepared = (threading.Event(), threading.Event(), threading.Event(),
+                                                        [], [])
+
+    def open_quick():
+        if not opened:
+            opening.set()
+            assert may_open.wait(10)
+        opened.append(object())
+        return opened[-1]
+
+    def prepare(key):
+        if prepared:  # the second preparation waits at the gate
+            assert may_prepare.wait(10)
+        prepared.append(key)
+
+    q = QuickStart(prepare, open_quick)
+    q.warm(lambda s: None)
+    assert opening.wait(10)
+    routed = []
+    routing = threading.Thread(target=lambda: routed.append(q.route("k")), daemon=True)
+    routing.start()
+    for _ in range(200):
+        with q._lock:
+            if q.ready("k") and q._thread is None:
+                break
+        time.sleep(0.05)
+    assert q.ready("k") and q._thread is None
+    q.forget()
+    may_open.set()
+    routing.join(10)
+    # the quick session: warm()'s (kept: the shapes ready were forgotten) or one the route opened
+    assert not routing.is_alive() and routed[0] in opened and q.quick_runs == 1
+    assert q.wait(0.3) is False  # "k" is being prepared again, on the session the route opened
+    may_prepare.set()
+    assert q.wait(10) and prepared == ["k", "k"] and q._quick is None
+
+
 def test_a_warm_up_thread_that_cannot_start_leaves_route_free(monkeypatch):
     """warm() marks the quick session as being opened before its thread starts; a thread that cannot start (no
     thread left) raises there, and a later route() opens the quick session itself instead of waiting for ever."""
