@@ -15,19 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from tests import rtsp_server
 from tests.conftest import needs_export
 from tests.faultproxy import FaultProxy
 
 pytestmark = needs_export
-
-
-@pytest.fixture(scope="module")
-def rtsp():
-    why = rtsp_server.available()
-    if why:
-        pytest.skip(why)
-    return rtsp_server
 
 
 @pytest.fixture

@@ -17,20 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests import rtsp_server
 from tests.conftest import needs_export
 
 pytestmark = needs_export
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="session")
-def rtsp():
-    """The server module, where gst-rtsp-server runs (CI installs it: .ci/run)."""
-    why = rtsp_server.available()
-    if why:
-        pytest.skip(why)
-    return rtsp_server
 
 
 def _trtc(*args, **kw):
@@ -330,6 +320,20 @@ def _events_and_frames(run, until, limit: float):
     return events, frames
 
 
+
+def _stall_once(proxy, seconds: float, after: int = 30):
+    """A callable for an ``until`` test: once ``after`` frames have come, the proxy stalls the stream, and a timer
+    ends the stall ``seconds`` later whatever the run does."""
+    started = []
+
+    def stall(frames) -> None:
+        if len(frames) >= after and not started:
+            started.append(threading.Timer(seconds, proxy.stall.clear))
+            proxy.stall.set()
+            started[0].start()
+
+    return stall
+
 def test_a_camera_that_answers_but_sends_no_video_is_lost_once_then_given_up(rtsp, engine):
     """The server answers RTSP but its video stops (and every reconnection gets replies without video): one
     disconnected at --read-timeout after the last frame (+-1 s), no reconnected (no frame came), and gave_up at
@@ -364,13 +368,10 @@ def test_a_stall_on_an_open_connection_is_lost_at_the_read_timeout_and_comes_bac
 
     with rtsp.start(pattern=True) as srv:
         proxy = _Proxy(srv.port)
-        state = {}
+        stall = _stall_once(proxy, 6)
 
         def until(ev, fr):
-            if len(fr) >= 30 and "stall" not in state:  # the stall ends 6 s later, whatever the run does
-                state["stall"] = threading.Timer(6, proxy.stall.clear)
-                proxy.stall.set()
-                state["stall"].start()
+            stall(fr)
             return any(e.event == "reconnected" for _, e in ev) and len(fr) >= 60
 
         try:
@@ -401,13 +402,10 @@ def test_a_backlog_past_max_lag_is_skipped_before_preprocessing_and_reported(rts
 
     with rtsp.start(pattern=True) as srv:
         proxy = _Proxy(srv.port)
-        state = {}
+        stall = _stall_once(proxy, 4)
 
         def until(ev, fr):
-            if len(fr) >= 30 and "stall" not in state:
-                state["stall"] = threading.Timer(4, proxy.stall.clear)
-                proxy.stall.set()
-                state["stall"].start()
+            stall(fr)
             return any(e.event == "caught_up" for _, e in ev) and len(fr) >= 90
 
         try:
