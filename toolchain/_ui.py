@@ -75,13 +75,29 @@ class RichReporter(Reporter):
             self.console.print(f"[green]✓[/] {description} [dim]({time.perf_counter() - t0:.1f} s)[/]")
 
 
-def setup_logging(console, verbosity: int) -> None:
-    """-q: errors only; default: warnings; -v: info; -vv: debug. Everything on stderr."""
-    from rich.logging import RichHandler
+class _PlainFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        text = f"{record.levelname.lower()}: {record.getMessage()}"
+        if record.exc_info:
+            text += "\n" + self.formatException(record.exc_info)
+        return text
 
+
+def setup_logging(console, verbosity: int) -> None:
+    """-q: errors only; default: warnings; -v: info; -vv: debug. Everything on stderr.
+
+    A terminal gets Rich's coloured columns; anything else (a log file, journald, a pipe) gets one unwrapped line per
+    message, ``warning: ...``, so that a long path is never split across lines for whoever greps it."""
     level = {-1: logging.ERROR, 0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG)
     logger = logging.getLogger("trtc")
-    logger.handlers[:] = [RichHandler(console=console, show_time=False, show_path=False, markup=False)]
+    if console.is_terminal:
+        from rich.logging import RichHandler
+
+        handler = RichHandler(console=console, show_time=False, show_path=False, markup=False)
+    else:
+        handler = logging.StreamHandler(console.file)
+        handler.setFormatter(_PlainFormatter())
+    logger.handlers[:] = [handler]
     logger.setLevel(level)
     logger.propagate = False
 
