@@ -434,6 +434,12 @@ def precision_text(p: dict) -> str:
     return mode + rest
 
 
+def _dropped_cell(queue: int, lag: int) -> str:
+    if not lag:
+        return str(queue)
+    return f"{queue + lag} ({lag} past --max-lag)"
+
+
 def render_run(console, summary) -> None:
     from rich.markup import escape
     from rich.table import Table
@@ -454,8 +460,12 @@ def render_run(console, summary) -> None:
     dropped = getattr(summary, "dropped", {}) or {}
     missing = getattr(summary, "missing", {}) or {}
     damaged = getattr(summary, "damaged", {}) or {}
-    if dropped:
+    lagged = getattr(summary, "lagged", {}) or {}
+    lag_s = {src: v for src, v in (getattr(summary, "lag_s", {}) or {}).items() if v and v.get("frames")}
+    if dropped or lagged:  # queue: inference lagged; lag: past --max-lag (both before preprocessing)
         t.add_column("dropped", justify="right")
+    if lag_s:  # live sources: capture -> result
+        t.add_column("lag p50 / p99 / max", justify="right")
     t.add_column("status")
     shown = summary.sources
     if len(shown) > 40:  # a batch (--ray over a folder or a list): only the sources with a problem get a row
@@ -475,8 +485,11 @@ def render_run(console, summary) -> None:
             status += f" [dim]({escape(', '.join(notes))})[/]"
         f = last.get(src)
         row = [escape(short_path(src)), str(summary.per_source.get(src, 0)), "-" if f is None else str(f)]
-        if dropped:
-            row.append(str(dropped.get(src, 0)))
+        if dropped or lagged:
+            row.append(_dropped_cell(dropped.get(src, 0), lagged.get(src, 0)))
+        if lag_s:
+            v = lag_s.get(src)
+            row.append("-" if v is None else f"{v['p50']:.2f} / {v['p99']:.2f} / {v['max']:.2f} s")
         t.add_row(*row, status)
     if shown:
         _print(console, t)

@@ -47,3 +47,19 @@ def test_run_summary_is_one_unbroken_line_and_long_paths_keep_their_file_name():
     assert "bikes.mp4" in c.file.getvalue()
     assert render.short_path(src, 30) == "…/datasets/data/bikes.mp4"
     assert render.short_path("a" * 50 + ".onnx", 20) == "…/" + "a" * 50 + ".onnx"
+
+
+def test_live_summary_shows_each_cameras_lag_and_what_max_lag_skipped():
+    cams = ["rtsp://cam1/stream", "rtsp://cam2/stream"]
+    s = RunSummary(model="lite0.onnx", device="cpu", decoder="pyav", sources=cams, frames=900, batches=120,
+                   seconds=60.0, fps=15.0, mean_batch=7.5, per_source={cams[0]: 500, cams[1]: 400}, problems=[],
+                   output=None, last_frame={cams[0]: 519, cams[1]: 399},
+                   dropped={cams[0]: 3}, lagged={cams[0]: 17},
+                   lag_s={cams[0]: {"p50": 0.31, "p99": 1.94, "max": 2.61, "frames": 500},
+                          cams[1]: {"p50": 0.12, "p99": 0.4, "max": 0.52, "frames": 400}})
+    c = _console(160)
+    render.render_run(c, s)
+    rows = {ln.split("│")[1].strip(): [x.strip() for x in ln.split("│")[2:-1]]
+            for ln in c.file.getvalue().splitlines() if "rtsp://" in ln}
+    assert rows[cams[0]] == ["500", "519", "20 (17 past --max-lag)", "0.31 / 1.94 / 2.61 s", "ok"], rows
+    assert rows[cams[1]] == ["400", "399", "0", "0.12 / 0.40 / 0.52 s", "ok"], rows
