@@ -125,6 +125,7 @@ def _collect(hub, engine, batch, topk, max_wait_ms, stats, counts, start, make_p
         deadline = pending[0][6] + wait if pending else None
         got = hub.get(deadline)
         if got is not None and got[0] == EVENT:
+            got[1].say()  # here, in the caller's thread: a reader never waits on stderr
             if pending:
                 chunk = pending[:]
                 pending.clear()

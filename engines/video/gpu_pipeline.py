@@ -195,6 +195,7 @@ class GpuBatches:
     def _events_out(self):
         while self.events:
             ev = self.events.popleft()
+            ev.say()  # here, in the caller's thread: a decoder thread never waits on stderr
             self.event_log.append(ev)
             if self.yield_events:
                 yield ev

@@ -23,6 +23,7 @@ says so (``classify(..., live=True)``, ``trtc run --live``). A live source diffe
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import dataclass, field
@@ -35,6 +36,8 @@ POLICIES = ("drop-oldest", "block")
 TRANSPORTS = ("tcp", "udp")
 # seconds a read of a live source may block before trtc's watchdog checks the time since the last frame
 WATCH_SLICE = 0.5
+# a source that keeps going past --max-lag: a warning line at most this often (seconds); each event is still a line
+LAG_WARN_EVERY = 60.0
 AVERROR_EXIT = 1414092869  # FFmpeg's "Immediate exit requested": PyAV's read timeout interrupted the read
 
 
@@ -115,6 +118,9 @@ class SourceEvent:
     outage_s: float | None = None
     attempts: int | None = None
     extra: dict = field(default_factory=dict)
+    # whether its stderr line is a warning (else info, shown at -v): a source lagging over and over warns once a
+    # minute; every event is a JSON line whatever this says. Not part of the line.
+    loud: bool = field(default=True, compare=False)
 
     def to_dict(self) -> dict:
         d = {"event": self.event, "source": self.source, "received": round(self.received, 3), "frames": self.frames}
@@ -151,6 +157,10 @@ class SourceEvent:
         if self.event == "gave_up":
             return f"{self.source}: gave up reconnecting after {self.outage_s:.1f} s ({self.attempts} attempt(s))"
         return f"{self.source}: {self.event}" + (f": {self.reason}" if self.reason else "")
+
+    def say(self) -> None:
+        """Its stderr line, through the ``trtc`` logger: a warning, or info for a quiet lag event."""
+        logging.getLogger("trtc").log(logging.WARNING if self.loud else logging.INFO, "%s", self.line())
 
 
 class Liveness:
@@ -410,12 +420,14 @@ class LiveSource:
     Subclasses set ``name``, ``decoded``, ``options``, ``stop`` and ``on_event``."""
 
     def _event(self, kind: str, **kw) -> None:
-        import logging
-
+        """Hand an event to the pipeline, which says it (:meth:`SourceEvent.say`) in the caller's thread: a reader
+        never writes to stderr, so a log that is not being read (a full pipe, a blocked log driver) cannot stop a
+        source's reading or its watchdog. Without a pipeline the event is said here."""
         ev = SourceEvent(self.name, kind, time.time(), self.decoded, **kw)
-        logging.getLogger("trtc").warning("%s", ev.line())
         if self.on_event is not None:
             self.on_event(ev)
+        else:
+            ev.say()
 
     def _frame_arrived(self, lv: Liveness) -> None:
         """Per decoded frame: the first of a new connection after an outage is the ``reconnected`` event."""
@@ -436,10 +448,15 @@ class LiveSource:
             if lag <= bound:
                 return True
             self._skipping = 0
-            self._event("lagging", extra={"lag_s": round(lag, 3), "max_lag_s": bound})
+            now = time.monotonic()
+            last = getattr(self, "_lag_warned", None)
+            self._lag_loud = last is None or now - last >= LAG_WARN_EVERY
+            if self._lag_loud:
+                self._lag_warned = now
+            self._event("lagging", extra={"lag_s": round(lag, 3), "max_lag_s": bound}, loud=self._lag_loud)
         elif lag <= bound / 2:
             self._skipping = None
-            self._event("caught_up", extra={"lag_s": round(lag, 3), "skipped": skipping})
+            self._event("caught_up", extra={"lag_s": round(lag, 3), "skipped": skipping}, loud=self._lag_loud)
             return True
         self._skipping += 1
         self.lagged += 1

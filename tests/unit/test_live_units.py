@@ -506,3 +506,80 @@ def test_a_workers_lag_figures_reach_the_pool_stats():
     pool.merge_from(worker.for_pool(), names={"/w/cam": "cam"})
     lag = pool.to_dict()["lag_s"]
     assert lag == {"cam": worker.lag["/w/cam"].to_dict()} and lag["cam"]["frames"] == 3
+
+
+def test_a_source_that_keeps_lagging_warns_once_a_minute_and_writes_every_event(monkeypatch):
+    from engines.video import live
+
+    class Src(live.LiveSource):
+        name, decoded, stop, lagged = "cam", 0, None, 0
+        options = LiveOptions(max_lag=2.0)
+
+        def __init__(self):
+            self.events = []
+            self.on_event = self.events.append
+
+    now = [1000.0]
+    monkeypatch.setattr(live.time, "monotonic", lambda: now[0])
+    src = Src()
+    for t in (0.0, 2.0, 30.0, 61.0, 70.0):  # a spell of lag starting at each of these seconds
+        now[0] = 1000.0 + t
+        src._keep(3.0), src._keep(0.5)
+    assert [e.event for e in src.events] == ["lagging", "caught_up"] * 5  # every spell is in the output
+    assert [e.loud for e in src.events] == [True, True, False, False, False, False, True, True, False, False]
+
+
+def test_events_are_said_on_stderr_by_the_callers_thread_never_by_a_reader():
+    """A reader that wrote its events to stderr itself stopped reading (and its watchdog with it) whenever stderr
+    was not being read; the pipeline says them in the thread that takes them."""
+    import logging
+
+    from engines.video.cpu_pipeline import infer_and_collect
+    from engines.video.live import LiveSource, SourceEvent
+
+    said: list = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            said.append((record.threadName, record.levelno, record.getMessage()))
+
+    class Src(LiveSource):
+        name, decoded, stop, lagged = "cam", 7, None, 0
+        options = LiveOptions()
+
+    hub = FrameHub()
+    hub.add("cam", 4, "drop-oldest")
+    src = Src()
+    src.on_event = hub.event
+
+    def reader():
+        src._event("disconnected", reason="no frame for 5 s", outage_s=5.0)
+        src._event("lagging", extra={"lag_s": 2.5, "max_lag_s": 2.0}, loud=False)
+        hub.done("cam")
+
+    logger = logging.getLogger("trtc")
+    handler, level = Keep(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        t = threading.Thread(target=reader, name="reader")
+        t.start()
+        t.join()
+        assert said == []  # nothing said by the reader
+        out = list(infer_and_collect(hub, None, 4, 1, 10, None, {"cam": 0}, time.perf_counter(), None))
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    assert [(kind, e.event) for kind, e in out] == [(EVENT, "disconnected"), (EVENT, "lagging")]
+    me = threading.current_thread().name
+    assert said == [(me, logging.WARNING, "cam: connection lost after 7 frames: no frame for 5 s"),
+                    (me, logging.INFO, "cam: 2.5 s behind live (bound 2 s): skipping frames until caught up")]
+    alone = Src()  # no pipeline: the source says its events itself
+    alone.on_event = None
+    logger.addHandler(handler)
+    try:
+        alone._event("gave_up", reason="no frame for 5 s", outage_s=300.0, attempts=9)
+    finally:
+        logger.removeHandler(handler)
+    assert said[-1][2] == "cam: gave up reconnecting after 300.0 s (9 attempt(s))"
+    assert isinstance(out[0][1], SourceEvent)
