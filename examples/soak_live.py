@@ -88,7 +88,8 @@ def soak(a) -> dict:
                 kw = {"rate": a.throttle_rate} if kind == "throttle" else {}
                 duration = 0.0 if kind == "cut" else a.fault_s
                 proxies[cam].add(kind, duration, **kw)
-                faults.append(dict(kind=kind, camera=cam, source=urls[cam], at=now - t0, duration=duration))
+                faults.append(dict(kind=kind, camera=cam, source=urls[cam], at=now - t0, duration=duration,
+                                   wall=time.time()))
                 next_fault += a.every
                 k += 1
             for n, line in enumerate(_lines(out)):
@@ -125,9 +126,10 @@ def soak(a) -> dict:
         mine = [(i, e) for i, e in enumerate(events) if e.get("source") == f["source"]
                 and f["at"] - 0.5 <= e["seen_s"] <= f["at"] + f["duration"] + a.read_timeout + a.settle]
         explained.update(i for i, _ in mine)
-        f["events"] = [(e["event"], round(e["seen_s"] - f["at"], 2)) for _, e in mine]
+        # timed by the event's own wall-clock time (trtc's "received"), not by when this loop read it
+        f["events"] = [(e["event"], round(e["received"] - f["wall"], 2)) for _, e in mine]
         want = EXPECTED.get(f["kind"])
-        first = next((e["seen_s"] - f["at"] for _, e in mine if e["event"] == want), None) if want else None
+        first = next((e["received"] - f["wall"] for _, e in mine if e["event"] == want), None) if want else None
         f["reported_s"] = None if first is None else round(first, 2)
         f["in_time"] = (first is not None and first <= a.read_timeout + 1) if want else None
     # a lag spell (lagging, caught_up) is the machine falling behind, reported as such, not a camera fault: counted
