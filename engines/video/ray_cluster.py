@@ -636,6 +636,8 @@ class _Dispatch:
 
     def __init__(self, pool: RayPool, sources, options, run: RayRun, on_done):
         self.pool, self.run, self.on_done = pool, run, on_done
+        # seconds from the process's start, for the log (a pool made without RayPool's start counts from the process)
+        self.since = getattr(pool, "since", None) or (lambda t: round(t - (_STARTED_AT or t), 3))
         self.start = time.perf_counter()
         self.options = dict(options)
         base_done = {str(k): int(v) for k, v in (self.options.pop("done", None) or {}).items()}
@@ -727,7 +729,7 @@ class _Dispatch:
         if msg[0] == "first":
             if "first_batch_at" not in self.run.timing:
                 self.run.timing["first_batch_at"] = msg[1]
-                log.info("ray: first batch at %.2f s (%s)", self.pool.since(msg[1]), actor.name)
+                log.info("ray: first batch at %.2f s (%s)", self.since(msg[1]), actor.name)
         elif msg[0] == "event":
             from .live import SourceEvent
 
@@ -760,7 +762,7 @@ class _Dispatch:
         now = time.time()
         if "first_result_at" not in self.run.timing:
             self.run.timing["first_result_at"] = now
-            log.info("ray: first result at %.2f s", self.pool.since(now))
+            log.info("ray: first result at %.2f s", self.since(now))
         self.run.timing["last_result_at"] = now
         return block
 
