@@ -23,9 +23,10 @@ def _free_port() -> int:
 
 class RayHead:
     """``with RayHead(num_cpus=2) as head: head.address, head.env`` (the environment a driver joins it with:
-    ``RAY_ADDRESS`` for ``--ray auto``, this checkout on ``PYTHONPATH`` for the workers)."""
+    ``RAY_ADDRESS`` for ``--ray auto``, this checkout on ``PYTHONPATH`` for the workers). ``num_gpus``: None for
+    the GPUs Ray finds on this host."""
 
-    def __init__(self, num_cpus: int = 2, timeout: float = 90.0):
+    def __init__(self, num_cpus: int = 2, num_gpus: int | None = 0, timeout: float = 90.0):
         root = str(Path(__file__).resolve().parents[1])
         self.temp = tempfile.mkdtemp(prefix="trtc-ray-")  # short: Ray's socket paths must fit 107 bytes
         self.env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
@@ -34,7 +35,8 @@ class RayHead:
         # unless told to (docs/CLUSTER.md): the test cluster and its drivers agree on no token
         self.env["RAY_AUTH_MODE"] = "disabled"
         ray = str(Path(sys.executable).with_name("ray"))
-        cmd = [ray, "start", "--head", "--block", "--port", "0", "--num-cpus", str(num_cpus), "--num-gpus", "0",
+        gpus = [] if num_gpus is None else ["--num-gpus", str(num_gpus)]  # None: the GPUs Ray finds
+        cmd = [ray, "start", "--head", "--block", "--port", "0", "--num-cpus", str(num_cpus), *gpus,
                "--include-dashboard", "false", "--disable-usage-stats", "--temp-dir", self.temp,
                "--dashboard-agent-listen-port", str(_free_port()), "--dashboard-agent-grpc-port", str(_free_port()),
                "--runtime-env-agent-port", str(_free_port()), "--metrics-export-port", str(_free_port())]
