@@ -387,7 +387,12 @@ class RayPool:
         found = _service_actors(ray, self.keep)
         if not found:
             return None
-        where = ray.get(ray.get_actor(found[0], namespace=NAMESPACE).where.remote(), timeout=timeout)
+        try:  # an actor answers once the job it runs (another driver's) ends
+            where = ray.get(ray.get_actor(found[0], namespace=NAMESPACE).where.remote(), timeout=timeout)
+        except (ValueError, ray.exceptions.RayError) as exc:
+            raise EngineError(f"Ray engine service {self.keep!r} did not answer within {timeout:.0f} s "
+                              f"({first_line(exc)})", "wait for the job running on it to end, give another "
+                              f"--ray-keep name, or stop it: {stop_command(self.address, self.keep)}") from None
         if where["key"] != key:
             raise _refused(self.keep, where["key"], key, self.address)
         if actors is not None and actors != where["size"]:
