@@ -581,21 +581,25 @@ def _service_actors(ray, name: str) -> list[str]:
                   key=lambda n: int(n[len(prefix):]))
 
 
-def describe_key(key: dict | None) -> str:
-    """A kept service's key in words: "lite0.onnx (fp32, cpu, batch 16)"."""
+def describe_key(key: dict | None, full: bool = False) -> str:
+    """A kept service's key in words: "lite0.onnx (fp32, cpu, batch 16)"; ``full``: the model's whole path."""
     if not key:
         return "an unknown model"
     options = ", ".join(f"{k}={v}" for k, v in key.get("engine_options") or [])
-    return (f"{os.path.basename(key['model'])} ({key['precision']}, {key['device']}, batch {key['batch'] or 'auto'}"
-            f"{', ' + options if options else ''})")
+    model = key["model"] if full else os.path.basename(key["model"])
+    return f"{model} ({key['precision']}, {key['device']}, batch {key['batch'] or 'auto'}" + (
+        f", {options})" if options else ")")
 
 
 def _refused(name: str, held: dict | None, asked: dict, address) -> UsageProblem:
-    what = describe_key(held)
+    # two files of one name in different folders are told apart by their paths
+    full = bool(held) and held["model"] != asked["model"] and (os.path.basename(held["model"]) ==
+                                                               os.path.basename(asked["model"]))
+    what = describe_key(held, full)
     if held and held["model"] == asked["model"] and (held["size"], held["mtime_ns"]) != (asked["size"],
                                                                                           asked["mtime_ns"]):
         what += ", opened before the file changed"
-    return UsageProblem(f"Ray engine service {name!r} holds {what}; this job asks for {describe_key(asked)}",
+    return UsageProblem(f"Ray engine service {name!r} holds {what}; this job asks for {describe_key(asked, full)}",
                         f"run it with the same model and options, give another --ray-keep name, or stop that one: "
                         f"{stop_command(address, name)}")
 

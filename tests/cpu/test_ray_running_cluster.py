@@ -114,13 +114,15 @@ def test_kept_actors_are_warm_for_the_next_job_and_stop_removes_them(head, lite0
     other.parent.mkdir()
     shutil.copy(lite0_onnx[0], other)
     shutil.copy(f"{lite0_onnx[0]}.json", f"{other}.json")
-    for model, batch in ((other, "8"), (lite0_onnx[0], "4")):
+    kept = f"{lite0_onnx[0]} (fp32, cpu, batch 8)"
+    for model, batch, said in ((other, "8", f"holds {kept}; this job asks for {other} (fp32, cpu, batch 8)"),
+                               (lite0_onnx[0], "4", "holds lite0.onnx (fp32, cpu, batch 8); this job asks for "
+                                                    "lite0.onnx (fp32, cpu, batch 4)")):
         r = _trtc(head, "run", bikes, "--ray", "auto", "--ray-keep", "lite0-cpu", "--model", model,
                   *COMMON[:-1], batch)
         assert r.returncode == 2, r.stderr[-3000:]
         error = [x for x in r.stderr.splitlines() if x.startswith("error:")]
-        assert error == [f"error: Ray engine service 'lite0-cpu' holds lite0.onnx (fp32, cpu, batch 8); this job "
-                         f"asks for lite0.onnx (fp32, cpu, batch {batch})"], r.stderr[-2000:]
+        assert error == [f"error: Ray engine service 'lite0-cpu' {said}"], r.stderr[-2000:]
         assert "fix: run it with the same model and options, give another --ray-keep name, or stop that one: " \
                "trtc run --ray auto --ray-stop lite0-cpu" in r.stderr
     assert _named_actors(head) == [["lite0-cpu.0"], 1.0]
