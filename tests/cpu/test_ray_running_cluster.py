@@ -154,3 +154,30 @@ def test_process_start_is_read_from_the_kernel():
                        env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2])))
     assert r.returncode == 0, r.stderr
     assert 1.0 <= float(r.stdout) < 3.0, r.stdout
+
+
+def test_a_cluster_that_wants_a_token_is_said_so(monkeypatch):
+    """The chain ray.init raised against a head in token mode, seen here when a driver named the head's address
+    without RAY_AUTH_MODE=token (ConnectionError from RuntimeError from AuthenticationError, after ~20 s of Ray's
+    retries): one error that says what is wanted and how to give it."""
+    ray = pytest.importorskip("ray", reason="needs Ray (the ray extra)")
+    from engines.errors import EngineError
+    from engines.video.ray_cluster import connect
+
+    def refused(**_kw):
+        try:
+            try:
+                raise ray.exceptions.AuthenticationError("RPC error: InvalidAuthToken: Authentication token is "
+                                                         "missing or incorrect")
+            except ray.exceptions.AuthenticationError as exc:
+                raise RuntimeError("Failed to connect to GCS.") from exc
+        except RuntimeError as exc:
+            raise ConnectionError("Failed to connect to Ray cluster at 10.0.0.1:6379") from exc
+
+    monkeypatch.setattr(ray, "init", refused)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    with pytest.raises(EngineError) as got:
+        connect("auto")
+    assert got.value.reason == ("could not join the Ray cluster at auto: it uses Ray's token authentication and this "
+                              "process sent no valid token")
+    assert got.value.fix.startswith("export RAY_AUTH_MODE=token")
