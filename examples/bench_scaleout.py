@@ -129,12 +129,15 @@ class RayHead:
         deadline = time.monotonic() + timeout
         while not found.exists():
             if self.process.poll() is not None or time.monotonic() > deadline:
-                self.stop()
+                self.stop(keep_log=True)
                 raise SystemExit(f"ray start --head did not come up (see {self.temp}/head.log)")
             time.sleep(0.2)
         self.address = found.read_text().strip()
 
-    def stop(self) -> None:
+    def stop(self, keep_log: bool = False) -> None:
+        """End the head; its temporary folder goes too, unless ``keep_log`` (its head.log says why it failed)."""
+        import shutil
+
         if self.process.poll() is None:
             self.process.send_signal(self._signal.SIGTERM)
             try:
@@ -143,6 +146,8 @@ class RayHead:
                 os.killpg(self.process.pid, self._signal.SIGKILL)  # its own session: only what this head started
                 self.process.wait(10)
         self.log.close()
+        if not keep_log:
+            shutil.rmtree(self.temp, ignore_errors=True)
 
 
 def cluster_rows(args, job, kind: str, n: int, work: Path) -> list[dict]:
