@@ -43,8 +43,8 @@ def test_two_gpu_actors_agree_with_one_process(lite0_onnx, bikes, tmp_path):
 
 def test_kept_gpu_actors_on_a_running_cluster_are_warm_and_agree(lite0_onnx, bikes, tmp_path):
     """`ray start --head` with the host's GPUs, then `trtc run --ray auto --ray-keep` twice on eight copies of
-    bikes.mp4: the first job opens an engine in each GPU actor, the second finds them warm (no engine-open phase)
-    and writes the same frames with the same top-1 as the first and as one process on cuda:0."""
+    bikes.mp4 (four at a time per actor): the first job opens an engine in each GPU actor, the second finds them warm (no
+    engine-open phase); both write every frame of one process on cuda:0 with the same top-1."""
     from tests.ray_head import RayHead
 
     if len(gpus()["devices"]) < 2:
@@ -71,7 +71,7 @@ def test_kept_gpu_actors_on_a_running_cluster_are_warm_and_agree(lite0_onnx, bik
         for i in range(2):
             out, summary = tmp_path / f"kept{i}.jsonl", tmp_path / f"kept{i}.json"
             r = trtc(head.env, "run", *copies, "--ray", "auto", "--ray-keep", "lite0-gpu", "--device", "cuda",
-                     *common, "-o", out, "--summary", summary)
+                     "--ray-streams", "4", *common, "-o", out, "--summary", summary)
             print(r.stderr[-1500:])
             runs.append((json.loads(summary.read_text())["ray"], lines(out)))
         trtc(head.env, "run", "--ray", "auto", "--ray-stop", "lite0-gpu")
@@ -80,5 +80,7 @@ def test_kept_gpu_actors_on_a_running_cluster_are_warm_and_agree(lite0_onnx, bik
     assert "engine_open" in cold["startup"]["phases"] and "engine_open" not in warm["startup"]["phases"]
     one = lines(tmp_path / "one.jsonl")
     assert len(one) == 8 * 250 and set(cold_lines) == set(one) == set(warm_lines)
-    assert warm_lines == cold_lines
-    assert sum(one[k] == cold_lines[k] for k in one) / len(one) >= 0.99
+    assert len(set(cold["placement"].values())) == 2  # both GPUs worked
+    # a source may run on the other GPU the second time: the same top-1 up to near-ties
+    for got in (cold_lines, warm_lines):
+        assert sum(one[k] == got[k] for k in one) / len(one) >= 0.99
