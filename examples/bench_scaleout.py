@@ -10,10 +10,18 @@ Rows (every one writes its lines to a file, as `trtc run ... > file` does):
   pool         one process, a worker per device (`--device D0,D1`)
   independent  one `trtc run` per device with its share of the sources, all started at once
   ray          `--ray` on a local Ray instance, one actor per device (`--ray-actors N`); left out with --no-ray
+  ray-cluster  a cluster started here first (`ray start --head --block`, its own temporary folder and port), then
+               `--ray HOST:PORT --ray-keep NAME`: actors made and engines opened by the job (cold), kept after it
+  ray-warm     the same command again: the kept actors, warm (no engine open); then `--ray-stop NAME` and the head
+               is stopped. Both left out with --no-ray or --no-cluster. The head and these jobs run with
+               RAY_AUTH_MODE=disabled (a head started where ~/.ray/auth_token exists would otherwise ask for a token
+               that a driver given an address does not send)
 
 Per row: trtc's frames/s (the pipeline's span: start-up excluded, summed over the independent processes), the
 time to first result and the wall time (from starting the command(s) to their exit), frames/s over the wall time,
-the ratio to the one-device row, and (pool) pool / independent. Every row's lines are checked against the
+the ratio to the one-device row (``x_one``) and to the independent processes (``vs_independent``; None without
+them), and against the pool: first result and wall time minus the pool's (``first_minus_pool_s``,
+``wall_minus_pool_s``). Every row's lines are checked against the
 one-device row's: every frame once, in order per source, and the share of frames whose top-1 agrees.
 Prints a table; --json writes the rows.
 """
@@ -47,10 +55,10 @@ def _command(args, sources, device, summary: Path, extra=()) -> list[str]:
     return cmd + (["--batch", str(args.batch)] if args.batch else []) + list(extra)
 
 
-def run_commands(commands: list[tuple[list[str], Path]]) -> tuple[float, float]:
+def run_commands(commands: list[tuple[list[str], Path]], env: dict | None = None) -> tuple[float, float]:
     """Start every (command, stdout file) at once; (wall seconds until the last exits, start as Unix time)."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent),
-                                                                     os.environ.get("PYTHONPATH")])))
+    env = env or dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent),
+                                                                            os.environ.get("PYTHONPATH")])))
     began, t0 = time.time(), time.perf_counter()
     procs = []
     for cmd, out in commands:
@@ -63,9 +71,9 @@ def run_commands(commands: list[tuple[list[str], Path]]) -> tuple[float, float]:
     return time.perf_counter() - t0, began
 
 
-def measure(name: str, commands, work: Path) -> dict:
+def measure(name: str, commands, work: Path, env: dict | None = None) -> dict:
     """One row: its commands started at once, their summaries read back."""
-    wall, began = run_commands([(cmd, out) for cmd, out, _summary in commands])
+    wall, began = run_commands([(cmd, out) for cmd, out, _summary in commands], env)
     sums = [json.loads(summary.read_text()) for _cmd, _out, summary in commands]
     firsts = [s["timing"]["started_at"] + s["timing"]["first_result_s"] for s in sums
               if s["timing"].get("first_result_s") is not None]
@@ -97,6 +105,66 @@ def compare(row: dict, reference: dict) -> None:
     row["top1_agreement"] = round(sum(a == b for a, b in pairs) / max(1, len(pairs)), 4)
 
 
+class RayHead:
+    """A running Ray cluster of this host, as users start one (`ray start --head --block`), in a process of its own
+    with its own temporary folder and a free port; :meth:`stop` ends it by its process id (SIGTERM: the head stops
+    every process it started). ``env``: the environment its drivers run with."""
+
+    def __init__(self, timeout: float = 120.0):
+        import signal
+        import tempfile
+
+        self._signal = signal
+        self.temp = tempfile.mkdtemp(prefix="trtc-ray-")
+        self.env = dict(os.environ, RAY_AUTH_MODE="disabled",
+                        PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent),
+                                                                 os.environ.get("PYTHONPATH")])))
+        self.env.pop("RAY_ADDRESS", None)
+        cmd = [str(Path(sys.executable).with_name("ray")), "start", "--head", "--block", "--port", "0",
+               "--include-dashboard", "false", "--disable-usage-stats", "--temp-dir", self.temp]
+        self.log = open(os.path.join(self.temp, "head.log"), "w")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=self.env,
+                                        start_new_session=True)
+        found = Path(self.temp, "ray_current_cluster")
+        deadline = time.monotonic() + timeout
+        while not found.exists():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop(keep_log=True)
+                raise SystemExit(f"ray start --head did not come up (see {self.temp}/head.log)")
+            time.sleep(0.2)
+        self.address = found.read_text().strip()
+
+    def stop(self, keep_log: bool = False) -> None:
+        """End the head; its temporary folder goes too, unless ``keep_log`` (its head.log says why it failed)."""
+        import shutil
+
+        if self.process.poll() is None:
+            self.process.send_signal(self._signal.SIGTERM)
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, self._signal.SIGKILL)  # its own session: only what this head started
+                self.process.wait(10)
+        self.log.close()
+        if not keep_log:
+            shutil.rmtree(self.temp, ignore_errors=True)
+
+
+def cluster_rows(args, job, kind: str, n: int, work: Path) -> list[dict]:
+    """The two rows on a running cluster: the first job makes the kept actors (cold), the second finds them warm."""
+    head = RayHead()
+    try:
+        extra = ["--ray", head.address, "--ray-actors", str(n), "--ray-keep", "bench"] + (
+            ["--ray-streams", str(args.ray_streams)] if args.ray_streams else [])
+        out = [measure("ray-cluster", [job("ray-cluster", kind, extra)], work, head.env),
+               measure("ray-warm", [job("ray-warm", kind, extra)], work, head.env)]
+        subprocess.run([sys.executable, "-m", "toolchain", "-q", "run", "--ray", head.address, "--ray-stop", "bench"],
+                       env=head.env, check=True, stdout=subprocess.DEVNULL)
+        return out
+    finally:
+        head.stop()
+
+
 def rows(args, sources: list[str], devices: list[str], work: Path) -> list[dict]:
     def job(tag, srcs, device, extra=()):
         summary = work / f"{tag}.summary.json"
@@ -114,6 +182,9 @@ def rows(args, sources: list[str], devices: list[str], work: Path) -> list[dict]
         extra = ["--ray", "--ray-actors", str(len(devices))] + (["--ray-streams", str(args.ray_streams)]
                                                                   if args.ray_streams else [])
         out.append(measure("ray", [job("ray", sources, kind, extra)], work))
+        if args.cluster:
+            out += cluster_rows(args, lambda tag, kind, extra: job(tag, sources, kind, extra), kind, len(devices),
+                                work)
     return out
 
 
@@ -124,23 +195,36 @@ def finish(table: list[dict]) -> None:
         compare(row, reference)
         row["x_one"] = round(row["fps"] / base, 3) if base else None
     by = {r["row"]: r for r in table}
+    independent = by.get("independent", {}).get("fps")
+    for row in table:
+        row["vs_independent"] = round(row["fps"] / independent, 3) if independent else None
     if "pool" in by and "independent" in by:
-        by["pool"]["pool_over_independent"] = round(by["pool"]["fps"] / by["independent"]["fps"], 3)
-    if "pool" in by and "ray" in by:
-        by["ray"]["ray_over_pool"] = round(by["ray"]["fps"] / by["pool"]["fps"], 3)
-        by["ray"]["wall_minus_pool_s"] = round(by["ray"]["wall_s"] - by["pool"]["wall_s"], 2)
+        by["pool"]["pool_over_independent"] = by["pool"]["vs_independent"]
+    pool = by.get("pool")
+    for name in ("ray", "ray-cluster", "ray-warm"):
+        if pool is not None and name in by:
+            row = by[name]
+            row["ray_over_pool"] = round(row["fps"] / pool["fps"], 3)
+            row["wall_minus_pool_s"] = round(row["wall_s"] - pool["wall_s"], 2)
+            if row["first_result_s"] is not None and pool["first_result_s"] is not None:
+                row["first_minus_pool_s"] = round(row["first_result_s"] - pool["first_result_s"], 2)
 
 
 def show(table: list[dict]) -> None:
-    print(f"{'row':<12} {'procs':>5} {'frames':>8} {'fps':>9} {'x one':>6} {'first s':>8} {'wall s':>7} "
-          f"{'wall fps':>9} {'in order':>8} {'top-1':>6}")
+    print(f"{'row':<12} {'procs':>5} {'frames':>8} {'fps':>9} {'x one':>6} {'vs ind':>6} {'first s':>8} "
+          f"{'wall s':>7} {'wall fps':>9} {'in order':>8} {'top-1':>6}")
     for r in table:
+        vs = f"{r['vs_independent']:.3f}" if r.get("vs_independent") is not None else "-"
         print(f"{r['row']:<12} {r['processes']:>5} {r['frames']:>8} {r['fps']:>9.1f} {r['x_one'] or 0:>6.3f} "
-              f"{r['first_result_s'] if r['first_result_s'] is not None else '-':>8} {r['wall_s']:>7.2f} "
+              f"{vs:>6} {r['first_result_s'] if r['first_result_s'] is not None else '-':>8} {r['wall_s']:>7.2f} "
               f"{r['wall_fps']:>9.1f} {'yes' if r['every_frame_once_in_order'] else 'NO':>8} "
               f"{r['top1_agreement']:>6.2%}")
     for r in table:
-        for key in ("pool_over_independent", "ray_over_pool", "wall_minus_pool_s"):
+        phases = (r.get("ray_startup") or {}).get("phases")
+        if phases:
+            print(f"{r['row']}: start-up phases (s from the process's start): "
+                  + ", ".join(f"{k} {v}" for k, v in phases.items()))
+        for key in ("pool_over_independent", "ray_over_pool", "wall_minus_pool_s", "first_minus_pool_s"):
             if key in r:
                 print(f"{r['row']}: {key} = {r[key]}")
 
@@ -156,6 +240,8 @@ def main(argv=None) -> int:
     ap.add_argument("--stride", type=int, default=1)
     ap.add_argument("--no-ray", dest="ray", action="store_false", help="leave out the Ray row")
     ap.add_argument("--ray-streams", type=int)
+    ap.add_argument("--no-cluster", dest="cluster", action="store_false",
+                    help="leave out the rows on a running cluster (ray-cluster, ray-warm)")
     ap.add_argument("--workdir", type=Path, default=Path("scaleout-work"))
     ap.add_argument("--json", type=Path, help="write the rows here")
     args = ap.parse_args(argv)

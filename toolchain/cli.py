@@ -721,8 +721,8 @@ def bench(state: State, models, batches, device, warmup, iterations, duration, v
 
 @cli.command(context_settings=CONTEXT)
 @click.argument("sources", nargs=-1)
-@click.option("--model", "-m", required=True, type=click.Path(dir_okay=False),
-              help="The model: a .onnx (ONNX Runtime) or a .plan (TensorRT), with its manifest beside it.")
+@click.option("--model", "-m", type=click.Path(dir_okay=False),
+              help="The model: a .onnx (ONNX Runtime) or a .plan (TensorRT), with its manifest beside it. [required]")
 @click.option("--engine", type=click.Choice(["auto", "opencv", "opencv-fp16"]), default="auto", show_default=True,
               help="Run the .onnx with OpenCV dnn instead of ONNX Runtime (same as --model opencv:M.onnx); "
                    "opencv-fp16 is OpenCV's CUDA FP16 target. OpenCV takes host arrays: on a GPU add --decoder pyav.")
@@ -767,6 +767,11 @@ def bench(state: State, models, batches, device, warmup, iterations, duration, v
               "of the cluster; on CPUs one per node].")
 @click.option("--ray-streams", type=click.IntRange(1), help="With --ray: sources one actor runs at once "
               "[default: 8 on a GPU, 1 on a CPU].")
+@click.option("--ray-keep", metavar="NAME", help="With --ray auto or HOST:PORT: keep the engine actors on the cluster "
+              "as the service NAME after the run; the next run with the same NAME, model, device and batch uses "
+              "them warm (no engine open); another model under NAME is refused.")
+@click.option("--ray-stop", metavar="NAME", help="With --ray auto or HOST:PORT: stop the kept service NAME and exit "
+              "(no SOURCES or --model needed).")
 @click.option("--live", is_flag=True, help="Treat every source as live (network URLs always are): reconnect when it "
               "fails or ends, never wait on inference, event lines for outages. See docs/LIVE.md.")
 @click.option("--reconnect-for", type=FiniteFloat(0), default=300.0, show_default=True, metavar="SECONDS",
@@ -788,8 +793,8 @@ def bench(state: State, models, batches, device, warmup, iterations, duration, v
 @click.pass_obj
 def run(state: State, sources, model, engine, device, batch, top_k, stride, output, decoder, colorspace, scores,
         max_wait_ms, loop, realtime, with_latency, decode_latency, summary_path, force, resume, ray_address, ray_actors,
-        ray_streams, live, reconnect_for, reconnect_attempts, on_lag, max_lag, rtsp_transport, open_timeout,
-        read_timeout):
+        ray_streams, ray_keep, ray_stop, live, reconnect_for, reconnect_attempts, on_lag, max_lag, rtsp_transport,
+        open_timeout, read_timeout):
     """Classify the frames of video SOURCES (files, or URLs such as rtsp://) and print one JSON line per frame:
     source, frame index, pts, time in seconds, and the top-k labels with scores.
 
@@ -809,6 +814,7 @@ def run(state: State, sources, model, engine, device, batch, top_k, stride, outp
       trtc run cam1.mp4 cam2.mp4 --model resnet50.fp16.onnx --device cuda:0 --batch 32 -o preds.jsonl
       trtc run clip.mp4 --model lite0.onnx --device cpu --engine opencv
       trtc run /archive/ --ray auto --model resnet50.fp16.onnx -o archive.jsonl --resume
+      trtc run @jobs.txt --ray auto --ray-keep r50 --model resnet50.fp16.onnx -o a.jsonl   (then: --ray-stop r50)
       trtc run rtsp://cam1/stream rtsp://cam2/stream --model lite0.onnx --reconnect-for 600 -o live.jsonl
     """
     from .outputs import check_output_path
@@ -816,10 +822,15 @@ def run(state: State, sources, model, engine, device, batch, top_k, stride, outp
 
     if ray_address is not None and not is_ray_address(ray_address):  # `--ray clip.mp4`: a source, not an address
         sources, ray_address = (ray_address, *sources), "local"
+    if ray_stop is not None:
+        _stop_ray_service(state, ray_address, ray_stop, sources, model or ray_keep)
+        return
+    if not model:
+        raise UsageProblem("Missing option '--model' / '-m'", "trtc run clip.mp4 --model model.onnx")
     if not sources:
         raise UsageProblem("no video sources given", "trtc run clip.mp4 --model model.onnx")
-    if ray_address is None and (ray_actors or ray_streams):
-        raise UsageProblem("--ray-actors and --ray-streams go with --ray", "add --ray (or --ray auto)")
+    if ray_address is None and (ray_actors or ray_streams or ray_keep):
+        raise UsageProblem("--ray-actors, --ray-streams and --ray-keep go with --ray", "add --ray auto (or --ray)")
 
     if summary_path:
         if output and output != "-" and os.path.abspath(output) == os.path.abspath(summary_path):
@@ -843,7 +854,7 @@ def run(state: State, sources, model, engine, device, batch, top_k, stride, outp
                         scores=scores, max_wait_ms=max_wait_ms, loop=loop, realtime=realtime,
                         latency=decode_latency, with_latency=with_latency, force=force, resume=resume,
                         reporter=state.reporter(), ray=ray_address, ray_actors=ray_actors, ray_streams=ray_streams,
-                        live=live, live_options=live_options)
+                        ray_keep=ray_keep, live=live, live_options=live_options)
     if summary_path:
         from engines._io import atomic_write_text
 
@@ -871,6 +882,19 @@ def run(state: State, sources, model, engine, device, batch, top_k, stride, outp
         if summary.problems:  # the table says what happened to each; one error line says what it means
             _say_bad_sources(summary)
         sys.exit(1)
+
+
+def _stop_ray_service(state: State, address, name, sources, extra) -> None:
+    """`trtc run --ray ADDRESS --ray-stop NAME`: end the kept service, say what it held (stdout)."""
+    from .run import stop_ray_service
+
+    if address is None:
+        raise UsageProblem("--ray-stop goes with --ray on a running cluster", f"trtc run --ray auto --ray-stop {name}")
+    if sources or extra:
+        raise UsageProblem("--ray-stop stops a kept service and runs nothing", f"trtc run --ray {address} --ray-stop "
+                           f"{name} (no SOURCES, --model or --ray-keep)")
+    done = stop_ray_service(address, name)
+    click.echo(f"stopped Ray engine service {done['name']}: {done['actors']} actor(s), {done['held']}")
 
 
 def _say_bad_sources(summary) -> None:

@@ -197,7 +197,8 @@ def run_video(sources, model, *, device: str = "auto", batch: int | None = None,
               max_wait_ms: float = 100.0, loop: int = 1, realtime: bool = False, latency: str = "native",
               with_latency: bool = False, force: bool = False, resume: bool = False, reporter: Reporter | None = None,
               stream=None, ray: str | None = None, ray_actors: int | None = None,
-              ray_streams: int | None = None, live: bool = False, live_options=None) -> RunSummary:
+              ray_streams: int | None = None, ray_keep: str | None = None, live: bool = False,
+              live_options=None) -> RunSummary:
     """Classify ``sources`` with ``model``; predictions go to ``output`` (a .jsonl path) or ``stream``.
 
     With ``output``, every complete line is kept whatever happens (a source fails, Ctrl-C): the lines go to a
@@ -209,7 +210,10 @@ def run_video(sources, model, *, device: str = "auto", batch: int | None = None,
     cluster of this node), "host:port" or "ray://host:port"; one engine actor per GPU (``ray_actors`` to say how
     many), ``ray_streams`` sources per actor at once. Sources may then be folders (their videos) and ``@list.txt``
     files (one source a line); with ``resume`` the videos that ``output`` holds complete are skipped (see
-    :func:`batch_sources`).
+    :func:`batch_sources`). ``ray_keep``: the name of a kept engine service on the running cluster (its actors stay
+    after the run, and the next run with the same name, model, device and batch uses them with no engine open;
+    :func:`stop_ray_service` ends it). The summary's ``ray.startup.phases`` times the start-up by phase from the
+    process's start (connect, placement, engine_open, first_batch, first_result), also logged at info level.
 
     Live sources (network URLs; every source with ``live``) reconnect as ``live_options``
     (:class:`engines.video.LiveOptions`) say; their outages and recoveries are written as event lines
@@ -217,6 +221,8 @@ def run_video(sources, model, *, device: str = "auto", batch: int | None = None,
     """
     reporter = reporter or Reporter()
     started_at = time.time()
+    if ray_keep is not None and ray is None:
+        raise UsageProblem("--ray-keep goes with --ray on a running cluster", f"add --ray auto --ray-keep {ray_keep}")
     sources, out_path, live_sources = _check_request(sources, model, device, output, resume, live, ray)
     with contextlib.ExitStack() as held:
         if out_path is not None:
@@ -225,7 +231,7 @@ def run_video(sources, model, *, device: str = "auto", batch: int | None = None,
                           top_k=top_k, stride=stride, decoder=decoder, colorspace=colorspace, scores=scores,
                           max_wait_ms=max_wait_ms, loop=loop, realtime=realtime, latency=latency,
                           with_latency=with_latency, force=force, resume=resume, reporter=reporter, stream=stream,
-                          ray=ray, ray_actors=ray_actors, ray_streams=ray_streams, live=live,
+                          ray=ray, ray_actors=ray_actors, ray_streams=ray_streams, ray_keep=ray_keep, live=live,
                           live_options=live_options)
 
 
@@ -261,15 +267,15 @@ def _one_writer(out_path: Path):
 
 def _run_video(sources, model, out_path, live_sources, started_at, *, device, batch, top_k, stride, decoder,
                colorspace, scores, max_wait_ms, loop, realtime, latency, with_latency, force, resume, reporter,
-               stream, ray, ray_actors, ray_streams, live, live_options) -> RunSummary:
+               stream, ray, ray_actors, ray_streams, ray_keep, live, live_options) -> RunSummary:
     prior = _prior_output(out_path, model, sources, stride, top_k, force, resume, ray, reporter)
     options = dict(batch=batch, top_k=top_k, stride=stride, decoder=decoder, colorspace=colorspace, scores=scores,
                    max_wait_ms=max_wait_ms, loop=loop, realtime=realtime, latency=latency, done=prior.done,
                    live=True if live else None, live_options=live_options)
     _refuse_top_k_over_classes(model, top_k)
     finished: list = []  # --ray: (source, ok) of the sources that ended, in order
-    run, closer, device, ray_info = _start(model, device, ray, ray_actors, ray_streams, sources, prior.complete,
-                                           options, finished, reporter, with_latency)
+    run, closer, device, ray_info = _start(model, device, (ray, ray_keep), ray_actors, ray_streams, sources,
+                                           prior.complete, options, finished, reporter, with_latency)
     _say_what_is_assumed(model)  # once the model opened: a file that is no model gets its error alone
     ready_at = time.time()
     try:
@@ -356,10 +362,12 @@ def _prior_output(out_path, model, sources, stride, top_k, force, resume, ray, r
 
 def _start(model, device, ray, ray_actors, ray_streams, sources, complete, options, finished, reporter,
            with_latency=False):
-    """(run, closer, device text, ray info): on Ray, in a worker process per device, or in this process."""
+    """(run, closer, device text, ray info): on Ray, in a worker process per device, or in this process.
+    ``ray``: (address or None, kept service name or None)."""
+    ray, keep = ray
     if ray is not None:
         return _ray_run(model, ray, device, ray_actors, ray_streams, sources, complete, options, finished, reporter,
-                        with_latency)
+                        with_latency, keep)
     devices = parse_devices(device) if ("," in device or device.endswith(":all")) else [pick_device(device)]
     if len(devices) > 1:  # one worker process (engine + pipeline) per device, sources shared out between them
         check_devices_can_run(model, devices)
@@ -923,22 +931,29 @@ def read_complete(out_path: Path) -> set:
 
 
 def _ray_run(model, address, device, actors, streams, sources, complete, options, finished, reporter,
-             with_latency=False):
+             with_latency=False, keep=None):
     from engines.video import RunStats, VideoRun
     from engines.video.ray_cluster import RayPool
 
     todo = [s for s in sources if s not in complete]
     info = {"address": address, "sources": len(sources), "skipped": len(complete)}
+    if keep is not None:
+        info["service"] = {"name": keep}
     if not todo:  # everything is in the output already: start nothing
         return (VideoRun(lambda: (p for p in ()), RunStats(path="ray: nothing left to do"), []), (lambda: None),
                 f"ray ({address})", info)
     if not Path(model).is_file():
         raise UsageProblem(f"model not found: {model}", "the model must be here, and at the same path on every node")
-    with reporter.phase(f"starting Ray actors ({address})"):
-        pool = RayPool(model, address=address, device=device, actors=actors, streams=streams)
+    what = f"kept service {keep!r}, " if keep is not None else ""
+    with reporter.phase(f"starting Ray actors ({what}{address})"):
+        pool = RayPool(model, address=address, device=device, actors=actors, streams=streams, keep=keep,
+                       batch=options.get("batch"))
     info["actors"] = [a.name for a in pool.actors if a.alive]
     info["start_errors"] = list(pool.start_errors)
     info["startup"] = dict(pool.startup)  # import ray, connect (start or join), actors ready, engine open in each
+    info["pool"] = pool  # for the phases once the run ends (taken out of the summary)
+    if keep is not None:
+        info["service"]["warm"] = pool.warm
     hooks = {"done": lambda _s, _ok: None}  # run_video points it at its progress bar
 
     def ended(source, ok):
@@ -954,5 +969,17 @@ def _ray_run(model, address, device, actors, streams, sources, complete, options
 def _ray_summary(info: dict, run, complete: set) -> dict:
     if not info:
         return {}
+    info = dict(info)
+    pool = info.pop("pool", None)
+    if pool is not None:  # seconds from the process's start: connect, placement, engine_open (cold), first batch...
+        info["startup"] = dict(info["startup"], phases=pool.phases(run))
     return dict(info, failures=list(getattr(run, "failures", [])), retried=list(getattr(run, "retried", [])),
                 placement=dict(getattr(run, "placement", {})))
+
+
+def stop_ray_service(address: str, name: str) -> dict:
+    """End the kept Ray engine service ``name`` (``trtc run --ray-keep NAME``) on the cluster at ``address``:
+    {"name", "actors" (how many were stopped), "held" (its model and options in words)}."""
+    from engines.video.ray_cluster import stop_service
+
+    return stop_service(name, address)

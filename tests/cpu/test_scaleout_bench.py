@@ -1,6 +1,7 @@
-"""examples/bench_scaleout.py end to end on the CPU (issue 31): two copies of bikes.mp4 through one process, a pool
-of two CPU workers, two independent processes and a local Ray instance with two actors; every row has every frame
-once, in order, with the same top-1 as the one-process row, and the JSON has the figures the docs quote."""
+"""examples/bench_scaleout.py end to end on the CPU: two copies of bikes.mp4 through one process, a pool of two CPU
+workers, two independent processes, a local Ray instance with two actors, and a cluster started by `ray start
+--head` (a cold job that keeps its actors, then a warm job on them); every row has every frame once, in order,
+with the same top-1 as the one-process row, and the JSON has the figures the docs quote."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow  # five trtc processes and a local Ray instance: ~30 s on two cores
+pytestmark = pytest.mark.slow  # eight trtc processes, a local Ray instance and a Ray head: ~60 s on two cores
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,7 +25,7 @@ def test_scaleout_bench_runs_every_row_on_the_cpu(lite0_onnx, bikes, tmp_path):
     try:
         import ray  # noqa: F401
 
-        rows.append("ray")
+        rows += ["ray", "ray-cluster", "ray-warm"]
     except ImportError:
         cmd.append("--no-ray")
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
@@ -36,6 +37,13 @@ def test_scaleout_bench_runs_every_row_on_the_cpu(lite0_onnx, bikes, tmp_path):
         assert row["fps"] > 0 and 0 < row["first_result_s"] < row["wall_s"]
     by = {row["row"]: row for row in table}
     assert by["independent"]["processes"] == 2 and "pool_over_independent" in by["pool"]
+    assert by["independent"]["vs_independent"] == 1.0
+    assert all(row["x_one"] > 0 and row["vs_independent"] > 0 for row in table)
     if "ray" in by:
         assert set(by["ray"]["ray_startup"]) >= {"import_s", "connect_s", "actors_s", "engine_open_s"}
+        cold, warm = by["ray-cluster"]["ray_startup"]["phases"], by["ray-warm"]["ray_startup"]["phases"]
+        assert list(cold) == ["connect", "placement", "engine_open", "first_batch", "first_result"]
+        assert list(warm) == ["connect", "placement", "first_batch", "first_result"]  # kept actors: no engine open
+        assert {"wall_minus_pool_s", "first_minus_pool_s"} <= set(by["ray-warm"])
+        assert "ray-warm: start-up phases" in r.stdout
     assert "pool_over_independent" in r.stdout
