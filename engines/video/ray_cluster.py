@@ -261,6 +261,25 @@ def _auth_failed(exc: BaseException) -> bool:
     return False
 
 
+def _placement(ray, kind: str, actors: int | None, cpus: float, gpus: int, ncpu: float,
+               checked: bool = True) -> tuple[int, dict]:
+    """How many actors and the resources each asks for; refused (UsageProblem) where the cluster cannot hold them.
+    ``checked=False``: a kept service's actors, which exist already (their CPUs are taken)."""
+    if kind == "gpu":
+        if not gpus:
+            raise UsageProblem("the Ray cluster has no GPU", "use --device cpu, or add GPU nodes")
+        actors = actors or gpus
+        if actors > gpus:
+            raise UsageProblem(f"{actors} GPU actors asked for, but the Ray cluster has {gpus} GPU(s)",
+                               f"use --ray-actors {gpus} or fewer")
+        return actors, {"num_gpus": 1, "num_cpus": cpus}
+    actors = actors or max(1, sum(1 for n in ray.nodes() if n.get("Alive")))
+    if checked and actors * cpus > ncpu:
+        raise UsageProblem(f"{actors} CPU actors of {cpus:g} CPU each need {actors * cpus:g} CPUs, the "
+                           f"Ray cluster has {ncpu:g}", f"use --ray-actors {max(1, int(ncpu // cpus))}")
+    return actors, {"num_cpus": cpus}
+
+
 class RayPool:
     """Engine actors of ``model`` on a Ray cluster; ``classify()`` spreads sources over them.
 
@@ -315,38 +334,26 @@ class RayPool:
             found = self._find_service(ray, key, actors, start_timeout) if keep is not None else None
             if found is not None:
                 actors = found
-            nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
-            if kind == "gpu":
-                if not gpus:
-                    raise UsageProblem("the Ray cluster has no GPU", "use --device cpu, or add GPU nodes")
-                actors = actors or gpus
-                if actors > gpus:
-                    raise UsageProblem(f"{actors} GPU actors asked for, but the Ray cluster has {gpus} GPU(s)",
-                                       f"use --ray-actors {gpus} or fewer")
-                opts = {"num_gpus": 1, "num_cpus": cpus}
-            else:
-                actors = actors or max(1, nodes)
-                if found is None and actors * cpus > ncpu:
-                    raise UsageProblem(f"{actors} CPU actors of {cpus:g} CPU each need {actors * cpus:g} CPUs, the "
-                                       f"Ray cluster has {ncpu:g}", f"use --ray-actors {max(1, int(ncpu // cpus))}")
-                opts = {"num_cpus": cpus}
+            actors, opts = _placement(ray, kind, actors, cpus, gpus, ncpu, checked=found is None)
             self.streams = streams or (8 if kind == "gpu" else 1)
-            remote = ray.remote(max_restarts=0, max_task_retries=0)(_EngineActor)
-            device_name = "cuda" if kind == "gpu" else "cpu"
-            if keep is None:
-                handles = [remote.options(**opts).remote(self.model, device_name, engine_options or {})
-                           for _ in range(actors)]
-            else:  # the service's actors: those there are found, those missing (none at first) made
-                handles = [remote.options(name=f"{keep}.{i}", namespace=NAMESPACE, lifetime="detached",
-                                          get_if_exists=True, **opts)
-                           .remote(self.model, device_name, engine_options or {}, key, actors)
-                           for i in range(actors)]
+            handles = self._make_actors(ray, actors, opts, engine_options or {}, key)
             self.actors = [_Actor(i, h, kind) for i, h in enumerate(handles)]
             self._lock = threading.Lock()
             self._start(ray, start_timeout, key)
         except BaseException:
             self.close()
             raise
+
+    def _make_actors(self, ray, actors: int, opts: dict, engine_options: dict, key) -> list:
+        remote = ray.remote(max_restarts=0, max_task_retries=0)(_EngineActor)
+        device_name = "cuda" if self.kind == "gpu" else "cpu"
+        if self.keep is None:
+            return [remote.options(**opts).remote(self.model, device_name, engine_options) for _ in range(actors)]
+        # the service's actors: those there are found, those missing (none at first) made
+        return [remote.options(name=f"{self.keep}.{i}", namespace=NAMESPACE, lifetime="detached",
+                               get_if_exists=True, **opts)
+                .remote(self.model, device_name, engine_options, key, actors)
+                for i in range(actors)]
 
     def since(self, t: float | None) -> float | None:
         """Seconds from :attr:`started_at` (the process's start) to the Unix time ``t``."""
