@@ -552,7 +552,7 @@ class NvdecSource(LiveSource):
         if tb is None:
             return None, index / fps
         # the same figures as round(index / (fps x tb)) and float(pts x tb) with Fractions, without a Fraction per frame
-        # (at 16 streams of 640x272 on an H100 those were 9% of the pipeline's GIL samples): fps x tb is the same
+        # (they showed among the pipeline's busiest lines at many streams): fps x tb is the same
         # float each time, and an int's true division is correctly rounded, as float(Fraction) is
         if self._stamp is None or self._stamp[:2] != (fps, tb):
             self._stamp = (fps, tb, fps * tb, tb.numerator, tb.denominator)
