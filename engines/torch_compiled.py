@@ -367,8 +367,9 @@ def _raise_recompile_limit(torch, at_least: int = 64) -> None:
 # ---------------------------------------------------------------------------------------------- the compiled program
 class CompiledProgram:
     """One engine's program and the callables compiled from it, one per (batch size, dtype, layout), with the loads of
-    precompiled functions begun at open or by a quick start. Its methods run on the engine's thread (the one that
-    runs the model's function); ``wait_ready`` and ``close`` only wait for the loads."""
+    precompiled functions begun at open or by a quick start. The engine calls :meth:`compiled` from the one thread
+    that runs the model's function (on the CPU: the caller's, under the engine's lock); :meth:`wait_ready` and
+    :meth:`end_loads` only let the loads go and wait for them."""
 
     def __init__(self, torch, path: Path, manifest, precision: str, device_id: int | None, tstream, timings: dict, *,
                  compile: bool, cache: bool, progress, precompile: bool, cudnn_benchmark: bool,
