@@ -10,13 +10,12 @@ from pathlib import Path
 
 from .base import Engine, TensorSpec
 from .errors import EngineError, ManifestError, MissingDependency, TrtcError, UsageProblem
-from .manifest import BatchProfile, Manifest, read_manifest, write_manifest
+from .manifest import PLAN_SUFFIXES, BatchProfile, Manifest, read_manifest, write_manifest
 from .preprocess import PreprocessSpec, preprocess_rgb
 
 __version__ = "0.1.0"
 
 
-PLAN_SUFFIXES = (".plan", ".engine", ".trt")
 # files a video source or batch folder may be (trtc run --ray folders; telling a video from a model)
 VIDEO_SUFFIXES = frozenset({".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".ts", ".mts", ".m2ts", ".flv", ".mpg",
                             ".mpeg", ".wmv", ".3gp", ".h264", ".264", ".h265", ".265", ".hevc", ".ivf", ".y4m"})

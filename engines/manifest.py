@@ -20,6 +20,7 @@ from .errors import ManifestError, UsageProblem
 from .preprocess import PreprocessSpec
 
 SCHEMA = 1
+PLAN_SUFFIXES = (".plan", ".engine", ".trt")  # TensorRT plans (engines re-exports it)
 
 
 @dataclass(frozen=True)
@@ -250,8 +251,6 @@ def _recreate_fix(artifact: str | os.PathLike | None, data) -> str:
     if artifact is None:
         return f"re-create it with {tool or 'the trtc command that made the model (trtc export, quantize or build)'}"
     artifact = Path(artifact)
-    from . import PLAN_SUFFIXES  # engines/__init__ imports this module: read it at call time
-
     if artifact.suffix.lower() == ".pt2":
         return (f"export it again with its ONNX: trtc export SOURCE -o {artifact.with_suffix('.onnx').name} --program "
                 "--force (its manifest carries the preprocessing and the labels)")

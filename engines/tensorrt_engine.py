@@ -154,7 +154,13 @@ def _build_flags(builder: dict) -> str:
 
 
 def plan_problems(manifest: Manifest, backend: Backend | None, gpu: dict | None) -> list[str]:
-    """Why this machine cannot run the plan (empty when it can, as far as the manifest tells)."""
+    """Why this machine cannot run the plan (empty when it can, as far as the manifest tells): its runtime's
+    problems, then its GPU's."""
+    return _runtime_problems(manifest, backend) + _gpu_problems(manifest, backend, gpu)
+
+
+def _runtime_problems(manifest: Manifest, backend: Backend | None) -> list[str]:
+    """Why the installed TensorRT runtime (``backend``; None: none) cannot load the plan."""
     b = manifest.builder or {}
     problems = []
     flavor = b.get("flavor")
@@ -189,6 +195,14 @@ def plan_problems(manifest: Manifest, backend: Backend | None, gpu: dict | None)
             problems.append(Problem(f"the plan was built with {flavor} {built}; this machine has {flavor} "
                                     f"{backend.version}" + (" (only a newer runtime can load a version-compatible "
                                                             "plan)" if compatible else ""), "version"))
+    return problems
+
+
+def _gpu_problems(manifest: Manifest, backend: Backend | None, gpu: dict | None) -> list[str]:
+    """Why this GPU (``gpu``; None: none) cannot run the plan, by the compute capabilities it was built for."""
+    b = manifest.builder or {}
+    flavor = b.get("flavor")
+    problems = []
     if gpu is None:
         problems.append(NO_GPU)
     else:

@@ -34,6 +34,7 @@ from engines.base import input_layout
 from engines.manifest import BatchProfile
 
 from ._ui import Reporter, model_label
+from .bench_clocks import CupyClock, HostClock
 from .errors import TrtcError, UsageProblem
 from .resources import check_input_fits
 from .validate import Runner, _classify
@@ -84,38 +85,6 @@ class BenchReport:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-class HostClock:
-    """Wall-clock marks: each call has returned (host input, or a synchronous engine) when the next mark is taken."""
-
-    def mark(self):
-        return time.perf_counter()
-
-    def wait(self, mark) -> None:
-        pass
-
-    def seconds(self, a, b) -> float:
-        return b - a
-
-
-class CupyClock:
-    """CUDA events recorded on ``stream`` after each call: a call's time is the GPU's, whatever the host did."""
-
-    def __init__(self, cp, stream, device):
-        self.cp, self.stream, self.device = cp, stream, device
-
-    def mark(self):
-        with self.device:
-            e = self.cp.cuda.Event()
-            e.record(self.stream)
-        return e
-
-    def wait(self, mark) -> None:
-        mark.synchronize()
-
-    def seconds(self, a, b) -> float:
-        return self.cp.cuda.get_elapsed_time(a, b) / 1000.0
 
 
 def time_spans(call, clock, warmup: int, iterations: int | None, duration: float | None) -> list[float]:

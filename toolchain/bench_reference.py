@@ -24,7 +24,7 @@ from pathlib import Path
 from engines._deps import require
 from engines.errors import TrtcError
 
-from .bench import HostClock
+from .bench_clocks import HostClock
 
 LABELS = {"torch-compile": "torch.compile (reduce-overhead)", "torch-eager": "torch eager"}
 WARM_CALLS = 3  # reduce-overhead records its CUDA graph on the third call of a shape

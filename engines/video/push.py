@@ -469,6 +469,67 @@ class _Kind:
     height: int
 
 
+class _FrameReader:
+    """A pushed frame made an item for the pusher's queue, on the caller's thread: taken as a CuPy array (uploaded, or
+    through DLPack on this thread's import stream), checked to be on the engine's GPU, its geometry's launch plan
+    looked up in a cache (made once per shape, strides, dtype, format and colour space)."""
+
+    def __init__(self, cp, gpu):
+        self.cp, self.gpu = cp, gpu
+        self.kinds: dict = {}  # (shape, strides, dtype, format, colour space) -> _Kind
+        self.local = threading.local()
+        self.ndarray = cp.ndarray
+
+    def item(self, frame, meta) -> tuple:
+        """((array, pointer, launch plan, pts, time, frame_id, host), imported) for one frame, or the
+        UsageProblem that refuses it. ``host``: None for a CuPy array, True for an uploaded NumPy frame, False for
+        one taken through DLPack; ``imported``: on this thread's import stream."""
+        pts, t, frame_id, fmt, colorspace = meta
+        if type(frame) is self.ndarray:
+            arr, host = frame, None
+        else:
+            arr, host = self._import(frame)
+        data = arr.data
+        if data.device_id != self.gpu.device_id:
+            raise UsageProblem(f"the frame is on GPU {data.device_id}, the engine on GPU {self.gpu.device_id}",
+                               "push frames that are on the engine's GPU")
+        key = (arr.shape, arr.strides, arr.dtype, fmt, colorspace)
+        kind = self.kinds.get(key) or self._kind(arr, fmt, colorspace, key)
+        return (arr, data.ptr, kind.plan, pts, t, frame_id, host), host is not None
+
+    def _kind(self, arr, fmt, colorspace, key) -> _Kind:
+        fmt, h, w, pitch = frame_layout(arr.shape, arr.strides, arr.dtype, fmt)
+        cs = ColorSpace.parse(colorspace, h) if fmt == "NV12" else ColorSpace()
+        gpu = self.gpu
+        with self.cp.cuda.Device(gpu.device_id):
+            plan = gpu.pre.plan(fmt, (arr.shape[0], pitch), np.uint8, h, w, cs, gpu.dtype)
+        kind = self.kinds[key] = _Kind(plan, h)
+        return kind
+
+    def import_stream(self):
+        """This thread's import stream (made on its first use): uploads and DLPack exchanges are ordered on it."""
+        s = getattr(self.local, "stream", None)
+        if s is None:
+            with self.cp.cuda.Device(self.gpu.device_id):
+                s = self.local.stream = self.cp.cuda.Stream(non_blocking=True)
+        return s
+
+    def _import(self, frame):
+        """(device array, True) for a NumPy frame uploaded, (device array, False) for another library's device
+        array taken through DLPack without a copy, on this thread's import stream, which the writer then waits
+        for (DLPack's exchange orders that stream after the stream the frame was written on)."""
+        cp = self.cp
+        with cp.cuda.Device(self.gpu.device_id), self.import_stream():
+            if isinstance(frame, np.ndarray):
+                return cp.asarray(frame), True
+            if hasattr(frame, "__dlpack__"):
+                return cp.from_dlpack(frame), False
+            if hasattr(frame, "__cuda_array_interface__"):
+                return cp.asarray(frame), False
+        raise UsageProblem(f"cannot read a frame of type {type(frame).__name__}",
+                           "push a device array with DLPack (CuPy, torch, ...) or a NumPy array")
+
+
 class _GpuPusher:
     """Device frames -> a queue (the caller's thread: checks from a cache, the frame's producer stream noted (or, for a
     stream trtc cannot record on later, an event recorded on it), numbering; no kernel) -> ONE writer thread that
@@ -495,10 +556,9 @@ class _GpuPusher:
         self.lock = threading.Lock()
         self.work, self.room, self.launched = (threading.Condition(self.lock) for _ in range(3))
         self.closing = self.idle = False
-        self.kinds: dict = {}  # (shape, strides, dtype, format, colour space) -> _Kind
         self.ready: dict = {}  # producer stream ptr -> the event re-recorded on it at each push (eager producers)
-        self.local = threading.local()
-        self.ndarray, self.stream_type = cp.ndarray, cp.cuda.Stream
+        self.frames = _FrameReader(cp, self.gpu)
+        self.stream_type = cp.cuda.Stream
         with cp.cuda.Device(self.gpu.device_id):
             self.gpu.open(sources=1)  # the writer is the one source: close() ends the run
             self.stream = cp.cuda.Stream(non_blocking=True)
@@ -524,7 +584,7 @@ class _GpuPusher:
 
     # --------------------------------------------------------------------------------- the caller's thread
     def push(self, st: _Stream, frame, meta, cuda_stream):
-        item, imported = self._item(frame, meta)
+        item, imported = self.frames.item(frame, meta)
         return self._enqueue(st, (item,), self._syncs(cuda_stream, imported))[0]
 
     def push_many(self, st: _Stream, frames, metas, cuda_stream) -> list:
@@ -532,29 +592,12 @@ class _GpuPusher:
         queue them; returns a PushHandle per device frame (None for NumPy frames, uploaded already)."""
         items, imported = [], False
         for frame, meta in zip(frames, metas, strict=True):
-            item, imp = self._item(frame, meta)
+            item, imp = self.frames.item(frame, meta)
             items.append(item)
             imported = imported or imp
         if not items:
             return []
         return self._enqueue(st, items, self._syncs(cuda_stream, imported))
-
-    def _item(self, frame, meta) -> tuple:
-        """((array, pointer, launch plan, pts, time, frame_id, host), imported) for one frame, or the
-        UsageProblem that refuses it. ``host``: None for a CuPy array, True for an uploaded NumPy frame, False for
-        one taken through DLPack; ``imported``: on this thread's import stream."""
-        pts, t, frame_id, fmt, colorspace = meta
-        if type(frame) is self.ndarray:
-            arr, host = frame, None
-        else:
-            arr, host = self._import(frame)
-        data = arr.data
-        if data.device_id != self.gpu.device_id:
-            raise UsageProblem(f"the frame is on GPU {data.device_id}, the engine on GPU {self.gpu.device_id}",
-                               "push frames that are on the engine's GPU")
-        key = (arr.shape, arr.strides, arr.dtype, fmt, colorspace)
-        kind = self.kinds.get(key) or self._kind(arr, fmt, colorspace, key)
-        return (arr, data.ptr, kind.plan, pts, t, frame_id, host), host is not None
 
     def _syncs(self, cuda_stream, imported: bool) -> tuple:
         """What the writer's stream waits for before it reads these frames: per producer, either the producer's
@@ -576,7 +619,7 @@ class _GpuPusher:
             producer = self.ready.get(ptr) or self._ready_event(ptr)
             self.cp.cuda.runtime.eventRecord(producer.ptr, ptr)
         if imported:  # this thread's import stream (ours): after the upload, or DLPack's wait on the producer
-            return producer, self._import_stream()
+            return producer, self.frames.import_stream()
         return (producer,)
 
     def _enqueue(self, st: _Stream, items, syncs) -> list:
@@ -620,37 +663,6 @@ class _GpuPusher:
             if ev is None:
                 ev = self.ready[producer] = self.cp.cuda.Event(block=False, disable_timing=True)
             return ev
-
-    def _kind(self, arr, fmt, colorspace, key) -> _Kind:
-        fmt, h, w, pitch = frame_layout(arr.shape, arr.strides, arr.dtype, fmt)
-        cs = ColorSpace.parse(colorspace, h) if fmt == "NV12" else ColorSpace()
-        gpu = self.gpu
-        with self.cp.cuda.Device(gpu.device_id):
-            plan = gpu.pre.plan(fmt, (arr.shape[0], pitch), np.uint8, h, w, cs, gpu.dtype)
-        kind = self.kinds[key] = _Kind(plan, h)
-        return kind
-
-    def _import_stream(self):
-        s = getattr(self.local, "stream", None)
-        if s is None:
-            with self.cp.cuda.Device(self.gpu.device_id):
-                s = self.local.stream = self.cp.cuda.Stream(non_blocking=True)
-        return s
-
-    def _import(self, frame):
-        """(device array, True) for a NumPy frame uploaded, (device array, False) for another library's device
-        array taken through DLPack without a copy, on this thread's import stream, which the writer then waits
-        for (DLPack's exchange orders that stream after the stream the frame was written on)."""
-        cp = self.cp
-        with cp.cuda.Device(self.gpu.device_id), self._import_stream():
-            if isinstance(frame, np.ndarray):
-                return cp.asarray(frame), True
-            if hasattr(frame, "__dlpack__"):
-                return cp.from_dlpack(frame), False
-            if hasattr(frame, "__cuda_array_interface__"):
-                return cp.asarray(frame), False
-        raise UsageProblem(f"cannot read a frame of type {type(frame).__name__}",
-                           "push a device array with DLPack (CuPy, torch, ...) or a NumPy array")
 
     # ----------------------------------------------------------------------------------------- the writer
     def _write_loop(self) -> None:

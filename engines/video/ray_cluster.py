@@ -116,7 +116,7 @@ class _EngineActor:
         """A streaming generator: ("block", ResultBlock) chunks of results (with their JSON lines when
         ``options["lines"]`` asks for them; sources named as the driver's caller named them, ``options["names"]``),
         live sources' ("event", dict), then ("end", problems, stats, failure)."""
-        from engines.video import classify
+        from engines.video.pipeline import classify
 
         from .results import ResultBlock
 

@@ -477,10 +477,7 @@ class NvdecSource(LiveSource):
         try:
             rejected = 0  # packets in a row the decoder refused
             while True:
-                try:  # the demuxer failing ends the source (the file is cut off or unreadable from here)
-                    packet = next(packets, None)
-                except Exception as exc:  # noqa: BLE001 - demuxer errors
-                    raise SourceError(self.name, f"stopped while reading: {first_line(exc, DETAIL_CHARS)}") from exc
+                packet = self._next_packet(packets)
                 if packet is None:
                     break
                 if self.realtime and packet.bsl:
@@ -495,13 +492,8 @@ class NvdecSource(LiveSource):
                     frames = dec.Decode(packet)
                     rejected = 0
                 except Exception as exc:  # noqa: BLE001 - PyNvVCException
-                    self.damaged += 1
                     rejected += 1
-                    if rejected >= MAX_REJECTED_PACKETS:
-                        raise SourceError(self.name, f"NVDEC refused {rejected} packets in a row "
-                                          f"({first_line(exc, DETAIL_CHARS)})",
-                                          "check or re-encode the file; or --device cpu"
-                                          ) from exc
+                    self._refused(exc, rejected)
                     continue
                 finally:
                     del packet
@@ -530,6 +522,24 @@ class NvdecSource(LiveSource):
             del packets, dec, dmx
         return index
 
+    def _next_packet(self, packets):
+        """The demuxer's next packet, or None at the end; the demuxer failing ends the source (the file is cut off or
+        unreadable from here)."""
+        try:
+            return next(packets, None)
+        except Exception as exc:  # noqa: BLE001 - demuxer errors
+            raise SourceError(self.name, f"stopped while reading: {first_line(exc, DETAIL_CHARS)}") from exc
+
+    def _refused(self, exc: Exception, rejected: int) -> None:
+        """A packet NVDEC refused (``exc``), the ``rejected``-th in a row: counted and skipped, as the CPU path does;
+        MAX_REJECTED_PACKETS in a row end the source."""
+        self.damaged += 1
+        if rejected >= MAX_REJECTED_PACKETS:
+            raise SourceError(self.name, f"NVDEC refused {rejected} packets in a row "
+                              f"({first_line(exc, DETAIL_CHARS)})",
+                              "check or re-encode the file; or --device cpu"
+                              ) from exc
+
     def stamp_index(self, index: int) -> tuple[int | None, float | None]:
         """(pts, seconds) of a file's frame from its display index, for the SimpleDecoder path: its frames'
         getPTS() are not display timestamps (on bikes.mp4 with PyNvVideoCodec 2.2.4: -1024, -512, 0, 512 where the
@@ -542,7 +552,7 @@ class NvdecSource(LiveSource):
         if tb is None:
             return None, index / fps
         # the same figures as round(index / (fps x tb)) and float(pts x tb) with Fractions, without a Fraction per frame
-        # (at 16 streams of 640x272 on an H100 those were 9% of the pipeline's GIL samples): fps x tb is the same
+        # (they showed among the pipeline's busiest lines at many streams): fps x tb is the same
         # float each time, and an int's true division is correctly rounded, as float(Fraction) is
         if self._stamp is None or self._stamp[:2] != (fps, tb):
             self._stamp = (fps, tb, fps * tb, tb.numerator, tb.denominator)
@@ -588,10 +598,8 @@ class NvdecSource(LiveSource):
         loop of the source reuses the decoder the same way. Returns the decoder when the source was decoded to
         the end without an error, for the caller to keep; otherwise None (the decoder is freed here).
 
-        Not the ThreadedDecoder (demux and decode in a native thread): on the H200 with PyNvVideoCodec 2.2.4 it
-        crashed the process (segmentation fault or abort in its native thread) in 4 of 12 test processes of 9
-        runs each at 1-16 streams, where the SimpleDecoder and the packet loop ran 72 and 54 such runs without a
-        crash at the same speed (docs/BENCHMARKS.md).
+        Not the ThreadedDecoder (demux and decode in a native thread): it crashed test processes in its native
+        thread where the SimpleDecoder and the packet loop did not (docs/BENCHMARKS.md).
 
         A container that declares no frame count, or a SimpleDecoder that cannot open the file, raises
         :class:`BatchUnavailable` before the first frame (use :meth:`run`). A pass that ends before the frame
@@ -608,9 +616,9 @@ class NvdecSource(LiveSource):
         index, dec, kept = 0, decoder, False
         try:
             for _ in range(self.loop):
-                dec, declared = self._point_decoder(nvc, dec, stream_ptr, index)
+                dec, declared = _point_decoder(self, nvc, dec, stream_ptr, index)
                 start = index
-                index, got = self._batch_pass(dec, declared, max_frames, on_frames, index)
+                index, got = _batch_pass(self, dec, declared, max_frames, on_frames, index)
                 if index is None:
                     return None
                 if declared and got < declared:  # the packet loop decodes the rest of the file
@@ -626,47 +634,6 @@ class NvdecSource(LiveSource):
             if not kept:
                 dec = None
 
-    def _point_decoder(self, nvc, dec, stream_ptr: int, index: int):
-        """(a SimpleDecoder on this file, the frame count its container declares): a new one, or ``dec`` (made for
-        this format) pointed at the file. Before the first frame a refusal is :class:`BatchUnavailable`."""
-        try:
-            if dec is None:
-                dec = nvc.SimpleDecoder(self.name, gpu_id=self.gpu, cuda_context=0, cuda_stream=stream_ptr,
-                                        use_device_memory=True)
-            else:  # a decoder made for this format: point it at this file (its frames are all released)
-                dec.reconfigure_decoder(self.name)
-            return dec, int(getattr(dec.get_stream_metadata(), "num_frames", 0) or 0)
-        except Exception as exc:  # noqa: BLE001 - PyNvVideoCodec raises plain exceptions; a failed decoder is dropped
-            if index == 0:  # e.g. a container that declares no frame count: the packet loop can read it
-                raise BatchUnavailable(f"{self.name}: SimpleDecoder refused it "
-                                       f"({first_line(exc, DETAIL_CHARS)})") from exc
-            raise SourceError(self.name, f"NVDEC decoder for {self._what} failed: "
-                              f"{first_line(exc, DETAIL_CHARS)}") from exc
-
-    def _batch_pass(self, dec, declared: int, max_frames: int, on_frames, index: int):
-        """Batches of up to ``max_frames`` frames to ``on_frames`` until the declared count (or the decoder stops).
-        Returns (next index, frames got), or (None, got) when ``on_frames`` asked to stop."""
-        got = 0
-        while not declared or got < declared:
-            try:
-                # never past the declared count: the SimpleDecoder prints "INVALID INDEX n" on stdout for every frame
-                # asked beyond it, which would corrupt a --json report
-                frames = dec.get_batch_frames(min(max_frames, declared - got) if declared else max_frames)
-            except Exception as exc:  # noqa: BLE001 - the caller goes on with the packet loop
-                log.info("%s: SimpleDecoder stopped (%s)", self.name, first_line(exc, DETAIL_CHARS))
-                break
-            if not frames:
-                break
-            n = len(frames)
-            self.decoded += n
-            got += n
-            go = on_frames(index, frames)
-            del frames
-            index += n
-            if go is False:
-                return None, got
-        return index, got
-
     def _rest_by_packets(self, nvc, stream_ptr: int, one, index: int, start: int, got: int, declared: int):
         """The SimpleDecoder stopped after ``got`` of ``declared`` frames: the packet loop decodes the rest; a file
         that still ends early is a SourceError (after all its frames). Returns the next index, or None to stop."""
@@ -678,7 +645,53 @@ class NvdecSource(LiveSource):
         return index
 
 
+# ----------------------------------------------------- NvdecSource.run_batches: a SimpleDecoder pass over a file
+def _point_decoder(source: NvdecSource, nvc, dec, stream_ptr: int, index: int):
+    """(a SimpleDecoder on ``source``'s file, the frame count its container declares): a new one, or ``dec`` (made for
+    this format) pointed at the file. Before the first frame a refusal is :class:`BatchUnavailable`."""
+    try:
+        if dec is None:
+            dec = nvc.SimpleDecoder(source.name, gpu_id=source.gpu, cuda_context=0, cuda_stream=stream_ptr,
+                                    use_device_memory=True)
+        else:  # a decoder made for this format: point it at this file (its frames are all released)
+            dec.reconfigure_decoder(source.name)
+        return dec, int(getattr(dec.get_stream_metadata(), "num_frames", 0) or 0)
+    except Exception as exc:  # noqa: BLE001 - PyNvVideoCodec raises plain exceptions; a failed decoder is dropped
+        if index == 0:  # e.g. a container that declares no frame count: the packet loop can read it
+            raise BatchUnavailable(f"{source.name}: SimpleDecoder refused it "
+                                   f"({first_line(exc, DETAIL_CHARS)})") from exc
+        raise SourceError(source.name, f"NVDEC decoder for {source._what} failed: "
+                          f"{first_line(exc, DETAIL_CHARS)}") from exc
+
+
+def _batch_pass(source: NvdecSource, dec, declared: int, max_frames: int, on_frames, index: int):
+    """Batches of up to ``max_frames`` frames to ``on_frames`` until the declared count (or the decoder stops).
+    Returns (next index, frames got), or (None, got) when ``on_frames`` asked to stop."""
+    got = 0
+    while not declared or got < declared:
+        try:
+            # never past the declared count: the SimpleDecoder prints "INVALID INDEX n" on stdout for every frame
+            # asked beyond it, which would corrupt a --json report
+            frames = dec.get_batch_frames(min(max_frames, declared - got) if declared else max_frames)
+        except Exception as exc:  # noqa: BLE001 - the caller goes on with the packet loop
+            log.info("%s: SimpleDecoder stopped (%s)", source.name, first_line(exc, DETAIL_CHARS))
+            break
+        if not frames:
+            break
+        n = len(frames)
+        source.decoded += n
+        got += n
+        go = on_frames(index, frames)
+        del frames
+        index += n
+        if go is False:
+            return None, got
+    return index, got
+
+
 BATCHED_SUFFIXES = (".mp4", ".mov", ".m4v")
+
+
 class BatchUnavailable(Exception):
     """:meth:`NvdecSource.run_batches` cannot read this source before its first frame; use :meth:`run`."""
 

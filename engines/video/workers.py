@@ -128,7 +128,7 @@ def _run_job(conn, engine, device: str, sources: list, options: dict) -> None:
     """One job in a worker: its predictions go to the parent as :class:`ResultBlock` messages (every 256 results
     or 20 ms, with their JSON lines when ``options["lines"]`` asks for them), then ("end", problems, stats,
     failure, the wall-clock time its pipeline started: after the engine's warm-up, as a single process counts)."""
-    from engines.video import classify
+    from engines.video.pipeline import classify
 
     options = dict(options)
     line_mode = options.pop("lines", None)

@@ -22,7 +22,7 @@ SHA = "ab" * 32
 
 def _key(**kw):
     args = dict(device="H100-sm90", torch_version="2.11.0+cu130", batch=64, precision="fp16", layout="nchw",
-                dtype="float16", model_sha=SHA)
+                dtype="float16", model_sha=SHA, math="tf32c1m0")
     args.update(kw)
     return te.cache_key(**args)
 
@@ -30,9 +30,10 @@ def _key(**kw):
 def test_cache_key_names_everything_the_compiled_code_depends_on():
     key = _key()
     assert key.startswith("H100-sm90-torch2.11.0-cu130-py")
-    assert "-b64-fp16-nchw-float16-" + SHA[:12] in key
+    assert "-tf32c1m0-b64-fp16-nchw-float16-" + SHA[:12] in key
     others = [_key(batch=32), _key(precision="fp32"), _key(device="H200-sm90"), _key(torch_version="2.12.0"),
-              _key(layout="nhwc"), _key(dtype="float32"), _key(model_sha="cd" * 32)]
+              _key(layout="nhwc"), _key(dtype="float32"), _key(model_sha="cd" * 32), _key(math="tf32c0m0"),
+              _key(math="tf32c1m1")]
     assert len({key, *others}) == 1 + len(others), "two different compilations would share a cache file"
     assert "/" not in _key(device="A/B c") and " " not in _key(device="A/B c")
 
@@ -232,8 +233,8 @@ def test_plain_program_round_trip_computes_the_same(tmp_path, precision):
     with torch.no_grad():
         got = model(x)
     assert got.dtype is torch.float32 and torch.equal(got, ref.float())
-    assert type(model.gm).__module__ == "engines.torch_engine"  # found again by name when a saved function loads
-    assert getattr(te, type(model.gm).__name__) is type(model.gm)
+    assert type(model.gm).__module__ == "engines.torch_program"  # found again by name when a saved function loads
+    assert getattr(sys.modules["engines.torch_program"], type(model.gm).__name__) is type(model.gm)
     assert te.read_plain(written, te.program_key(torch.__version__, "fp32" if precision == "fp16" else "fp16",
                                                  SHA)) is None  # another precision's key
     raw = written.read_bytes()
@@ -316,10 +317,13 @@ def test_the_load_at_open_takes_the_newest_whole_function_of_this_model_gpu_torc
     started = []
     monkeypatch.setattr(te._PrecompiledLoader, "start", lambda self: started.append(self))
     fake_torch = types.SimpleNamespace(__version__="2.11.0+cu130",
-                                       compiler=types.SimpleNamespace(load_compiled_function=None))
+                                       compiler=types.SimpleNamespace(load_compiled_function=None),
+                                       backends=types.SimpleNamespace(cudnn=types.SimpleNamespace(allow_tf32=True),
+                                                                      cuda=types.SimpleNamespace(matmul=types.SimpleNamespace(
+                                                                          allow_tf32=False))))
     model = tmp_path / "m.pt2"
     folder = te.cache_dirs(model, SHA)[0]
-    eng = object.__new__(te.TorchEngine)
+    eng = object.__new__(te.CompiledProgram)
     eng.path, eng._sha, eng.precision, eng.device_id = model, SHA, "fp16", None
     eng.warm_beside_load = eng.compile = eng.cache = eng.precompile = True
     eng._go = threading.Event()  # quick start: the load waits for the first eager batch
@@ -334,7 +338,7 @@ def test_the_load_at_open_takes_the_newest_whole_function_of_this_model_gpu_torc
 
     def kept(age: int, **kw):
         args = dict(device=label, torch_version=fake_torch.__version__, batch=64, precision="fp16", layout="nhwc",
-                    dtype="float16", model_sha=SHA)
+                    dtype="float16", model_sha=SHA, math="tf32c1m0")
         args.update(kw)
         key = te.cache_key(**args)
         path = te.write_cache([folder], key, f"function {key}".encode(), suffix=".aot")
@@ -347,8 +351,9 @@ def test_the_load_at_open_takes_the_newest_whole_function_of_this_model_gpu_torc
     kept(10, precision="fp32")  # newer, but another precision
     kept(5, model_sha="cd" * 32)  # another model
     kept(1, batch=8, torch_version="2.12.0")  # another torch
+    kept(3, math="tf32c0m0")  # newer, but compiled under other TF32 settings
     other_gpu = te.write_cache([folder], te.cache_key(label, fake_torch.__version__, 16, "fp16", "nhwc", "float16",
-                                                      SHA), b"x", suffix=".cuda1.aot")  # another GPU index's
+                                                      SHA, "tf32c1m0"), b"x", suffix=".cuda1.aot")  # another GPU index's
     os.utime(other_gpu, (2_000_000, 2_000_000))
     assert preload() == b64
     (loader,) = started
@@ -436,7 +441,8 @@ def _routing_engine(log, slots: int = 0, loading=None):
 
     eng._capture = capture
     eng._in_context = lambda fn, *args: fn(*args)
-    eng._go = threading.Event()
+    eng.program = object.__new__(te.CompiledProgram)
+    eng.program._go, eng.program._loaders = threading.Event(), {}
     one = te.OneThread("trtc-test-own")
     eng._one = one
     return eng, run, one
@@ -476,18 +482,18 @@ def test_a_quick_start_s_load_waits_for_the_first_eager_batch():
     it go, wait_ready() and close() do, and a load waits no longer than LOAD_HOLD_S for a batch that does not come."""
     log = []
     eng, run, one = _routing_engine(log, slots=1)
-    assert eng._forward(_Input(1000)) == "out1000" and not eng._go.is_set()  # a replay
-    assert eng._forward(_Input(7)) == "out7" and not eng._go.is_set()  # a capture of the compiled function
+    assert eng._forward(_Input(1000)) == "out1000" and not eng.program._go.is_set()  # a replay
+    assert eng._forward(_Input(7)) == "out7" and not eng.program._go.is_set()  # a capture of the compiled function
     one.close()
     eng, run, one = _routing_engine(log, loading=object())
-    assert not eng._go.is_set()
-    assert eng._forward(_Input(7)) == "eager" and eng._go.is_set()
+    assert not eng.program._go.is_set()
+    assert eng._forward(_Input(7)) == "eager" and eng.program._go.is_set()
     one.close()
     for let_go in ("wait_ready", "close"):
         eng, run, one = _routing_engine(log, loading=object())
-        eng._loaders, eng.stream, eng._runs = {}, None, {}
+        eng.stream, eng._runs = None, {}
         getattr(eng, let_go)()
-        assert eng._go.is_set(), let_go
+        assert eng.program._go.is_set(), let_go
         one.close()
 
 
@@ -505,7 +511,7 @@ def test_a_held_load_begins_at_go_or_after_the_hold(monkeypatch):
     go.set()
     loader.join(5)
     assert len(began) == 1 and began[0] - t0 >= 0.3 and loader.held_s >= 0.3
-    monkeypatch.setattr(te, "LOAD_HOLD_S", 0.4)
+    monkeypatch.setattr(sys.modules["engines.torch_compiled"], "LOAD_HOLD_S", 0.4)
     loader = te._PrecompiledLoader(None, "k", [], None, threading.Event())  # no batch comes: it goes after the hold
     t0 = time.perf_counter()
     loader.start()
@@ -515,3 +521,22 @@ def test_a_held_load_begins_at_go_or_after_the_hold(monkeypatch):
     loader.start()
     loader.join(5)
     assert len(began) == 3 and loader.held_s == 0.0
+
+
+def test_the_device_label_keeps_the_whole_gpu_name_and_the_math_label_reads_tf32_now(monkeypatch):
+    """Two GPUs of one architecture whose names share their first words (RTX 4080 and RTX 4090, both sm89) get two
+    labels; the TF32 settings are read when the key is made, not at import."""
+    import types
+
+    names = {0: "NVIDIA GeForce RTX 4080", 1: "NVIDIA GeForce RTX 4090", 2: "NVIDIA H100 80GB HBM3"}
+    cuda = types.SimpleNamespace(get_device_name=names.__getitem__, get_device_capability=lambda i: (8, 9) if i < 2
+                                 else (9, 0))
+    backends = types.SimpleNamespace(cudnn=types.SimpleNamespace(allow_tf32=True),
+                                     cuda=types.SimpleNamespace(matmul=types.SimpleNamespace(allow_tf32=False)))
+    fake = types.SimpleNamespace(cuda=cuda, backends=backends)
+    monkeypatch.setattr(sys.modules["engines.torch_compiled"], "require_torch", lambda *a, **k: fake)
+    assert [te.device_label(i) for i in names] == ["GeForce-RTX-4080-sm89", "GeForce-RTX-4090-sm89",
+                                                   "H100-80GB-HBM3-sm90"]
+    assert te.math_label(fake) == "tf32c1m0"
+    backends.cudnn.allow_tf32, backends.cuda.matmul.allow_tf32 = False, True
+    assert te.math_label(fake) == "tf32c0m1"
