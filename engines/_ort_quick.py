@@ -45,12 +45,26 @@ warm-up (Lite0 1.13-1.56 s, no better; ResNet-50 1.14-1.32 s, later) and the cop
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
+import weakref
 
 from .errors import first_line
 
 log = logging.getLogger("trtc")
+_at_exit: "weakref.WeakSet" = weakref.WeakSet()  # every QuickStart alive (a running thread keeps its own)
+
+
+@atexit.register
+def _join_at_exit() -> None:
+    """Before the interpreter tears down, cancel every QuickStart and wait for its threads: a daemon thread still inside ONNX Runtime while the process exits could meet CUDA and ONNX
+    Runtime being torn down under it."""
+    for q in list(_at_exit):
+        q.cancel()
+        for t in (q._thread, q._warming):
+            if t is not None:
+                t.join(60)
 
 
 class QuickStart:
@@ -68,9 +82,12 @@ class QuickStart:
     still holds, opens or keeps one. So once a preparation has ended, none is queued and the warm-up returned,
     none is open."""
 
-    def __init__(self, prepare, open_quick, name: str = "model", retire=None):
+    def __init__(self, prepare, open_quick, name: str = "model", retire=None, interrupt=None):
         self._prepare, self._open_quick, self.name = prepare, open_quick, name
         self._retire = retire  # retire(session): called before the quick session is let go (waits for its work)
+        self._interrupt = interrupt  # interrupt(): stop the preparation running now (cancel)
+        self._cancelled = False
+        _at_exit.add(self)
         self._lock = threading.Condition()
         self._ready: set = set()  # shapes the tuned session has run
         self._queue: list = []  # shapes waiting for (or in) preparation, in order; the first is being prepared
@@ -88,7 +105,7 @@ class QuickStart:
             self._start(key)
 
     def _start(self, key) -> None:
-        if key in self._ready or key in self._queue:
+        if key in self._ready or key in self._queue or self._cancelled:
             return
         self._queue.append(key)
         if self._thread is None:
@@ -149,7 +166,7 @@ class QuickStart:
         """Whether warm() should open (or keep) a quick session: none is kept yet, and preparations are queued or
         none has ended (else there is nothing left to cover). Under the lock: warm() asks before and after its
         unlocked creation, since the preparations may end meanwhile."""
-        return self._quick is None and bool(self._queue or not self._ready)
+        return self._quick is None and not self._cancelled and bool(self._queue or not self._ready)
 
     def route(self, key):
         """None (run the tuned session) when the tuned session has prepared ``key`` and prepares nothing else now;
@@ -162,7 +179,7 @@ class QuickStart:
         life)."""
         with self._lock:
             while True:
-                if key in self._ready and not self._queue:
+                if self._cancelled or (key in self._ready and not self._queue):
                     return None
                 self._start(key)
                 if self._quick is not None or not self._opening:
@@ -208,6 +225,17 @@ class QuickStart:
                 self._retire(retired)
             except Exception as exc:  # noqa: BLE001 - a failed wait shows again at the caller's next CUDA call
                 log.debug("%s: waiting for the quick session's last work failed: %s", self.name, exc)
+
+    def cancel(self) -> None:
+        """Prepare nothing more: the queued shapes are dropped, the one being prepared is interrupted, and the
+        threads end by themselves (letting the quick session go); nothing here waits for them. A process that exits
+        meanwhile waits at exit for each thread's current ONNX Runtime node (see _join_at_exit)."""
+        with self._lock:
+            self._cancelled = True
+            del self._queue[1:]
+            self._lock.notify_all()
+        if self._interrupt is not None:
+            self._interrupt()
 
     def holds(self, session) -> bool:
         """Whether ``session`` is still the quick session (False once it was let go)."""

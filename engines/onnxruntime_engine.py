@@ -324,6 +324,8 @@ class OnnxRuntimeEngine(EngineBase):
         _int8_note(self.path, kind, precision)
 
         self._binding = None
+        self._closed = False
+        self._preparing = None  # the run options of the preparation running now (close() stops it)
         self._run_options = None
         self._host_run_options = None
         self._graphs: dict = {}  # (input addresses, shapes, dtypes) -> _Graphed, made by capture_graphs
@@ -354,7 +356,8 @@ class OnnxRuntimeEngine(EngineBase):
         model = self._quick_model
         self.quick = QuickStart(self._prepare_shape,
                                 lambda: self._session(ort, opts, quick_providers, model.source() if model else None),
-                                self.path.name, retire=lambda session: self._quick_stream.synchronize())
+                                self.path.name, retire=lambda session: self._quick_stream.synchronize(),
+                                interrupt=self._stop_preparing)
         self.quick.warm(lambda session: self._warm_quick(session, doc))
 
     def _warm_quick(self, session, doc: dict) -> bool:
@@ -377,13 +380,21 @@ class OnnxRuntimeEngine(EngineBase):
         session meanwhile waits (QuickStart.route sends the device batches to the quick session instead)."""
         def prepare():
             self._at_shapes(key)
-            run_options = self._device_run_options()
+            run_options = self._preparing = self._device_run_options()
+            if self._closed:  # close() came before these options were there to stop
+                run_options.terminate = True
             self._run_on_zeros(self.session, self.inputs, self.outputs, key, self.stream,
                                lambda io: self._run(io, run_options))
 
         with self._lock:
-            self.stream.synchronize()
-            self._unfused_if_refused(prepare)
+            try:
+                if not self._closed:
+                    self.stream.synchronize()
+                    self._unfused_if_refused(prepare)
+            finally:
+                self._preparing = None
+                if self._closed:  # close() found the session in use: it goes now that this run has ended
+                    self._let_go()
 
     def _run_on_zeros(self, session, inputs, outputs, key, stream, run) -> None:
         """``run(io)`` once with ``session``'s inputs bound to zeros of the shapes ``key`` and its outputs to new
@@ -691,9 +702,24 @@ class OnnxRuntimeEngine(EngineBase):
         return _Graphed(graph_id, io, self._device_run_options(graph_id), outs)
 
     def close(self) -> None:
-        self.wait_ready()  # the preparing thread runs the session: let it finish before the session goes
-        with self._lock:
-            self.quick = None
-            self._binding = None
-            self._graphs = {}
-            self.session = None
+        """Let the sessions go without waiting for a preparation: the queued ones are dropped and the one running
+        is stopped at its next node (ONNX Runtime's ``RunOptions.terminate``). A session another thread is running
+        is let go by that thread when its run ends, never under it."""
+        self._closed = True
+        if self.quick is not None:
+            self.quick.cancel()
+        if self._lock.acquire(blocking=False):
+            try:
+                self._let_go()
+            finally:
+                self._lock.release()
+
+    def _stop_preparing(self) -> None:
+        """Stop the tuned session's preparation running now, if any, at its next node (QuickStart.cancel)."""
+        run_options = self._preparing
+        if run_options is not None:
+            run_options.terminate = True
+
+    def _let_go(self) -> None:
+        """Drop the engine's sessions, bindings and graphs (under the lock, no run of the tuned session under way)."""
+        self._binding, self._graphs, self.session = None, {}, None

@@ -538,7 +538,8 @@ def test_batches_run_on_the_quick_session_until_the_tuned_one_has_prepared_their
     again = _quick_sessions(cuda_engine.sessions)
     assert len(again) == 2 and again[-1] is not quick and len(again[-1].runs) == 1
     gate.set()
-    eng.close()  # waits for the preparation, which runs the session
+    assert eng.wait_ready(10)
+    eng.close()
     assert tuned.runs[-1][1]["input"][1] == (1, 3, 224, 224)
 
 
@@ -819,3 +820,32 @@ def test_no_quick_start_when_told_or_untuned_or_on_host_arrays(cuda_engine):
     assert host.quick is None and not host.warms_itself
     quick, _, _ = cuda_engine("auto", quick_start=True)  # the pipeline then runs no warm-up batch
     assert quick.quick is not None and quick.warms_itself
+
+
+def test_close_stops_the_preparation_and_does_not_wait_for_it(cuda_engine):
+    """close() while the tuned session prepares a shape on its thread returns before that run ends: the queued
+    preparations are dropped, the running one's options get ONNX Runtime's terminate flag, and the session the
+    thread is running is not let go under it but by that thread once its run has ended."""
+    gate = threading.Event()
+    eng, _, tuned = cuda_engine("auto", quick_start=True, gate=gate)
+    eng.quick.start(((2, 3, 224, 224),))  # queued behind the open-time batch, which waits at the gate
+    for _ in range(1000):
+        if eng._preparing is not None:
+            break
+        time.sleep(0.01)
+    running = eng._preparing
+    assert running is not None and not running.terminate
+    closing = threading.Thread(target=eng.close, daemon=True)
+    closing.start()
+    closing.join(10)
+    assert not closing.is_alive(), "close() waited for the preparation"
+    assert running.terminate and eng.quick._queue == [eng.quick._queue[0]]  # the queued shape dropped
+    assert eng.session is tuned  # still being run by the preparing thread: not let go under it
+    gate.set()
+    assert eng.quick.wait(10)
+    assert eng.session is None and eng.quick._quick is None  # let go by the thread, once its run ended
+    assert [r[1]["input"][1][0] for r in tuned.runs] == [_manifest_batch_of(eng)]  # the dropped shape never ran
+
+
+def _manifest_batch_of(eng) -> int:
+    return _manifest_batch(eng.path)
