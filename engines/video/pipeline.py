@@ -219,6 +219,7 @@ def classify(sources, engine, *, batch: int | None = None, top_k: int = 5, strid
         # without waiting for inference: 4 buffers of 64 made 32 sources wait for slots 18% of their time (H200)
         buffers = max(4, -(-len(sources) * 16 * 3 // (2 * batch)))
     decoder = _pick_decoder(engine, decoder)
+    _announce(engine, batch, "device" if decoder == "nvdec" else "host")
     srcs = make_sources(sources, decoder, getattr(engine, "device_id", 0), colorspace, loop, realtime, latency, live,
                         live_options)
     if any(s.live for s in srcs) and done:
@@ -331,6 +332,14 @@ def _default_batch(engine, manifest) -> int:
     if manifest is not None and manifest.batch is not None:
         return max(1, min(64, manifest.batch.opt or 8))
     return 8
+
+
+def _announce(engine, batch: int, form: str) -> None:
+    """Tell ``engine`` the batch size and input form it will run (:meth:`engines.base.EngineBase.expect`) before its
+    first batch, so that it prepares that shape and no other; an engine without ``expect`` is left alone."""
+    expect = getattr(engine, "expect", None)
+    if expect is not None:
+        expect(batch, form)
 
 
 def _fixed_batch(engine) -> int | None:
