@@ -575,4 +575,7 @@ class OnnxRuntimeEngine(_QuickStarting, _CudaGraphs, EngineBase):
                 self._lock.release()
 
     def _let_go(self) -> None:
+        """Drop the sessions, bindings and graphs (under the lock), once their queued work on the GPU has ended."""
+        if self.stream is not None:
+            self.stream.synchronize()
         self._binding, self._graphs, self.session = None, {}, None
