@@ -63,7 +63,9 @@ def open_engine(path: str | os.PathLike, device: str = "cpu", **options) -> Engi
     ``.pt2`` (a torch.export program, manifest kind ``program``; ``torch-fp16:model.pt2`` for FP16) ->
     :class:`TorchEngine`, compiled with Inductor. ``options`` go to the backend (ONNX Runtime: ``threads``;
     TensorRT: ``cuda_graph``; OpenCV: ``dnn_engine``; torch: ``precision``, ``compile``, ``cache``,
-    ``warm_beside_load``; see each class)."""
+    ``warm_beside_load``; see each class). Every backend takes ``batch`` and ``form``: what the caller will run
+    (:meth:`engines.base.EngineBase.expect`), so that the engine prepares that shape and no other."""
+    said = {k: options.pop(k) for k in ("batch", "form") if k in options}
     engine, path, implied = split_engine(path)
     p = Path(path)
     if not p.exists():
@@ -82,20 +84,27 @@ def open_engine(path: str | os.PathLike, device: str = "cpu", **options) -> Engi
     if engine in TORCH_PREFIXES or kind == "program" or (kind is None and p.suffix.lower() in PROGRAM_SUFFIXES):
         from .torch_engine import TorchEngine
 
-        return TorchEngine(p, device=device, **{**implied, **options})
+        return _expecting(TorchEngine(p, device=device, **{**implied, **options}), said)
     if engine is not None:
         from .opencv_engine import OpenCVEngine
 
-        return OpenCVEngine(p, device=device, **{**implied, **options})
+        return _expecting(OpenCVEngine(p, device=device, **{**implied, **options}), said)
     if kind == "plan" or (kind is None and p.suffix.lower() in PLAN_SUFFIXES):
         from .tensorrt_engine import TensorRTEngine
 
-        return TensorRTEngine(p, device=device, **options)
+        return _expecting(TensorRTEngine(p, device=device, **options), said)
     if kind is not None or p.suffix.lower() == ".onnx":
         from .onnxruntime_engine import OnnxRuntimeEngine
 
-        return OnnxRuntimeEngine(p, device=device, **options)
+        return OnnxRuntimeEngine(p, device=device, **options, **said)
     raise UsageProblem(f"cannot open {p.name}: unknown model type {p.suffix!r}", "give a .onnx, .plan or .pt2 file")
+
+
+def _expecting(engine, said: dict):
+    """``engine`` told what the caller will run (``said``: ``batch`` and ``form``, when given)."""
+    if said:
+        engine.expect(**said)
+    return engine
 
 
 __all__ = ["open_engine", "split_engine", "Engine", "TensorSpec", "Manifest", "BatchProfile", "PreprocessSpec",

@@ -1,20 +1,15 @@
 """The quick session's copy of a model: depthwise convolutions written as shifted multiply-adds.
 
-Why: with cuDNN's default algorithms (the quick session, engines._ort_quick) ONNX Runtime gets cuDNN's FALLBACK
-engines for every convolution. For depthwise convolutions those are generic implicit-GEMM kernels: on an H100
-(ORT 1.31.1, cuDNN 9.14) they made EfficientNet-Lite0's quick session run at 154-190 img/s, 0.33 s for a batch of
-64, against 15,000 img/s once the tuned session is ready (docs/BENCHMARKS.md). A depthwise
-convolution is one multiply-add per filter tap, so the copy computes it with ONNX Runtime's own element-wise
-kernels, which need no cuDNN set-up:
+With cuDNN's default algorithms (the quick session, engines._ort_quick) ONNX Runtime runs depthwise convolutions on
+cuDNN's generic fallback kernels, slowly (docs/BENCHMARKS.md). A depthwise convolution is one multiply-add per tap:
 
     y = bias + sum over taps (i, j) of  w[:, 0, i, j] * x_padded[:, :, i*dh :: sh, j*dw :: sw]   (cropped to y)
 
-in FP32 whatever the model's type (cuDNN computes FP16 convolutions in FP32 too), cast back at the end. Only the
-quick session runs the copy; the tuned session keeps cuDNN's kernels (far faster once prepared).
-
-``depthwise_as_taps(path)`` gives the copy's bytes, or None when there is nothing to rewrite or the model is out
-of its reach (no ``onnx`` package, external data, opset below 11). Convolutions it cannot rewrite exactly (weights
-that are not constants, as in Q/DQ models; ``auto_pad``; anything but 2-D) are left as they are.
+computed in FP32 whatever the model's type (as cuDNN computes FP16 convolutions), cast back at the end, with ONNX
+Runtime's element-wise kernels, which need no cuDNN set-up. Only the quick session runs the copy.
+``depthwise_as_taps(path)`` gives the copy's bytes, or None when there is nothing to rewrite or the model is out of
+reach (no ``onnx`` package, external data, opset below 11, a quantized graph). Convolutions it cannot rewrite exactly
+(weights that are not constants, ``auto_pad``, anything but 2-D) are left as they are.
 """
 
 from __future__ import annotations
@@ -176,12 +171,11 @@ def _depthwise(node, inits: dict):
 
 def rewrite_depthwise(model) -> int:
     """Rewrite ``model`` (an onnx ModelProto, in place) as the module says; returns how many convolutions."""
-    import numpy as np
-    from onnx import AttributeProto, TensorProto, helper, numpy_helper
+    from onnx import AttributeProto
 
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
-    used = {}
+    used: dict = {}
     for n in graph.node:
         for name in n.input:
             used[name] = used.get(name, 0) + 1
@@ -191,52 +185,10 @@ def rewrite_depthwise(model) -> int:
         if found is None:
             new_nodes.append(node)
             continue
-        w, b, a = found
-        p = f"trtc_taps{rewritten}_"
-        rewritten += 1
         for name in node.input[1:]:
             used[name] -= 1
-        kh, kw = w.shape[2], w.shape[3]
-        sh, sw = a.get("strides", [1, 1])
-        dh, dw = a.get("dilations", [1, 1])
-        pt, pl, pb, pr = a.get("pads", [0, 0, 0, 0])
-        half = w.dtype == np.float16
-        x = node.input[0]
-        if any((pt, pl, pb, pr)):
-            new_inits.append(numpy_helper.from_array(np.array([0, 0, pt, pl, 0, 0, pb, pr], np.int64), p + "pads"))
-            new_nodes.append(helper.make_node("Pad", [x, p + "pads"], [p + "padded"], name=p + "pad"))
-            x = p + "padded"
-        if half:
-            new_nodes.append(helper.make_node("Cast", [x], [p + "f32"], name=p + "cast_in", to=TensorProto.FLOAT))
-            x = p + "f32"
-        new_inits += [numpy_helper.from_array(np.array([2, 3], np.int64), p + "axes"),
-                      numpy_helper.from_array(np.array([sh, sw], np.int64), p + "steps")]
-        acc = None  # a running sum (not one Sum of every tap, which holds k*k products in memory at once)
-        for i in range(kh):
-            for j in range(kw):
-                # from tap (i, j) to where the last tap's window ends: exactly the output's size, whatever the input's
-                end_h = -(dh * (kh - 1 - i)) or INT64_MAX
-                end_w = -(dw * (kw - 1 - j)) or INT64_MAX
-                t = f"{p}{i}_{j}"
-                new_inits += [numpy_helper.from_array(np.array([i * dh, j * dw], np.int64), t + "_starts"),
-                              numpy_helper.from_array(np.array([end_h, end_w], np.int64), t + "_ends"),
-                              numpy_helper.from_array(w[:, 0, i, j].astype(np.float32).reshape(1, -1, 1, 1),
-                                                      t + "_w")]
-                new_nodes.append(helper.make_node("Slice", [x, t + "_starts", t + "_ends", p + "axes", p + "steps"],
-                                                  [t + "_x"], name=t + "_slice"))
-                new_nodes.append(helper.make_node("Mul", [t + "_x", t + "_w"], [t + "_m"], name=t + "_mul"))
-                if acc is not None:
-                    new_nodes.append(helper.make_node("Add", [acc, t + "_m"], [t + "_acc"], name=t + "_add"))
-                acc = new_nodes[-1].output[0]
-        if b is not None:
-            new_inits.append(numpy_helper.from_array(b.astype(np.float32).reshape(1, -1, 1, 1), p + "bias"))
-            new_nodes.append(helper.make_node("Add", [acc, p + "bias"], [p + "biased"], name=p + "bias_add"))
-            acc = p + "biased"
-        if half:
-            new_nodes.append(helper.make_node("Cast", [acc], [node.output[0]], name=p + "cast_out",
-                                              to=TensorProto.FLOAT16))
-        else:  # the last node (which made acc) writes the convolution's output
-            new_nodes[-1].output[0] = node.output[0]
+        _as_taps(node, *found, f"trtc_taps{rewritten}_", new_nodes, new_inits)
+        rewritten += 1
     if not rewritten:
         return 0
     # weights no node uses any more go, unless the graph names them (an input or output) or a subgraph may use them
@@ -248,6 +200,50 @@ def rewrite_depthwise(model) -> int:
     del graph.initializer[:]
     graph.initializer.extend([*keep, *new_inits])
     return rewritten
+
+
+def _as_taps(node, w, b, a: dict, p: str, nodes: list, inits: list) -> None:
+    """Append the nodes and initializers (names prefixed ``p``) computing depthwise ``node`` tap by tap."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    def const(values, name, dtype=np.int64):
+        inits.append(numpy_helper.from_array(np.asarray(values, dtype), name))
+        return name
+
+    kh, kw = w.shape[2], w.shape[3]
+    sh, sw = a.get("strides", [1, 1])
+    dh, dw = a.get("dilations", [1, 1])
+    pt, pl, pb, pr = a.get("pads", [0, 0, 0, 0])
+    half, x = w.dtype == np.float16, node.input[0]
+    if any((pt, pl, pb, pr)):
+        nodes.append(helper.make_node("Pad", [x, const([0, 0, pt, pl, 0, 0, pb, pr], p + "pads")], [p + "padded"],
+                                      name=p + "pad"))
+        x = p + "padded"
+    if half:
+        nodes.append(helper.make_node("Cast", [x], [p + "f32"], name=p + "cast_in", to=TensorProto.FLOAT))
+        x = p + "f32"
+    axes, steps, acc = const([2, 3], p + "axes"), const([sh, sw], p + "steps"), None
+    for i in range(kh):
+        for j in range(kw):  # a running sum, not one Sum of every tap (k*k products in memory at once)
+            t = f"{p}{i}_{j}"
+            # from tap (i, j) to where the last tap's window ends: exactly the output's size, whatever the input's
+            ends = [-(dh * (kh - 1 - i)) or INT64_MAX, -(dw * (kw - 1 - j)) or INT64_MAX]
+            nodes.append(helper.make_node("Slice", [x, const([i * dh, j * dw], t + "_starts"), const(ends, t + "_ends"),
+                                                    axes, steps], [t + "_x"], name=t + "_slice"))
+            tap = const(w[:, 0, i, j].reshape(1, -1, 1, 1), t + "_w", np.float32)
+            nodes.append(helper.make_node("Mul", [t + "_x", tap], [t + "_m"], name=t + "_mul"))
+            if acc is not None:
+                nodes.append(helper.make_node("Add", [acc, t + "_m"], [t + "_acc"], name=t + "_add"))
+            acc = nodes[-1].output[0]
+    if b is not None:
+        bias = const(b.reshape(1, -1, 1, 1), p + "bias", np.float32)
+        nodes.append(helper.make_node("Add", [acc, bias], [p + "biased"], name=p + "bias_add"))
+        acc = p + "biased"
+    if half:
+        nodes.append(helper.make_node("Cast", [acc], [node.output[0]], name=p + "cast_out", to=TensorProto.FLOAT16))
+    else:  # the last node (which made acc) writes the convolution's output
+        nodes[-1].output[0] = node.output[0]
 
 
 class QuickModel:

@@ -57,6 +57,11 @@ class EngineBase:
     # runs the first batches while the tuned one prepares): the video pipeline then runs no warm-up batch of zeros
     warms_itself: bool = False
 
+    def expect(self, batch=None, form: str | None = None) -> None:
+        """The caller says what it will run: ``batch`` (a batch size, or a list of them) and ``form``, "device"
+        (device arrays) or "host" (numpy). An engine that prepares shapes ahead prepares those, and no other
+        (ONNX Runtime's quick start); the others need not know."""
+
     def close(self) -> None:
         pass
 

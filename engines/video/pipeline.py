@@ -219,6 +219,8 @@ def classify(sources, engine, *, batch: int | None = None, top_k: int = 5, strid
         # without waiting for inference: 4 buffers of 64 made 32 sources wait for slots 18% of their time (H200)
         buffers = max(4, -(-len(sources) * 16 * 3 // (2 * batch)))
     decoder = _pick_decoder(engine, decoder)
+    _announce(engine, batch, "device" if decoder == "nvdec" else "host")  # before the decoder's imports: they overlap
+    _require_decoder(decoder)
     srcs = make_sources(sources, decoder, getattr(engine, "device_id", 0), colorspace, loop, realtime, latency, live,
                         live_options)
     if any(s.live for s in srcs) and done:
@@ -252,7 +254,7 @@ def _check_arguments(sources, stride, buffers, max_wait_ms, colorspace) -> list[
 
 
 def _pick_decoder(engine, decoder: str) -> str:
-    """"nvdec" or "pyav" for this engine (``decoder``: auto, nvdec or pyav), with its packages present."""
+    """"nvdec" or "pyav" for this engine (``decoder``: auto, nvdec or pyav); its packages: _require_decoder."""
     on_gpu = str(getattr(engine, "device", "cpu")).startswith("cuda")
     host_only = getattr(engine, "host_arrays_only", False)  # OpenCV dnn on CUDA: numpy in, numpy out
     if decoder == "auto":
@@ -265,6 +267,11 @@ def _pick_decoder(engine, decoder: str) -> str:
     if decoder == "nvdec" and not on_gpu:
         raise UsageProblem("NVDEC decoding feeds a GPU engine, but this engine runs on the CPU",
                            "open the model with device='cuda:0', or use decoder='pyav'")
+    return decoder
+
+
+def _require_decoder(decoder: str) -> None:
+    """Import the packages ``decoder`` needs (a missing one is said with its install line)."""
     from .._deps import require
 
     if decoder == "nvdec":
@@ -272,7 +279,6 @@ def _pick_decoder(engine, decoder: str) -> str:
         require("PyNvVideoCodec", "Decoding video on the GPU")
     else:
         require("av", "Decoding video on the CPU")
-    return decoder
 
 
 def _start(srcs, engine, decoder, spec, batch, stride, topk, labels, buffers, max_wait_ms, size, done, live_options,
@@ -331,6 +337,14 @@ def _default_batch(engine, manifest) -> int:
     if manifest is not None and manifest.batch is not None:
         return max(1, min(64, manifest.batch.opt or 8))
     return 8
+
+
+def _announce(engine, batch: int, form: str) -> None:
+    """Tell ``engine`` the batch size and input form it will run (:meth:`engines.base.EngineBase.expect`) before its
+    first batch, so that it prepares that shape and no other; an engine without ``expect`` is left alone."""
+    expect = getattr(engine, "expect", None)
+    if expect is not None:
+        expect(batch, form)
 
 
 def _fixed_batch(engine) -> int | None:

@@ -34,8 +34,8 @@ from ..preprocess import PACKED, ColorSpace, PreprocessSpec, planes_from_surface
 from ..topk import TopK
 from .assembler import Stopped
 from .live import LiveOptions
-from .pipeline import (Prediction, RunStats, SourceProblem, _check_batch, _default_batch, _input_shape, _manifest_of,
-                       label_names)
+from .pipeline import (Prediction, RunStats, SourceProblem, _announce, _check_batch, _default_batch, _input_shape,
+                       _manifest_of, label_names)
 
 log = logging.getLogger("trtc")
 
@@ -151,6 +151,7 @@ class FramePusher:
         self._callback_errors: list = []  # the app's callback's: the pusher goes on
         topk = TopK(top_k, scores)
         backend = _GpuPusher if _pushes_on_gpu(engine) else _HostPusher
+        _announce(engine, self.batch, "device" if backend is _GpuPusher else "host")
         self.stats = RunStats(path=f"push -> {type(engine).__name__} ({getattr(engine, 'device', 'cpu')})",
                               decoder="push")
         self._backend = backend(self, engine, spec, size, topk, max_wait_ms, options, buffers or 4)

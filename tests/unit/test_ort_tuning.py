@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -122,9 +123,10 @@ def cuda_engine(monkeypatch, lite0_onnx):
     sessions = []
 
     def open_(tuning="auto", refuse_graphs=False, device_buffers=True, quick_start=False, gate=None,
-              refuse_fusion=None, path=None, refuse_quick=None):
+              refuse_fusion=None, path=None, refuse_quick=None, batch="manifest", form=None):
         """refuse_fusion: the message every run of a session with fuse_conv_bias raises; path: the model opened
-        (default: the FP32 Lite0 export; the fake's inputs and outputs are that export's either way)."""
+        (default: the FP32 Lite0 export; the fake's inputs and outputs are that export's either way); batch: the
+        batch announced at open ("manifest": the manifest's default batch, as classify() announces it)."""
         def session(self, ort_, opts, providers, model=None):
             asked.append(providers[0][1].copy())
             if refuse_quick and providers[0][1].get("cudnn_conv_algo_search") == "DEFAULT":
@@ -145,8 +147,11 @@ def cuda_engine(monkeypatch, lite0_onnx):
         monkeypatch.setattr("engines._gpu.check_gpu_index", lambda i: None)
         monkeypatch.setattr(oe, "providers_for", lambda d: [("CUDAExecutionProvider", {"device_id": 0}),
                                                             "CPUExecutionProvider"])
-        eng = oe.OnnxRuntimeEngine(path or lite0_onnx[0], device="cuda:0", tuning=tuning, device_buffers=device_buffers,
-                                   quick_start=quick_start)
+        model = path or lite0_onnx[0]
+        if batch == "manifest":
+            batch = _manifest_batch(model) if (Path(str(model) + ".json")).exists() else None
+        eng = oe.OnnxRuntimeEngine(model, device="cuda:0", tuning=tuning, device_buffers=device_buffers,
+                                   quick_start=quick_start, batch=batch, form=form)
         return eng, asked, eng.session
 
     open_.cp = cp
@@ -187,9 +192,10 @@ def test_a_quantized_model_gets_no_nhwc_layout_nor_fusion_and_no_quick_copy(cuda
 
 
 def test_no_two_uses_of_the_tuned_session_overlap(cuda_engine):
-    """The engine's one owner of its tuned session: the quick start's preparation, numpy batches (ONNX Runtime's
-    copies), device batches, graph captures and the reopen unfused (cuDNN refuses the fused session's first run),
-    each from its own thread at once, never run the tuned session (or the one replacing it) at the same time."""
+    """The engine's one owner of its tuned session: the quick start's preparations (the open-time batch and shapes
+    announced meanwhile), numpy batches (ONNX Runtime's copies), device batches, graph captures and the reopen
+    unfused (cuDNN refuses the fused session's first run), each from its own thread at once, never run the tuned
+    session (or the one replacing it) at the same time. Fails with the engine's lock taken away."""
     cuda_engine.use = {"lock": threading.Lock(), "active": 0, "overlaps": [], "hold": 0.005}
     eng, _, fused = cuda_engine("graphs", quick_start=True, refuse_fusion=REFUSED)
     cp = cuda_engine.cp
@@ -209,7 +215,8 @@ def test_no_two_uses_of_the_tuned_session_overlap(cuda_engine):
                repeat("numpy-3", lambda: eng.infer(np.zeros((3, 3, 224, 224), np.float32))),
                repeat("device-4", lambda: eng.infer(a)),
                repeat("device-1", lambda: eng.infer(cp.asarray(np.zeros((1, 3, 224, 224), np.float32)))),
-               repeat("capture", lambda: eng.capture_graphs([a]), times=5)]
+               repeat("capture", lambda: eng.capture_graphs([a]), times=5),
+               repeat("expect", lambda: eng.expect([5, 6, 7]), times=1)]
     for t in threads:
         t.start()
     for t in threads:
@@ -217,6 +224,7 @@ def test_no_two_uses_of_the_tuned_session_overlap(cuda_engine):
     assert eng.wait_ready(30)
     assert not errors, errors
     assert not eng.fused and eng.session is not fused and len(eng.session.runs) >= 30  # the numpy batches at least
+    assert {(n, 3, 224, 224) for n in (5, 6, 7)} <= {r[1]["input"][1] for r in eng.session.runs}  # prepared
     assert cuda_engine.use["overlaps"] == []
     eng.close()
 
@@ -538,7 +546,8 @@ def test_batches_run_on_the_quick_session_until_the_tuned_one_has_prepared_their
     again = _quick_sessions(cuda_engine.sessions)
     assert len(again) == 2 and again[-1] is not quick and len(again[-1].runs) == 1
     gate.set()
-    eng.close()  # waits for the preparation, which runs the session
+    assert eng.wait_ready(10)
+    eng.close()
     assert tuned.runs[-1][1]["input"][1] == (1, 3, 224, 224)
 
 
@@ -593,7 +602,7 @@ def test_the_warm_up_opens_no_quick_session_once_nothing_is_left_to_prepare(cuda
     q = QuickStart(lambda key: None, lambda: opened.append(1) or object())
     q.start("k")
     assert q.wait(10) and q.ready("k")
-    q.warm(lambda s: opened.append("ran"))
+    q.warm(lambda s, k: opened.append("ran"))
     assert q.wait(10) and opened == [] and q._quick is None
 
 
@@ -614,7 +623,7 @@ def test_opening_the_quick_session_blocks_neither_start_nor_a_second_opening():
         return opened[-1]
 
     q = QuickStart(lambda key: may_prepare.wait(10) and prepared.append(key), open_quick)
-    q.warm(ran.append)
+    q.warm(lambda s, k: ran.append(s))
     assert opening.wait(10)  # the warm-up thread is inside open_quick
     starting = threading.Thread(target=q.start, args=("k",))
     starting.start()
@@ -644,7 +653,7 @@ def test_a_quick_session_opened_after_the_preparations_ended_is_not_kept():
         return object()
 
     q = QuickStart(lambda key: None, open_quick)
-    q.warm(ran.append)
+    q.warm(lambda s, k: ran.append(s))
     assert opening.wait(10)
     q.start("k")  # prepared at once, while the quick session is still being opened
     for _ in range(200):
@@ -675,7 +684,7 @@ def test_a_route_that_waited_for_the_warm_up_opens_nothing_once_the_preparations
         return opened[-1]
 
     q = QuickStart(lambda key: None, open_quick)
-    q.warm(ran.append)
+    q.warm(lambda s, k: ran.append(s))
     assert opening.wait(10)  # the warm-up thread is inside open_quick
     routed = []
     routing = threading.Thread(target=lambda: routed.append(q.route("k")), daemon=True)
@@ -715,7 +724,7 @@ def test_a_route_that_waited_for_the_warm_up_queues_its_shape_again_when_forgott
         prepared.append(key)
 
     q = QuickStart(prepare, open_quick)
-    q.warm(lambda s: None)
+    q.warm(lambda s, k: None)
     assert opening.wait(10)
     routed = []
     routing = threading.Thread(target=lambda: routed.append(q.route("k")), daemon=True)
@@ -749,7 +758,7 @@ def test_a_warm_up_thread_that_cannot_start_leaves_route_free(monkeypatch):
 
     monkeypatch.setattr(threading.Thread, "start", refuse)
     with pytest.raises(RuntimeError, match="new thread"):
-        q.warm(lambda s: None)
+        q.warm(lambda s, k: None)
     monkeypatch.undo()
     q._queue.append("k")  # a preparation queued (its thread is not needed here)
     routed = []
@@ -776,21 +785,27 @@ def test_a_quick_session_that_cannot_open_leaves_every_batch_to_the_tuned_one(cu
 
 
 def test_the_quick_session_is_let_go_when_no_shape_is_known_to_prepare(cuda_engine, lite0_onnx, tmp_path):
-    """A model without a manifest (dynamic batch): nothing to prepare at open, so the quick session the warm-up
-    opened is let go, not kept for the engine's life; a device batch then opens one for its own preparation."""
+    """Nothing announced at open (a dynamic batch, no manifest): nothing is prepared, and the warm-up holds its quick
+    session for the first shape announced; a numpy batch lets it go (a host caller needs none), not kept for the
+    engine's life; a device batch then opens one for its own preparation, let go when that ends."""
     import shutil
 
     bare = tmp_path / "bare.onnx"
     shutil.copy(lite0_onnx[0], bare)
     gate = threading.Event()
     gate.set()
-    eng, _, _ = cuda_engine("auto", quick_start=True, gate=gate, path=bare)
+    eng, _, tuned = cuda_engine("auto", quick_start=True, gate=gate, path=bare)
+    for _ in range(1000):
+        if eng.quick.holds(None) is False:
+            break
+        time.sleep(0.01)
+    assert len(_quick_sessions(cuda_engine.sessions)) == 1 and not tuned.runs  # nothing prepared on a guess
+    eng.infer(np.zeros((2, 3, 224, 224), np.float32))  # numpy: the tuned session; the idle quick session goes
     eng.quick._warming.join(10)
-    assert len(_quick_sessions(cuda_engine.sessions)) == 1 and eng.quick._quick is None
-    eng.infer(np.zeros((2, 3, 224, 224), np.float32))  # numpy: the tuned session, no quick session opened
-    assert len(_quick_sessions(cuda_engine.sessions)) == 1 and eng.quick._quick is None
+    assert not eng.quick._warming.is_alive() and eng.quick._quick is None
+    assert len(_quick_sessions(cuda_engine.sessions)) == 1 and not _quick_sessions(cuda_engine.sessions)[0].runs
     eng.infer(cuda_engine.cp.asarray(np.zeros((2, 3, 224, 224), np.float32)))
-    assert eng.wait_ready(10) and eng.quick._quick is None
+    assert eng.wait_ready(10) and eng.quick._quick is None and len(_quick_sessions(cuda_engine.sessions)) == 2
     eng.close()
 
 
@@ -819,3 +834,87 @@ def test_no_quick_start_when_told_or_untuned_or_on_host_arrays(cuda_engine):
     assert host.quick is None and not host.warms_itself
     quick, _, _ = cuda_engine("auto", quick_start=True)  # the pipeline then runs no warm-up batch
     assert quick.quick is not None and quick.warms_itself
+
+
+def test_close_stops_the_preparation_and_does_not_wait_for_it(cuda_engine):
+    """close() while the tuned session prepares a shape on its thread returns before that run ends: the queued
+    preparations are dropped, the running one's options get ONNX Runtime's terminate flag, and the session the
+    thread is running is not let go under it but by that thread once its run has ended."""
+    gate = threading.Event()
+    eng, _, tuned = cuda_engine("auto", quick_start=True, gate=gate)
+    eng.quick.start(((2, 3, 224, 224),))  # queued behind the open-time batch, which waits at the gate
+    for _ in range(1000):
+        if eng._preparing is not None:
+            break
+        time.sleep(0.01)
+    running = eng._preparing
+    assert running is not None and not running.terminate
+    closing = threading.Thread(target=eng.close, daemon=True)
+    closing.start()
+    closing.join(10)
+    assert not closing.is_alive(), "close() waited for the preparation"
+    assert running.terminate and eng.quick._queue == [eng.quick._queue[0]]  # the queued shape dropped
+    assert eng.session is tuned  # still being run by the preparing thread: not let go under it
+    gate.set()
+    assert eng.quick.wait(10)
+    assert eng.session is None and eng.quick._quick is None  # let go by the thread, once its run ended
+    assert [r[1]["input"][1][0] for r in tuned.runs] == [_manifest_batch_of(eng)]  # the dropped shape never ran
+
+
+def _manifest_batch_of(eng) -> int:
+    return _manifest_batch(eng.path)
+
+
+def test_another_batch_pays_no_second_preparation(cuda_engine, lite0_onnx):
+    """The caller's batch (at open, or announced before its first batch as classify() does) is the one shape the
+    tuned session prepares: nothing at the manifest's batch, the quick warm-up at the caller's, and the batches of
+    that size then run on the tuned session without preparing anything again."""
+    n = _manifest_batch(lite0_onnx[0])
+    other = 16 if n != 16 else 8
+    for at_open in (True, False):
+        cuda_engine.sessions.clear()
+        gate = threading.Event()
+        eng, _, tuned = cuda_engine("auto", quick_start=True, gate=gate, batch=other if at_open else None)
+        if not at_open:
+            eng.expect(other, "device")
+        for _ in range(1000):  # the preparation waits at the gate; the warm-up runs meanwhile
+            if _quick_sessions(cuda_engine.sessions) and _quick_sessions(cuda_engine.sessions)[0].runs:
+                break
+            time.sleep(0.01)
+        gate.set()
+        assert eng.wait_ready(10)
+        (quick,) = _quick_sessions(cuda_engine.sessions)
+        assert [r[1]["input"][1] for r in quick.runs] == [(other, 3, 224, 224)]  # the warm-up, at the caller's
+        x = cuda_engine.cp.asarray(np.zeros((other, 3, 224, 224), np.float32))
+        for _ in range(3):
+            eng.infer(x)
+        assert [r[1]["input"][1][0] for r in tuned.runs] == [other] * 4 and eng.quick.quick_runs == 0
+        eng.close()
+
+
+def test_a_host_caller_gets_its_batch_prepared_and_no_quick_session(cuda_engine):
+    gate = threading.Event()
+    gate.set()
+    eng, _, tuned = cuda_engine("auto", quick_start=True, gate=gate, batch=4, form="host")
+    assert eng.wait_ready(10) and [r[1]["input"][1] for r in tuned.runs] == [(4, 3, 224, 224)]
+    assert eng.infer(np.zeros((4, 3, 224, 224), np.float32))[0].shape == (4, 1000)
+    assert not _quick_sessions(cuda_engine.sessions) and eng.quick._warming is None
+    with pytest.raises(UsageProblem, match="unknown input form 'gpu'"):
+        eng.expect(4, "gpu")
+    eng.close()
+
+
+def test_classify_and_the_pusher_announce_their_batch_and_form(lite0_onnx, bikes):
+    """What the video pipeline and FramePusher will run is said to the engine before their first batch."""
+    from engines.video import FramePusher, classify
+
+    eng = oe.OnnxRuntimeEngine(lite0_onnx[0])
+    said = []
+    eng.expect = lambda batch=None, form=None: said.append((batch, form))
+    run = classify([str(bikes)], eng, batch=3, decoder="pyav")
+    assert said == [(3, "host")]
+    with FramePusher(eng, batch=5):
+        pass
+    assert said[-1] == (5, "host")
+    del run
+    eng.close()
