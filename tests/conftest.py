@@ -223,10 +223,27 @@ def orientation_model():
     return _data(orientation_model)
 
 
+def shared_folder(tmp_path_factory, name: str) -> Path:
+    """A folder shared by every pytest-xdist worker of this test run (without xdist, one of this run's temporary
+    folders): for caches whose entries any worker may write and all may read (each entry is written atomically)."""
+    base = Path(tmp_path_factory.getbasetemp())
+    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / name
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
 @pytest.fixture(scope="session")
 def calib_cache(tmp_path_factory):
-    """Quantize runs in tests cache calibration under a temporary folder, never in the user's ~/.cache."""
-    return tmp_path_factory.mktemp("calib-cache")
+    """Quantize runs in tests cache calibration under this run's temporary folder, never in the user's ~/.cache;
+    the folder is shared by the workers, so a calibration made by one is read by the others."""
+    return shared_folder(tmp_path_factory, "calib-cache")
+
+
+@pytest.fixture(scope="session")
+def cli_cache_env(tmp_path_factory):
+    """The environment for a `trtc` subprocess: XDG_CACHE_HOME in this run's shared folder, so that the CLI's
+    default calibration cache is shared by the tests (never the user's ~/.cache)."""
+    return {**os.environ, "XDG_CACHE_HOME": str(shared_folder(tmp_path_factory, "xdg-cache"))}
 
 
 @pytest.fixture(scope="session")
@@ -250,9 +267,10 @@ def lite0_int8(tmp_path_factory, lite0_onnx, bikes, calib_cache):
 
 
 @pytest.fixture(scope="session")
-def lite0_int8_plain(tmp_path_factory, lite0_onnx, bikes, calib_cache):
+def lite0_int8_plain(tmp_path_factory, lite0_onnx, bikes, calib_cache, lite0_int8):
     """Plain INT8 Lite0 (every layer INT8, the default graph form) calibrated on 64 frames of bikes.mp4, checked on
-    the other 186 (issue 13: what a default ONNX Runtime session computes)."""
+    the other 186 (issue 13: what a default ONNX Runtime session computes). Made after :func:`lite0_int8`, whose
+    calibration of the same frames (the cache file both name) it reads."""
     from toolchain.quantize import quantize_onnx
 
     return made_once(tmp_path_factory, "lite0int8plain", lambda d: quantize_onnx(

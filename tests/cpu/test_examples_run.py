@@ -19,15 +19,18 @@ pytestmark = [needs_export, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _env():
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def _env(cli_cache_env):
+    """The test run's environment with the checkout on PYTHONPATH and the run's shared cache folder (calibration
+    ranges the run's other `trtc quantize` of the same model and data made are read, not computed again)."""
+    env = {**cli_cache_env, "PYTHONPATH": str(ROOT)}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # the venv's trtc
     return env
 
 
-def test_demo_quick_runs_to_the_end(tmp_path, photos, bikes):
+def test_demo_quick_runs_to_the_end(tmp_path, photos, bikes, cli_cache_env):
     r = subprocess.run([sys.executable, str(ROOT / "examples" / "demo.py"), "--workdir", str(tmp_path / "demo"),
-                        "--quick"], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=900)
+                        "--quick"], cwd=tmp_path, env=_env(cli_cache_env), capture_output=True, text=True,
+                       timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     out = r.stdout
     for step in range(1, 7):
@@ -42,7 +45,7 @@ def test_demo_quick_runs_to_the_end(tmp_path, photos, bikes):
     assert (tmp_path / "demo" / "efficientnet-lite0.int8.onnx.json").exists()
 
 
-def test_ci_gate_script_passes_fp16_and_int8_of_lite0(tmp_path, lite0_onnx, photos, bikes):
+def test_ci_gate_script_passes_fp16_and_int8_of_lite0(tmp_path, lite0_onnx, photos, bikes, cli_cache_env):
     if not shutil.which("bash"):
         pytest.skip("needs bash")
     model = tmp_path / "lite0.onnx"
@@ -53,7 +56,7 @@ def test_ci_gate_script_passes_fp16_and_int8_of_lite0(tmp_path, lite0_onnx, phot
     for p in photos:
         shutil.copy(p, check / Path(p).name)
     r = subprocess.run(["bash", str(ROOT / "examples" / "ci_gate.sh"), str(model), str(bikes), str(check)],
-                       cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=900)
+                       cwd=tmp_path, env=_env(cli_cache_env), capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     for name in ("lite0.fp16.onnx", "lite0.int8.onnx", "validate.json", "validate.html"):
         assert (tmp_path / name).exists(), name

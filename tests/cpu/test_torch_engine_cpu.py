@@ -259,6 +259,34 @@ def _fresh_copy(tiny, tmp_path):
     return pt2, script
 
 
+@pytest.fixture(scope="module")
+def first_start(tiny, tmp_path_factory):
+    """The tiny program's first start (cold: compiled, its artifacts kept beside the model) made once per test run
+    and shared by every worker: (the folder holding tiny.pt2, its manifest and tiny.pt2.inductor/, the start's
+    JSON). Each test copies that folder (:func:`_after_first`), so what it damages or adds is its own."""
+    from tests.conftest import made_once
+
+    def make(folder):
+        pt2, script = _fresh_copy(tiny, folder)
+        return folder, _start(script, pt2, folder / "caches")
+
+    return made_once(tmp_path_factory, "tiny-first-start", make)
+
+
+def _after_first(first_start, tmp_path):
+    """``tmp_path`` as the first start left its folder (the model, its manifest, the kept artifacts with their
+    modification times): (pt2, script, the first start's JSON)."""
+    import shutil
+
+    folder, first = first_start
+    for suffix in ("", ".json"):
+        shutil.copy2(folder / f"tiny.pt2{suffix}", tmp_path / f"tiny.pt2{suffix}")
+    shutil.copytree(folder / "tiny.pt2.inductor", tmp_path / "tiny.pt2.inductor")
+    script = tmp_path / "second_start.py"
+    script.write_text(SECOND_START)
+    return tmp_path / "tiny.pt2", script, first
+
+
 def _start(script, pt2, caches, *args, warm: str = ""):
     """One start of the engine in a fresh process with an empty Inductor cache of its own (``warm``: "1" or "0"
     opens it with warm_beside_load True or False; "" with the default, off on the CPU)."""
@@ -271,7 +299,7 @@ def _start(script, pt2, caches, *args, warm: str = ""):
 
 
 @pytest.mark.slow
-def test_second_start_loads_the_cache_beside_the_model(tiny, tmp_path):
+def test_second_start_loads_the_cache_beside_the_model(first_start, tmp_path):
     """Compiled with Inductor in one process, the artifacts kept beside the model: the program's plain copy, Inductor's
     artifacts and the precompiled function. A second process with an empty Inductor cache of its own loads the program
     from its plain copy (no torch.export.load) and runs the precompiled function (no trace, no compile), with the same
@@ -280,8 +308,7 @@ def test_second_start_loads_the_cache_beside_the_model(tiny, tmp_path):
     and without it on the calling thread. Damaged files are compiled again, said, not fatal. (On the CPU the second start is not much faster: tests/gpu/test_torch_engine_gpu.py times it on a GPU.)"""
     from engines.torch_engine import precompile_supported, require_torch
 
-    pt2, script = _fresh_copy(tiny, tmp_path)
-    first = _start(script, pt2, tmp_path / "first")
+    pt2, script, first = _after_first(first_start, tmp_path)
     first_done = time.time()
     folder = tmp_path / "tiny.pt2.inductor"
     assert len(list(folder.glob("program-*-fp32-*.program"))) == 1, "the plain program was not kept"
@@ -320,13 +347,12 @@ def test_second_start_loads_the_cache_beside_the_model(tiny, tmp_path):
 
 
 @pytest.mark.slow
-def test_the_cache_is_not_used_for_another_torch_or_another_model(tiny, tmp_path):
+def test_the_cache_is_not_used_for_another_torch_or_another_model(first_start, tmp_path):
     """A start under another torch version compiles afresh (the kept files are not loaded), and so does a start of a
     replaced model (another hash) with the same file name, which computes the new model's logits."""
     from toolchain.cli import cli
 
-    pt2, script = _fresh_copy(tiny, tmp_path)
-    first = _start(script, pt2, tmp_path / "first")
+    pt2, script, first = _after_first(first_start, tmp_path)
     upgraded = _start(script, pt2, tmp_path / "upgraded", "9.9.9")
     assert (upgraded["start"], upgraded["program_from"], upgraded["cache_file"]) == ("cold", "export", False)
     (tmp_path / "other.py").write_text(TINY.replace("manual_seed(0)", "manual_seed(1)"))
@@ -373,7 +399,7 @@ QUICK_START = textwrap.dedent('''
 
 
 @pytest.mark.slow
-def test_quick_start_serves_eagerly_while_the_precompiled_function_loads(tiny, tmp_path):
+def test_quick_start_serves_eagerly_while_the_precompiled_function_loads(tiny, first_start, tmp_path):
     """A second start whose precompiled function is held back (the loader's thread waits at a gate): the first
     batches are computed by the module eagerly, agreeing with ONNX Runtime on the same export, and nothing is
     compiled meanwhile; once the gate opens and wait_ready says the load has ended, the next batch runs the compiled
@@ -384,8 +410,7 @@ def test_quick_start_serves_eagerly_while_the_precompiled_function_loads(tiny, t
 
     if not precompile_supported(require_torch()):
         pytest.skip("this torch has no precompiled functions: nothing loads beside the first batch")
-    pt2, script = _fresh_copy(tiny, tmp_path)
-    first = _start(script, pt2, tmp_path / "first")
+    pt2, script, first = _after_first(first_start, tmp_path)
     quick = tmp_path / "quick_start.py"
     quick.write_text(QUICK_START)
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "second"), "PYTHONPATH": str(ROOT)}

@@ -78,21 +78,39 @@ def test_an_untrained_model_fails_the_accuracy_gate(tmp_path):
     assert "gate(s) failed: fp32 accuracy floor" in r.stderr
 
 
-def test_bad_arguments_are_one_line_errors(tmp_path):
-    r = run("--subset", "401", "--out", tmp_path)
-    assert r.returncode == 2 and "--subset is at most 400" in r.stderr
-    r = run("--quick", "--full")
-    assert r.returncode == 2 and "not both" in r.stderr
+def run_here(capsys, monkeypatch, *args):
+    """The example run as ``python SCRIPT ARGS`` runs it (its ``__main__`` block, from the checkout's root), in this
+    process: argument errors are the same code whichever process runs them, and a fresh interpreter would only
+    import torch again. (exit code, stderr)."""
+    import runpy
+
+    monkeypatch.setattr(sys, "argv", [str(SCRIPT), *map(str, args)])
+    monkeypatch.chdir(ROOT)
+    capsys.readouterr()
+    try:
+        runpy.run_path(str(SCRIPT), run_name="__main__")
+        code = 0
+    except SystemExit as exc:
+        code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
+    return code, capsys.readouterr().err
+
+
+def test_bad_arguments_are_one_line_errors(tmp_path, capsys, monkeypatch):
+    code, err = run_here(capsys, monkeypatch, "--subset", "401", "--out", tmp_path)
+    assert code == 2 and "--subset is at most 400" in err
+    code, err = run_here(capsys, monkeypatch, "--quick", "--full")
+    assert code == 2 and "not both" in err
     import torch
 
     if not torch.cuda.is_available():
-        r = run("--device", "cuda", "--out", tmp_path / "x")
-        assert r.returncode == 1 and "PyTorch sees no CUDA GPU" in r.stderr and "Traceback" not in r.stderr
-    r = run("--quick", "--out", tmp_path / "y", "--json", tmp_path / "missing" / "s.json")
-    assert r.returncode == 2 and "does not exist" in r.stderr and "Traceback" not in r.stderr
+        code, err = run_here(capsys, monkeypatch, "--device", "cuda", "--out", tmp_path / "x")
+        assert code == 1 and "PyTorch sees no CUDA GPU" in err and "Traceback" not in err
+    code, err = run_here(capsys, monkeypatch, "--quick", "--out", tmp_path / "y", "--json",
+                         tmp_path / "missing" / "s.json")
+    assert code == 2 and "does not exist" in err and "Traceback" not in err
     # OUT/data is replaced on each run, so one the example did not make is refused, and left alone
     (tmp_path / "z" / "data").mkdir(parents=True)
     (tmp_path / "z" / "data" / "mine.txt").write_text("keep me")
-    r = run("--quick", "--out", tmp_path / "z")
-    assert r.returncode == 2 and "was not made by this example" in r.stderr and "Traceback" not in r.stderr
+    code, err = run_here(capsys, monkeypatch, "--quick", "--out", tmp_path / "z")
+    assert code == 2 and "was not made by this example" in err and "Traceback" not in err
     assert (tmp_path / "z" / "data" / "mine.txt").read_text() == "keep me"
