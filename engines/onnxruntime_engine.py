@@ -111,12 +111,17 @@ def runtime_warning(precision: dict, runtime: str) -> str | None:
             f"{runtime} runs it only op by op, and a default {runtime} session of your own gives wrong answers")
 
 
-def session_options(ort, threads: int | None = None, qdq_fusion: bool = True):
+def session_options(ort, threads: int | None = None, qdq_fusion: bool = True, spin: bool = False):
+    """``spin=False`` (every CPU session): the intra-op threads sleep between runs instead of spinning, so they leave
+    the cores to the decoder threads beside them and to other processes (the same wall time alone, less CPU;
+    docs/INTERNALS.md)."""
     ort.set_default_logger_severity(3)  # the process-wide logger prints provider chatter at warning level
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     if threads:
         opts.intra_op_num_threads = threads
+    if not spin:
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if not qdq_fusion:
         opts.add_session_config_entry("session.disable_quant_qdq", "1")
     return opts
@@ -362,7 +367,7 @@ class OnnxRuntimeEngine(_QuickStarting, _CudaGraphs, EngineBase):
         if qdq_fusion is None and not self.qdq_fusion and runtime_warning(precision, "onnxruntime"):
             log.warning("%s: %s", self.path.name, runtime_warning(precision, "onnxruntime"))
         on_device = kind == "cuda" and bool(device_buffers or (device_buffers is None and is_installed("cupy")))
-        opts = session_options(ort, threads, self.qdq_fusion)
+        opts = session_options(ort, threads, self.qdq_fusion, spin=kind == "cuda")  # the CUDA EP's as measured
         providers = self._providers(kind, on_device, device_buffers, tf32)
         self._binding = self._host_run_options = self._ran = self._preparing = self.quick = None
         self._graphs: dict = {}  # (input addresses, shapes, dtypes) -> (binding, run options, outputs)

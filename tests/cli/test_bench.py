@@ -166,7 +166,9 @@ def test_bench_video_with_a_baseline_runs_it_in_the_same_runs(lite0_onnx, lite0_
     assert base["pipeline"] == "trtc (PyAV + numpy + engine, bs 8, baseline lite0.fp16.onnx)"
     assert base_only["pipeline"].startswith("engine-only (bs 8, host numpy input, no decode, baseline lite0.fp16")
     assert ours["frames"] == base["frames"] == only["frames"] == base_only["frames"] == 80
-    assert base_only["batches"] == base["batches"] >= 10
+    # each row is its own median run (engine-only rows are ceilings: the faster middle run), so a row's batch count
+    # is that run's: 80 frames in batches of at most 8, partial ones as the wait allowed
+    assert 10 <= base["batches"] <= 80 and 10 <= base_only["batches"] <= 80
     for row in (dec, ours, base):
         assert len(row["fps_runs"]) == 2  # interleaved: each pipeline ran in both runs
     assert ours["vs_baseline"] == round(ours["fps"] / base["fps"], 3)
