@@ -76,11 +76,10 @@ class RichReporter(Reporter):
 
 
 class _PlainFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        text = f"{record.levelname.lower()}: {record.getMessage()}"
-        if record.exc_info:
-            text += "\n" + self.formatException(record.exc_info)
-        return text
+    """``warning: message``; logging.Formatter adds a traceback after it as usual."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return f"{record.levelname.lower()}: {record.message}"
 
 
 def setup_logging(console, verbosity: int) -> None:
