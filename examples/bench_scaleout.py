@@ -12,10 +12,18 @@ Rows (every one writes its lines to a file, as `trtc run ... > file` does):
   ray          `--ray` on a local Ray instance, one actor per device (`--ray-actors N`); left out with --no-ray
   ray-cluster  a cluster started here first (`ray start --head --block`, its own temporary folder and port), then
                `--ray HOST:PORT --ray-keep NAME`: actors made and engines opened by the job (cold), kept after it
+  half         (--half) one process on the first device with the share of the sources one device gets in the
+               pool (every other source with two devices), alone: set beside `one` and `independent`, it tells
+               whether each GPU's share runs slower beside the other GPU's (something the two share) or as slowly
+               alone (fewer streams per GPU)
   ray-warm     the same command again: the kept actors, warm (no engine open); then `--ray-stop NAME` and the head
                is stopped. Both left out with --no-ray or --no-cluster. The head and these jobs run with
                RAY_AUTH_MODE=disabled (a head started where ~/.ray/auth_token exists would otherwise ask for a token
                that a driver given an address does not send)
+
+Per row also: the CPU seconds its processes used (user + system, all of them, from the kernel's accounting of
+children) per 1,000 frames, and with --dmon (NVIDIA GPUs) each GPU's mean SM and decoder utilisation and PCIe
+traffic over the row, sampled once a second by `nvidia-smi dmon`.
 
 Per row: trtc's frames/s (the pipeline's span: start-up excluded, summed over the independent processes), the
 time to first result and the wall time (from starting the command(s) to their exit), frames/s over the wall time,
@@ -31,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -71,9 +80,61 @@ def run_commands(commands: list[tuple[list[str], Path]], env: dict | None = None
     return time.perf_counter() - t0, began
 
 
-def measure(name: str, commands, work: Path, env: dict | None = None) -> dict:
+class Dmon:
+    """`nvidia-smi dmon -s ut -d 1` running while a row runs; :meth:`stop` gives each GPU's mean SM and decoder
+    utilisation (%) and PCIe receive/transmit (MB/s) over the samples where the GPU was busy (SM or decoder > 0)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.sink = path.open("w")
+        self.proc = subprocess.Popen(["nvidia-smi", "dmon", "-s", "ut", "-d", "1"], stdout=self.sink,
+                                     stderr=subprocess.DEVNULL)
+
+    def stop(self) -> dict:
+        self.proc.terminate()
+        self.proc.wait(10)
+        self.sink.close()
+        head, by_gpu = None, {}
+        for line in self.path.read_text().splitlines():
+            if line.startswith("#"):
+                head = head or line.lstrip("# ").split()
+                continue
+            cols = line.split()
+            if head is None or len(cols) != len(head):
+                continue
+            row = dict(zip(head, cols, strict=True))
+            try:
+                sm, dec = float(row["sm"]), float(row["dec"])
+            except ValueError:
+                continue
+            if sm > 0 or dec > 0:
+                by_gpu.setdefault(row["gpu"], []).append((sm, dec, _num(row.get("rxpci")), _num(row.get("txpci"))))
+        return {g: {k: round(sum(v[i] for v in vals) / len(vals), 1) for i, k in
+                    enumerate(("sm_pct", "dec_pct", "pcie_rx_mb_s", "pcie_tx_mb_s"))} | {"samples": len(vals)}
+                for g, vals in by_gpu.items()}
+
+
+def _num(text) -> float:
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _children_cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def measure(name: str, commands, work: Path, env: dict | None = None, dmon: bool = False) -> dict:
     """One row: its commands started at once, their summaries read back."""
-    wall, began = run_commands([(cmd, out) for cmd, out, _summary in commands], env)
+    monitor = Dmon(work / f"{name}.dmon.txt") if dmon else None
+    cpu0 = _children_cpu_s()
+    try:
+        wall, began = run_commands([(cmd, out) for cmd, out, _summary in commands], env)
+    finally:
+        gpus = monitor.stop() if monitor else None
+    cpu = _children_cpu_s() - cpu0
     sums = [json.loads(summary.read_text()) for _cmd, _out, summary in commands]
     firsts = [s["timing"]["started_at"] + s["timing"]["first_result_s"] for s in sums
               if s["timing"].get("first_result_s") is not None]
@@ -81,7 +142,9 @@ def measure(name: str, commands, work: Path, env: dict | None = None) -> dict:
     return {"row": name, "processes": len(commands), "frames": frames, "fps": round(sum(s["fps"] for s in sums), 1),
             "first_result_s": round(min(firsts) - began, 2) if firsts else None, "wall_s": round(wall, 2),
             "wall_fps": round(frames / wall, 1), "ready_s": [s["timing"]["ready_s"] for s in sums],
-            "ray_startup": sums[0].get("ray", {}).get("startup"), "lines": [str(out) for _c, out, _s in commands]}
+            "ray_startup": sums[0].get("ray", {}).get("startup"), "lines": [str(out) for _c, out, _s in commands],
+            "cpu_s": round(cpu, 1), "cpu_s_per_kframe": round(1000 * cpu / frames, 2) if frames else None,
+            "gpus": gpus}
 
 
 def read_lines(files) -> dict:
@@ -170,13 +233,16 @@ def rows(args, sources: list[str], devices: list[str], work: Path) -> list[dict]
         summary = work / f"{tag}.summary.json"
         return _command(args, srcs, device, summary, extra), work / f"{tag}.jsonl", summary
 
-    out = [measure("one", [job("one", sources, devices[0])], work)]
+    dm = args.dmon
+    out = [measure("one", [job("one", sources, devices[0])], work, dmon=dm)]
     if len(devices) > 1:
-        out.append(measure("pool", [job("pool", sources, ",".join(devices))], work))
+        out.append(measure("pool", [job("pool", sources, ",".join(devices))], work, dmon=dm))
         shares = [sources[i::len(devices)] for i in range(len(devices))]
         out.append(measure("independent", [job(f"independent{i}", share, d)
                                            for i, (share, d) in enumerate(zip(shares, devices, strict=True)) if share],
-                           work))
+                           work, dmon=dm))
+        if args.half:
+            out.append(measure("half", [job("half", shares[0], devices[0])], work, dmon=dm))
     if args.ray:
         kind = "cpu" if devices[0] == "cpu" else "cuda"
         extra = ["--ray", "--ray-actors", str(len(devices))] + (["--ray-streams", str(args.ray_streams)]
@@ -192,7 +258,10 @@ def finish(table: list[dict]) -> None:
     reference = read_lines(table[0]["lines"])
     base = table[0]["fps"]
     for row in table:
-        compare(row, reference)
+        if row["row"] == "half":  # its sources are a subset: compared on those
+            compare(row, {k: v for k, v in reference.items() if k in read_lines(row["lines"])})
+        else:
+            compare(row, reference)
         row["x_one"] = round(row["fps"] / base, 3) if base else None
     by = {r["row"]: r for r in table}
     independent = by.get("independent", {}).get("fps")
@@ -220,6 +289,11 @@ def show(table: list[dict]) -> None:
               f"{r['wall_fps']:>9.1f} {'yes' if r['every_frame_once_in_order'] else 'NO':>8} "
               f"{r['top1_agreement']:>6.2%}")
     for r in table:
+        gpus = ", ".join(f"GPU{g} sm {v['sm_pct']}% dec {v['dec_pct']}% pcie rx {v['pcie_rx_mb_s']} tx "
+                         f"{v['pcie_tx_mb_s']} MB/s" for g, v in (r.get("gpus") or {}).items())
+        print(f"{r['row']}: {r['cpu_s']} CPU s ({r['cpu_s_per_kframe']} per 1,000 frames)" + (f"; {gpus}" if gpus
+                                                                                               else ""))
+    for r in table:
         phases = (r.get("ray_startup") or {}).get("phases")
         if phases:
             print(f"{r['row']}: start-up phases (s from the process's start): "
@@ -242,6 +316,9 @@ def main(argv=None) -> int:
     ap.add_argument("--ray-streams", type=int)
     ap.add_argument("--no-cluster", dest="cluster", action="store_false",
                     help="leave out the rows on a running cluster (ray-cluster, ray-warm)")
+    ap.add_argument("--half", action="store_true",
+                    help="add a row: the first device alone with the share of the sources it gets in the pool")
+    ap.add_argument("--dmon", action="store_true", help="sample GPU utilisation and PCIe with nvidia-smi dmon per row")
     ap.add_argument("--workdir", type=Path, default=Path("scaleout-work"))
     ap.add_argument("--json", type=Path, help="write the rows here")
     args = ap.parse_args(argv)

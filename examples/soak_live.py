@@ -1,5 +1,5 @@
-"""A fault soak of `trtc run` on live cameras: N cameras (one real gst-rtsp-server test pattern, tests/rtsp_server.py,
-each camera behind its own fault proxy, tests/faultproxy.py) for D minutes, a fault every E seconds rotating over
+"""A fault soak of `trtc run` on live cameras: N cameras (one real RTSP server's test pattern, tests/rtsp_server.py:
+gst-rtsp-server, or aio-rtsp-toolkit's server where GStreamer does not run; each camera behind its own fault proxy, tests/faultproxy.py) for D minutes, a fault every E seconds rotating over
 stall, mute, cut, refuse, throttle and corrupt, one camera at a time in turn.
 
 Reported (a table on stdout and a JSON file): each fault injected against the events trtc wrote for that camera
@@ -55,7 +55,7 @@ def soak(a) -> dict:
     work = Path(tempfile.mkdtemp(prefix="soak-"))
     out, summary = work / "live.jsonl", work / "summary.json"
     server = rtsp_server.start(pattern=True)
-    proxies = [FaultProxy(("127.0.0.1", server.port), lifetime=a.minutes * 60 + 120).start()
+    proxies = [FaultProxy(("127.0.0.1", server.port), lifetime=a.minutes * 60 + 120, path=server.path).start()
                for _ in range(a.cameras)]
     urls = [p.url() for p in proxies]
     cmd = [sys.executable, "-m", "toolchain", "run", *urls, "--model", a.model, "--device", a.device, "--batch",
@@ -141,7 +141,8 @@ def soak(a) -> dict:
     lag_p99 = {u: (by_source.get(u, {}).get("lag_s") or {}).get("p99") for u in urls}
     first_min = [r for t, r in rss if t < 60] or [r for _, r in rss[:5]]
     last_min = [r for t, r in rss if t >= rss[-1][0] - 60] if rss else []
-    return dict(command=cmd, exit_code=proc.returncode, minutes=a.minutes, cameras=a.cameras, faults=faults,
+    return dict(command=cmd, server=rtsp_server.backend(), exit_code=proc.returncode, minutes=a.minutes,
+                cameras=a.cameras, faults=faults,
                 false_events=false_events, lag_events=len(lag_events), lag_p99_s=lag_p99,
                 rss_mb=dict(first_minute=statistics.median(first_min) if first_min else None,
                             last_minute=statistics.median(last_min) if last_min else None,

@@ -90,10 +90,10 @@ class _Conn:
 
 class FaultProxy:
     def __init__(self, upstream: tuple[str, int], faults: list[Fault] = (), lifetime: float = 600.0,
-                 rtsp: bool = True, seed: int = 0):
+                 rtsp: bool = True, seed: int = 0, path: str = "/cam"):
         if not rtsp and any(f.kind in ("mute", "corrupt") for f in faults):
             raise ValueError("mute and corrupt act on RTSP interleaved frames: rtsp=True")
-        self.upstream = upstream
+        self.upstream, self.path = upstream, path  # path: the stream's path and query at the server
         self.faults = sorted(faults, key=lambda f: f.start)
         self.lifetime, self.rtsp = lifetime, rtsp
         self.log = [Injected(f.kind, f.conn) for f in self.faults]
@@ -113,8 +113,8 @@ class FaultProxy:
         self.t0: float | None = None
 
     # ----------------------------------------------------------------------------------------------- control
-    def url(self, path: str = "/cam") -> str:
-        return f"rtsp://127.0.0.1:{self.port}{path}"
+    def url(self, path: str | None = None) -> str:
+        return f"rtsp://127.0.0.1:{self.port}{self.path if path is None else path}"
 
     def start(self) -> "FaultProxy":
         self.t0 = time.monotonic()

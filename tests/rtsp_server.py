@@ -1,25 +1,33 @@
 """A real RTSP server for the live-source tests: GStreamer's gst-rtsp-server (Debian's gir1.2-gst-rtsp-server-1.0
-through python3-gi). It runs under Debian's own python3 (/usr/bin/python3), not the test venv, so tests start it
-as a subprocess with :func:`start`.
+through python3-gi) where it runs, else aio-rtsp-toolkit's file server (pure Python over PyAV: the GPU machine's
+image, where Debian's GStreamer does not run). gst-rtsp-server runs under Debian's own python3 (/usr/bin/python3),
+aio-rtsp-toolkit under the test's interpreter; tests start either as a subprocess with :func:`start`.
 
-It listens on 127.0.0.1 only and serves one mount, ``/cam``, with RTP carried inside the RTSP TCP connection
+It listens on 127.0.0.1 only and serves one stream (``Server.url``), with RTP carried inside the RTSP TCP connection
 (nothing leaves the loopback):
 - ``--file F``: an MP4's H.264 stream as it is, paced by its timestamps (each client gets it from the start; the
   stream ends with the file);
-- ``--pattern``: a live test pattern (H.264, 640x360, 30 fps, key frame every 30 frames) that never ends.
+- ``--pattern``: a live test pattern (H.264, 640x360, 30 fps, key frame every 30 frames) that never ends (with
+  aio-rtsp-toolkit: a 10 s clip of a moving pattern, encoded once by PyAV's libx264, played in a loop).
 ``--silent`` instead accepts TCP connections and never answers (a server that hangs).
+``TRTC_TEST_RTSP=aio`` picks aio-rtsp-toolkit's server where gst-rtsp-server runs too (to try the GPU machine's
+server on a CPU machine).
 
     /usr/bin/python3 tests/rtsp_server.py --port 8554 --file bikes.mp4
+    python3 tests/rtsp_server.py --aio --port 8554 --pattern
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -27,16 +35,40 @@ PACKAGES = ("gstreamer1.0-rtsp gir1.2-gst-rtsp-server-1.0 python3-gi gstreamer1.
             "gstreamer1.0-plugins-good gstreamer1.0-plugins-ugly")
 
 
+_backend: list = []  # [name or None, why not], found once per process
+
+
+def _find_backend() -> tuple:
+    """("gst", "") where gst-rtsp-server runs, else ("aio", "") where aio-rtsp-toolkit and PyAV import, else
+    (None, why neither)."""
+    if not _backend and os.environ.get("TRTC_TEST_RTSP") == "aio":  # the GPU machine's server, tried here
+        _backend[:] = ["aio", ""]
+    if not _backend:
+        why = f"no {SYSTEM_PYTHON} (Debian's python3 runs gst-rtsp-server)"
+        if os.path.exists(SYSTEM_PYTHON):
+            probe = ("import gi; gi.require_version('GstRtspServer', '1.0'); "
+                     "from gi.repository import Gst, GstRtspServer; Gst.init(None); "
+                     "assert Gst.ElementFactory.find('x264enc') and Gst.ElementFactory.find('rtph264pay')")
+            r = subprocess.run([SYSTEM_PYTHON, "-c", probe], capture_output=True, text=True, timeout=60)
+            why = "" if r.returncode == 0 else f"gst-rtsp-server is not installed (apt-get install {PACKAGES})"
+        if not why:
+            _backend[:] = ["gst", ""]
+        elif all(importlib.util.find_spec(m) for m in ("aio_rtsp_toolkit", "aio_sockets", "av")):
+            _backend[:] = ["aio", ""]
+        else:
+            _backend[:] = [None, f"{why}, and aio-rtsp-toolkit is not installed either (pip install "
+                                 "'aio-rtsp-toolkit[server]==0.1.4')"]
+    return tuple(_backend)
+
+
 def available() -> str | None:
-    """None when the server can run here, else why not (for a skip message)."""
-    if not os.path.exists(SYSTEM_PYTHON):
-        return f"no {SYSTEM_PYTHON} (Debian's python3 runs gst-rtsp-server)"
-    probe = ("import gi; gi.require_version('GstRtspServer', '1.0'); from gi.repository import Gst, GstRtspServer; "
-             "Gst.init(None); assert Gst.ElementFactory.find('x264enc') and Gst.ElementFactory.find('rtph264pay')")
-    r = subprocess.run([SYSTEM_PYTHON, "-c", probe], capture_output=True, text=True, timeout=60)
-    if r.returncode:
-        return f"gst-rtsp-server is not installed (apt-get install {PACKAGES})"
-    return None
+    """None when a server can run here, else why not (for a skip message)."""
+    return _find_backend()[1] or None
+
+
+def backend() -> str | None:
+    """"gst" or "aio": the server :func:`start` runs here (None: neither)."""
+    return _find_backend()[0]
 
 
 def free_port() -> int:
@@ -52,15 +84,21 @@ class Server:
     def __init__(self, port: int, args: list[str]):
         self.port = port
         self.args = args
-        self.url = f"rtsp://127.0.0.1:{port}/cam"
+        self.aio = "--aio" in args
+        # aio-rtsp-toolkit names the stream by its file; play_count=0 plays it in a loop
+        self.path = f"/cam.mp4?play_count={1 if '--file' in args else 0}" if self.aio else "/cam"
+        self.url = f"rtsp://127.0.0.1:{port}{self.path}"
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 30.0) -> "Server":
-        cmd = [SYSTEM_PYTHON, os.path.abspath(__file__), "--port", str(self.port), *self.args]
+        cmd = [sys.executable if self.aio else SYSTEM_PYTHON, os.path.abspath(__file__), "--port", str(self.port),
+               *self.args]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                                      start_new_session=True)
-        line = self.proc.stdout.readline()  # "ready" once it listens
-        if "ready" not in line:
+        line = "log"
+        while line and line.strip() != "ready":  # "ready" once it listens (aio-rtsp-toolkit logs a line first)
+            line = self.proc.stdout.readline()
+        if not line:
             self.kill()
             raise RuntimeError(f"the RTSP server did not start ({cmd})")
         deadline = time.monotonic() + timeout
@@ -91,7 +129,56 @@ class Server:
 def start(port: int | None = None, file: str | None = None, pattern: bool = False, silent: bool = False) -> Server:
     args = (["--file", str(file)] if file else []) + (["--pattern"] if pattern else []) + (["--silent"] if silent
                                                                                               else [])
+    if not silent and backend() == "aio":
+        args.append("--aio")
     return Server(port or free_port(), args).start()
+
+
+def pattern_clip() -> str:
+    """The aio server's test pattern: 10 s of a square moving over a gradient, H.264 640x360 at 30 fps, a key
+    frame every 30 frames, encoded once per machine by PyAV's libx264 (written to a temporary name, then renamed)."""
+    path = os.path.join(tempfile.gettempdir(), "trtc-rtsp-pattern-640x360-30fps.mp4")
+    if os.path.exists(path):
+        return path
+    import av
+    import numpy as np
+
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with av.open(tmp, "w", format="mp4") as out:
+        s = out.add_stream("libx264", rate=30)
+        s.width, s.height, s.pix_fmt = 640, 360, "yuv420p"
+        s.options = {"g": "30", "bf": "0", "preset": "ultrafast", "tune": "zerolatency"}
+        y, x = np.mgrid[0:360, 0:640]
+        for i in range(300):
+            img = np.stack([(x + 4 * i) % 256, (y + 2 * i) % 256, np.full_like(x, 128)], -1).astype(np.uint8)
+            cx, cy = (20 + 7 * i) % 600, (20 + 3 * i) % 320
+            img[cy:cy + 40, cx:cx + 40] = 255
+            for p in s.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
+                out.mux(p)
+        for p in s.encode():
+            out.mux(p)
+    os.replace(tmp, path)
+    return path
+
+
+def _serve_aio(port: int, file: str) -> None:
+    """aio-rtsp-toolkit's server on 127.0.0.1:port, serving ``file`` as /cam.mp4 (from a folder of its own)."""
+    import asyncio
+
+    from aio_rtsp_toolkit.server import RtspServer
+
+    folder = tempfile.mkdtemp(prefix="trtc-rtsp-")
+    try:  # not a symbolic link: the server refuses a file that resolves outside its folder
+        os.link(file, os.path.join(folder, "cam.mp4"))
+    except OSError:
+        shutil.copy(file, os.path.join(folder, "cam.mp4"))
+
+    async def run():
+        server = await RtspServer(folder, host="127.0.0.1", port=port).start()
+        print("ready", flush=True)
+        await server.serve_forever()
+
+    asyncio.run(run())
 
 
 def _silent(port: int) -> None:
@@ -136,9 +223,12 @@ def main() -> None:
     ap.add_argument("--file")
     ap.add_argument("--pattern", action="store_true")
     ap.add_argument("--silent", action="store_true")
+    ap.add_argument("--aio", action="store_true", help="aio-rtsp-toolkit's server instead of gst-rtsp-server")
     a = ap.parse_args()
     if a.silent:
         _silent(a.port)
+    elif a.aio:
+        _serve_aio(a.port, a.file or pattern_clip())
     elif a.file:
         _serve(a.port, f"( filesrc location={a.file} ! qtdemux ! h264parse ! "
                        "rtph264pay name=pay0 pt=96 config-interval=1 )")

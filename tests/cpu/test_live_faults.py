@@ -24,7 +24,7 @@ pytestmark = needs_export
 @pytest.fixture
 def camera(rtsp):
     """A live test pattern (640x360, 30 fps) behind a fault proxy."""
-    with rtsp.start(pattern=True) as srv, FaultProxy(("127.0.0.1", srv.port), lifetime=300) as proxy:
+    with rtsp.start(pattern=True) as srv, FaultProxy(("127.0.0.1", srv.port), lifetime=300, path=srv.path) as proxy:
         yield srv, proxy
 
 
@@ -32,10 +32,12 @@ class Run:
     """`trtc run` on one URL with -o and --summary in ``tmp``; ``seen(event)`` is when an event line first
     appeared (monotonic), polled every 0.1 s."""
 
+    device = "cpu"  # tests/gpu/test_live_faults_gpu.py runs the same tests on "cuda:0"
+
     def __init__(self, url, model, tmp: Path, *opts):
         self.url, self.out, self.summary = url, tmp / "live.jsonl", tmp / "summary.json"
         self.proc = subprocess.Popen([sys.executable, "-m", "toolchain", "run", url, "--model", str(model),
-                                      "--device", "cpu", "--batch", "4", "--top-k", "1", "-o", str(self.out),
+                                      "--device", self.device, "--batch", "4", "--top-k", "1", "-o", str(self.out),
                                       "--summary", str(self.summary), *map(str, opts)],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.first: dict[str, float] = {}
@@ -200,7 +202,7 @@ def test_camera_returning_at_another_resolution_goes_on(rtsp, bikes, lite0_onnx,
     size): a `reconnected` event after the first frame of the new stream, frames numbered on, results for it.
     (The CPU path decodes each connection anew; on the GPU path the same test checks the re-planned decoder.)"""
     with rtsp.start(pattern=True) as a, rtsp.start(file=bikes) as b, \
-            FaultProxy(("127.0.0.1", a.port), lifetime=300) as proxy:
+            FaultProxy(("127.0.0.1", a.port), lifetime=300, path=a.path) as proxy:
         run = Run(proxy.url(), lite0_onnx[0], tmp_path, "--read-timeout", 5)
         run.frames(20)
         proxy.add("switch", upstream=("127.0.0.1", b.port))

@@ -437,7 +437,8 @@ def test_bandwidth_below_the_bitrate_is_lag_reported_and_bounded(rtsp, engine):
     from tests.faultproxy import Fault, FaultProxy
 
     with rtsp.start(pattern=True) as srv, \
-            FaultProxy(("127.0.0.1", srv.port), [Fault("throttle", 4, 8, rate=15_000)], lifetime=60) as proxy:
+            FaultProxy(("127.0.0.1", srv.port), [Fault("throttle", 4, 8, rate=15_000)], lifetime=60,
+                       path=srv.path) as proxy:
         run = classify([proxy.url()], engine, batch=4, top_k=1, events=True,
                        live_options=LiveOptions(read_timeout=10, max_lag=1.0, reconnect_attempts=0))
         events, frames = _events_and_frames(
