@@ -304,7 +304,7 @@ def test_gpu_live_camera_returning_at_another_resolution_is_replanned(bikes, tmp
     from engines.video.sources import NvdecSource
 
     if rtsp_server.available() is not None:
-        pytest.skip("needs gst-rtsp-server (a file, then a pattern, on one port)")
+        pytest.skip(f"no RTSP server: {rtsp_server.available()}")
     first = rtsp_server.start(file=bikes)
     port = first.port
     seen, servers = [], [first]
@@ -316,7 +316,7 @@ def test_gpu_live_camera_returning_at_another_resolution_is_replanned(bikes, tmp
         seen.append((index, tuple(surface.shape), src.info.width, src.info.height))
         if len(seen) == 30:
             first.kill()
-            servers.append(rtsp_server.Server(port, ["--pattern"]).start())
+            servers.append(rtsp_server.Server(port, ["--pattern"] + (["--aio"] if first.aio else [])).start())
         return len(seen) < 90
 
     try:
