@@ -43,6 +43,7 @@ from ..topk import unpack
 from .assembler import InputBuffer, SlotAssembler, Stopped
 from .decoders import DECODERS
 from .live import LagStats
+from .native_out import TAP
 from .sources import BatchUnavailable, SourceError, surface_format
 
 log = logging.getLogger("trtc")
@@ -376,6 +377,7 @@ class GpuPipeline(GpuBatches):
         src.on_event = self.events.append
         writer = _SourceWriter(self, src, pre, asm, out_dtype)
         stream = fmt = reused = kept = None
+        watch = None if getattr(src, "live", False) else TAP.begin(src.name)  # damage NVDEC concealed (native_out)
         try:
             if src.batched:  # a decoder kept from an earlier source of this format comes with its own stream
                 fmt = src.probe()
@@ -384,14 +386,18 @@ class GpuPipeline(GpuBatches):
             # decoder stream and a larger decoder ring were measured on the H200 and changed nothing (BENCHMARKS.md)
             stream = writer.stream = stream or cp.cuda.Stream(non_blocking=True)
             with stream:
-                if src.batched:
+                batched = src.batched
+                if batched:
                     try:
                         kept = src.run_batches(stream.ptr, frames_per_call(src.info), writer.on_frames,
-                                                   decoder=reused)
-                        return
+                                               decoder=reused)
                     except BatchUnavailable as exc:
                         log.info("%s; decoding it packet by packet", exc)
-                src.run(stream.ptr, writer.on_frame)
+                        batched = False
+                if not batched:
+                    src.run(stream.ptr, writer.on_frame)
+            self._concealed(src, watch)
+            watch = None
         except Stopped:
             return
         except SourceError as exc:
@@ -400,12 +406,31 @@ class GpuPipeline(GpuBatches):
         except Exception as exc:  # noqa: BLE001 - report, keep the other sources going
             self.report_problem(src.name, f"{src.name}: {type(exc).__name__}: {exc}", self.counts[src.name])
         finally:
+            if watch is not None:
+                watch.end()
             if stream is not None:
                 stream.synchronize()
             if kept is not None:  # decoded to the end without an error: the next source of its format takes it
                 DECODERS.give(self.device_id, fmt, stream, kept)
             asm.source_done()  # whatever happened: the run must not wait for this source forever
             self._add_decode_time(writer.clock, reused is not None)
+
+    def _concealed(self, src, watch) -> None:
+        """A file NVDEC decoded to its end: pictures it decoded with errors (concealed, and classified) make the
+        source damaged, as the CPU path's decoder errors do; the count is the source's own only when no other source
+        decoded meanwhile (PyNvVideoCodec's lines name no decoder), and the reason says which."""
+        if watch is None:
+            return
+        n, others = watch.end()
+        if not n or self.stop.is_set():
+            return
+        if not others:
+            src.damaged += n
+            why = f"NVDEC concealed errors in {n} decoded picture(s) (classified)"
+        else:
+            why = (f"NVDEC concealed errors in {n} picture(s) while {len(others)} other source(s) decoded too "
+                   "(PyNvVideoCodec does not say whose; this source or another is damaged)")
+        self.report_problem(src.name, f"{src.name}: {why}", self.counts[src.name])
 
     def _add_decode_time(self, clock: dict, reused: bool) -> None:
         """Where a decoder thread's time went, summed over sources in ``stats.decode_stage``."""

@@ -76,18 +76,21 @@ def _classified(paths, engine, timeout=120) -> dict:
     """{path: frames classified} with one classify() call per file, each bounded in time (a hang fails)."""
     from engines.video import classify
 
-    out = {}
+    out, damaged = {}, {}
     for p in paths:
         got = {}
 
         def work():
-            got["n"] = sum(1 for _ in classify([str(p)], engine, batch=16, top_k=1))
+            run = classify([str(p)], engine, batch=16, top_k=1)
+            got["n"] = sum(1 for _ in run)
+            damaged[p] = [x.reason for x in run.problems]
 
         t = threading.Thread(target=work, daemon=True)
         t.start()
         t.join(timeout)
         assert not t.is_alive(), f"{p.name}: classify hung for {timeout} s"
         out[p] = got.get("n", 0)
+    _classified.problems = damaged  # {path: the problems the run reported}
     return out
 
 
@@ -104,17 +107,23 @@ def test_gpu_decodes_past_damage_like_the_cpu_fuzz(bikes, cuda_lite0, cpu_lite0,
                 cases.append(p)
     assert len(cases) >= 20
     gpu = _classified(cases, cuda_lite0)
+    gpu_problems = _classified.problems
     cpu = _classified(cases, cpu_lite0)
-    rows, bad = [], []
+    cpu_problems = _classified.problems
+    rows, bad, unsaid = [], [], []
     for p in cases:
         ref = _pyav_decodable(p)
-        rows.append((p.name, ref, cpu[p], gpu[p]))
+        rows.append((p.name, ref, cpu[p], gpu[p], bool(cpu_problems[p]), bool(gpu_problems[p])))
         if gpu[p] < 0.95 * ref or gpu[p] < cpu[p]:
             bad.append(rows[-1])
-    print("\ncase                      pyav  cpu  gpu")
-    for name, ref, c, g in rows:
-        print(f"{name:25s} {ref:5d} {c:4d} {g:4d}")
+        if cpu_problems[p] and not gpu_problems[p]:  # damage the CPU path reports, the GPU path must too
+            unsaid.append((p.name, cpu_problems[p]))
+    print("\ncase                      pyav  cpu  gpu  cpu-damaged gpu-damaged")
+    for name, ref, c, g, cd, gd in rows:
+        print(f"{name:25s} {ref:5d} {c:4d} {g:4d} {cd!s:>11} {gd!s:>11}")
+    print("GPU reasons:", sorted({r.split(': ', 1)[-1][:80] for p in cases for r in gpu_problems[p]}))
     assert not bad, f"the GPU path classified fewer frames: {bad}"
+    assert not unsaid, f"damage the CPU path reported and the GPU path did not: {unsaid}"
 
 
 def test_gpu_and_cpu_paths_give_the_same_pts_times(bikes, cuda_lite0, cpu_lite0, tmp_path):
