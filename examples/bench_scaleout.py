@@ -183,7 +183,10 @@ class RayHead:
                         PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent),
                                                                  os.environ.get("PYTHONPATH")])))
         self.env.pop("RAY_ADDRESS", None)
-        cmd = [str(Path(sys.executable).with_name("ray")), "start", "--head", "--block", "--port", "0",
+        script = Path(sys.executable).with_name("ray")  # a venv's; else Ray's entry point (pip --target installs)
+        ray = [str(script)] if script.exists() else [
+            sys.executable, "-c", "import sys; from ray.scripts.scripts import main; sys.exit(main())"]
+        cmd = [*ray, "start", "--head", "--block", "--port", "0",
                "--include-dashboard", "false", "--disable-usage-stats", "--temp-dir", self.temp]
         self.log = open(os.path.join(self.temp, "head.log"), "w")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=self.env,

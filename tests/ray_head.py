@@ -21,6 +21,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def ray_cli() -> list[str]:
+    """The `ray` command of this interpreter's Ray: the script beside it (a venv), else Ray's own entry point run by
+    this interpreter (a wheel installed with pip --target has its scripts elsewhere)."""
+    script = Path(sys.executable).with_name("ray")
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-c", "import sys; from ray.scripts.scripts import main; sys.exit(main())"]
+
+
 class RayHead:
     """``with RayHead(num_cpus=2) as head: head.address, head.env`` (the environment a driver joins it with:
     ``RAY_ADDRESS`` for ``--ray auto``, this checkout on ``PYTHONPATH`` for the workers). ``num_gpus``: None for
@@ -34,9 +43,8 @@ class RayHead:
         # a head started where ~/.ray/auth_token exists asks for tokens, and a driver given an address sends none
         # unless told to (docs/CLUSTER.md): the test cluster and its drivers agree on no token
         self.env["RAY_AUTH_MODE"] = "disabled"
-        ray = str(Path(sys.executable).with_name("ray"))
         gpus = [] if num_gpus is None else ["--num-gpus", str(num_gpus)]  # None: the GPUs Ray finds
-        cmd = [ray, "start", "--head", "--block", "--port", "0", "--num-cpus", str(num_cpus), *gpus,
+        cmd = [*ray_cli(), "start", "--head", "--block", "--port", "0", "--num-cpus", str(num_cpus), *gpus,
                "--include-dashboard", "false", "--disable-usage-stats", "--temp-dir", self.temp,
                "--dashboard-agent-listen-port", str(_free_port()), "--dashboard-agent-grpc-port", str(_free_port()),
                "--runtime-env-agent-port", str(_free_port()), "--metrics-export-port", str(_free_port())]
