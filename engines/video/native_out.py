@@ -78,7 +78,11 @@ class Tap:
         except OSError:
             return False
         _flush_stdio()
-        r, w = os.pipe()
+        try:
+            r, w = os.pipe()
+        except OSError:  # out of file descriptors: decode without the count
+            os.close(saved)
+            return False
         os.dup2(w, 1)
         reader = threading.Thread(target=self._read, args=(r, saved), daemon=True, name="trtc-fd1")
         reader.start()
