@@ -171,14 +171,14 @@ def test_int8_default_form_is_right_in_a_default_ort_session(lite0_int8_plain, l
 
 @needs_export
 @pytest.mark.slow
-def test_fp16_scale_form_fails_the_default_session_check(lite0_onnx, lite0_int8_plain, bikes, calib_cache, tmp_path,
-                                                          monkeypatch):
+def test_fp16_scale_form_fails_the_default_session_check(lite0_onnx, lite0_int8_plain, bikes, tmp_path, monkeypatch):
     """The FP16-scale form (--target tensorrt; the default before issue 13) is wrong in a default session: the
     check says so, records it, and would have refused the old default."""
     from toolchain import quantize as q
     from toolchain.errors import QuantizeError
 
-    kw = dict(precision="int8", calib=[str(bikes)], calib_count=64, calib_cache=calib_cache / "lite0.json")
+    kw = dict(precision="int8", calib=[str(bikes)], calib_count=64,
+              calib_cache=lite0_int8_plain.calibration["cache"])
     r = q.quantize_onnx(lite0_onnx[0], tmp_path / "trt.onnx", target="tensorrt", **kw)
     ds = r.check["default_session"]
     print(f"\nLite0 INT8 FP16 scales: op by op {r.check['top1_agreement']:.1%}, default session "
@@ -233,7 +233,7 @@ def test_fp16_default_ort_session_agrees_with_trtc(lite0_fp16, photos, bikes):
 
 @needs_export
 @pytest.mark.slow
-def test_calibration_cache_is_reused(lite0_int8, lite0_onnx, bikes, calib_cache, tmp_path):
+def test_calibration_cache_is_reused(lite0_int8, lite0_onnx, bikes, tmp_path):
     import shutil
 
     from toolchain.quantize import quantize_onnx
@@ -242,7 +242,7 @@ def test_calibration_cache_is_reused(lite0_int8, lite0_onnx, bikes, calib_cache,
     # the cache file lite0_int8 wrote, copied: the recalibration below replaces it, and the run's other INT8
     # fixtures and tests read the original
     cache = tmp_path / "lite0.json"
-    shutil.copy(calib_cache / "lite0.json", cache)
+    shutil.copy(lite0_int8.calibration["cache"], cache)
     r = quantize_onnx(lite0_onnx[0], tmp_path / "again.onnx", precision="int8", calib=[str(bikes)], calib_count=64,
                       calib_cache=cache)
     assert r.calibration["from_cache"] is True

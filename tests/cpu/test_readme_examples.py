@@ -1,7 +1,8 @@
 """Every `trtc` command in README.md's fenced bash blocks, run as written and in order, in a folder prepared the
 way the README says (`trtc data`, `cd trtc-data`). Lines marked `# [GPU]`, `# [TensorRT]`, `# [TensorRT-RTX]` are
 skipped where that is missing; `# [your files: ...]` lines need a model or data of the reader's own and are
-skipped, and listed. Each command must exit 0 and never print "bug in trtc"."""
+skipped, and listed. Each command must exit 0 and never print "bug in trtc". The pages of precision (INT8, validate)
+run as a test of their own beside the rest, from the files the README's tour makes (see PRECISION)."""
 
 from __future__ import annotations
 
@@ -118,31 +119,115 @@ def test_parser_reads_continuations_and_markers():
     assert any(c.startswith("python ../examples/train_then_deploy.py") for c, _ in cmds)  # no block is hidden
 
 
-@pytest.mark.slow  # 3-4 minutes on two cores: an export, three quantizations (one accuracy-aware), a validation
-def test_every_readme_command_runs_as_written(tmp_path, monkeypatch, cli_cache_env):
+# The pages run in two groups, each one test in a folder of its own, so that two pytest-xdist workers run them at
+# the same time: PRECISION (INT8 quantization with its accuracy-aware search, validation of FP16 and INT8 against
+# FP32, the builds and benches of those files on a GPU) and the rest of the tour. The precision pages start where
+# the README's tour left its folder: `trtc data`, `cd trtc-data` as written, then the tour's lite0.onnx and
+# lite0.fp16.onnx, the run's shared Lite0 export and its FP16 conversion (tests/conftest.py: made once per run).
+# The pages after them read only the tour's files (lite0.onnx, bikes.mp4, photos/).
+PRECISION = ["QUANTIZE", "BUILD", "VALIDATE", "BENCH"]
+
+
+def group_commands(group: str) -> list[tuple[str, str]]:
+    """The commands of one group, in the order of README's documentation table: "tour" (README.md and the pages
+    other than PRECISION) or "precision" (README's set-up lines up to `cd trtc-data`, then PRECISION's pages)."""
+    docs = README.parent / "docs"
+    if group == "tour":
+        return readme_commands("\n".join([README.read_text()] + [(docs / f"{p}.md").read_text() for p in PAGES
+                                                                 if p not in PRECISION]))
+    setup = readme_commands(README.read_text())
+    setup = setup[:next(i for i, (c, _) in enumerate(setup) if c.startswith("cd ")) + 1]
+    return setup + readme_commands("\n".join((docs / f"{p}.md").read_text() for p in PRECISION))
+
+
+def run_commands(commands, monkeypatch, after_cd=None, shared=None) -> tuple[list[str], list[str]]:
+    """Each command run as written through the CLI in this process (``cd`` changes folder; ``after_cd``, called
+    once after the first ``cd``, puts the files of earlier pages there): (commands run, commands skipped with the
+    reason). Each must exit 0 and never print "bug in trtc". ``shared`` maps a command line to a function of the
+    working folder that gives (exit code, output) of this test run's one run of that very command on the same
+    files, having put what it wrote into the folder, or None where the files differ (the command then runs here)."""
     from toolchain.cli import cli
 
-    monkeypatch.chdir(tmp_path)
-    # the calibration cache: not the user's ~/.cache but the run's, which the other `trtc quantize` runs of the same
-    # export (it is byte for byte the session's) and bikes.mp4 share
-    monkeypatch.setenv("XDG_CACHE_HOME", cli_cache_env["XDG_CACHE_HOME"])
     ran, skipped = [], []
-    for line, comment in readme_commands(all_text()):
+    for line, comment in commands:
         if line.startswith(". "):
             continue  # activating the environment: this test already runs in it
         if line.startswith("cd "):
             monkeypatch.chdir(Path(line[3:]).expanduser())
+            if after_cd:
+                after_cd(Path.cwd())
+                after_cd = None
             continue
         why = _why_skip(comment)
         if why:
             skipped.append(f"{line}  ({why})")
             continue
-        r = CliRunner().invoke(cli, shlex.split(line)[1:])
-        assert "bug in trtc" not in r.output, f"{line}\n{r.output}"
-        assert r.exit_code == 0, f"{line}\nexit {r.exit_code}\n{r.output}"
+        got = (shared or {}).get(line, lambda _: None)(Path.cwd())
+        if got is None:
+            r = CliRunner().invoke(cli, shlex.split(line)[1:])
+            got = r.exit_code, r.output
+        code, output = got
+        assert "bug in trtc" not in output, f"{line}\n{output}"
+        assert code == 0, f"{line}\nexit {code}\n{output}"
         ran.append(line)
-    print(f"README: ran {len(ran)} commands, skipped {len(skipped)}:\n  " + "\n  ".join(skipped))
-    assert len(ran) >= 12  # data, export, 3 x quantize, inspect, validate, bench, 2 x run, 2 x doctor
+    return ran, skipped
+
+
+def test_the_groups_hold_every_command_once():
+    """Split in two, the docs still run every command of all_text() exactly once: the precision group repeats
+    only README's set-up lines (up to `cd trtc-data`)."""
+    tour, precision = group_commands("tour"), group_commands("precision")
+    setup = [c for c in precision if c in tour]
+    assert [c for c, _ in setup] == [". .venv/bin/activate", "trtc data", "cd trtc-data"]
+    assert sorted(tour + precision[len(setup):]) == sorted(readme_commands(all_text()))
+    assert any(c.startswith("trtc quantize lite0.onnx --precision int8") for c, _ in precision)
+    assert not any(c.startswith("trtc quantize lite0.onnx --precision int8") for c, _ in tour)
+
+
+@pytest.fixture
+def docs_env(tmp_path, monkeypatch, cli_cache_env):
+    """A fresh folder as the working directory, and the calibration cache not the user's ~/.cache but the run's,
+    which the other `trtc quantize` runs of the same export (it is byte for byte the run's) and bikes.mp4 share."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_CACHE_HOME", cli_cache_env["XDG_CACHE_HOME"])
+    return tmp_path
+
+
+@pytest.mark.slow  # about 2 minutes on two cores: an export, an FP16 conversion, validation, runs, benches
+def test_every_readme_command_runs_as_written(docs_env, monkeypatch):
+    ran, skipped = run_commands(group_commands("tour"), monkeypatch)
+    print(f"README and pages: ran {len(ran)} commands, skipped {len(skipped)}:\n  " + "\n  ".join(skipped))
+    assert len(ran) >= 10  # data, export, quantize, validate, bench, 3 x run, 2 x doctor
     names = {p.name for p in Path.cwd().iterdir()}
-    assert {"lite0.onnx", "lite0.fp16.onnx", "lite0.int8.onnx", "lite0.int8.t97.onnx", "report.json", "report.html",
-            "preds.jsonl"} <= names
+    assert {"lite0.onnx", "lite0.fp16.onnx", "preds.jsonl"} <= names
+
+
+@pytest.mark.slow  # 3 minutes on two cores: two INT8 quantizations (one accuracy-aware), a validation
+def test_every_precision_page_command_runs_as_written(docs_env, monkeypatch, lite0_onnx, lite0_fp16, bikes,
+                                                      tmp_path_factory, cli_cache_env):
+    import shutil
+
+    from engines._io import sha256_file
+    from tests.conftest import LITE0_INT8_T97, lite0_int8_t97
+
+    def tour_files(folder: Path):  # what the README's tour left in trtc-data: its export and FP16 conversion
+        for src, name in ((Path(lite0_onnx[0]), "lite0.onnx"), (Path(lite0_fp16.output), "lite0.fp16.onnx")):
+            shutil.copy(src, folder / name)
+            shutil.copy(f"{src}.json", folder / f"{name}.json")
+
+    def t97(folder: Path):  # the accuracy-aware search, run once per test run (tests/conftest.py, lite0_int8)
+        src, _, code, output = lite0_int8_t97(tmp_path_factory, lite0_onnx, bikes, cli_cache_env["XDG_CACHE_HOME"])
+        if any(sha256_file(folder / f) != sha256_file(src / f) for f in ("lite0.onnx", "lite0.onnx.json",
+                                                                          "bikes.mp4")):
+            return None
+        for suffix in ("", ".json"):
+            shutil.copy(src / f"lite0.int8.t97.onnx{suffix}", folder / f"lite0.int8.t97.onnx{suffix}")
+        return code, output
+
+    assert any(line == LITE0_INT8_T97 for line, _ in group_commands("precision"))  # else nothing is shared
+    ran, skipped = run_commands(group_commands("precision"), monkeypatch, after_cd=tour_files,
+                                shared={LITE0_INT8_T97: t97})
+    print(f"precision pages: ran {len(ran)} commands, skipped {len(skipped)}:\n  " + "\n  ".join(skipped))
+    assert len(ran) >= 5  # data, 2 x quantize, inspect, validate
+    names = {p.name for p in Path.cwd().iterdir()}
+    assert {"lite0.int8.onnx", "lite0.int8.t97.onnx", "report.json", "report.html"} <= names
