@@ -1,10 +1,8 @@
 """ONNX Runtime backend: the CPU execution provider, or the CUDA one where onnxruntime-gpu is installed.
 
-``infer(numpy batch)`` returns numpy outputs (ONNX Runtime copies in and out). ``infer(device array, outputs=None,
-stream=None)`` (CuPy, torch, DLPack, __cuda_array_interface__) runs zero-copy: IOBinding binds the device pointers,
-the session computes on its own CUDA stream, ordered with the caller's ``stream`` through CUDA events, and the call
-returns CuPy outputs without a host synchronisation. One lock owns the tuned session: its preparation, every run,
-capture and reopen. docs/INTERNALS.md ("How the GPU path runs") says why the rules below are as they are.
+``infer(numpy batch)`` returns numpy outputs. ``infer(device array, outputs=None, stream=None)`` runs zero-copy
+(IOBinding on the device pointers, the session's own CUDA stream ordered with ``stream`` by events) and returns CuPy
+outputs without a host synchronisation. docs/INTERNALS.md ("How the GPU path runs") says why the rules are as they are.
 """
 
 from __future__ import annotations
@@ -26,11 +24,7 @@ from .base import EngineBase, TensorSpec
 from .errors import EngineError, UsageProblem, first_line
 
 log = logging.getLogger("trtc")
-_ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
-              "tensor(int8)": "int8", "tensor(uint8)": "uint8", "tensor(int32)": "int32", "tensor(int64)": "int64",
-              "tensor(bool)": "bool"}
-# tuning="auto": NHWC kernels, heuristic cuDNN algorithms and each convolution fused with its bias (cuDNN's
-# frontend); "graphs": those and CUDA graphs of the buffers given to capture_graphs; "off": ORT's defaults
+# tuning="auto": NHWC, heuristic algorithms, conv+bias fused; "graphs": and CUDA graphs (capture_graphs); "off"
 TUNED_CUDA_OPTIONS = {"cudnn_conv_algo_search": "HEURISTIC", "prefer_nhwc": "1", "fuse_conv_bias": "1"}
 FUSION = "fuse_conv_bias"
 TUNINGS = ("auto", "graphs", "off")
@@ -41,7 +35,8 @@ _alive: "weakref.WeakSet" = weakref.WeakSet()  # engines with a quick start, sto
 
 
 def _spec(arg) -> TensorSpec:
-    return TensorSpec(arg.name, _ORT_TYPES.get(arg.type, arg.type),
+    dtype = arg.type[7:-1] if arg.type.startswith("tensor(") else arg.type
+    return TensorSpec(arg.name, {"float": "float32", "double": "float64"}.get(dtype, dtype),
                       tuple(d if isinstance(d, int) else (d or "?") for d in arg.shape))
 
 
@@ -94,8 +89,7 @@ def _precision(path) -> dict:
 
 
 def qdq_fusion_ok(precision: dict) -> bool:
-    """Whether ONNX Runtime may fuse this model's Q/DQ pairs: not for INT8 with FP16 scales, whose fused graph gave
-    wrong logits (before the ``scales`` field, FP16 scales came with an FP16 rest). Such models run op by op."""
+    """Whether ONNX Runtime may fuse this model's Q/DQ pairs: not with FP16 scales (wrong logits); those run op by op."""
     if precision.get("mode") != "int8":
         return True
     scales = precision.get("scales") or ("fp16" if precision.get("high_precision") == "fp16" else "fp32")
@@ -141,15 +135,11 @@ def tuned_cuda_options(path) -> dict:
     return {"cudnn_conv_algo_search": TUNED_CUDA_OPTIONS["cudnn_conv_algo_search"]}
 
 
-def refused_by_cudnn(exc: Exception) -> bool:
-    """Whether ``exc`` is cuDNN refusing a convolution as asked: the one failure an unfused session can mend."""
-    return re.search(r"CUDNN_FE failure|CUDNN_STATUS_NOT_SUPPORTED", str(exc.__cause__ or exc)) is not None
-
-
-def _cudnn_reason(exc: Exception) -> str:
-    """cuDNN's own words in an ONNX Runtime failure (whose message runs to kilobytes), else its first line, cut."""
-    found = re.search(r"CUDNN_FE failure \d+: \w+|CUDNN_STATUS_\w+", str(exc.__cause__ or exc))
-    return found.group(0) if found else first_line(exc, 160)
+def refused_by_cudnn(exc: Exception) -> str | None:
+    """cuDNN's words when ``exc`` is cuDNN refusing a convolution as asked (the one failure an unfused session can
+    mend, not any error naming cuDNN), else None."""
+    found = re.search(r"CUDNN_FE failure( \d+: \w+)?|CUDNN_STATUS_NOT_SUPPORTED", str(exc.__cause__ or exc))
+    return found and found.group(0)
 
 
 def _output_shape(spec, n: int) -> tuple:
@@ -177,12 +167,11 @@ def _device_run_options(graph_id: int = -1):
 
 
 class _QuickStart:
-    """The quick start of a tuned CUDA session on device buffers (docs/INTERNALS.md), for OnnxRuntimeEngine. One
-    worker thread opens the quick session (cuDNN's default algorithms, the depthwise copy, a stream of its own; its
-    creation overlaps the tuned session's), runs it once at the first shape queued, then prepares each queued shape
-    on the tuned session, in order, under the engine's lock. Device batches of a shape not prepared, or that come
-    while a preparation runs, run on the quick session (route); it is let go once nothing is queued, or when a host
-    caller needs none. Its state (``_cond``) has the condition's lock as its one owner."""
+    """The quick start of a tuned CUDA session on device buffers, for OnnxRuntimeEngine. One worker thread opens the
+    quick session (cuDNN's default algorithms, the depthwise copy, a stream of its own) beside the tuned session's
+    open, runs it once at the first shape queued, then prepares the queued shapes on the tuned session in order,
+    under the engine's lock. Meanwhile device batches run on the quick session (_route), let go once nothing is
+    queued or a host caller needs none. ``_cond`` owns this state."""
 
     def _quick_setup(self, ort, opts, providers, form) -> None:
         import cupy as cp
@@ -200,10 +189,9 @@ class _QuickStart:
                 self._wake()
 
     def expect(self, batch=None, form: str | None = None) -> None:
-        """The caller says what it will run: ``batch``, a batch size or a list of them (None: the graph's fixed
-        batch, if any), and ``form``, "device" (device arrays) or "host" (numpy). With quick start the tuned session
-        prepares those shapes now, in order, and a "host" caller gets no quick session; without it nothing runs
-        before the caller's batches. Shapes with other dynamic dimensions cannot be prepared ahead."""
+        """The caller says what it will run: ``batch``, a size or a list (None: the graph's fixed batch, if any), and
+        ``form``, "device" or "host" (numpy: no quick session). With quick start the tuned session prepares those
+        shapes now, in order (not those with other dynamic dimensions); without it nothing runs ahead."""
         if form not in (None, *FORMS):
             raise UsageProblem(f"unknown input form {form!r}", f"use one of: {', '.join(FORMS)}")
         if not self.quick_start:
@@ -222,13 +210,11 @@ class _QuickStart:
             self._let_quick_go(always=True)
 
     def _queue_shape(self, key) -> None:
-        """Queue ``key``'s preparation unless prepared or queued (under ``_cond``)."""
         if key not in self._ready and key not in self._queue and not self._closed:
             self._queue.append(key)
             self._wake()
 
     def _wake(self) -> None:
-        """Start the worker unless it runs (under ``_cond``, or before the engine is shared)."""
         if self._worker is None:
             self._worker = threading.Thread(target=self._work, name="trtc-ort-prepare", daemon=True)
             self._worker.start()
@@ -262,7 +248,7 @@ class _QuickStart:
             self._let_quick_go(always=True)
 
     def _open_quick(self, key) -> None:
-        """Open the quick session; kept while it has something to cover, else dropped unrun."""
+        """Open the quick session, kept while it has something to cover."""
         session = None
         try:
             if self._quick_model is None:
@@ -279,7 +265,7 @@ class _QuickStart:
                 self._quick, self._unwarmed = session, True
 
     def _warm(self, key) -> None:
-        """One run of the new quick session on zeros at ``key``: its kernels load before the caller's batch."""
+        """One run of the new quick session at ``key``: its kernels load before the caller's batch."""
         with self._cond:
             session, self._unwarmed = self._quick, False
         try:
@@ -289,8 +275,8 @@ class _QuickStart:
             log.debug("%s: warming the quick session failed: %s", self.path.name, exc)
 
     def _prepare(self, key) -> None:
-        """Run the tuned session once on zeros at ``key``, after its enqueued work, under the engine's lock;
-        close() stops it (RunOptions.terminate). A failure is left to the caller's own tuned run."""
+        """One run of the tuned session at ``key`` after its enqueued work, under the engine's lock; close() stops it
+        (RunOptions.terminate); a failure is left to the caller's own tuned run at ``key``."""
         def prepare():
             self._at_shapes(key)
             run_options = self._preparing = _device_run_options()
@@ -316,8 +302,8 @@ class _QuickStart:
         self._let_quick_go()
 
     def _route(self, key):
-        """The quick session for a device batch at ``key`` (its preparation queued), or None: the tuned session has
-        prepared it and prepares nothing now, or no quick session can come and it is prepared (waited for here)."""
+        """The quick session for a device batch at ``key`` (its preparation queued), or None (run the tuned session):
+        ``key`` is prepared and nothing is being prepared, or no quick session can come and ``key`` is prepared."""
         with self._cond:
             self._queue_shape(key)
             tuned = lambda: self._closed or key in self._ready and not (  # noqa: E731
@@ -329,8 +315,7 @@ class _QuickStart:
             return self._quick
 
     def _let_quick_go(self, always: bool = False) -> None:
-        """Let the quick session go when nothing is queued (``always``: even then), once its stream is idle. A
-        caller still running it holds its own reference and waits for it itself (_infer_device)."""
+        """Let the quick session go when nothing is queued (``always``: even then), once its stream is idle."""
         with self._cond:
             if self._queue and not always:
                 return
@@ -340,8 +325,7 @@ class _QuickStart:
             self._quick_stream.synchronize()
 
     def _run_on_zeros(self, session, key, stream, run) -> None:
-        """``run(io)`` once with ``session``'s inputs bound to zeros at ``key`` and its outputs to new buffers, on
-        ``stream``, and wait for it."""
+        """``run(io)`` once, on ``stream``, with ``session`` bound to zeros at ``key`` and new outputs; wait for it."""
         import cupy as cp
 
         with cp.cuda.Device(self.device_id), stream:
@@ -361,20 +345,18 @@ class _QuickStart:
 
     @property
     def warms_itself(self) -> bool:
-        """Quick start is on: the first batches of a new size run on the quick session (see engines.base)."""
+        """Quick start is on: the first batches of a new size run on the quick session (engines.base)."""
         return self.quick_start
 
     def wait_ready(self, timeout: float | None = None) -> bool:
-        """Wait until the tuned session has prepared every queued shape and the worker is idle; False when
-        ``timeout`` seconds passed first. Benchmarks call it before timing."""
+        """Wait until every queued shape is prepared and the worker idle; False after ``timeout`` seconds."""
         with self._cond:
             return self._cond.wait_for(lambda: not (self._queue or self._busy), timeout)
 
 
 @atexit.register
 def _join_at_exit() -> None:
-    """Stop every engine's worker and wait for it (within its current ONNX Runtime node) before the interpreter
-    tears down: a thread still inside ONNX Runtime could meet CUDA being torn down under it."""
+    """Stop every worker and wait for it (its current node) before CUDA is torn down under it."""
     for engine in list(_alive):
         engine.close()
         worker = engine._worker
@@ -386,11 +368,10 @@ class _CudaGraphs:
     """CUDA graphs of the tuned session (``tuning="graphs"``), for OnnxRuntimeEngine."""
 
     def capture_graphs(self, arrays, stream=None) -> int:
-        """Capture a CUDA graph for each of these device input batches (one-input models), replayed whenever
-        ``infer`` gets an array at the same address, shape and type; returns how many the engine holds. For a caller
-        whose process runs no other CUDA work meanwhile (ONNX Runtime captures in CUDA's global mode). A failed
-        capture turns graphs off, said once; the graphs held are of one input shape (_at_shapes), at most
-        MAX_CUDA_GRAPHS in a session's life."""
+        """Capture a CUDA graph for each of these device input batches (one-input models), replayed when ``infer``
+        gets an array at the same address, shape and type; how many are held (of one shape, at most MAX_CUDA_GRAPHS
+        a session). For a caller whose process runs no other CUDA work meanwhile (CUDA's global capture mode). A
+        failed capture turns graphs off, said once."""
         if not self.cuda_graphs or len(self.inputs) != 1:
             return len(self._graphs)
         self.wait_ready()  # a preparation running on its thread would break the capture
@@ -436,10 +417,9 @@ class OnnxRuntimeEngine(_QuickStart, _CudaGraphs, EngineBase):
     def __init__(self, path: str | os.PathLike, device: str = "cpu", threads: int | None = None,
                  qdq_fusion: bool | None = None, device_buffers: bool | None = None, tf32: bool = True,
                  tuning: str = "auto", quick_start: bool = True, batch=None, form: str | None = None):
-        """``device_buffers``: a CUDA stream of the session's own, so device arrays run zero-copy (default: on CUDA
-        with CuPy installed). ``tf32=False``: FP32 convolutions in full FP32. ``tuning``: one of TUNINGS (the CPU EP
-        is the same in all). ``batch`` and ``form``: what the caller will run (:meth:`expect`). ``quick_start``
-        (tuned CUDA sessions on device buffers): see _QuickStart; False: every batch runs the tuned session."""
+        """``device_buffers``: a CUDA stream of its own for zero-copy device arrays (default: on CUDA with CuPy).
+        ``tf32=False``: FP32 convolutions in full FP32. ``tuning``: one of TUNINGS. ``batch``, ``form``: see expect.
+        ``quick_start`` (tuned CUDA sessions on device buffers): see _QuickStart; False: the tuned session only."""
         ort = require("onnxruntime", "Running ONNX models")
         if tuning not in TUNINGS:
             raise UsageProblem(f"unknown ONNX Runtime tuning {tuning!r}", f"use one of: {', '.join(TUNINGS)}")
@@ -501,9 +481,8 @@ class OnnxRuntimeEngine(_QuickStart, _CudaGraphs, EngineBase):
         return providers
 
     def _at_shapes(self, shapes) -> None:
-        """Call before the tuned session runs at these input shapes (not before a graph's replay). After a run at
-        other shapes: wait for it if still on the GPU, and let every captured graph go (ONNX Runtime's cuDNN
-        convolutions keep the plan of the last shape only and replace it without waiting for the GPU)."""
+        """Before the tuned session runs at these shapes (not a replay): after a run at others, wait for it if still
+        on the GPU and let every graph go (cuDNN's plans are of the last shape, replaced without waiting)."""
         if self._last_shapes is not None and shapes != self._last_shapes:
             if self._ran is not None and not self._ran.done:
                 self._ran.synchronize()
@@ -533,10 +512,10 @@ class OnnxRuntimeEngine(_QuickStart, _CudaGraphs, EngineBase):
         return run()
 
     def _unfuse(self, exc: Exception) -> bool:
-        """When ``exc`` is cuDNN refusing a fused convolution (only then): reopen the tuned session without the
-        fusion (under the engine's lock, its queued work ended first; bindings and graphs go, and graphs a failed
-        capture turned off stay off), say so once, and return True."""
-        if not self.fused or not refused_by_cudnn(exc):
+        """When ``exc`` is cuDNN refusing a fused convolution (only then): reopen the tuned session unfused, under the
+        lock, its queued work ended (bindings and graphs go; graphs turned off stay off); say so once; True."""
+        refused = self.fused and refused_by_cudnn(exc)
+        if not refused:
             return False
         ort, opts, providers, graphs = self._reopen_with
         plain = [(providers[0][0], {k: v for k, v in providers[0][1].items() if k != FUSION}), *providers[1:]]
@@ -548,7 +527,7 @@ class OnnxRuntimeEngine(_QuickStart, _CudaGraphs, EngineBase):
         with self._cond:  # shapes the fused session prepared are new to this one
             self._ready.clear()
         _say_once(self.path, "fusion", "runs its convolutions unfused: cuDNN refused a convolution fused with its "
-                                       f"bias ({_cudnn_reason(exc)})")
+                                       f"bias ({refused})")
         return True
 
     def _session(self, ort, opts, providers, model=None):
@@ -635,9 +614,8 @@ class OnnxRuntimeEngine(_QuickStart, _CudaGraphs, EngineBase):
             raise EngineError(f"ONNX Runtime failed on {self.path.name}: {first_line(exc)}") from exc
 
     def close(self) -> None:
-        """Let the sessions go without waiting for a preparation: the queued ones are dropped and the one running is
-        stopped at its next node (RunOptions.terminate). A session another thread runs is let go by that thread when
-        its run ends, never under it."""
+        """Let the sessions go without waiting: queued preparations are dropped, the running one stopped at its next
+        node (RunOptions.terminate); a session another thread runs is let go by that thread when its run ends."""
         with self._cond:
             self._closed = True
             del self._queue[1:]
@@ -651,7 +629,7 @@ class OnnxRuntimeEngine(_QuickStart, _CudaGraphs, EngineBase):
                 self._lock.release()
 
     def _let_go(self) -> None:
-        """Drop the tuned session, bindings and graphs (under the lock), once their queued work has ended."""
+        """Drop the tuned session, bindings and graphs (under the lock) once their queued work ended."""
         if self.stream is not None:
             self.stream.synchronize()
         self._binding, self._graphs, self.session = None, {}, None

@@ -479,8 +479,8 @@ def test_a_run_at_another_shape_waits_for_the_last_and_lets_every_graph_go(cuda_
     assert [r[0] for r in session.runs[-4:]] == ["3", "3", "4", "4"] and list(eng._graphs)[0][0][1] == (4, 3, 224, 224)
 
 
-# Quick start (engines/onnxruntime_engine.py, _QuickStart): a tuned session's first run of a shape prepares it (seconds for Lite0 on an
-# H100); the batches that come meanwhile run on a second session with cuDNN's default algorithms.
+# Quick start (engines/onnxruntime_engine.py, _QuickStart): a tuned session's first run of a shape prepares it (seconds
+# for Lite0 on an H100); the batches that come meanwhile run on a second session with cuDNN's default algorithms.
 
 def _manifest_batch(path) -> int:
     import json
