@@ -42,7 +42,6 @@ def depthwise_as_taps(path: str | os.PathLike) -> bytes | None:
         log.debug("%s: onnx is not installed; the quick session runs the model as it is", path)
         return None
     import onnx
-
     try:
         model = onnx.load(os.fspath(path), load_external_data=False)
     except Exception as exc:  # noqa: BLE001 - the quick session then runs the model as it is
@@ -61,7 +60,6 @@ def _depthwise(node, inits: dict):
     """(weights, bias or None, attributes) when ``node`` is a 2-D depthwise Conv with constant FP16/FP32 weights
     (and bias) and explicit pads, which the copy reproduces exactly; else None."""
     from onnx import helper, numpy_helper
-
     if node.op_type != "Conv" or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
         return None
     a = {x.name: helper.get_attribute_value(x) for x in node.attribute}
@@ -99,7 +97,6 @@ def _as_taps(node, w, b, a: dict, p: str, nodes: list, inits: list) -> None:
     """Append the nodes and initializers (names prefixed ``p``) computing depthwise ``node`` tap by tap."""
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
-
     def const(values, name, dtype=np.int64):
         inits.append(numpy_helper.from_array(np.asarray(values, dtype), name))
         return name

@@ -8,6 +8,7 @@ outputs without a host synchronisation. docs/INTERNALS.md ("How the GPU path run
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import logging
 import os
@@ -61,7 +62,6 @@ def providers_for(device: str) -> list:
                               "the CPU build won, so the CUDA execution provider is missing",
                               "pip uninstall -y onnxruntime onnxruntime-gpu && pip install onnxruntime-gpu")
         from ._gpu import gpus
-
         found = gpus()
         if not found["devices"]:  # installing trtc[gpu] would not give this machine a GPU
             raise UsageProblem(f"{device}: no NVIDIA GPU found here ({found.get('reason')}), and ONNX Runtime here "
@@ -175,18 +175,17 @@ class _QuickStart:
 
     def _quick_setup(self, ort, opts, providers, form) -> None:
         import cupy as cp
-
         with cp.cuda.Device(self.device_id):
             self._quick_stream = cp.cuda.Stream(non_blocking=True)
         options = {k: v for k, v in providers[0][1].items() if k not in (*TUNED_CUDA_OPTIONS, "enable_cuda_graph")}
         options.update(cudnn_conv_algo_search="DEFAULT", user_compute_stream=str(self._quick_stream.ptr))
         self._quick_open = (ort, opts, [(providers[0][0], options), *providers[1:]])
-        self._quick_lock, self._quick_model = threading.Lock(), None  # one run of the quick session at a time
+        self._quick_model = None
         self._wanted = self._speculative = form != "host"  # held before a shape is known, until a host batch
         self._quick_run_options = _device_run_options()
         with self._cond:
             if self._wanted:
-                self._wake()
+                self._queue_shape()
 
     def expect(self, batch=None, form: str | None = None) -> None:
         """The caller says what it will run: ``batch``, a size or a list (None: the graph's fixed batch, if any), and
@@ -209,12 +208,10 @@ class _QuickStart:
         if form == "host":
             self._let_quick_go(always=True)
 
-    def _queue_shape(self, key) -> None:
-        if key not in self._ready and key not in self._queue and not self._closed:
+    def _queue_shape(self, key=None) -> None:
+        """Queue ``key`` unless prepared or queued, and wake the worker, starting it if needed (under ``_cond``)."""
+        if key is not None and key not in self._ready and key not in self._queue and not self._closed:
             self._queue.append(key)
-            self._wake()
-
-    def _wake(self) -> None:
         if self._worker is None:
             self._worker = threading.Thread(target=self._work, name="trtc-ort-prepare", daemon=True)
             self._worker.start()
@@ -227,7 +224,7 @@ class _QuickStart:
         if self._quick is None and self._wanted and self.quick_unavailable is None and (
                 self._queue or self._speculative):
             return "open_quick"
-        return ("warm" if self._unwarmed else "prepare") if self._queue else None
+        return ("warm" if self._unwarmed and not self._waiting else "prepare") if self._queue else None
 
     def _work(self) -> None:
         while True:
@@ -270,7 +267,7 @@ class _QuickStart:
             session, self._unwarmed = self._quick, False
         try:
             if session is not None:
-                self._run_on_zeros(session, key, self._quick_stream, lambda io: self._quick_run(session, io))
+                self._run_on_zeros(session, key, self._quick_stream, lambda io: self._run(io, self._quick_run_options, session))
         except Exception as exc:  # noqa: BLE001 - the caller's run meets the same problem
             log.debug("%s: warming the quick session failed: %s", self.path.name, exc)
 
@@ -308,7 +305,9 @@ class _QuickStart:
             self._queue_shape(key)
             tuned = lambda: self._closed or key in self._ready and not (  # noqa: E731
                 self._queue and self._wanted and self.quick_unavailable is None)
+            self._waiting += 1  # a batch waits: a quick session opened now runs it, not a warm-up first
             self._cond.wait_for(lambda: tuned() or self._quick is not None)
+            self._waiting -= 1
             if tuned():
                 return None
             self.quick_runs, self._unwarmed = self.quick_runs + 1, False
@@ -327,7 +326,6 @@ class _QuickStart:
     def _run_on_zeros(self, session, key, stream, run) -> None:
         """``run(io)`` once, on ``stream``, with ``session`` bound to zeros at ``key`` and new outputs; wait for it."""
         import cupy as cp
-
         with cp.cuda.Device(self.device_id), stream:
             xs = [cp.zeros(shape, spec.numpy_dtype) for spec, shape in zip(self.inputs, key)]
             outs = [cp.empty(_output_shape(spec, key[0][0]), spec.numpy_dtype) for spec in self.outputs]
@@ -335,18 +333,6 @@ class _QuickStart:
             _bind(io, self.device_id, xs, outs, self.inputs, self.outputs)
             run(io)
             stream.synchronize()
-
-    def _quick_run(self, session, io) -> None:
-        try:
-            with self._quick_lock:
-                session.run_with_iobinding(io, self._quick_run_options)
-        except Exception as exc:  # ORT's own exception types
-            raise EngineError(f"ONNX Runtime failed on {self.path.name}: {first_line(exc)}") from exc
-
-    @property
-    def warms_itself(self) -> bool:
-        """Quick start is on: the first batches of a new size run on the quick session (engines.base)."""
-        return self.quick_start
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         """Wait until every queued shape is prepared and the worker idle; False after ``timeout`` seconds."""
@@ -380,7 +366,6 @@ class _CudaGraphs:
 
     def _capture(self, arrays, caller) -> int:
         import cupy as cp
-
         caller = caller or cp.cuda.get_current_stream()
         self.stream.wait_event(caller.record())
         for x in arrays:
@@ -437,7 +422,8 @@ class OnnxRuntimeEngine(_QuickStart, _CudaGraphs, EngineBase):
         self._graphs: dict = {}  # (input addresses, shapes, dtypes) -> (binding, run options, outputs)
         self._graph_ids, self._last_shapes, self._closed, self._busy, self._unwarmed = 0, None, False, False, False
         self._cond, self._ready, self._queue, self.failed, self.quick_runs = threading.Condition(), set(), [], {}, 0
-        self.quick_start = quick_start and on_device and tuning != "off"
+        self._quick_lock, self._waiting = threading.Lock(), 0
+        self.quick_start = self.warms_itself = quick_start and on_device and tuning != "off"  # see engines.base
         if self.quick_start:  # first: the quick session's creation overlaps the tuned one's
             _alive.add(self)
             self._quick_setup(ort, opts, providers, form)
@@ -464,7 +450,6 @@ class OnnxRuntimeEngine(_QuickStart, _CudaGraphs, EngineBase):
         self.stream = None
         if kind == "cuda":  # first: without the GPU, a missing CUDA provider is not the problem to fix
             from ._gpu import check_gpu_index
-
             if device_buffers is not False and is_installed("cupy"):
                 require("cupy", "Running ONNX models on device buffers")  # first: the check then asks CUDA
             check_gpu_index(self.device_id)
@@ -566,7 +551,6 @@ class OnnxRuntimeEngine(_QuickStart, _CudaGraphs, EngineBase):
             raise UsageProblem(f"{self.path.name} is open on {self.device} without device buffers",
                                "open it with device='cuda:N' (CuPy installed) or pass numpy arrays")
         import cupy as cp
-
         feeds = batch if isinstance(batch, dict) else {self.inputs[0].name: batch}
         xs = [device_input(feeds, spec) for spec in self.inputs]
         caller = external_stream(stream, self.device_id) if stream is not None else cp.cuda.get_current_stream()
@@ -580,7 +564,7 @@ class OnnxRuntimeEngine(_QuickStart, _CudaGraphs, EngineBase):
         if quick is not None:
             io = quick.io_binding()
             _bind(io, self.device_id, xs, results, self.inputs, self.outputs)
-            self._quick_run(quick, io)
+            self._run(io, self._quick_run_options, quick)
         else:
             with self._lock:
                 self._unfused_if_refused(lambda: self._tuned_run(xs, results, key))
@@ -607,9 +591,11 @@ class OnnxRuntimeEngine(_QuickStart, _CudaGraphs, EngineBase):
         _bind(self._binding, self.device_id, xs, results, self.inputs, self.outputs)
         self._run(self._binding, self._run_options)
 
-    def _run(self, io, run_options) -> None:
+    def _run(self, io, run_options, quick=None) -> None:
+        """One run of the tuned session, or of the quick session ``quick`` (one at a time: its warm-up and a batch)."""
         try:
-            self.session.run_with_iobinding(io, run_options)
+            with self._quick_lock if quick is not None else contextlib.nullcontext():
+                (quick or self.session).run_with_iobinding(io, run_options)
         except Exception as exc:  # ORT's own exception types
             raise EngineError(f"ONNX Runtime failed on {self.path.name}: {first_line(exc)}") from exc
 
