@@ -355,11 +355,13 @@ def test_shapes_the_fused_session_prepared_are_prepared_again_on_the_unfused_one
     assert eng.wait_ready(10) and eng.fused and [r[1]["input"][1] for r in fused.runs] == [(n, 3, 224, 224)]
     fused.fail = REFUSED
     cp = cuda_engine.cp
-    eng.infer(cp.asarray(np.zeros((1, 3, 224, 224), np.float32)))  # a new shape: refused while being prepared
-    assert eng.wait_ready(10) and not eng.fused
-    before = eng.quick_runs
-    eng.infer(cp.asarray(np.zeros((n, 3, 224, 224), np.float32)))
-    assert eng.quick_runs == before + 1  # on the quick session, while the unfused one prepares it
+    for shape in ((1, 3, 224, 224), (n, 3, 224, 224)):  # first a new shape, refused while being prepared
+        gate.clear()  # each preparation waits at the gate, so that the batch meets it under way
+        before = eng.quick_runs
+        eng.infer(cp.asarray(np.zeros(shape, np.float32)))
+        assert eng.quick_runs == before + 1  # on the quick session, while the tuned one prepares the shape
+        gate.set()
+        assert eng.wait_ready(10) and not eng.fused
     assert eng.wait_ready(10)
     assert [r[1]["input"][1] for r in eng.session.runs] == [(1, 3, 224, 224), (n, 3, 224, 224)]
 
@@ -499,7 +501,7 @@ def _until(ready, timeout=10.0) -> bool:
 
 def _warmed(eng) -> None:
     """Wait until the worker has opened the quick session and run it once at the first shape queued."""
-    assert _until(lambda: eng._quick is not None and not eng._unwarmed and eng._queue)
+    assert _until(lambda: eng._quick is not None and eng._quick.runs and eng._queue)
 
 
 def _queue(eng, key) -> None:
