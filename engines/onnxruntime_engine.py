@@ -125,12 +125,14 @@ def _say_once(path, what: str, text: str) -> None:
         log.warning("%s: %s", Path(path).name, text)
 
 
-def tuned_cuda_options(path) -> dict:
+def tuned_cuda_options(path, precision: dict | None = None) -> dict:
     """TUNED_CUDA_OPTIONS for a float graph; a quantized one gets the heuristic algorithms only (NHWC and the fusion
-    are rewrites made for float convolutions with constant weights)."""
+    are rewrites made for float convolutions with constant weights). The manifest's precision mode says which, where
+    it has one (no scan of the file at open); else the file is scanned."""
     from ._quick_model import is_float_graph
 
-    if is_float_graph(path):
+    mode = (precision or {}).get("mode")
+    if mode in ("fp32", "fp16") or (mode is None and is_float_graph(path)):
         return dict(TUNED_CUDA_OPTIONS)
     return {"cudnn_conv_algo_search": TUNED_CUDA_OPTIONS["cudnn_conv_algo_search"]}
 
@@ -417,7 +419,7 @@ class OnnxRuntimeEngine(_QuickStart, _CudaGraphs, EngineBase):
             log.warning("%s: %s", self.path.name, runtime_warning(precision, "onnxruntime"))
         on_device = kind == "cuda" and bool(device_buffers or (device_buffers is None and is_installed("cupy")))
         opts = session_options(ort, threads, self.qdq_fusion, spin=kind == "cuda")  # the CUDA EP's as measured
-        providers = self._providers(kind, on_device, device_buffers, tf32)
+        providers = self._providers(kind, on_device, device_buffers, tf32, precision)
         self._binding = self._ran = self._preparing = self._quick = self._worker = self.quick_unavailable = None
         self._graphs: dict = {}  # (input addresses, shapes, dtypes) -> (binding, run options, outputs)
         self._graph_ids, self._last_shapes, self._closed, self._busy, self._unwarmed = 0, None, False, False, False
@@ -445,7 +447,7 @@ class OnnxRuntimeEngine(_QuickStart, _CudaGraphs, EngineBase):
                                          f"build {self.path.name}, or use the FP16 model here")
         self.expect(batch, form)
 
-    def _providers(self, kind: str, on_device: bool, device_buffers, tf32: bool) -> list:
+    def _providers(self, kind: str, on_device: bool, device_buffers, tf32: bool, precision: dict) -> list:
         """The execution providers with the CUDA EP's options; makes ``self.stream`` (None off device buffers)."""
         self.stream = None
         if kind == "cuda":  # first: without the GPU, a missing CUDA provider is not the problem to fix
@@ -462,7 +464,7 @@ class OnnxRuntimeEngine(_QuickStart, _CudaGraphs, EngineBase):
         if kind == "cuda" and not tf32:
             providers[0][1]["use_tf32"] = "0"
         if kind == "cuda" and self.tuning != "off":
-            providers[0][1].update(tuned_cuda_options(self.path))
+            providers[0][1].update(tuned_cuda_options(self.path, precision))
         return providers
 
     def _at_shapes(self, shapes) -> None:

@@ -83,3 +83,6 @@ def test_a_quantized_graph_gets_no_float_rewrite(lite0_int8, lite0_fp16):
     assert depthwise_as_taps(lite0_fp16.output) is not None
     assert tuned_cuda_options(lite0_int8.output) == {"cudnn_conv_algo_search": "HEURISTIC"}
     assert tuned_cuda_options(lite0_fp16.output) == TUNED_CUDA_OPTIONS
+    # the manifest's precision mode decides without a scan; a file without one is scanned
+    assert tuned_cuda_options(lite0_fp16.output, {"mode": "int8"}) == tuned_cuda_options(lite0_int8.output)
+    assert tuned_cuda_options(lite0_int8.output, {"mode": "fp16"}) == TUNED_CUDA_OPTIONS
