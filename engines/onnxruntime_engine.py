@@ -1,18 +1,20 @@
 """ONNX Runtime backend: the CPU execution provider, or the CUDA one where onnxruntime-gpu is installed.
 
-``infer(numpy batch)`` returns numpy outputs (ONNX Runtime copies in and out). ``infer(device array, outputs=None,
-stream=None)`` (CuPy, torch, DLPack, __cuda_array_interface__) runs zero-copy: IOBinding binds the device pointers,
-the session computes on its own CUDA stream, ordered with the caller's ``stream`` through CUDA events, and the call
-returns CuPy outputs without a host synchronisation. docs/INTERNALS.md ("How the GPU path runs") says why the tuned
-session, its quick start and its rules are as they are; docs/BENCHMARKS.md has the figures.
+``infer(numpy batch)`` returns numpy outputs. ``infer(device array, outputs=None, stream=None)`` runs zero-copy
+(IOBinding on the device pointers, the session's own CUDA stream ordered with ``stream`` by events) and returns CuPy
+outputs without a host synchronisation. docs/INTERNALS.md ("How the GPU path runs") says why the rules are as they are.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import json
 import logging
 import os
 import re
 import threading
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -23,22 +25,19 @@ from .base import EngineBase, TensorSpec
 from .errors import EngineError, UsageProblem, first_line
 
 log = logging.getLogger("trtc")
-_ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
-              "tensor(int8)": "int8", "tensor(uint8)": "uint8", "tensor(int32)": "int32", "tensor(int64)": "int64",
-              "tensor(bool)": "bool"}
-# tuning="auto": NHWC kernels, heuristic cuDNN algorithms (as fast as the exhaustive search, found sooner) and each
-# convolution fused with its bias by cuDNN's frontend; "graphs": those and CUDA graphs of the buffers given to
-# capture_graphs (ONNX Runtime captures in CUDA's global mode: for a caller on one thread); "off": ORT's defaults
+# tuning="auto": NHWC, heuristic algorithms, conv+bias fused; "graphs": and CUDA graphs (capture_graphs); "off"
 TUNED_CUDA_OPTIONS = {"cudnn_conv_algo_search": "HEURISTIC", "prefer_nhwc": "1", "fuse_conv_bias": "1"}
 FUSION = "fuse_conv_bias"
 TUNINGS = ("auto", "graphs", "off")
 FORMS = ("device", "host")
 MAX_CUDA_GRAPHS = 16  # graph ids a session gives out in its life (ONNX Runtime keeps each graph); more run without
 _told: set = set()  # (path, what) said once per process
+_alive: "weakref.WeakSet" = weakref.WeakSet()  # engines with a quick start, stopped at exit
 
 
 def _spec(arg) -> TensorSpec:
-    return TensorSpec(arg.name, _ORT_TYPES.get(arg.type, arg.type),
+    dtype = arg.type[7:-1] if arg.type.startswith("tensor(") else arg.type
+    return TensorSpec(arg.name, {"float": "float32", "double": "float64"}.get(dtype, dtype),
                       tuple(d if isinstance(d, int) else (d or "?") for d in arg.shape))
 
 
@@ -63,7 +62,6 @@ def providers_for(device: str) -> list:
                               "the CPU build won, so the CUDA execution provider is missing",
                               "pip uninstall -y onnxruntime onnxruntime-gpu && pip install onnxruntime-gpu")
         from ._gpu import gpus
-
         found = gpus()
         if not found["devices"]:  # installing trtc[gpu] would not give this machine a GPU
             raise UsageProblem(f"{device}: no NVIDIA GPU found here ({found.get('reason')}), and ONNX Runtime here "
@@ -79,23 +77,19 @@ def providers_for(device: str) -> list:
     return [("CUDAExecutionProvider", {"device_id": index}), "CPUExecutionProvider"]
 
 
-def _manifest_json(path) -> dict:
-    """``path``'s manifest as JSON ({} without a readable one)."""
-    import json
-
+def _precision(path) -> dict:
+    """The precision recipe of ``path``'s manifest ({} without a readable one)."""
     from .manifest import manifest_path
 
     try:
         doc = json.loads(manifest_path(path).read_text())
     except (OSError, ValueError):
         return {}
-    return doc if isinstance(doc, dict) else {}
+    return (doc.get("precision") if isinstance(doc, dict) else None) or {}
 
 
 def qdq_fusion_ok(precision: dict) -> bool:
-    """Whether ONNX Runtime may fuse this model's Q/DQ pairs (its QDQ transformers): not for INT8 with FP16 scales,
-    whose fused graph gave wrong logits (manifests from before the ``scales`` field had FP16 scales whenever the
-    rest was FP16). Such models run op by op (``session.disable_quant_qdq``), computing what the graph says."""
+    """Whether ONNX Runtime may fuse this model's Q/DQ pairs: not with FP16 scales (wrong logits); those run op by op."""
     if precision.get("mode") != "int8":
         return True
     scales = precision.get("scales") or ("fp16" if precision.get("high_precision") == "fp16" else "fp32")
@@ -112,9 +106,7 @@ def runtime_warning(precision: dict, runtime: str) -> str | None:
 
 
 def session_options(ort, threads: int | None = None, qdq_fusion: bool = True, spin: bool = False):
-    """``spin=False`` (every CPU session): the intra-op threads sleep between runs instead of spinning, so they leave
-    the cores to the decoder threads beside them and to other processes (the same wall time alone, less CPU;
-    docs/INTERNALS.md)."""
+    """``spin=False`` (every CPU session): intra-op threads sleep between runs, leaving the cores to others."""
     ort.set_default_logger_severity(3)  # the process-wide logger prints provider chatter at warning level
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
@@ -128,33 +120,28 @@ def session_options(ort, threads: int | None = None, qdq_fusion: bool = True, sp
 
 
 def _say_once(path, what: str, text: str) -> None:
-    key = (os.fspath(path), what)
-    if key not in _told:
-        _told.add(key)
+    if (os.fspath(path), what) not in _told:
+        _told.add((os.fspath(path), what))
         log.warning("%s: %s", Path(path).name, text)
 
 
-def tuned_cuda_options(path) -> dict:
-    """A tuned session's CUDA EP options: TUNED_CUDA_OPTIONS for a float graph; for a quantized one only the heuristic
-    algorithms (NHWC and the fusion are rewrites made for convolutions with constant weights; the NHWC rewrite of an
-    INT8 Lite0, whose FP16 convolutions read weights through DequantizeLinear and Cast, failed at its first run)."""
+def tuned_cuda_options(path, precision: dict | None = None) -> dict:
+    """TUNED_CUDA_OPTIONS for a float graph; a quantized one gets the heuristic algorithms only (NHWC and the fusion
+    are rewrites made for float convolutions with constant weights). The manifest's precision mode says which, where
+    it has one (no scan of the file at open); else the file is scanned."""
     from ._quick_model import is_float_graph
 
-    if is_float_graph(path):
+    mode = (precision or {}).get("mode")
+    if mode in ("fp32", "fp16") or (mode is None and is_float_graph(path)):
         return dict(TUNED_CUDA_OPTIONS)
     return {"cudnn_conv_algo_search": TUNED_CUDA_OPTIONS["cudnn_conv_algo_search"]}
 
 
-def refused_by_cudnn(exc: Exception) -> bool:
-    """Whether ``exc`` is cuDNN refusing a convolution as asked (its frontend's failure, or NOT_SUPPORTED): the one
-    failure a session reopened without the fusion can mend, not any error naming cuDNN."""
-    return re.search(r"CUDNN_FE failure|CUDNN_STATUS_NOT_SUPPORTED", str(exc.__cause__ or exc)) is not None
-
-
-def _cudnn_reason(exc: Exception) -> str:
-    """cuDNN's own words in an ONNX Runtime failure (whose message runs to kilobytes), else its first line, cut."""
-    found = re.search(r"CUDNN_FE failure \d+: \w+|CUDNN_STATUS_\w+", str(exc.__cause__ or exc))
-    return found.group(0) if found else first_line(exc, 160)
+def refused_by_cudnn(exc: Exception) -> str | None:
+    """cuDNN's words when ``exc`` is cuDNN refusing a convolution as asked (the one failure an unfused session can
+    mend, not any error naming cuDNN), else None."""
+    found = re.search(r"CUDNN_FE failure( \d+: \w+)?|CUDNN_STATUS_NOT_SUPPORTED", str(exc.__cause__ or exc))
+    return found and found.group(0)
 
 
 def _output_shape(spec, n: int) -> tuple:
@@ -173,154 +160,235 @@ def _bind(io, device_id: int, xs, outs, inputs, outputs) -> None:
 
 
 def _device_run_options(graph_id: int = -1):
-    """Run options of a device run: no synchronisation after it (events order it), and ``gpu_graph_id`` always set
-    (-1: neither capture nor replay), since ONNX Runtime's Python binding looks it up on every run and a missing key
-    costs an exception raised and caught inside it."""
+    """A device run's options: no synchronisation after it (events order it), and ``gpu_graph_id`` always set (-1:
+    no graph), since ONNX Runtime's binding looks it up on every run and a missing key raises inside it."""
     ro = require("onnxruntime", "Running ONNX models").RunOptions()
     ro.add_run_config_entry("disable_synchronize_execution_providers", "1")
     ro.add_run_config_entry("gpu_graph_id", str(graph_id))
     return ro
 
 
-class _QuickStarting:
-    """The tuned session's preparations ahead of the caller's batches and the quick session that answers meanwhile
-    (engines._ort_quick), for OnnxRuntimeEngine."""
+class _QuickStart:
+    """The quick start of a tuned CUDA session on device buffers, for OnnxRuntimeEngine. One worker thread opens the
+    quick session (cuDNN's default algorithms, the depthwise copy, a stream of its own) beside the tuned session's
+    open, runs it once at the first shape queued, then prepares the queued shapes on the tuned session in order,
+    under the engine's lock. Meanwhile device batches run on the quick session (_route), let go once nothing is
+    queued or a host caller needs none. ``_cond`` owns this state."""
 
-    def _quick_setup(self, ort, opts, providers, warm: bool) -> None:
-        """The quick session's options (cuDNN's default algorithms, NCHW, no fusion nor graphs, a stream of its own);
-        with ``warm`` its creation starts now, on a thread (QuickStart.warm), beside the depthwise copy's rewrite."""
+    def _quick_setup(self, ort, opts, providers, form) -> None:
         import cupy as cp
-
-        from ._ort_quick import QuickStart
-        from ._quick_model import QuickModel
-
         with cp.cuda.Device(self.device_id):
             self._quick_stream = cp.cuda.Stream(non_blocking=True)
-        skip = (*TUNED_CUDA_OPTIONS, "enable_cuda_graph")
-        options = {k: v for k, v in providers[0][1].items() if k not in skip}
+        options = {k: v for k, v in providers[0][1].items() if k not in (*TUNED_CUDA_OPTIONS, "enable_cuda_graph")}
         options.update(cudnn_conv_algo_search="DEFAULT", user_compute_stream=str(self._quick_stream.ptr))
-        quick_providers = [(providers[0][0], options), *providers[1:]]
-        self._quick_model, self._quick_lock = QuickModel(self.path), threading.Lock()
+        self._quick_open = (ort, opts, [(providers[0][0], options), *providers[1:]])
+        self._quick_model = None
+        self._wanted = self._speculative = form != "host"  # held before a shape is known, until a host batch
         self._quick_run_options = _device_run_options()
-        self.quick = QuickStart(self._prepare_shape,
-                                lambda: self._session(ort, opts, quick_providers, self._quick_model.source()),
-                                self.path.name, retire=lambda session: self._quick_stream.synchronize(),
-                                interrupt=self._stop_preparing)
-        if warm:
-            self.quick.warm(self._warm_quick)
+        with self._cond:
+            if self._wanted:
+                self._queue_shape()
 
     def expect(self, batch=None, form: str | None = None) -> None:
-        """The caller says what it will run: ``batch``, a batch size or a list of them (None: the graph's fixed
-        batch, if any), and ``form``, "device" (device arrays) or "host" (numpy). With quick start the tuned session
-        prepares those shapes now, in order, on its thread, and a "host" caller gets no quick session; without it
-        nothing runs before the caller's batches. Shapes with other dynamic dimensions cannot be prepared ahead."""
+        """The caller says what it will run: ``batch``, a size or a list (None: the graph's fixed batch, if any), and
+        ``form``, "device" or "host" (numpy: no quick session). With quick start the tuned session prepares those
+        shapes now, in order (not those with other dynamic dimensions); without it nothing runs ahead."""
         if form not in (None, *FORMS):
             raise UsageProblem(f"unknown input form {form!r}", f"use one of: {', '.join(FORMS)}")
-        if self.quick is None:
+        if not self.quick_start:
             return
         first = self.inputs[0].shape[0] if self.inputs[0].shape else None
         fixed = isinstance(first, int) and first > 0  # a fixed batch is the only one the graph takes
         sizes = [first] if batch is None or fixed else [batch] if isinstance(batch, int) else list(batch)
         rest = [spec.shape[1:] for spec in self.inputs]
-        keys = [tuple((n, *dims) for dims in rest) for n in sizes
-                if isinstance(n, int) and n > 0 and all(isinstance(d, int) and d > 0 for dims in rest for d in dims)]
-        if keys or form == "host":
-            self.quick.expect(keys, device=form != "host")
+        with self._cond:
+            for n in sizes:
+                if isinstance(n, int) and n > 0 and all(isinstance(d, int) and d > 0 for r in rest for d in r):
+                    self._queue_shape(tuple((n, *dims) for dims in rest))
+            if form == "host":
+                self._wanted = False
+        if form == "host":
+            self._let_quick_go(always=True)
 
-    def _warm_quick(self, session, key) -> None:
-        """One run of the quick session on zeros at ``key`` (on QuickStart.warm's thread)."""
-        def run(io):
-            with self._quick_lock:
-                session.run_with_iobinding(io, self._quick_run_options)
+    def _queue_shape(self, key=None) -> None:
+        """Queue ``key`` unless prepared or queued, and wake the worker, starting it if needed (under ``_cond``)."""
+        if key is not None and key not in self._ready and key not in self._queue and not self._closed:
+            self._queue.append(key)
+        if self._worker is None:
+            self._worker = threading.Thread(target=self._work, name="trtc-ort-prepare", daemon=True)
+            self._worker.start()
+        self._cond.notify_all()
 
-        inputs, outputs = [_spec(a) for a in session.get_inputs()], [_spec(a) for a in session.get_outputs()]
-        self._run_on_zeros(session, inputs, outputs, key, self._quick_stream, run)
+    def _todo(self):
+        """The worker's next task (under ``_cond``): stop, open_quick, warm, prepare, or None."""
+        if self._closed:
+            return "stop"
+        if self._quick is None and self._wanted and self.quick_unavailable is None and (
+                self._queue or self._speculative):
+            return "open_quick"
+        return ("warm" if self._unwarmed and not self._waiting else "prepare") if self._queue else None
 
-    def _prepare_shape(self, key) -> None:
-        """Run the tuned session once on zeros of these shapes (on the quick start's thread), after the tuned work
-        already enqueued has finished, under the engine's lock. Stopped by close() (RunOptions.terminate)."""
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
+                self._cond.wait_for(lambda: self._todo() or self._quick is None)  # waits holding a quick session
+                todo = self._todo()
+                self._busy = todo not in (None, "stop")
+                if not self._busy:
+                    self._worker = None
+                    if todo == "stop":  # close() kept the preparation it stopped: it ended
+                        self._queue.clear()
+                    break
+                key = self._queue[0] if self._queue else None
+            getattr(self, "_" + todo)(key)
+        if todo == "stop":
+            self._let_quick_go(always=True)
+
+    def _open_quick(self, key) -> None:
+        """Open the quick session, kept while it has something to cover."""
+        session = None
+        try:
+            if self._quick_model is None:
+                from ._quick_model import depthwise_as_taps
+
+                self._quick_model = depthwise_as_taps(self.path) or os.fspath(self.path)
+            session = self._session(*self._quick_open, self._quick_model)
+        except Exception as exc:  # noqa: BLE001 - the tuned session then runs every batch
+            self.quick_unavailable = exc
+            log.warning("%s: quick start off, the first batches wait for the tuned session: its quick session did "
+                        "not open (%s)", self.path.name, first_line(exc))
+        with self._cond:
+            if session is not None and not self._closed and self._wanted and (self._queue or self._speculative):
+                self._quick, self._unwarmed = session, True
+
+    def _warm(self, key) -> None:
+        """One run of the new quick session at ``key``: its kernels load before the caller's batch."""
+        with self._cond:
+            session, self._unwarmed = self._quick, False
+        try:
+            if session is not None:
+                self._run_on_zeros(session, key, self._quick_stream, lambda io: self._run(io, self._quick_run_options, session))
+        except Exception as exc:  # noqa: BLE001 - the caller's run meets the same problem
+            log.debug("%s: warming the quick session failed: %s", self.path.name, exc)
+
+    def _prepare(self, key) -> None:
+        """One run of the tuned session at ``key`` after its enqueued work, under the engine's lock; close() stops it
+        (RunOptions.terminate); a failure is left to the caller's own tuned run at ``key``."""
         def prepare():
             self._at_shapes(key)
             run_options = self._preparing = _device_run_options()
             run_options.terminate = self._closed  # a close() before these options were there to stop
-            self._run_on_zeros(self.session, self.inputs, self.outputs, key, self.stream,
-                               lambda io: self._run(io, run_options))
+            self._run_on_zeros(self.session, key, self.stream, lambda io: self._run(io, run_options))
 
         with self._lock:
             try:
                 if not self._closed:
                     self.stream.synchronize()
                     self._unfused_if_refused(prepare)
+            except Exception as exc:  # noqa: BLE001 - the caller's tuned run at this shape raises it again
+                self.failed[key] = exc
+                log.debug("%s: preparing the tuned session at %s failed: %s", self.path.name, key, exc)
             finally:
                 self._preparing = None
                 if self._closed:  # close() found the session in use: it goes now that this run has ended
                     self._let_go()
+        with self._cond:
+            self._queue.pop(0)
+            self._ready.add(key)
+            self._speculative = False
+        self._let_quick_go()
 
-    def _run_on_zeros(self, session, inputs, outputs, key, stream, run) -> None:
-        """``run(io)`` once with ``session``'s inputs bound to zeros of the shapes ``key`` and outputs to new buffers,
-        on ``stream``, and wait for it."""
+    def _route(self, key):
+        """The quick session for a device batch at ``key`` (its preparation queued), or None (run the tuned session):
+        ``key`` is prepared and nothing is being prepared, or no quick session can come and ``key`` is prepared."""
+        with self._cond:
+            self._queue_shape(key)
+            tuned = lambda: self._closed or key in self._ready and not (  # noqa: E731
+                self._queue and self._wanted and self.quick_unavailable is None)
+            self._waiting += 1  # a batch waits: a quick session opened now runs it, not a warm-up first
+            self._cond.wait_for(lambda: tuned() or self._quick is not None)
+            self._waiting -= 1
+            if tuned():
+                return None
+            self.quick_runs, self._unwarmed = self.quick_runs + 1, False
+            return self._quick
+
+    def _let_quick_go(self, always: bool = False) -> None:
+        """Let the quick session go when nothing is queued (``always``: even then), once its stream is idle."""
+        with self._cond:
+            if self._queue and not always:
+                return
+            retired, self._quick = self._quick, None
+            self._cond.notify_all()
+        if retired is not None:
+            self._quick_stream.synchronize()
+
+    def _run_on_zeros(self, session, key, stream, run) -> None:
+        """``run(io)`` once, on ``stream``, with ``session`` bound to zeros at ``key`` and new outputs; wait for it."""
         import cupy as cp
-
         with cp.cuda.Device(self.device_id), stream:
-            xs = [cp.zeros(shape, spec.numpy_dtype) for spec, shape in zip(inputs, key)]
-            outs = [cp.empty(_output_shape(spec, key[0][0]), spec.numpy_dtype) for spec in outputs]
+            xs = [cp.zeros(shape, spec.numpy_dtype) for spec, shape in zip(self.inputs, key)]
+            outs = [cp.empty(_output_shape(spec, key[0][0]), spec.numpy_dtype) for spec in self.outputs]
             io = session.io_binding()
-            _bind(io, self.device_id, xs, outs, inputs, outputs)
+            _bind(io, self.device_id, xs, outs, self.inputs, self.outputs)
             run(io)
             stream.synchronize()
 
-    @property
-    def warms_itself(self) -> bool:
-        """Quick start is on: the first batches of a new size run on the quick session (see engines.base)."""
-        return self.quick is not None
-
     def wait_ready(self, timeout: float | None = None) -> bool:
-        """Wait until the tuned session has prepared every shape queued (quick start); False when ``timeout``
-        seconds passed first. Benchmarks call it before timing."""
-        return True if self.quick is None else self.quick.wait(timeout)
+        """Wait until every queued shape is prepared and the worker idle; False after ``timeout`` seconds."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not (self._queue or self._busy), timeout)
 
-    def _stop_preparing(self) -> None:
-        run_options = self._preparing
-        if run_options is not None:
-            run_options.terminate = True
+
+@atexit.register
+def _join_at_exit() -> None:
+    """Stop every worker and wait for it (its current node) before CUDA is torn down under it."""
+    for engine in list(_alive):
+        engine.close()
+        worker = engine._worker
+        if worker is not None:
+            worker.join(60)
 
 
 class _CudaGraphs:
     """CUDA graphs of the tuned session (``tuning="graphs"``), for OnnxRuntimeEngine."""
 
     def capture_graphs(self, arrays, stream=None) -> int:
-        """Capture a CUDA graph for each of these device input batches (one-input models), replayed whenever
-        ``infer`` gets an array at the same address, shape and type; other inputs run without. Returns how many
-        graphs the engine holds. For a caller whose process runs no other CUDA work meanwhile (ONNX Runtime captures
-        in CUDA's global mode): the video pipeline captures none. A failed capture turns graphs off, said once;
-        the graphs held are of one input shape (:meth:`_at_shapes`), at most MAX_CUDA_GRAPHS in a session's life."""
+        """Capture a CUDA graph for each of these device input batches (one-input models), replayed when ``infer``
+        gets an array at the same address, shape and type; how many are held (of one shape, at most MAX_CUDA_GRAPHS
+        a session). For a caller whose process runs no other CUDA work meanwhile (CUDA's global capture mode). A
+        failed capture turns graphs off, said once."""
         if not self.cuda_graphs or len(self.inputs) != 1:
             return len(self._graphs)
         self.wait_ready()  # a preparation running on its thread would break the capture
         with self._lock:
-            return self._capture(arrays, stream)
+            return self._capture(arrays, external_stream(stream, self.device_id) if stream is not None else None)
 
-    def _capture(self, arrays, stream) -> int:
+    def _capture(self, arrays, caller) -> int:
         import cupy as cp
-
-        caller = external_stream(stream, self.device_id) if stream is not None else cp.cuda.get_current_stream()
+        caller = caller or cp.cuda.get_current_stream()
         self.stream.wait_event(caller.record())
         for x in arrays:
             xs = [device_input({self.inputs[0].name: x}, self.inputs[0])]
             key = self._key(xs)
             if key in self._graphs or self._graph_ids >= MAX_CUDA_GRAPHS:
                 continue
-            self._at_shapes(tuple(tuple(x.shape) for x in xs))  # graphs of other shapes go
-            binding, run_options, _ = self._graphs[key] = self._new_graph(xs)
+            self._at_shapes((tuple(x.shape),))  # graphs of other shapes go
+            with self.stream:
+                outs = [cp.empty(_output_shape(spec, x.shape[0]), spec.numpy_dtype) for spec in self.outputs]
+            io, self._graph_ids = self.session.io_binding(), self._graph_ids + 1  # ids from 1, never one used before
+            _bind(io, self.device_id, xs, outs, self.inputs, self.outputs)
+            self._graphs[key] = (io, _device_run_options(self._graph_ids), outs)
             try:  # ONNX Runtime runs a new graph id once as usual, then captures and replays it
                 for _ in range(2):
-                    self._run(binding, run_options)
+                    self._run(io, self._graphs[key][1])
                 self.stream.synchronize()
             except EngineError as exc:
                 del self._graphs[key]
                 if self._unfuse(exc):  # unfused, every graph gone: capture them all again
-                    caller.wait_event(self.stream.record())
-                    return self._capture(arrays, stream)
+                    return self._capture(arrays, caller)
                 self.cuda_graphs = False
                 _say_once(self.path, "capture", f"runs without CUDA graphs: capturing one failed ({exc.reason})")
                 break
@@ -331,69 +399,59 @@ class _CudaGraphs:
     def _key(xs) -> tuple:
         return tuple((x.data.ptr, tuple(x.shape), x.dtype.str) for x in xs)
 
-    def _new_graph(self, xs) -> tuple:
-        """(binding, run options, outputs) of a new graph id for these inputs (from 1: 0 is ONNX Runtime's own;
-        never one used before, whose graph ONNX Runtime would replay)."""
-        import cupy as cp
 
-        with self.stream:
-            outs = [cp.empty(_output_shape(spec, xs[0].shape[0]), spec.numpy_dtype) for spec in self.outputs]
-        io = self.session.io_binding()
-        _bind(io, self.device_id, xs, outs, self.inputs, self.outputs)
-        self._graph_ids += 1
-        return io, _device_run_options(self._graph_ids), outs
-
-
-class OnnxRuntimeEngine(_QuickStarting, _CudaGraphs, EngineBase):
+class OnnxRuntimeEngine(_QuickStart, _CudaGraphs, EngineBase):
     def __init__(self, path: str | os.PathLike, device: str = "cpu", threads: int | None = None,
                  qdq_fusion: bool | None = None, device_buffers: bool | None = None, tf32: bool = True,
                  tuning: str = "auto", quick_start: bool = True, batch=None, form: str | None = None):
-        """``device_buffers``: a CUDA stream of the session's own, so device arrays run zero-copy (default: on CUDA
-        with CuPy installed). ``tf32=False``: FP32 convolutions in full FP32, not TF32. ``tuning``: one of TUNINGS
-        (see TUNED_CUDA_OPTIONS; the CPU EP is the same in all). ``batch`` and ``form``: what the caller will run
-        (:meth:`expect`). ``quick_start`` (tuned CUDA sessions on device buffers): the tuned session prepares each
-        announced or new shape on a thread while device batches run on a quick session (engines._ort_quick); False:
-        every batch runs the tuned session, the first of each shape taking its preparation time."""
+        """``device_buffers``: a CUDA stream of its own for zero-copy device arrays (default: on CUDA with CuPy).
+        ``tf32=False``: FP32 convolutions in full FP32. ``tuning``: one of TUNINGS. ``batch``, ``form``: see expect.
+        ``quick_start`` (tuned CUDA sessions on device buffers): see _QuickStart; False: the tuned session only."""
         ort = require("onnxruntime", "Running ONNX models")
         if tuning not in TUNINGS:
             raise UsageProblem(f"unknown ONNX Runtime tuning {tuning!r}", f"use one of: {', '.join(TUNINGS)}")
         self.path, self.device, self.tuning = Path(path), device, tuning
-        # the tuned session's one owner: every use of it (a run, a preparation, a capture, the reopen that replaces
-        # it) holds this lock, so no two overlap and none meets a half-replaced session
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # the tuned session's one owner: held by every use and by its replacement
         kind, self.device_id = parse_device(device)
-        precision = _manifest_json(self.path).get("precision") or {}
+        precision = _precision(self.path)
         self.qdq_fusion = qdq_fusion_ok(precision) if qdq_fusion is None else qdq_fusion
         if qdq_fusion is None and not self.qdq_fusion and runtime_warning(precision, "onnxruntime"):
             log.warning("%s: %s", self.path.name, runtime_warning(precision, "onnxruntime"))
         on_device = kind == "cuda" and bool(device_buffers or (device_buffers is None and is_installed("cupy")))
         opts = session_options(ort, threads, self.qdq_fusion, spin=kind == "cuda")  # the CUDA EP's as measured
-        providers = self._providers(kind, on_device, device_buffers, tf32)
-        self._binding = self._host_run_options = self._ran = self._preparing = self.quick = None
+        providers = self._providers(kind, on_device, device_buffers, tf32, precision)
+        self._binding = self._ran = self._preparing = self._quick = self._worker = self.quick_unavailable = None
         self._graphs: dict = {}  # (input addresses, shapes, dtypes) -> (binding, run options, outputs)
-        self._graph_ids, self._last_shapes, self._closed = 0, None, False
-        if quick_start and on_device and tuning != "off":
-            self._quick_setup(ort, opts, providers, warm=form != "host")  # first: beside the tuned session's open
-        graphs = on_device and tuning == "graphs"
-        self.session, self._graph_session = self._open(ort, opts, providers, graphs=graphs)
+        self._graph_ids, self._last_shapes, self._closed, self._busy, self._unwarmed = 0, None, False, False, False
+        self._cond, self._ready, self._queue, self.failed, self.quick_runs = threading.Condition(), set(), [], {}, 0
+        self._quick_lock, self._waiting = threading.Lock(), 0
+        self.quick_start = self.warms_itself = quick_start and on_device and tuning != "off"  # see engines.base
+        if self.quick_start:  # first: the quick session's creation overlaps the tuned one's
+            _alive.add(self)
+            self._quick_setup(ort, opts, providers, form)
+        try:
+            self._reopen_with = (ort, opts, providers, on_device and tuning == "graphs")
+            self.session, self.cuda_graphs = self._open(*self._reopen_with)
+        except BaseException:
+            self.close()
+            raise
         self.fused = kind == "cuda" and providers[0][1].get(FUSION) == "1"  # a cuDNN refusal reopens it (_unfuse)
-        self._reopen_with = (ort, opts, providers, graphs)
-        self.cuda_graphs = self._graph_session  # whether capture_graphs may still make graphs
+        self._host_run_options = require("onnxruntime", "").RunOptions() if self.cuda_graphs else None
+        if self.cuda_graphs:  # a host run never replays nor captures a graph
+            self._host_run_options.add_run_config_entry("gpu_graph_id", "-1")
         self.inputs = [_spec(a) for a in self.session.get_inputs()]
         self.outputs = [_spec(a) for a in self.session.get_outputs()]
-        self._output_names = [o.name for o in self.outputs]
         if kind == "cuda" and precision.get("mode") == "int8":
             _say_once(self.path, "int8", "an INT8 model runs no faster than FP16 under ONNX Runtime's CUDA execution "
                                          "provider (it computes the Q/DQ pairs); INT8 pays under TensorRT: trtc "
                                          f"build {self.path.name}, or use the FP16 model here")
         self.expect(batch, form)
 
-    def _providers(self, kind: str, on_device: bool, device_buffers, tf32: bool) -> list:
+    def _providers(self, kind: str, on_device: bool, device_buffers, tf32: bool, precision: dict) -> list:
         """The execution providers with the CUDA EP's options; makes ``self.stream`` (None off device buffers)."""
         self.stream = None
         if kind == "cuda":  # first: without the GPU, a missing CUDA provider is not the problem to fix
             from ._gpu import check_gpu_index
-
             if device_buffers is not False and is_installed("cupy"):
                 require("cupy", "Running ONNX models on device buffers")  # first: the check then asks CUDA
             check_gpu_index(self.device_id)
@@ -406,30 +464,24 @@ class OnnxRuntimeEngine(_QuickStarting, _CudaGraphs, EngineBase):
         if kind == "cuda" and not tf32:
             providers[0][1]["use_tf32"] = "0"
         if kind == "cuda" and self.tuning != "off":
-            providers[0][1].update(tuned_cuda_options(self.path))
+            providers[0][1].update(tuned_cuda_options(self.path, precision))
         return providers
 
     def _at_shapes(self, shapes) -> None:
-        """Call before the tuned session runs at these input shapes (not before a graph's replay). When its last run
-        was at other shapes: wait for that run if still on the GPU, and let every captured graph go. ONNX Runtime's
-        cuDNN convolutions keep the plan of the last shape only and replace it without waiting for the GPU; a graph
-        replayed after a change of shape, or a run at a new shape beside queued ones, failed on an H100 with illegal
-        instructions or memory accesses (docs/INTERNALS.md)."""
+        """Before the tuned session runs at these shapes (not a replay): after a run at others, wait for it if still
+        on the GPU and let every graph go (cuDNN's plans are of the last shape, replaced without waiting)."""
         if self._last_shapes is not None and shapes != self._last_shapes:
             if self._ran is not None and not self._ran.done:
                 self._ran.synchronize()
-            if self._graphs:
-                log.debug("%s: a run at %s lets %d CUDA graph(s) go", self.path.name, shapes, len(self._graphs))
-                self._graphs = {}
+            self._graphs = {}
         self._last_shapes = shapes
 
     def _open(self, ort, opts, providers, graphs: bool):
-        """(the session, whether it has CUDA graphs enabled): without them, said once, when ONNX Runtime refuses
-        them for this model (some nodes outside the CUDA EP)."""
+        """(the session, whether it has CUDA graphs): without them, said once, where ONNX Runtime refuses them."""
         if graphs:
             try:
-                with_graphs = [(providers[0][0], {**providers[0][1], "enable_cuda_graph": "1"}), *providers[1:]]
-                return self._session(ort, opts, with_graphs), True
+                return self._session(ort, opts, [(providers[0][0], {**providers[0][1], "enable_cuda_graph": "1"}),
+                                                 *providers[1:]]), True
             except EngineError as exc:
                 session = self._session(ort, opts, providers)  # a model that cannot load at all fails here
                 _say_once(self.path, "graph", f"runs without CUDA graphs ({exc.reason}); ONNX Runtime captures a "
@@ -447,24 +499,22 @@ class OnnxRuntimeEngine(_QuickStarting, _CudaGraphs, EngineBase):
         return run()
 
     def _unfuse(self, exc: Exception) -> bool:
-        """After a run of the tuned session failed with ``exc``: when it was cuDNN refusing a fused convolution,
-        reopen the session without the fusion (its bindings and graphs go; graphs a failed capture turned off stay
-        off), say so once and return True; else False. Under the engine's lock: no use of the old session is under
-        way, and its queued work ends before it goes."""
-        if not self.fused or not refused_by_cudnn(exc):
+        """When ``exc`` is cuDNN refusing a fused convolution (only then): reopen the tuned session unfused, under the
+        lock, its queued work ended (bindings and graphs go; graphs turned off stay off); say so once; True."""
+        refused = self.fused and refused_by_cudnn(exc)
+        if not refused:
             return False
         ort, opts, providers, graphs = self._reopen_with
         plain = [(providers[0][0], {k: v for k, v in providers[0][1].items() if k != FUSION}), *providers[1:]]
         if self.stream is not None:
             self.stream.synchronize()
-        self.session, self._graph_session = self._open(ort, opts, plain, graphs=graphs)
-        self.cuda_graphs = self.cuda_graphs and self._graph_session
-        self.fused, self._reopen_with = False, (ort, opts, plain, graphs)
+        self.session, with_graphs = self._open(ort, opts, plain, graphs=graphs and self.cuda_graphs)
+        self.cuda_graphs, self.fused, self._reopen_with = with_graphs, False, (ort, opts, plain, graphs)
         self._binding, self._graphs, self._graph_ids, self._last_shapes = None, {}, 0, None
-        if self.quick is not None:  # shapes the fused session prepared are new to this one
-            self.quick.forget()
+        with self._cond:  # shapes the fused session prepared are new to this one
+            self._ready.clear()
         _say_once(self.path, "fusion", "runs its convolutions unfused: cuDNN refused a convolution fused with its "
-                                       f"bias ({_cudnn_reason(exc)})")
+                                       f"bias ({refused})")
         return True
 
     def _session(self, ort, opts, providers, model=None):
@@ -486,44 +536,37 @@ class OnnxRuntimeEngine(_QuickStarting, _CudaGraphs, EngineBase):
         if any(spec.name not in feeds for spec in self.inputs):
             raise UsageProblem(f"no data for model input {next(s.name for s in self.inputs if s.name not in feeds)!r}")
         casted = {s.name: np.ascontiguousarray(feeds[s.name], dtype=s.numpy_dtype) for s in self.inputs}
-        if self.quick is not None:  # a numpy caller: a quick session kept for no preparation goes
-            self.quick.let_go_if_idle()
+        if self.quick_start:  # a host caller: a quick session held for no preparation goes
+            with self._cond:
+                self._speculative = False
+            self._let_quick_go()
 
         def run():
             self._at_shapes(tuple(casted[spec.name].shape for spec in self.inputs))
-            return self.session.run(self._output_names, casted, self._graphless_options())
+            return self.session.run([o.name for o in self.outputs], casted, self._host_run_options)
 
         with self._lock:
             return self._unfused_if_refused(run)
-
-    def _graphless_options(self):
-        """Run options for a host run that must not use a CUDA graph, or None when the session has no graphs."""
-        if not self._graph_session:
-            return None
-        if self._host_run_options is None:
-            self._host_run_options = require("onnxruntime", "Running ONNX models").RunOptions()
-            self._host_run_options.add_run_config_entry("gpu_graph_id", "-1")
-        return self._host_run_options
 
     def _infer_device(self, batch, outputs, stream):
         if self.stream is None:
             raise UsageProblem(f"{self.path.name} is open on {self.device} without device buffers",
                                "open it with device='cuda:N' (CuPy installed) or pass numpy arrays")
         import cupy as cp
-
         feeds = batch if isinstance(batch, dict) else {self.inputs[0].name: batch}
         xs = [device_input(feeds, spec) for spec in self.inputs]
-        shapes = [_output_shape(spec, xs[0].shape[0]) for spec in self.outputs]
         caller = external_stream(stream, self.device_id) if stream is not None else cp.cuda.get_current_stream()
         key = tuple(tuple(x.shape) for x in xs)
-        quick = self.quick.route(key) if self.quick is not None else None
+        quick = self._route(key) if self.quick_start else None
         own = self._quick_stream if quick is not None else self.stream
         if caller.ptr != own.ptr:
             own.wait_event(caller.record())
-        results = [device_output(outputs, i, spec, shape, own) for i, (spec, shape) in enumerate(zip(self.outputs,
-                                                                                                    shapes))]
+        results = [device_output(outputs, i, spec, _output_shape(spec, key[0][0]), own)
+                   for i, spec in enumerate(self.outputs)]
         if quick is not None:
-            self._quick_run(quick, xs, results)
+            io = quick.io_binding()
+            _bind(io, self.device_id, xs, results, self.inputs, self.outputs)
+            self._run(io, self._quick_run_options, quick)
         else:
             with self._lock:
                 self._unfused_if_refused(lambda: self._tuned_run(xs, results, key))
@@ -531,27 +574,17 @@ class OnnxRuntimeEngine(_QuickStarting, _CudaGraphs, EngineBase):
                 self._ran.record(self.stream)
         if caller.ptr != own.ptr:
             caller.wait_event(own.record())
-        if quick is not None and not self.quick.holds(quick):  # let go meanwhile: this reference may be the last,
+        if quick is not None and self._quick is not quick:  # let go meanwhile: this reference may be the last,
             self._quick_stream.synchronize()  # and a session must not go while its kernels run
         return results
-
-    def _quick_run(self, session, xs, results) -> None:
-        io = session.io_binding()
-        _bind(io, self.device_id, xs, results, self.inputs, self.outputs)
-        try:
-            with self._quick_lock:  # one run of the quick session at a time (its warm-up may be running)
-                session.run_with_iobinding(io, self._quick_run_options)
-        except Exception as exc:  # ORT's own exception types
-            raise EngineError(f"ONNX Runtime failed on {self.path.name}: {first_line(exc)}") from exc
 
     def _tuned_run(self, xs, results, key) -> None:
         """One run of the tuned session on self.stream: the graph held for these inputs replayed, else a run."""
         graphed = self._graphs.get(self._key(xs)) if self.cuda_graphs else None
         if graphed is not None:
-            binding, run_options, outs = graphed
-            self._run(binding, run_options)
+            self._run(*graphed[:2])
             with self.stream:  # the graph writes the same buffers every replay: the caller gets its own copy
-                for dst, src in zip(results, outs):
+                for dst, src in zip(results, graphed[2]):
                     dst[...] = src
             return
         self._at_shapes(key)
@@ -560,19 +593,23 @@ class OnnxRuntimeEngine(_QuickStarting, _CudaGraphs, EngineBase):
         _bind(self._binding, self.device_id, xs, results, self.inputs, self.outputs)
         self._run(self._binding, self._run_options)
 
-    def _run(self, io, run_options) -> None:
+    def _run(self, io, run_options, quick=None) -> None:
+        """One run of the tuned session, or of the quick session ``quick`` (one at a time: its warm-up and a batch)."""
         try:
-            self.session.run_with_iobinding(io, run_options)
+            with self._quick_lock if quick is not None else contextlib.nullcontext():
+                (quick or self.session).run_with_iobinding(io, run_options)
         except Exception as exc:  # ORT's own exception types
             raise EngineError(f"ONNX Runtime failed on {self.path.name}: {first_line(exc)}") from exc
 
     def close(self) -> None:
-        """Let the sessions go without waiting for a preparation: the queued ones are dropped and the one running is
-        stopped at its next node (RunOptions.terminate). A session another thread is running is let go by that
-        thread when its run ends, never under it."""
-        self._closed = True
-        if self.quick is not None:
-            self.quick.cancel()
+        """Let the sessions go without waiting: queued preparations are dropped, the running one stopped at its next
+        node (RunOptions.terminate); a session another thread runs is let go by that thread when its run ends."""
+        with self._cond:
+            self._closed = True
+            del self._queue[1:]
+            self._cond.notify_all()
+        if self._preparing is not None:
+            self._preparing.terminate = True
         if self._lock.acquire(blocking=False):
             try:
                 self._let_go()
@@ -580,7 +617,7 @@ class OnnxRuntimeEngine(_QuickStarting, _CudaGraphs, EngineBase):
                 self._lock.release()
 
     def _let_go(self) -> None:
-        """Drop the sessions, bindings and graphs (under the lock), once their queued work on the GPU has ended."""
+        """Drop the tuned session, bindings and graphs (under the lock) once their queued work ended."""
         if self.stream is not None:
             self.stream.synchronize()
         self._binding, self._graphs, self.session = None, {}, None

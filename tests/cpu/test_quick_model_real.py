@@ -64,29 +64,25 @@ def test_the_quick_copy_of_lite0_answers_as_lite0(which, lite0_onnx, lite0_fp16,
     assert diff < (1e-3 if which == "fp32" else 2e-2) * max(1.0, float(np.abs(a).max()))
 
 
-def test_a_model_without_depthwise_convolutions_is_found_without_onnx(resnet18_onnx, lite0_onnx, monkeypatch):
-    """ResNet-18's 20 convolutions all carry group=1: the node scan says so without importing onnx (the quick
-    session then opens the file itself, with no parse at open); Lite0's scan finds its grouped ones."""
-    import sys
+def test_a_model_without_depthwise_convolutions_gets_no_copy(resnet18_onnx, lite0_onnx):
+    """ResNet-18's convolutions all carry group=1: the quick session opens the file itself."""
+    from engines._quick_model import depthwise_as_taps
 
-    from engines._quick_model import depthwise_as_taps, has_grouped_conv
-
-    assert has_grouped_conv(lite0_onnx[0]) is True
-    monkeypatch.setitem(sys.modules, "onnx", None)  # importing onnx now fails
-    assert has_grouped_conv(resnet18_onnx[0]) is False
-    assert depthwise_as_taps(resnet18_onnx[0]) is None
+    assert depthwise_as_taps(resnet18_onnx[0]) is None and depthwise_as_taps(lite0_onnx[0]) is not None
 
 
 def test_a_quantized_graph_gets_no_float_rewrite(lite0_int8, lite0_fp16):
     """INT8 Lite0 (Q/DQ, accuracy-aware: some convolutions kept in FP16 read their weights through DequantizeLinear
     and Cast): neither the quick copy nor ONNX Runtime's NHWC layout and conv-bias fusion, which are made for float
-    graphs; FP16 Lite0 gets all three. The scan reads node types only, without onnx."""
-    from engines._quick_model import depthwise_as_taps, node_kinds
+    graphs; FP16 Lite0 gets all three. The float test reads the file's bytes, without onnx."""
+    from engines._quick_model import depthwise_as_taps, is_float_graph
     from engines.onnxruntime_engine import TUNED_CUDA_OPTIONS, tuned_cuda_options
 
-    assert node_kinds(lite0_int8.output) == (True, True)
-    assert node_kinds(lite0_fp16.output) == (True, False)
+    assert not is_float_graph(lite0_int8.output) and is_float_graph(lite0_fp16.output)
     assert depthwise_as_taps(lite0_int8.output) is None
     assert depthwise_as_taps(lite0_fp16.output) is not None
     assert tuned_cuda_options(lite0_int8.output) == {"cudnn_conv_algo_search": "HEURISTIC"}
     assert tuned_cuda_options(lite0_fp16.output) == TUNED_CUDA_OPTIONS
+    # the manifest's precision mode decides without a scan; a file without one is scanned
+    assert tuned_cuda_options(lite0_fp16.output, {"mode": "int8"}) == tuned_cuda_options(lite0_int8.output)
+    assert tuned_cuda_options(lite0_int8.output, {"mode": "fp16"}) == TUNED_CUDA_OPTIONS

@@ -159,29 +159,23 @@ def test_the_video_pipeline_classifies_as_untuned_with_each_tuning(lite0_onnx, b
 
 def test_quick_start_answers_a_new_shape_at_once_and_agrees_with_the_tuned_session(lite0_onnx, photos):
     """The first batch of a shape the tuned session has not prepared runs on the quick session (cuDNN's default
-    algorithms), unless that batch waited for the warm-up's quick session to open and the shape's preparation ended
-    meanwhile: then the tuned session, prepared, runs it (QuickStart.route). Once the tuned session is ready, the same
-    batch through it gives the same top-1, logits within 2e-2 (TF32 and other kernels), and the quick session is not
-    used again."""
+    algorithms, the model's copy with its depthwise convolutions as multiply-adds). Once the tuned session is ready,
+    the same batch through it gives the same top-1, logits within 2e-2 (TF32 and other kernels), and the quick
+    session is not used again."""
     import cupy as cp
 
     import engines
 
     _cuda_ok()
     with engines.open_engine(lite0_onnx[0], device="cuda:0") as eng:
-        assert eng.quick is not None
-        assert isinstance(eng._quick_model.source(), bytes)  # its copy, with the depthwise convolutions rewritten
+        assert eng.quick_start
         buf = cp.asarray(_photos_batch(lite0_onnx, photos, 5))  # nothing was announced: no shape prepared at open
-        key = ((5, 3, 224, 224),)
-        assert not eng.quick.ready(key)
+        assert ((5, 3, 224, 224),) not in eng._ready
         first = cp.asnumpy(eng.infer(buf)[0])
-        quick_runs = eng.quick.quick_runs
-        # the quick session answered; or, none having run, the shape was prepared before the batch ran (route
-        # returns None only then), and nothing failed in that preparation
-        assert quick_runs == 1 or (quick_runs == 0 and eng.quick.ready(key) and key not in eng.quick.failed)
+        assert eng.quick_runs == 1 and isinstance(eng._quick_model, bytes)
         assert eng.wait_ready(300)
         tuned = cp.asnumpy(eng.infer(buf)[0])
-        assert eng.quick.quick_runs == quick_runs and eng.quick._quick is None
+        assert eng.quick_runs == 1 and eng._quick is None
     assert (first.argmax(1) == tuned.argmax(1)).all()
     assert np.abs(first - tuned).max() < 2e-2, float(np.abs(first - tuned).max())
 

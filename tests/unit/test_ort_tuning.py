@@ -332,7 +332,7 @@ def test_the_quick_start_s_preparation_reopens_a_refused_fused_session(cuda_engi
     session; afterwards they run on the unfused tuned session."""
     gate = threading.Event()
     eng, _, fused = cuda_engine("auto", quick_start=True, gate=gate, refuse_fusion=REFUSED)
-    eng.quick._warming.join(10)
+    _warmed(eng)
     x = cuda_engine.cp.asarray(np.zeros((4, 3, 224, 224), np.float32))
     eng.infer(x)
     gate.set()
@@ -355,11 +355,13 @@ def test_shapes_the_fused_session_prepared_are_prepared_again_on_the_unfused_one
     assert eng.wait_ready(10) and eng.fused and [r[1]["input"][1] for r in fused.runs] == [(n, 3, 224, 224)]
     fused.fail = REFUSED
     cp = cuda_engine.cp
-    eng.infer(cp.asarray(np.zeros((1, 3, 224, 224), np.float32)))  # a new shape: refused while being prepared
-    assert eng.wait_ready(10) and not eng.fused
-    before = eng.quick.quick_runs
-    eng.infer(cp.asarray(np.zeros((n, 3, 224, 224), np.float32)))
-    assert eng.quick.quick_runs == before + 1  # on the quick session, while the unfused one prepares it
+    for shape in ((1, 3, 224, 224), (n, 3, 224, 224)):  # first a new shape, refused while being prepared
+        gate.clear()  # each preparation waits at the gate, so that the batch meets it under way
+        before = eng.quick_runs
+        eng.infer(cp.asarray(np.zeros(shape, np.float32)))
+        assert eng.quick_runs == before + 1  # on the quick session, while the tuned one prepares the shape
+        gate.set()
+        assert eng.wait_ready(10) and not eng.fused
     assert eng.wait_ready(10)
     assert [r[1]["input"][1] for r in eng.session.runs] == [(1, 3, 224, 224), (n, 3, 224, 224)]
 
@@ -410,7 +412,7 @@ def test_graphs_are_capped_and_host_arrays_never_use_one(cuda_engine, monkeypatc
     for x in xs:
         eng.infer(x)
     assert [r[0] for r in session.runs] == ["1", "2", "-1"]
-    assert eng._graphless_options().get_run_config_entry("gpu_graph_id") == "-1"
+    assert eng._host_run_options.get_run_config_entry("gpu_graph_id") == "-1"
 
 
 def test_a_failed_capture_turns_graphs_off_and_says_so_once(cuda_engine, caplog):
@@ -425,7 +427,7 @@ def test_a_failed_capture_turns_graphs_off_and_says_so_once(cuda_engine, caplog)
     a = cp.asarray(np.zeros((2, 3, 224, 224), np.float32))
     with caplog.at_level(logging.WARNING, logger="trtc"):
         assert eng.capture_graphs([a, a[:1]]) == 0
-    assert not eng.cuda_graphs and eng._graphless_options().get_run_config_entry("gpu_graph_id") == "-1"
+    assert not eng.cuda_graphs and eng._host_run_options.get_run_config_entry("gpu_graph_id") == "-1"
     session.run_with_iobinding = Session.run_with_iobinding.__get__(session)
     eng.infer(a)
     assert session.runs[-1][0] == "-1"  # still never graph 0, which ONNX Runtime would capture by itself
@@ -479,8 +481,8 @@ def test_a_run_at_another_shape_waits_for_the_last_and_lets_every_graph_go(cuda_
     assert [r[0] for r in session.runs[-4:]] == ["3", "3", "4", "4"] and list(eng._graphs)[0][0][1] == (4, 3, 224, 224)
 
 
-# Quick start (engines/_ort_quick.py): a tuned session's first run of a shape prepares it (seconds for Lite0 on an
-# H100); the batches that come meanwhile run on a second session with cuDNN's default algorithms.
+# Quick start (engines/onnxruntime_engine.py, _QuickStart): a tuned session's first run of a shape prepares it (seconds
+# for Lite0 on an H100); the batches that come meanwhile run on a second session with cuDNN's default algorithms.
 
 def _manifest_batch(path) -> int:
     import json
@@ -488,6 +490,23 @@ def _manifest_batch(path) -> int:
     from engines.manifest import manifest_path
 
     return min(64, json.loads(manifest_path(path).read_text())["batch"]["opt"])
+
+
+def _until(ready, timeout=10.0) -> bool:
+    end = time.monotonic() + timeout
+    while not ready() and time.monotonic() < end:
+        time.sleep(0.01)
+    return ready()
+
+
+def _warmed(eng) -> None:
+    """Wait until the worker has opened the quick session and run it once at the first shape queued."""
+    assert _until(lambda: eng._quick is not None and eng._quick.runs and eng._queue)
+
+
+def _queue(eng, key) -> None:
+    with eng._cond:
+        eng._queue_shape(key)
 
 
 def _quick_sessions(sessions) -> list:
@@ -501,8 +520,8 @@ def test_quick_start_opens_a_default_algorithm_session_on_its_own_stream(cuda_en
     n = _manifest_batch(lite0_onnx[0])
     # at open a thread opened the quick session and ran it once at the batch the video pipeline defaults to (the
     # manifest's opt, <= 64): that run loads its kernels before the caller's first batch
-    assert eng.quick._warming.name == "trtc-ort-quick-warm"
-    eng.quick._warming.join(10)
+    assert eng._worker.name == "trtc-ort-prepare"
+    _warmed(eng)
     (quick,) = _quick_sessions(cuda_engine.sessions)
     assert [r[1]["input"][1] for r in quick.runs] == [(n, 3, 224, 224)]
     x = cuda_engine.cp.asarray(np.zeros((2, 3, 224, 224), np.float32))
@@ -526,20 +545,20 @@ def test_quick_start_opens_a_default_algorithm_session_on_its_own_stream(cuda_en
 def test_batches_run_on_the_quick_session_until_the_tuned_one_has_prepared_their_shape(cuda_engine):
     gate = threading.Event()
     eng, _, tuned = cuda_engine("auto", quick_start=True, gate=gate)
-    eng.quick._warming.join(10)
+    _warmed(eng)
     (quick,) = _quick_sessions(cuda_engine.sessions)
     cp = cuda_engine.cp
     x = cp.asarray(np.zeros((4, 3, 224, 224), np.float32))
     outs = [eng.infer(x)[0] for _ in range(3)]
-    assert len(quick.runs) == 4 and eng.quick.quick_runs == 3  # the warm-up's run, then the caller's three
+    assert len(quick.runs) == 4 and eng.quick_runs == 3  # the warm-up's run, then the caller's three
     assert [float(o.host[0, 0]) for o in outs] == [2, 3, 4]  # each call's own result, from the quick session
     assert not tuned.runs  # the preparation waits at the gate
     gate.set()
     assert eng.wait_ready(10)
-    assert eng.quick._quick is None  # let go once nothing is being prepared
+    assert eng._quick is None  # let go once nothing is being prepared
     prepared = len(tuned.runs)
     eng.infer(x)
-    assert len(tuned.runs) == prepared + 1 and len(quick.runs) == 4 and eng.quick.quick_runs == 3
+    assert len(tuned.runs) == prepared + 1 and len(quick.runs) == 4 and eng.quick_runs == 3
     # a new shape: prepared in its turn, meanwhile on a new quick session
     gate.clear()
     eng.infer(x[:1])
@@ -563,21 +582,21 @@ def test_the_tuned_session_never_runs_beside_its_own_preparation(cuda_engine):
     gate.set()
     assert eng.wait_ready(10)
     eng.infer(x)  # prepared, nothing else being prepared: the tuned session
-    before, quick_before = len(tuned.runs), eng.quick.quick_runs
+    before, quick_before = len(tuned.runs), eng.quick_runs
     gate.clear()
     synced = []
     real_sync = eng.stream.synchronize
     eng.stream.synchronize = lambda: (synced.append(len(tuned.runs)), real_sync())[1]
     eng.infer(x[:2])  # a new shape: its preparation waits at the gate
     eng.infer(x)  # prepared shape, but a preparation is running: the quick session
-    assert eng.quick.quick_runs == quick_before + 2 and len(tuned.runs) == before
+    assert eng.quick_runs == quick_before + 2 and len(tuned.runs) == before
     for _ in range(1000):  # the preparing thread synchronises, then waits at the gate inside its run
         if synced:
             break
         time.sleep(0.01)
     assert synced == [before]  # it waited for the stream before running the tuned session
     retired = []
-    eng._quick_stream.synchronize = lambda: retired.append(eng.quick._quick)
+    eng._quick_stream.synchronize = lambda: retired.append(eng._quick)
     gate.set()
     assert eng.wait_ready(10)
     for _ in range(1000):  # the thread lets the quick session go, then waits for its stream
@@ -586,186 +605,8 @@ def test_the_tuned_session_never_runs_beside_its_own_preparation(cuda_engine):
         time.sleep(0.01)
     assert retired == [None]  # once no longer the quick session, and before the last reference went
     eng.infer(x)
-    assert len(tuned.runs) == before + 2 and eng.quick.quick_runs == quick_before + 2  # preparation, then the call
+    assert len(tuned.runs) == before + 2 and eng.quick_runs == quick_before + 2  # preparation, then the call
     eng.close()
-
-
-def test_the_warm_up_opens_no_quick_session_once_nothing_is_left_to_prepare(cuda_engine):
-    """The tuned session prepared the open-time batch before the warm-up thread got to open the quick session (as
-    with ResNet-50, ready in 0.9 s): no quick session is opened, none kept."""
-    gate = threading.Event()
-    gate.set()
-    eng, _, tuned = cuda_engine("auto", quick_start=False, gate=gate)
-    from engines._ort_quick import QuickStart
-
-    opened = []
-    q = QuickStart(lambda key: None, lambda: opened.append(1) or object())
-    q.start("k")
-    assert q.wait(10) and q.ready("k")
-    q.warm(lambda s, k: opened.append("ran"))
-    assert q.wait(10) and opened == [] and q._quick is None
-
-
-def test_opening_the_quick_session_blocks_neither_start_nor_a_second_opening():
-    """warm() opens the quick session outside QuickStart's lock: start() (the engine's open queues its batch) goes
-    on meanwhile, and route() waits for that session rather than opening a second (on an H100, the engine's open
-    returned 0.09-0.23 s sooner on an H100, medians of two calls, and Lite0's first result came at 1.23-1.36 s
-    instead of 1.35-1.70 s)."""
-    from engines._ort_quick import QuickStart
-
-    may_open, may_prepare = threading.Event(), threading.Event()
-    opening, opened, ran, prepared = threading.Event(), [], [], []
-
-    def open_quick():
-        opening.set()
-        assert may_open.wait(10)
-        opened.append(object())
-        return opened[-1]
-
-    q = QuickStart(lambda key: may_prepare.wait(10) and prepared.append(key), open_quick)
-    q.warm(lambda s, k: ran.append(s))
-    assert opening.wait(10)  # the warm-up thread is inside open_quick
-    starting = threading.Thread(target=q.start, args=("k",))
-    starting.start()
-    starting.join(10)
-    assert not starting.is_alive() and not opened  # queued while the session is still being opened
-    routed = []
-    routing = threading.Thread(target=lambda: routed.append(q.route("k")))
-    routing.start()
-    routing.join(0.3)
-    assert routing.is_alive()  # waits for the session being opened (a second open_quick would wait at the gate too)
-    may_open.set()
-    routing.join(10)
-    assert len(opened) == 1 and routed == opened and q.wait(0.5) is False  # one session; the preparation waits
-    assert ran == opened  # the warm-up ran the session it opened
-    may_prepare.set()
-    assert q.wait(10) and prepared == ["k"] and not q.holds(opened[0])  # let go once nothing is left to prepare
-
-
-def test_a_quick_session_opened_after_the_preparations_ended_is_not_kept():
-    from engines._ort_quick import QuickStart
-
-    may_open, opening, ran = threading.Event(), threading.Event(), []
-
-    def open_quick():
-        opening.set()
-        assert may_open.wait(10)
-        return object()
-
-    q = QuickStart(lambda key: None, open_quick)
-    q.warm(lambda s, k: ran.append(s))
-    assert opening.wait(10)
-    q.start("k")  # prepared at once, while the quick session is still being opened
-    for _ in range(200):
-        if q.ready("k"):
-            break
-        time.sleep(0.05)
-    assert q.ready("k")
-    may_open.set()
-    assert q.wait(10)
-    assert q._quick is None and ran == []  # nothing left to cover: not kept, not run
-
-
-def test_a_route_that_waited_for_the_warm_up_opens_nothing_once_the_preparations_ended():
-    """route() queues its shape, then waits (the lock let go) for the session warm() is opening; its shape's
-    preparation ends meanwhile, the preparing thread finds nothing to let go and ends, and warm() drops the session
-    it opened (nothing left to cover). The route then runs the tuned session: a quick session it opened there would
-    have no preparation whose end lets it go, and stay open after wait() said every shape was ready (the GPU test
-    of a first batch at a new size found it still open after the engine's wait_ready)."""
-    from engines._ort_quick import QuickStart
-
-    may_open, opening, opened, ran = threading.Event(), threading.Event(), [], []
-
-    def open_quick():
-        if not opened:  # warm()'s: held at the gate
-            opening.set()
-            assert may_open.wait(10)
-        opened.append(object())
-        return opened[-1]
-
-    q = QuickStart(lambda key: None, open_quick)
-    q.warm(lambda s, k: ran.append(s))
-    assert opening.wait(10)  # the warm-up thread is inside open_quick
-    routed = []
-    routing = threading.Thread(target=lambda: routed.append(q.route("k")), daemon=True)
-    routing.start()
-    for _ in range(200):  # the route queued "k" and waits; the preparation ends and its thread with it
-        with q._lock:
-            if q.ready("k") and q._thread is None:
-                break
-        time.sleep(0.05)
-    assert q.ready("k") and q._thread is None and routing.is_alive()
-    may_open.set()
-    routing.join(10)
-    assert not routing.is_alive()
-    assert routed == [None] and q.quick_runs == 0  # prepared: the tuned session runs it
-    assert q.wait(10) and q._quick is None and len(opened) == 1 and ran == []
-    assert q.route("k") is None and q._quick is None and len(opened) == 1
-
-
-def test_a_route_that_waited_for_the_warm_up_queues_its_shape_again_when_forgotten():
-    """As above, but the tuned session was replaced meanwhile (forget()): the route queues its shape again and
-    runs on a quick session, which that preparation's end lets go."""
-    from engines._ort_quick import QuickStart
-
-    may_open, opening, may_prepare, opened, prepared = (threading.Event(), threading.Event(), threading.Event(),
-                                                        [], [])
-
-    def open_quick():
-        if not opened:
-            opening.set()
-            assert may_open.wait(10)
-        opened.append(object())
-        return opened[-1]
-
-    def prepare(key):
-        if prepared:  # the second preparation waits at the gate
-            assert may_prepare.wait(10)
-        prepared.append(key)
-
-    q = QuickStart(prepare, open_quick)
-    q.warm(lambda s, k: None)
-    assert opening.wait(10)
-    routed = []
-    routing = threading.Thread(target=lambda: routed.append(q.route("k")), daemon=True)
-    routing.start()
-    for _ in range(200):
-        with q._lock:
-            if q.ready("k") and q._thread is None:
-                break
-        time.sleep(0.05)
-    assert q.ready("k") and q._thread is None
-    q.forget()
-    may_open.set()
-    routing.join(10)
-    # the quick session: warm()'s (kept: the shapes ready were forgotten) or one the route opened
-    assert not routing.is_alive() and routed[0] in opened and q.quick_runs == 1
-    assert q.wait(0.3) is False  # "k" is being prepared again, on the session the route opened
-    may_prepare.set()
-    assert q.wait(10) and prepared == ["k", "k"] and q._quick is None
-
-
-def test_a_warm_up_thread_that_cannot_start_leaves_route_free(monkeypatch):
-    """warm() marks the quick session as being opened before its thread starts; a thread that cannot start (no
-    thread left) raises there, and a later route() opens the quick session itself instead of waiting for ever."""
-    from engines._ort_quick import QuickStart
-
-    opened = []
-    q = QuickStart(lambda key: None, lambda: opened.append(object()) or opened[-1])
-
-    def refuse(self):
-        raise RuntimeError("can't start new thread")
-
-    monkeypatch.setattr(threading.Thread, "start", refuse)
-    with pytest.raises(RuntimeError, match="new thread"):
-        q.warm(lambda s, k: None)
-    monkeypatch.undo()
-    q._queue.append("k")  # a preparation queued (its thread is not needed here)
-    routed = []
-    t = threading.Thread(target=lambda: routed.append(q.route("k")), daemon=True)
-    t.start()
-    t.join(10)
-    assert routed == opened and len(opened) == 1
 
 
 def test_a_quick_session_that_cannot_open_leaves_every_batch_to_the_tuned_one(cuda_engine, caplog):
@@ -777,7 +618,7 @@ def test_a_quick_session_that_cannot_open_leaves_every_batch_to_the_tuned_one(cu
         x = cuda_engine.cp.asarray(np.zeros((4, 3, 224, 224), np.float32))
         threading.Timer(0.2, gate.set).start()  # the preparation ends a little later
         outs = [eng.infer(x)[0] for _ in range(3)]
-    assert eng.quick.quick_runs == 0 and not _quick_sessions(cuda_engine.sessions)
+    assert eng.quick_runs == 0 and not _quick_sessions(cuda_engine.sessions)
     assert [float(o.host[0, 0]) for o in outs] == [len(tuned.runs) - 2, len(tuned.runs) - 1, len(tuned.runs)]
     said = [r.getMessage() for r in caplog.records if "quick start off" in r.getMessage()]
     assert len(said) == 1 and "out of memory" in said[0]
@@ -796,16 +637,15 @@ def test_the_quick_session_is_let_go_when_no_shape_is_known_to_prepare(cuda_engi
     gate.set()
     eng, _, tuned = cuda_engine("auto", quick_start=True, gate=gate, path=bare)
     for _ in range(1000):
-        if eng.quick.holds(None) is False:
+        if eng._quick is not None:
             break
         time.sleep(0.01)
     assert len(_quick_sessions(cuda_engine.sessions)) == 1 and not tuned.runs  # nothing prepared on a guess
     eng.infer(np.zeros((2, 3, 224, 224), np.float32))  # numpy: the tuned session; the idle quick session goes
-    eng.quick._warming.join(10)
-    assert not eng.quick._warming.is_alive() and eng.quick._quick is None
+    assert eng.wait_ready(10) and eng._quick is None
     assert len(_quick_sessions(cuda_engine.sessions)) == 1 and not _quick_sessions(cuda_engine.sessions)[0].runs
     eng.infer(cuda_engine.cp.asarray(np.zeros((2, 3, 224, 224), np.float32)))
-    assert eng.wait_ready(10) and eng.quick._quick is None and len(_quick_sessions(cuda_engine.sessions)) == 2
+    assert eng.wait_ready(10) and eng._quick is None and len(_quick_sessions(cuda_engine.sessions)) == 2
     eng.close()
 
 
@@ -817,7 +657,7 @@ def test_a_failed_preparation_leaves_the_error_to_the_tuned_run(cuda_engine):
     assert eng.wait_ready(10)
     x = cuda_engine.cp.asarray(np.zeros((2, 3, 224, 224), np.float32))
     eng.infer(x)  # prepared in the background: quick session; the preparation fails
-    assert eng.wait_ready(10) and (((2, 3, 224, 224),) in eng.quick.failed)
+    assert eng.wait_ready(10) and (((2, 3, 224, 224),) in eng.failed)
     # that shape now runs the tuned session in the caller's thread, which meets the error itself
     with pytest.raises(EngineError, match="out of memory"):
         tuned.run_with_iobinding = lambda io, ro: (_ for _ in ()).throw(RuntimeError(gate.fail))
@@ -827,13 +667,13 @@ def test_a_failed_preparation_leaves_the_error_to_the_tuned_run(cuda_engine):
 def test_no_quick_start_when_told_or_untuned_or_on_host_arrays(cuda_engine):
     eng, asked, tuned = cuda_engine("auto", quick_start=False)
     eng.infer(cuda_engine.cp.asarray(np.zeros((2, 3, 224, 224), np.float32)))
-    assert eng.quick is None and not eng.warms_itself and len(asked) == 1 and len(tuned.runs) == 1
+    assert not eng.quick_start and not eng.warms_itself and len(asked) == 1 and len(tuned.runs) == 1
     off, asked, _ = cuda_engine("off", quick_start=True)
-    assert off.quick is None and not off.warms_itself and off.wait_ready(0)
+    assert not off.quick_start and not off.warms_itself and off.wait_ready(0)
     host, asked, _ = cuda_engine("auto", quick_start=True, device_buffers=False)
-    assert host.quick is None and not host.warms_itself
+    assert not host.quick_start and not host.warms_itself
     quick, _, _ = cuda_engine("auto", quick_start=True)  # the pipeline then runs no warm-up batch
-    assert quick.quick is not None and quick.warms_itself
+    assert quick.quick_start and quick.warms_itself
 
 
 def test_close_stops_the_preparation_and_does_not_wait_for_it(cuda_engine):
@@ -842,7 +682,7 @@ def test_close_stops_the_preparation_and_does_not_wait_for_it(cuda_engine):
     thread is running is not let go under it but by that thread once its run has ended."""
     gate = threading.Event()
     eng, _, tuned = cuda_engine("auto", quick_start=True, gate=gate)
-    eng.quick.start(((2, 3, 224, 224),))  # queued behind the open-time batch, which waits at the gate
+    _queue(eng, ((2, 3, 224, 224),))  # queued behind the open-time batch, which waits at the gate
     for _ in range(1000):
         if eng._preparing is not None:
             break
@@ -853,11 +693,11 @@ def test_close_stops_the_preparation_and_does_not_wait_for_it(cuda_engine):
     closing.start()
     closing.join(10)
     assert not closing.is_alive(), "close() waited for the preparation"
-    assert running.terminate and eng.quick._queue == [eng.quick._queue[0]]  # the queued shape dropped
+    assert running.terminate and eng._queue == [eng._queue[0]]  # the queued shape dropped
     assert eng.session is tuned  # still being run by the preparing thread: not let go under it
     gate.set()
-    assert eng.quick.wait(10)
-    assert eng.session is None and eng.quick._quick is None  # let go by the thread, once its run ended
+    assert eng.wait_ready(10)
+    assert eng.session is None and eng._quick is None  # let go by the thread, once its run ended
     assert [r[1]["input"][1][0] for r in tuned.runs] == [_manifest_batch_of(eng)]  # the dropped shape never ran
 
 
@@ -888,7 +728,7 @@ def test_another_batch_pays_no_second_preparation(cuda_engine, lite0_onnx):
         x = cuda_engine.cp.asarray(np.zeros((other, 3, 224, 224), np.float32))
         for _ in range(3):
             eng.infer(x)
-        assert [r[1]["input"][1][0] for r in tuned.runs] == [other] * 4 and eng.quick.quick_runs == 0
+        assert [r[1]["input"][1][0] for r in tuned.runs] == [other] * 4 and eng.quick_runs == 0
         eng.close()
 
 
@@ -898,7 +738,7 @@ def test_a_host_caller_gets_its_batch_prepared_and_no_quick_session(cuda_engine)
     eng, _, tuned = cuda_engine("auto", quick_start=True, gate=gate, batch=4, form="host")
     assert eng.wait_ready(10) and [r[1]["input"][1] for r in tuned.runs] == [(4, 3, 224, 224)]
     assert eng.infer(np.zeros((4, 3, 224, 224), np.float32))[0].shape == (4, 1000)
-    assert not _quick_sessions(cuda_engine.sessions) and eng.quick._warming is None
+    assert not _quick_sessions(cuda_engine.sessions) and eng._quick is None
     with pytest.raises(UsageProblem, match="unknown input form 'gpu'"):
         eng.expect(4, "gpu")
     eng.close()

@@ -12,7 +12,7 @@ ort = pytest.importorskip("onnxruntime")
 
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
-from engines._quick_model import depthwise_as_taps, has_grouped_conv, rewrite_depthwise  # noqa: E402
+from engines._quick_model import depthwise_as_taps, is_float_graph, rewrite_depthwise  # noqa: E402
 
 RNG = np.random.default_rng(7)
 
@@ -58,7 +58,7 @@ def test_a_depthwise_convolution_as_taps_computes_what_ort_s_conv_does(case, dty
     x = RNG.standard_normal((2, case[0], 19, 23)).astype(dtype)
     want = _run(model, x)
     assert rewrite_depthwise(model) == 1
-    assert "Conv" not in {n.op_type for n in model.graph.node} and "w" not in {t.name for t in model.graph.initializer}
+    assert "Conv" not in {n.op_type for n in model.graph.node}
     got = _run(model, x)
     assert got.shape == want.shape
     # FP32: the same sums in another order; FP16: the copy sums in FP32 and rounds once at the end
@@ -84,18 +84,33 @@ def test_other_convolutions_are_left_as_they_are(kind):
     assert model.SerializeToString() == before
 
 
-def test_the_grouped_conv_scan_reads_the_wire_format(tmp_path):
+def test_the_copy_is_made_only_where_there_is_a_depthwise_convolution(tmp_path):
     depthwise = _model(8, (3, 3), [1, 1], [1, 1], [1, 1, 1, 1], True, np.float32)
     dense = _model(4, (3, 3), [1, 1], [1, 1], [1, 1, 1, 1], True, np.float32, group=1, w_in=4)
-    for name, model, want in (("dw.onnx", depthwise, True), ("dense.onnx", dense, False)):
+    for name, model in (("dw.onnx", depthwise), ("dense.onnx", dense)):
         onnx.save(model, tmp_path / name)
-        assert has_grouped_conv(tmp_path / name) is want
     (tmp_path / "cut.onnx").write_bytes((tmp_path / "dw.onnx").read_bytes()[:40])
-    assert has_grouped_conv(tmp_path / "cut.onnx") is True  # unreadable this way: onnx decides
+    assert depthwise_as_taps(tmp_path / "cut.onnx") is None  # unreadable: the file itself
     assert depthwise_as_taps(tmp_path / "dense.onnx") is None  # nothing to rewrite
     out = depthwise_as_taps(tmp_path / "dw.onnx")
     x = RNG.standard_normal((2, 8, 19, 23)).astype(np.float32)
     assert np.abs(_run(out, x) - _run(depthwise, x)).max() < 1e-5
+
+
+def test_external_data_and_a_quantized_graph_are_left_alone(tmp_path):
+    """Weights in external data are out of reach; a Q/DQ graph is the quantizer's (and no float graph)."""
+    model = _model(8, (3, 3), [1, 1], [1, 1], [1, 1, 1, 1], True, np.float32)
+    onnx.save(model, tmp_path / "ext.onnx", save_as_external_data=True, all_tensors_to_one_file=True,
+              location="ext.data", size_threshold=0)
+    assert depthwise_as_taps(tmp_path / "ext.onnx") is None
+    scale = numpy_helper.from_array(np.float32(0.1), "s")
+    model.graph.initializer.append(scale)
+    model.graph.node.insert(0, helper.make_node("QuantizeLinear", ["x", "s"], ["xq"]))
+    model.graph.node.insert(1, helper.make_node("DequantizeLinear", ["xq", "s"], ["xd"]))
+    model.graph.node[2].input[0] = "xd"
+    onnx.save(model, tmp_path / "q.onnx")
+    assert depthwise_as_taps(tmp_path / "q.onnx") is None and not is_float_graph(tmp_path / "q.onnx")
+    assert is_float_graph(tmp_path / "ext.onnx") and not is_float_graph(tmp_path / "missing.onnx")
 
 
 def test_an_opset_below_11_is_left_alone(tmp_path):
