@@ -62,7 +62,8 @@ def soak(a) -> dict:
            str(a.batch), "--top-k", "1", "-o", str(out), "--summary", str(summary), "--read-timeout",
            str(a.read_timeout), *a.trtc_args]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                            env=dict(os.environ, PYTHONPATH=os.pathsep.join(
+                                filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))))
     # stderr read as it comes, as journald or a terminal would: a pipe left unread fills and stops the writer
     err_lines: list[str] = []
     drain = threading.Thread(target=lambda: err_lines.extend(proc.stderr), daemon=True)
@@ -78,7 +79,9 @@ def soak(a) -> dict:
                 break
             time.sleep(0.5)
         else:
-            raise SystemExit(f"the cameras did not all stream within 120 s: {proc.communicate()[1][-2000:]}")
+            proc.wait(60)
+            drain.join(10)
+            raise SystemExit(f"the cameras did not all stream within 120 s: {''.join(err_lines)[-2000:]}")
         t0 = time.monotonic()
         next_fault, k = a.every, 0
         while time.monotonic() - t0 < a.minutes * 60 and proc.poll() is None:

@@ -94,7 +94,35 @@ def _classified(paths, engine, timeout=120) -> dict:
     return out
 
 
-def test_gpu_decodes_past_damage_like_the_cpu_fuzz(bikes, cuda_lite0, cpu_lite0, tmp_path):
+def _nvdec_signs(path: Path, capfd) -> tuple[int, int]:
+    """(lines "Decode Error occurred for picture" printed, packets refused) when PyNvVideoCodec decodes ``path``
+    on its own, outside trtc: the signs of damage NVDEC gives."""
+    import ctypes
+
+    import cupy as cp
+    import PyNvVideoCodec as nvc
+
+    capfd.readouterr()
+    stream = cp.cuda.Stream(non_blocking=True)
+    refused = 0
+    try:
+        dmx = nvc.CreateDemuxer(filename=str(path))
+        dec = nvc.CreateDecoder(gpuid=0, codec=dmx.GetNvCodecId(), cudacontext=0, cudastream=stream.ptr,
+                                usedevicememory=True)
+        for packet in dmx:
+            try:
+                got = dec.Decode(packet)
+                del got
+            except Exception:  # noqa: BLE001 - a refused packet
+                refused += 1
+    except Exception:  # noqa: BLE001 - the file does not open: trtc reports that itself
+        refused += 1
+    stream.synchronize()
+    ctypes.CDLL(None).fflush(None)
+    return capfd.readouterr().out.count("Decode Error occurred for picture"), refused
+
+
+def test_gpu_decodes_past_damage_like_the_cpu_fuzz(bikes, cuda_lite0, cpu_lite0, tmp_path, capfd):
     rng = random.Random(24)
     clean_ts = _remux_ts(bikes, tmp_path / "bikes.ts")
     cases = []
@@ -123,7 +151,11 @@ def test_gpu_decodes_past_damage_like_the_cpu_fuzz(bikes, cuda_lite0, cpu_lite0,
         print(f"{name:25s} {ref:5d} {c:4d} {g:4d} {cd!s:>11} {gd!s:>11}")
     print("GPU reasons:", sorted({r.split(': ', 1)[-1][:80] for p in cases for r in gpu_problems[p]}))
     assert not bad, f"the GPU path classified fewer frames: {bad}"
-    assert not unsaid, f"damage the CPU path reported and the GPU path did not: {unsaid}"
+    # damage the CPU path reports, the GPU path reports too, unless NVDEC itself gave no sign of it (no line printed,
+    # no packet refused, decoding the file alone): then nothing on the GPU can see it
+    silent = {name: _nvdec_signs(tmp_path / name, capfd) for name, _ in unsaid}
+    print("CPU-damaged files the GPU path did not report, NVDEC's own signs (prints, refused):", silent)
+    assert all(signs == (0, 0) for signs in silent.values()), f"the GPU path missed signs NVDEC gave: {silent}"
 
 
 def test_gpu_and_cpu_paths_give_the_same_pts_times(bikes, cuda_lite0, cpu_lite0, tmp_path):
@@ -326,17 +358,19 @@ def test_gpu_live_camera_returning_at_another_resolution_is_replanned(bikes, tmp
         if len(seen) == 30:
             first.kill()
             servers.append(rtsp_server.Server(port, ["--pattern"] + (["--aio"] if first.aio else [])).start())
-        return len(seen) < 90
+        return len(seen) < 120
 
     try:
         src.run(stream.ptr, on_frame)
     finally:
         for s in servers:
             s.kill()
-    before, after = seen[:30], seen[30:]
-    assert {(shape, w, h) for _, shape, w, h in before} == {((408, 640), 640, 272)}
-    assert {(shape, w, h) for _, shape, w, h in after} == {((540, 640), 640, 360)}
-    assert [i for i, *_ in seen] == list(range(len(seen))) and len(seen) == 90
+    # frames the first server sent before it was killed may still arrive after the 30th: the change is found by size
+    sizes = [(shape, w, h) for _, shape, w, h in seen]
+    change = next(k for k, s in enumerate(sizes) if s != sizes[0])
+    assert set(sizes[:change]) == {((408, 640), 640, 272)} and change >= 30
+    assert set(sizes[change:]) == {((540, 640), 640, 360)} and len(sizes) - change >= 30
+    assert [i for i, *_ in seen] == list(range(len(seen))) and len(seen) == 120
 
 
 def test_nvdec_tells_concealed_pictures_only_by_printing(bikes, tmp_path, capfd):

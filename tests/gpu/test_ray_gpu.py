@@ -64,7 +64,8 @@ def test_kept_gpu_actors_on_a_running_cluster_are_warm_and_agree(lite0_onnx, bik
     def lines(path):
         return {(d["source"], d["frame"]): d["top_k"][0]["index"] for d in map(json.loads, path.open()) if "frame" in d}
 
-    env = dict(os.environ, PYTHONPATH=str(SCRIPT.parents[1]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(SCRIPT.parents[1]),
+                                                                   os.environ.get("PYTHONPATH")])))
     trtc(env, "run", *copies, "--device", "cuda:0", *common, "-o", tmp_path / "one.jsonl")
     with RayHead(num_cpus=8, num_gpus=None) as head:
         runs = []
