@@ -172,6 +172,8 @@ def main() -> None:
     why = rtsp_server.available()
     if why:
         sys.exit(why)
+    if not a.model.startswith(("torch", "opencv:")) and os.path.exists(a.model):
+        a.model = os.path.abspath(a.model)  # trtc runs from the checkout's root
     rep = soak(a)
     tmp = Path(a.json).with_suffix(".tmp")
     tmp.write_text(json.dumps(rep, indent=1))
