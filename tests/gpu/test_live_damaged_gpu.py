@@ -72,8 +72,9 @@ def _pyav_decodable(path: Path) -> int:
     return n
 
 
-def _classified(paths, engine, timeout=120) -> dict:
-    """{path: frames classified} with one classify() call per file, each bounded in time (a hang fails)."""
+def _classified(paths, engine, timeout=120) -> tuple[dict, dict]:
+    """({path: frames classified}, {path: the problems its run reported}) with one classify() call per file, each
+    bounded in time (a hang fails)."""
     from engines.video import classify
 
     out, damaged = {}, {}
@@ -90,13 +91,13 @@ def _classified(paths, engine, timeout=120) -> dict:
         t.join(timeout)
         assert not t.is_alive(), f"{p.name}: classify hung for {timeout} s"
         out[p] = got.get("n", 0)
-    _classified.problems = damaged  # {path: the problems the run reported}
-    return out
+    return out, damaged
 
 
-def _nvdec_signs(path: Path, capfd) -> tuple[int, int]:
-    """(lines "Decode Error occurred for picture" printed, packets refused) when PyNvVideoCodec decodes ``path``
-    on its own, outside trtc: the signs of damage NVDEC gives."""
+def _nvdec_alone(path: Path, capfd) -> dict:
+    """PyNvVideoCodec decoding ``path`` on its own, outside trtc: the lines "Decode Error occurred for picture"
+    printed on fd 1 (``prints``), packets refused (``refused``; a file that does not open counts one), frames
+    decoded and the members of its DecodedFrames."""
     import ctypes
 
     import cupy as cp
@@ -104,7 +105,7 @@ def _nvdec_signs(path: Path, capfd) -> tuple[int, int]:
 
     capfd.readouterr()
     stream = cp.cuda.Stream(non_blocking=True)
-    refused = 0
+    members, frames, refused = set(), 0, 0
     try:
         dmx = nvc.CreateDemuxer(filename=str(path))
         dec = nvc.CreateDecoder(gpuid=0, codec=dmx.GetNvCodecId(), cudacontext=0, cudastream=stream.ptr,
@@ -112,14 +113,19 @@ def _nvdec_signs(path: Path, capfd) -> tuple[int, int]:
         for packet in dmx:
             try:
                 got = dec.Decode(packet)
-                del got
             except Exception:  # noqa: BLE001 - a refused packet
                 refused += 1
+                continue
+            for i in range(len(got)):
+                members |= {m for m in dir(got[i]) if not m.startswith("_")}
+                frames += 1
+            del got
     except Exception:  # noqa: BLE001 - the file does not open: trtc reports that itself
         refused += 1
     stream.synchronize()
-    ctypes.CDLL(None).fflush(None)
-    return capfd.readouterr().out.count("Decode Error occurred for picture"), refused
+    ctypes.CDLL(None).fflush(None)  # C stdio's buffer of fd 1
+    prints = capfd.readouterr().out.count("Decode Error occurred for picture")
+    return {"prints": prints, "refused": refused, "frames": frames, "members": members}
 
 
 def test_gpu_decodes_past_damage_like_the_cpu_fuzz(bikes, cuda_lite0, cpu_lite0, tmp_path, capfd):
@@ -134,10 +140,8 @@ def test_gpu_decodes_past_damage_like_the_cpu_fuzz(bikes, cuda_lite0, cpu_lite0,
                 p.write_bytes(_damage(data, kind, rng))
                 cases.append(p)
     assert len(cases) >= 20
-    gpu = _classified(cases, cuda_lite0)
-    gpu_problems = _classified.problems
-    cpu = _classified(cases, cpu_lite0)
-    cpu_problems = _classified.problems
+    gpu, gpu_problems = _classified(cases, cuda_lite0)
+    cpu, cpu_problems = _classified(cases, cpu_lite0)
     rows, bad, unsaid = [], [], []
     for p in cases:
         ref = _pyav_decodable(p)
@@ -153,7 +157,8 @@ def test_gpu_decodes_past_damage_like_the_cpu_fuzz(bikes, cuda_lite0, cpu_lite0,
     assert not bad, f"the GPU path classified fewer frames: {bad}"
     # damage the CPU path reports, the GPU path reports too, unless NVDEC itself gave no sign of it (no line printed,
     # no packet refused, decoding the file alone): then nothing on the GPU can see it
-    silent = {name: _nvdec_signs(tmp_path / name, capfd) for name, _ in unsaid}
+    alone = {name: _nvdec_alone(tmp_path / name, capfd) for name, _ in unsaid}
+    silent = {name: (d["prints"], d["refused"]) for name, d in alone.items()}
     print("CPU-damaged files the GPU path did not report, NVDEC's own signs (prints, refused):", silent)
     assert all(signs == (0, 0) for signs in silent.values()), f"the GPU path missed signs NVDEC gave: {silent}"
 
@@ -378,34 +383,13 @@ def test_nvdec_tells_concealed_pictures_only_by_printing(bikes, tmp_path, capfd)
     decoder prints "Decode Error occurred for picture N" on file descriptor 1 for the pictures it concealed, and
     hands Python no per-frame status (no DecodedFrame member says so). If this fails, PyNvVideoCodec now reports
     damage some other way: count it in engines/video/nvdec_feed.py and the packet loop instead."""
-    import ctypes
-
-    import cupy as cp
-    import PyNvVideoCodec as nvc
-
     ts = _remux_ts(bikes, tmp_path / "bikes.ts")
     bad = tmp_path / "bad.ts"
     bad.write_bytes(_damage(ts.read_bytes(), "flip", random.Random(5)))
-    stream = cp.cuda.Stream(non_blocking=True)
-    dmx = nvc.CreateDemuxer(filename=str(bad))
-    dec = nvc.CreateDecoder(gpuid=0, codec=dmx.GetNvCodecId(), cudacontext=0, cudastream=stream.ptr,
-                            usedevicememory=True)
-    members, frames, refused = set(), 0, 0
-    for packet in dmx:
-        try:
-            got = dec.Decode(packet)
-        except Exception:  # noqa: BLE001 - a refused packet
-            refused += 1
-            continue
-        for i in range(len(got)):
-            members |= {m for m in dir(got[i]) if not m.startswith("_")}
-            frames += 1
-        del got
-    stream.synchronize()
-    ctypes.CDLL(None).fflush(None)  # C stdio's buffer of fd 1
-    out = capfd.readouterr().out
+    got = _nvdec_alone(bad, capfd)
+    members = got["members"]
     statusy = {m for m in members if any(w in m.lower() for w in ("status", "error", "corrupt", "conceal"))}
-    print(f"\nNVDEC on a flipped TS: {frames} frames, {refused} refused packets, "
-          f"{out.count('Decode Error')} 'Decode Error' prints; DecodedFrame members: {sorted(members)}")
-    assert frames >= 200 and out.count("Decode Error") > 0
+    print(f"\nNVDEC on a flipped TS: {got['frames']} frames, {got['refused']} refused packets, "
+          f"{got['prints']} 'Decode Error' prints; DecodedFrame members: {sorted(members)}")
+    assert got["frames"] >= 200 and got["prints"] > 0
     assert not statusy, statusy
