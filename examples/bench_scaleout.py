@@ -45,6 +45,10 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.ray_head import ray_cli  # noqa: E402
+
 
 def copies_of(clip: Path, n: int, folder: Path) -> list[str]:
     """``n`` names for ``clip`` (symbolic links; results are keyed by source, so each copy needs a name)."""
@@ -183,10 +187,7 @@ class RayHead:
                         PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent),
                                                                  os.environ.get("PYTHONPATH")])))
         self.env.pop("RAY_ADDRESS", None)
-        script = Path(sys.executable).with_name("ray")  # a venv's; else Ray's entry point (pip --target installs)
-        ray = [str(script)] if script.exists() else [
-            sys.executable, "-c", "import sys; from ray.scripts.scripts import main; sys.exit(main())"]
-        cmd = [*ray, "start", "--head", "--block", "--port", "0",
+        cmd = [*ray_cli(), "start", "--head", "--block", "--port", "0",
                "--include-dashboard", "false", "--disable-usage-stats", "--temp-dir", self.temp]
         self.log = open(os.path.join(self.temp, "head.log"), "w")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=self.env,
