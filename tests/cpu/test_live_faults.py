@@ -2,7 +2,10 @@
 (tests/rtsp_server.py) through the fault-injecting proxy (tests/faultproxy.py). One test per row of the table of
 issue 50, each asserting what the operator needs, plus a camera that comes back at another resolution.
 
-Faults start once trtc is streaming (:meth:`FaultProxy.add`), so each time below is measured from the fault."""
+Faults start once trtc is streaming (:meth:`FaultProxy.add`), so each time below is measured from the fault. A read
+timeout is judged on the event line itself: its ``outage_s`` (time since the last decoded frame) is the timeout the
+user set, and its ``received`` (wall clock) is at most a little more after the fault, the little being the frames the
+machine had yet to decode when the fault began (on a loaded 2-core machine, about a second)."""
 
 from __future__ import annotations
 
@@ -29,8 +32,7 @@ def camera(rtsp):
 
 
 class Run:
-    """`trtc run` on one URL with -o and --summary in ``tmp``; ``seen(event)`` is when an event line first
-    appeared (monotonic), polled every 0.1 s."""
+    """`trtc run` on one URL with -o and --summary in ``tmp``, its lines polled every 0.1 s."""
 
     device = "cpu"  # tests/gpu/test_live_faults_gpu.py runs the same tests on "cuda:0"
 
@@ -40,7 +42,6 @@ class Run:
                                       "--device", self.device, "--batch", "4", "--top-k", "1", "-o", str(self.out),
                                       "--summary", str(self.summary), *map(str, opts)],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.first: dict[str, float] = {}
         self.stdout = self.stderr = ""
 
     def records(self) -> list[dict]:
@@ -48,21 +49,12 @@ class Run:
             p.read_text() for p in self.out.parent.glob(f".{self.out.name}.*.tmp"))
         return [json.loads(line) for line in text.splitlines() if line.strip()]
 
-    def poll(self) -> list[dict]:
-        recs = self.records()
-        now = time.monotonic()
-        for r in recs:
-            if "event" in r:
-                self.first.setdefault(r["event"], now)
-        return recs
-
     def wait(self, cond, timeout: float) -> float:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if cond(self.poll()):
+            if cond(self.records()):
                 return time.monotonic()
             if self.proc.poll() is not None:
-                self.poll()
                 if cond(self.records()):
                     return time.monotonic()
                 self.finish()
@@ -78,6 +70,10 @@ class Run:
                 recs = [] if at is None else recs[at:]
             return sum("frame" in r for r in recs) >= n
         return self.wait(enough, timeout)
+
+    def record(self, event: str) -> dict:
+        """The first line of ``event``."""
+        return next(r for r in self.records() if r.get("event") == event)
 
     def events(self) -> list[str]:
         return [r["event"] for r in self.records() if "event" in r]
@@ -117,16 +113,24 @@ def test_video_muted_while_rtsp_answers_is_one_disconnected_then_gave_up(camera,
     assert 14 <= gave_up["outage_s"] <= 17
 
 
+def _lost_at_read_timeout(run: Run, fault_at: float, timeout: float) -> None:
+    """The `disconnected` line came ``timeout`` s after the last frame (+0.6 s for the watchdog's tick and the
+    write), and at most 2.5 s more than that after the fault (frames still being decoded when it began)."""
+    lost = run.record("disconnected")
+    assert timeout - 0.05 <= lost["outage_s"] <= timeout + 0.6, lost
+    assert timeout - 1 <= lost["received"] - fault_at <= timeout + 2.5, (lost["received"] - fault_at, lost)
+
+
 def test_stall_on_an_open_connection_is_lost_at_read_timeout_then_back_near_live(camera, lite0_onnx, tmp_path):
-    """The stream stalls 15 s on an open connection. Needed: `disconnected` at --read-timeout (2 s, +-1 s), then
-    results back near live: lag p99 under --max-lag (2 s by default) and no other event."""
+    """The stream stalls 15 s on an open connection. Needed: `disconnected` at --read-timeout (2 s after the last
+    frame), then results back near live: lag p99 under --max-lag (2 s by default) and no other event."""
     _, proxy = camera
     run = Run(proxy.url(), lite0_onnx[0], tmp_path, "--read-timeout", 2)
     run.frames(20)
-    t = time.monotonic()
+    t = time.time()
     proxy.add("stall", 15)
     run.wait(lambda recs: any(r.get("event") == "disconnected" for r in recs), 20)
-    assert 1 <= run.first["disconnected"] - t <= 3.2, run.first["disconnected"] - t  # +-1 s, 0.1 s polling
+    _lost_at_read_timeout(run, t, 2)
     run.frames(60, after="reconnected", timeout=60)
     assert run.stop() == 143
     assert run.events() == ["disconnected", "reconnected"], run.events()
@@ -135,14 +139,14 @@ def test_stall_on_an_open_connection_is_lost_at_read_timeout_then_back_near_live
 
 
 def test_read_timeout_5_fires_at_5_s(camera, lite0_onnx, tmp_path):
-    """`--read-timeout 5`: lost after 5 s (+-1 s), not after PyAV's second timeout (10 s)."""
+    """`--read-timeout 5`: lost 5 s after the last frame, not after PyAV's second timeout (10 s)."""
     _, proxy = camera
     run = Run(proxy.url(), lite0_onnx[0], tmp_path, "--read-timeout", 5)
     run.frames(20)
-    t = time.monotonic()
+    t = time.time()
     proxy.add("mute", 30)
     run.wait(lambda recs: any(r.get("event") == "disconnected" for r in recs), 25)
-    assert 4 <= run.first["disconnected"] - t <= 6.2, run.first["disconnected"] - t
+    _lost_at_read_timeout(run, t, 5)
     run.stop()
 
 
