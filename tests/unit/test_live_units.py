@@ -577,9 +577,11 @@ def test_events_are_said_on_stderr_by_the_callers_thread_never_by_a_reader():
     alone = Src()  # no pipeline: the source says its events itself
     alone.on_event = None
     logger.addHandler(handler)
+    logger.setLevel(logging.INFO)  # whatever an earlier test in this process (a CLI run with -q) left it at
     try:
         alone._event("gave_up", reason="no frame for 5 s", outage_s=300.0, attempts=9)
     finally:
         logger.removeHandler(handler)
+        logger.setLevel(level)
     assert said[-1][2] == "cam: gave up reconnecting after 300.0 s (9 attempt(s))"
     assert isinstance(out[0][1], SourceEvent)
