@@ -11,9 +11,10 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
+import os
 from types import ModuleType
 
-from .errors import MissingDependency
+from .errors import MissingDependency, UsageProblem
 
 # module -> (extra, pip package) for the messages
 KNOWN = {
@@ -44,6 +45,18 @@ def require(module: str, purpose: str, extra: str | None = None, package: str | 
             raise MissingDependency(module, extra or known_extra, f"{purpose} (import failed: {exc})",
                                     package or known_pkg) from exc
         raise MissingDependency(module, extra or known_extra, purpose, package or known_pkg) from exc
+
+
+def cpu_threads() -> int | None:
+    """TRTC_CPU_THREADS: the CPU threads of each ONNX Runtime session, for a machine that several processes share
+    or a container with a CPU quota (ONNX Runtime's default is one per core of the host). None when unset."""
+    raw = os.environ.get("TRTC_CPU_THREADS", "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise UsageProblem(f"TRTC_CPU_THREADS={raw!r} is not a number of threads",
+                           "set it to a whole number of 1 or more, or unset it for one thread per core")
+    return int(raw)
 
 
 def is_installed(module: str) -> bool:

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from ._cuda import device_input, device_output, external_stream, is_device_array
-from ._deps import dist_version, is_installed, require
+from ._deps import cpu_threads, dist_version, is_installed, require
 from .base import EngineBase, TensorSpec
 from .errors import EngineError, UsageProblem, first_line
 
@@ -110,6 +110,7 @@ def session_options(ort, threads: int | None = None, qdq_fusion: bool = True, sp
     ort.set_default_logger_severity(3)  # the process-wide logger prints provider chatter at warning level
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
+    threads = threads or cpu_threads()
     if threads:
         opts.intra_op_num_threads = threads
     if not spin:
