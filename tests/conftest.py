@@ -40,10 +40,38 @@ HAS_EXPORT = all(_has(m) for m in ("torch", "torchvision", "onnx", "onnxscript",
 needs_export = pytest.mark.skipif(not HAS_EXPORT, reason='needs the export and cpu extras: pip install -e ".[dev]"')
 
 
+# made-once artifacts that take a minute or more to make: a worker whose test needs one while another worker makes
+# it waits, idle, on the lock (see :func:`made_once`)
+LONG_MADE_ONCE = {"lite0_int8", "lite0_int8_plain"}
+
+
+def pytest_configure(config):
+    # pytest-xdist's default scheduling hands each worker a first chunk of a quarter of its share of consecutive
+    # tests, which gave every slow test (sorted first below) to one worker while the others ran out of work after
+    # half the run; one test at a time (two queued per worker) gives them out in order, as workers free up
+    if hasattr(config.option, "maxschedchunk") and config.option.maxschedchunk is None:
+        config.option.maxschedchunk = 1
+
+
 def pytest_collection_modifyitems(config, items):
     # tests marked slow first (a stable sort keeps the rest in order): under pytest-xdist a worker that starts one
-    # late is still running it when the others have nothing left, and the run waits for it
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    # late is still running it when the others have nothing left, and the run waits for it. A worker must not sit
+    # waiting for a LONG_MADE_ONCE artifact while there is other work: the first slow test that needs one starts
+    # first (it makes it), the other slow tests that need it follow the slow tests that need none, and the quick
+    # tests that need it come last
+    def rank(item) -> int:
+        slow = item.get_closest_marker("slow") is not None
+        wants = LONG_MADE_ONCE & set(item.fixturenames)
+        if slow and wants and not wants & claimed:  # the maker: the run's longest chain starts with it
+            claimed.update(wants)
+            return 0
+        if not wants:
+            return 1 if slow else 3
+        return 2 if slow else 4
+
+    claimed: set[str] = set()
+    ranks = {id(item): rank(item) for item in items}
+    items.sort(key=lambda item: ranks[id(item)])
     if _has_gpu():
         return
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU (run on the GPU machine)")

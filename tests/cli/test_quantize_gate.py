@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shlex
 
+import pytest
 from click.testing import CliRunner
 
 from tests.conftest import needs_export
@@ -21,6 +22,7 @@ def _trtc(*args):
 
 
 @needs_export
+@pytest.mark.slow  # about a minute on two busy cores: a plain INT8 quantization and a 64-frame validation
 def test_int8_below_validates_threshold_is_said_with_the_fix(lite0_onnx, bikes, cli_cache_env, tmp_path,
                                                             monkeypatch):
     import shutil

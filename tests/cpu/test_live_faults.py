@@ -21,7 +21,7 @@ import pytest
 from tests.conftest import needs_export
 from tests.faultproxy import FaultProxy
 
-pytestmark = needs_export
+pytestmark = [needs_export, pytest.mark.slow]  # real-time streams: mostly waiting, so started first
 
 
 @pytest.fixture

@@ -203,6 +203,7 @@ def test_every_readme_command_runs_as_written(docs_env, monkeypatch):
 
 
 @pytest.mark.slow  # 3 minutes on two cores: two INT8 quantizations (one accuracy-aware), a validation
+@pytest.mark.usefixtures("lite0_int8")  # the accuracy-aware run below (lite0_int8_t97), named for the test order
 def test_every_precision_page_command_runs_as_written(docs_env, monkeypatch, lite0_onnx, lite0_fp16, bikes,
                                                       tmp_path_factory, cli_cache_env):
     import shutil
