@@ -5,6 +5,7 @@ assertion states the measured floor and README.md (trtc quantize) says why."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -171,7 +172,8 @@ def test_int8_default_form_is_right_in_a_default_ort_session(lite0_int8_plain, l
 
 @needs_export
 @pytest.mark.slow
-def test_fp16_scale_form_fails_the_default_session_check(lite0_onnx, lite0_int8_plain, bikes, tmp_path, monkeypatch):
+def test_fp16_scale_form_fails_the_default_session_check(lite0_onnx, lite0_int8_plain, bikes, photos, tmp_path,
+                                                        monkeypatch):
     """The FP16-scale form (--target tensorrt; the default before issue 13) is wrong in a default session: the
     check says so, records it, and would have refused the old default."""
     from toolchain import quantize as q
@@ -188,10 +190,13 @@ def test_fp16_scale_form_fails_the_default_session_check(lite0_onnx, lite0_int8_
     assert any("default ONNX Runtime session" in w and "--target tensorrt" in w for w in r.warnings)
     m = read_manifest(r.output)
     assert m.precision["scales"] == "fp16" and m.precision["runtimes"] == ["tensorrt", "tensorrt-rtx"]
-    # an artifact that claims to run in ONNX Runtime (as the old default did) is refused, and nothing is written
+    # an artifact that claims to run in ONNX Runtime (as the old default did) is refused, and nothing is written;
+    # checked on the 3 photos (the run above showed the form wrong on 186 frames), so it calibrates on its own
     monkeypatch.setattr(q, "RUNTIMES_TENSORRT", q.RUNTIMES_ALL)
     with pytest.raises(QuantizeError, match="default ONNX Runtime session"):
-        q.quantize_onnx(lite0_onnx[0], tmp_path / "old.onnx", target="tensorrt", **kw)
+        q.quantize_onnx(lite0_onnx[0], tmp_path / "old.onnx", target="tensorrt", precision="int8",
+                        calib=[str(bikes)], calib_count=64, check=list(map(str, photos)),
+                        calib_cache=tmp_path / "old-calib.json")
     assert not (tmp_path / "old.onnx").exists() and not (tmp_path / "old.onnx.json").exists()
     # trtc validate: exit 1 for such a file whose manifest lacks `runtimes` (as the old default wrote it) ...
     from click.testing import CliRunner
@@ -232,26 +237,25 @@ def test_fp16_default_ort_session_agrees_with_trtc(lite0_fp16, photos, bikes):
 
 
 @needs_export
-@pytest.mark.slow
-def test_calibration_cache_is_reused(lite0_int8, lite0_onnx, bikes, tmp_path):
-    import shutil
-
+def test_calibration_cache_is_reused(lite0_int8, lite0_int8_plain, mnist, tmp_path):
+    """The accuracy-aware CLI run (lite0_int8) calibrated Lite0 and wrote its cache; the plain INT8 of the same
+    frames (lite0_int8_plain, a library call) read that cache instead of calibrating again. An entry is keyed by the
+    recipe: on MNIST's real model (seconds a run) the same recipe hits the entry and another method misses it."""
     from toolchain.quantize import quantize_onnx
 
     assert lite0_int8.calibration["from_cache"] is False
-    # the cache file lite0_int8 wrote, copied: the recalibration below replaces it, and the run's other INT8
-    # fixtures and tests read the original
-    cache = tmp_path / "lite0.json"
-    shutil.copy(lite0_int8.calibration["cache"], cache)
-    r = quantize_onnx(lite0_onnx[0], tmp_path / "again.onnx", precision="int8", calib=[str(bikes)], calib_count=64,
-                      calib_cache=cache)
-    assert r.calibration["from_cache"] is True
-    cached = json.loads(cache.read_text())
+    assert lite0_int8_plain.calibration["from_cache"] is True
+    assert lite0_int8_plain.calibration["cache"] == lite0_int8.calibration["cache"]
+    cached = json.loads(Path(lite0_int8.calibration["cache"]).read_text())
     assert cached["recipe"]["method"] == "percentile" and len(cached["ranges"]) == lite0_int8.calibration["activations"]
-    # a different recipe does not hit that cache entry
-    r2 = quantize_onnx(lite0_onnx[0], tmp_path / "mm.onnx", precision="int8", calib=[str(bikes)], calib_count=64,
-                       calib_method="minmax", calib_cache=cache)
-    assert r2.calibration["from_cache"] is False
+    model, npz, _, _ = mnist
+    kw = dict(precision="int8", calib=[str(npz)], calib_count=200, check=[str(npz)], check_count=200,
+              calib_cache=tmp_path / "mnist.json")
+    first = quantize_onnx(model, tmp_path / "first.onnx", **kw)
+    again = quantize_onnx(model, tmp_path / "again.onnx", **kw)
+    minmax = quantize_onnx(model, tmp_path / "minmax.onnx", calib_method="minmax", **kw)
+    assert [r.calibration["from_cache"] for r in (first, again, minmax)] == [False, True, False]
+    assert json.loads((tmp_path / "mnist.json").read_text())["recipe"]["method"] == "minmax"
 
 
 def test_mnist_int8_and_fp16_accuracy(mnist, tmp_path):
