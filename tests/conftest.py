@@ -290,19 +290,20 @@ def lite0_fp16(tmp_path_factory, lite0_onnx, bikes, photos):
         lite0_onnx[0], d / "lite0.fp16.onnx", precision="fp16", check=[*map(str, photos), str(bikes)]))
 
 
-# docs/QUANTIZE.md's accuracy-aware INT8 command. Its accuracy-aware search is the costliest step of the suite, and
-# the docs test and :func:`lite0_int8` both need it on the same files: :func:`lite0_int8_t97` runs it once per test
-# run, through the CLI as written, and both read that run.
+# docs/QUANTIZE.md's two INT8 commands. The accuracy-aware search is the costliest step of the suite, and the plain
+# one is what tests/cli/test_quantize_gate.py is about: the docs test and the INT8 fixtures need both on the same
+# files, so each runs once per test run, through the CLI as written (:func:`quantize_cli_once`), and all read it.
 LITE0_INT8_T97 = ("trtc quantize lite0.onnx --precision int8 --calib bikes.mp4 --calib-count 64 "
                   "--target-agreement 0.97 -o lite0.int8.t97.onnx")
+LITE0_INT8_PLAIN = "trtc quantize lite0.onnx --precision int8 --calib bikes.mp4"
 
 
-def lite0_int8_t97(tmp_path_factory, lite0_onnx, bikes, cache_home: str):
-    """LITE0_INT8_T97 run once per test run (:func:`made_once`) through the CLI, as written, in a folder laid out
-    as `trtc data` leaves it with the run's Lite0 export (lite0.onnx and its manifest, bikes.mp4), and with
-    XDG_CACHE_HOME ``cache_home`` (the calibration cache): (the folder, the report quantize_onnx returned to the
-    CLI with its file names made absolute, the CLI's exit code and output). The report is recorded by wrapping
-    toolchain.quantize.quantize_onnx, which the command calls unchanged."""
+def quantize_cli_once(tmp_path_factory, lite0_onnx, bikes, cache_home: str, command: str):
+    """``command`` (a `trtc quantize` line) run once per test run (:func:`made_once`) through the CLI, as written, in
+    a folder laid out as `trtc data` leaves it with the run's Lite0 export (lite0.onnx and its manifest, bikes.mp4),
+    and with XDG_CACHE_HOME ``cache_home`` (the calibration cache): (the folder, the report quantize_onnx returned
+    to the CLI with its file names made absolute, the CLI's exit code and output). The report is recorded by
+    wrapping toolchain.quantize.quantize_onnx, which the command calls unchanged."""
     import dataclasses
     import shlex
 
@@ -325,35 +326,34 @@ def lite0_int8_t97(tmp_path_factory, lite0_onnx, bikes, cache_home: str):
             mp.chdir(folder)
             mp.setenv("XDG_CACHE_HOME", cache_home)
             mp.setattr(q, "quantize_onnx", recorded)
-            r = CliRunner().invoke(cli, shlex.split(LITE0_INT8_T97)[1:])
-        assert r.exit_code == 0 and len(reports) == 1, f"{LITE0_INT8_T97}\nexit {r.exit_code}\n{r.output}"
+            r = CliRunner().invoke(cli, shlex.split(command)[1:])
+        assert r.exit_code == 0 and len(reports) == 1, f"{command}\nexit {r.exit_code}\n{r.output}"
         (report,) = reports
         report = dataclasses.replace(report, output=str(folder / report.output),
                                      manifest=str(folder / report.manifest),
                                      parent={**report.parent, "file": str(folder / report.parent["file"])})
         return folder, report, r.exit_code, r.output
 
-    return made_once(tmp_path_factory, "lite0int8", make)
+    name = "lite0int8t97" if command == LITE0_INT8_T97 else "lite0int8plain"
+    assert command in (LITE0_INT8_T97, LITE0_INT8_PLAIN), command
+    return made_once(tmp_path_factory, name, make)
 
 
 @pytest.fixture(scope="session")
 def lite0_int8(tmp_path_factory, lite0_onnx, bikes, cli_cache_env):
     """INT8 Lite0 calibrated on 64 frames of bikes.mp4, accuracy-aware (97% target); the other 186 frames are
-    split between tuning the search and the check: the report of LITE0_INT8_T97 (:func:`lite0_int8_t97`). Its
+    split between tuning the search and the check: the report of LITE0_INT8_T97 (:func:`quantize_cli_once`). Its
     calibration is cached in the run's shared cache (``calibration["cache"]`` names the file)."""
-    return lite0_int8_t97(tmp_path_factory, lite0_onnx, bikes, cli_cache_env["XDG_CACHE_HOME"])[1]
+    return quantize_cli_once(tmp_path_factory, lite0_onnx, bikes, cli_cache_env["XDG_CACHE_HOME"], LITE0_INT8_T97)[1]
 
 
 @pytest.fixture(scope="session")
-def lite0_int8_plain(tmp_path_factory, lite0_onnx, bikes, lite0_int8):
-    """Plain INT8 Lite0 (every layer INT8, the default graph form) calibrated on 64 frames of bikes.mp4, checked on
-    the other 186 (issue 13: what a default ONNX Runtime session computes). Made after :func:`lite0_int8`, whose
-    calibration of the same frames (the cache file its report names) it reads."""
-    from toolchain.quantize import quantize_onnx
-
-    return made_once(tmp_path_factory, "lite0int8plain", lambda d: quantize_onnx(
-        lite0_onnx[0], d / "lite0.int8.onnx", precision="int8", calib=[str(bikes)], calib_count=64,
-        calib_cache=lite0_int8.calibration["cache"]))
+def lite0_int8_plain(tmp_path_factory, lite0_onnx, bikes, cli_cache_env, lite0_int8):
+    """Plain INT8 Lite0 (every layer INT8, the default graph form) calibrated on the same 64 frames of bikes.mp4,
+    checked on the other 186 (issue 13: what a default ONNX Runtime session computes): the report of
+    LITE0_INT8_PLAIN. Made after :func:`lite0_int8`, whose calibration cache it reads."""
+    return quantize_cli_once(tmp_path_factory, lite0_onnx, bikes, cli_cache_env["XDG_CACHE_HOME"],
+                             LITE0_INT8_PLAIN)[1]
 
 
 @pytest.fixture(scope="session")

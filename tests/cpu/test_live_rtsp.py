@@ -416,7 +416,7 @@ def test_a_backlog_past_max_lag_is_skipped_before_preprocessing_and_reported(rts
             proxy.stall.clear()
             proxy.close()
     kinds = [e.event for _, e in events]
-    assert kinds == ["lagging", "caught_up"], kinds
+    assert kinds == ["lagging", "caught_up"], [(e.event, e.reason, e.frames) for _, e in events]
     lagging, caught = events[0][1], events[1][1]
     assert lagging.extra["lag_s"] > 1.0 and caught.extra["lag_s"] <= 0.5
     s = run.stats

@@ -203,31 +203,37 @@ def test_every_readme_command_runs_as_written(docs_env, monkeypatch):
 
 
 @pytest.mark.slow  # 3 minutes on two cores: two INT8 quantizations (one accuracy-aware), a validation
-@pytest.mark.usefixtures("lite0_int8")  # the accuracy-aware run below (lite0_int8_t97), named for the test order
+@pytest.mark.usefixtures("lite0_int8_plain")  # the INT8 runs shared below, named for the test order
 def test_every_precision_page_command_runs_as_written(docs_env, monkeypatch, lite0_onnx, lite0_fp16, bikes,
                                                       tmp_path_factory, cli_cache_env):
     import shutil
 
     from engines._io import sha256_file
-    from tests.conftest import LITE0_INT8_T97, lite0_int8_t97
+    from tests.conftest import LITE0_INT8_PLAIN, LITE0_INT8_T97, quantize_cli_once
 
     def tour_files(folder: Path):  # what the README's tour left in trtc-data: its export and FP16 conversion
         for src, name in ((Path(lite0_onnx[0]), "lite0.onnx"), (Path(lite0_fp16.output), "lite0.fp16.onnx")):
             shutil.copy(src, folder / name)
             shutil.copy(f"{src}.json", folder / f"{name}.json")
 
-    def t97(folder: Path):  # the accuracy-aware search, run once per test run (tests/conftest.py, lite0_int8)
-        src, _, code, output = lite0_int8_t97(tmp_path_factory, lite0_onnx, bikes, cli_cache_env["XDG_CACHE_HOME"])
-        if any(sha256_file(folder / f) != sha256_file(src / f) for f in ("lite0.onnx", "lite0.onnx.json",
-                                                                          "bikes.mp4")):
-            return None
-        for suffix in ("", ".json"):
-            shutil.copy(src / f"lite0.int8.t97.onnx{suffix}", folder / f"lite0.int8.t97.onnx{suffix}")
-        return code, output
+    def once(command: str):
+        """The run's one run of ``command`` (tests/conftest.py: the lite0_int8 and lite0_int8_plain fixtures), its
+        files put in ``folder``, where that folder holds the same inputs; else None (it runs here)."""
+        def shared(folder: Path):
+            src, report, code, output = quantize_cli_once(tmp_path_factory, lite0_onnx, bikes,
+                                                          cli_cache_env["XDG_CACHE_HOME"], command)
+            if any(sha256_file(folder / f) != sha256_file(src / f) for f in ("lite0.onnx", "lite0.onnx.json",
+                                                                              "bikes.mp4")):
+                return None
+            for f in (report.output, report.manifest):
+                shutil.copy(f, folder / Path(f).name)
+            return code, output
+        return shared
 
-    assert any(line == LITE0_INT8_T97 for line, _ in group_commands("precision"))  # else nothing is shared
+    commands = {line for line, _ in group_commands("precision")}
+    assert {LITE0_INT8_PLAIN, LITE0_INT8_T97} <= commands  # else nothing is shared
     ran, skipped = run_commands(group_commands("precision"), monkeypatch, after_cd=tour_files,
-                                shared={LITE0_INT8_T97: t97})
+                                shared={c: once(c) for c in (LITE0_INT8_PLAIN, LITE0_INT8_T97)})
     print(f"precision pages: ran {len(ran)} commands, skipped {len(skipped)}:\n  " + "\n  ".join(skipped))
     assert len(ran) >= 5  # data, 2 x quantize, inspect, validate
     names = {p.name for p in Path.cwd().iterdir()}

@@ -152,13 +152,23 @@ def cuda_engine(monkeypatch, lite0_onnx):
             batch = _manifest_batch(model) if (Path(str(model) + ".json")).exists() else None
         eng = oe.OnnxRuntimeEngine(model, device="cuda:0", tuning=tuning, device_buffers=device_buffers,
                                    quick_start=quick_start, batch=batch, form=form)
+        opened.append(eng)
         return eng, asked, eng.session
 
+    opened = []
     open_.cp = cp
     open_.use = None  # set to watch the tuned sessions for overlapping runs (see Session._using)
     open_.registry = registry
     open_.sessions = sessions
-    return open_
+    yield open_
+    # every engine closed and its worker ended while this test's fake is in place: a worker still opening a
+    # session on a loaded machine would otherwise open it through the next test's fake, in that test's list
+    for eng in opened:
+        eng.close()
+        worker = eng._worker
+        if worker is not None:
+            worker.join(60)
+            assert not worker.is_alive(), "an engine's worker did not end after close()"
 
 
 def test_a_tuned_cuda_session_asks_for_nhwc_heuristic_algorithms_and_graphs_only_when_told(cuda_engine):
