@@ -42,7 +42,7 @@ needs_export = pytest.mark.skipif(not HAS_EXPORT, reason='needs the export and c
 
 # made-once artifacts that take a minute or more to make: a worker whose test needs one while another worker makes
 # it waits, idle, on the lock (see :func:`made_once`)
-LONG_MADE_ONCE = {"lite0_int8", "lite0_int8_plain"}
+LONG_MADE_ONCE = {"lite0_int8", "lite0_int8_plain", "lite0_int8_cli"}
 
 
 def pytest_configure(config):
@@ -291,8 +291,8 @@ def lite0_fp16(tmp_path_factory, lite0_onnx, bikes, photos):
 
 
 # docs/QUANTIZE.md's two INT8 commands. The accuracy-aware search is the costliest step of the suite, and the plain
-# one is what tests/cli/test_quantize_gate.py is about: the docs test and the INT8 fixtures need both on the same
-# files, so each runs once per test run, through the CLI as written (:func:`quantize_cli_once`), and all read it.
+# one is what tests/cli/test_quantize_gate.py is about: the docs test and the INT8 tests need both on the same files,
+# so each runs once per test run, through the CLI as written (:func:`quantize_cli_once`), and all read that run.
 LITE0_INT8_T97 = ("trtc quantize lite0.onnx --precision int8 --calib bikes.mp4 --calib-count 64 "
                   "--target-agreement 0.97 -o lite0.int8.t97.onnx")
 LITE0_INT8_PLAIN = "trtc quantize lite0.onnx --precision int8 --calib bikes.mp4"
@@ -334,7 +334,7 @@ def quantize_cli_once(tmp_path_factory, lite0_onnx, bikes, cache_home: str, comm
                                      parent={**report.parent, "file": str(folder / report.parent["file"])})
         return folder, report, r.exit_code, r.output
 
-    name = "lite0int8t97" if command == LITE0_INT8_T97 else "lite0int8plain"
+    name = "lite0int8t97" if command == LITE0_INT8_T97 else "lite0int8cli"
     assert command in (LITE0_INT8_T97, LITE0_INT8_PLAIN), command
     return made_once(tmp_path_factory, name, make)
 
@@ -348,12 +348,22 @@ def lite0_int8(tmp_path_factory, lite0_onnx, bikes, cli_cache_env):
 
 
 @pytest.fixture(scope="session")
-def lite0_int8_plain(tmp_path_factory, lite0_onnx, bikes, cli_cache_env, lite0_int8):
-    """Plain INT8 Lite0 (every layer INT8, the default graph form) calibrated on the same 64 frames of bikes.mp4,
-    checked on the other 186 (issue 13: what a default ONNX Runtime session computes): the report of
-    LITE0_INT8_PLAIN. Made after :func:`lite0_int8`, whose calibration cache it reads."""
-    return quantize_cli_once(tmp_path_factory, lite0_onnx, bikes, cli_cache_env["XDG_CACHE_HOME"],
-                             LITE0_INT8_PLAIN)[1]
+def lite0_int8_plain(tmp_path_factory, lite0_onnx, bikes, lite0_int8):
+    """Plain INT8 Lite0 (every layer INT8, the default graph form) calibrated on the same 64 frames of bikes.mp4 as
+    :func:`lite0_int8`, whose calibration cache (the file its report names) it reads, checked on the other 186
+    (issue 13: what a default ONNX Runtime session computes)."""
+    from toolchain.quantize import quantize_onnx
+
+    return made_once(tmp_path_factory, "lite0int8plain", lambda d: quantize_onnx(
+        lite0_onnx[0], d / "lite0.int8.onnx", precision="int8", calib=[str(bikes)], calib_count=64,
+        calib_cache=lite0_int8.calibration["cache"]))
+
+
+@pytest.fixture(scope="session")
+def lite0_int8_cli(tmp_path_factory, lite0_onnx, bikes, cli_cache_env):
+    """LITE0_INT8_PLAIN, run once (:func:`quantize_cli_once`): the CLI's defaults (128 calibration frames, the
+    other 122 to check). Named by the tests that read it, for the test order (LONG_MADE_ONCE)."""
+    return quantize_cli_once(tmp_path_factory, lite0_onnx, bikes, cli_cache_env["XDG_CACHE_HOME"], LITE0_INT8_PLAIN)
 
 
 @pytest.fixture(scope="session")

@@ -21,16 +21,12 @@ def _trtc(*args):
 
 
 @needs_export
-def test_int8_below_validates_threshold_is_said_with_the_fix(lite0_onnx, lite0_int8_plain, bikes, cli_cache_env,
-                                                            tmp_path_factory, tmp_path, monkeypatch):
+def test_int8_below_validates_threshold_is_said_with_the_fix(lite0_int8_cli, tmp_path, monkeypatch):
     import shutil
 
-    from tests.conftest import LITE0_INT8_PLAIN, quantize_cli_once
-
-    # the plain INT8 line of docs/QUANTIZE.md, run once per test run through the CLI as written (the docs test and
-    # the lite0_int8_plain fixture read the same run): its report is what --json prints, its output what a user sees
-    folder, report, code, output = quantize_cli_once(tmp_path_factory, lite0_onnx, bikes,
-                                                     cli_cache_env["XDG_CACHE_HOME"], LITE0_INT8_PLAIN)
+    # the plain INT8 line of docs/QUANTIZE.md, run once per test run through the CLI as written (the docs test reads
+    # the same run): its report is what --json prints, its output what the user sees
+    folder, report, code, output = lite0_int8_cli
     assert code == 0, output
     for name in ("lite0.onnx", "lite0.onnx.json", "bikes.mp4", "lite0.int8.onnx", "lite0.int8.onnx.json"):
         shutil.copy(folder / name, tmp_path / name)

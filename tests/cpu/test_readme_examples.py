@@ -203,7 +203,7 @@ def test_every_readme_command_runs_as_written(docs_env, monkeypatch):
 
 
 @pytest.mark.slow  # 3 minutes on two cores: two INT8 quantizations (one accuracy-aware), a validation
-@pytest.mark.usefixtures("lite0_int8_plain")  # the INT8 runs shared below, named for the test order
+@pytest.mark.usefixtures("lite0_int8", "lite0_int8_cli")  # the INT8 runs shared below, named for the test order
 def test_every_precision_page_command_runs_as_written(docs_env, monkeypatch, lite0_onnx, lite0_fp16, bikes,
                                                       tmp_path_factory, cli_cache_env):
     import shutil
@@ -217,7 +217,7 @@ def test_every_precision_page_command_runs_as_written(docs_env, monkeypatch, lit
             shutil.copy(f"{src}.json", folder / f"{name}.json")
 
     def once(command: str):
-        """The run's one run of ``command`` (tests/conftest.py: the lite0_int8 and lite0_int8_plain fixtures), its
+        """The run's one run of ``command`` (tests/conftest.py: the lite0_int8 and lite0_int8_cli fixtures), its
         files put in ``folder``, where that folder holds the same inputs; else None (it runs here)."""
         def shared(folder: Path):
             src, report, code, output = quantize_cli_once(tmp_path_factory, lite0_onnx, bikes,

@@ -56,7 +56,7 @@ def test_fp16_and_int8_pass_a_damaged_candidate_fails(lite0_onnx, lite0_fp16, li
     assert int8["precision"] == "int8" and int8["metrics"]["top1_agreement"] >= 0.95
     assert int8["thresholds"] == {"min_top1_agreement": 0.95, "min_cosine": 0.98, "max_accuracy_drop": 0.01}
     assert all(f["sample"].startswith(("bikes.mp4#", "/")) for f in fp16["flips"])
-    r = run(["validate", "--reference", str(lite0_onnx[0]), "--candidate", str(bad), *data])
+    r = run(["validate", "--reference", str(lite0_onnx[0]), "--candidate", str(bad), *data, "--count", "64"])
     assert r.exit_code == 1, r.output
     assert "lite0.broken.onnx fails top1_agreement" in r.output and "threshold 0.98" in r.output
     assert "off by" in r.output
