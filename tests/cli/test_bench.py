@@ -127,7 +127,7 @@ def test_bench_video_on_the_cpu_has_engine_only_the_limit_and_time_to_first_resu
     time to first result was measured in two fresh processes."""
     from tests.clips import encode_clip
 
-    clip = encode_clip(bikes, tmp_path / "short.mp4", "libx264", (320, 136), frames=24)
+    clip = encode_clip(bikes, tmp_path / "short.mp4", "libx264", (320, 136), frames=40)
     r = run(["bench", str(clip), "--model", str(lite0_onnx[0]), "--device", "cpu", "--streams", "2", "--batch", "8",
              "--repeat", "1", "--latency-frames", "0", "--json"])
     assert r.exit_code == 0, r.output
