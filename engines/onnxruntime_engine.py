@@ -347,10 +347,7 @@ class _QuickStart:
 def _join_at_exit() -> None:
     """Stop every worker and wait for it (its current node) before CUDA is torn down under it."""
     for engine in list(_alive):
-        engine.close()
-        worker = engine._worker
-        if worker is not None:
-            worker.join(60)
+        engine.close_and_wait(60)
 
 
 class _CudaGraphs:
@@ -616,6 +613,14 @@ class OnnxRuntimeEngine(_QuickStart, _CudaGraphs, EngineBase):
                 self._let_go()
             finally:
                 self._lock.release()
+
+    def close_and_wait(self, timeout: float) -> bool:
+        """close(), then wait up to ``timeout`` s for the worker to end its current step; whether it ended."""
+        self.close()
+        worker = self._worker
+        if worker is not None:
+            worker.join(timeout)
+        return worker is None or not worker.is_alive()
 
     def _let_go(self) -> None:
         """Drop the tuned session, bindings and graphs (under the lock) once their queued work ended."""

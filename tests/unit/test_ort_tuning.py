@@ -164,11 +164,7 @@ def cuda_engine(monkeypatch, lite0_onnx):
     # every engine closed and its worker ended while this test's fake is in place: a worker still opening a
     # session on a loaded machine would otherwise open it through the next test's fake, in that test's list
     for eng in opened:
-        eng.close()
-        worker = eng._worker
-        if worker is not None:
-            worker.join(60)
-            assert not worker.is_alive(), "an engine's worker did not end after close()"
+        assert eng.close_and_wait(60), "an engine's worker did not end after close()"
 
 
 def test_a_tuned_cuda_session_asks_for_nhwc_heuristic_algorithms_and_graphs_only_when_told(cuda_engine):
