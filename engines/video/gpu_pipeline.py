@@ -41,6 +41,7 @@ from ..errors import UsageProblem
 from ..preprocess import MAX_FRAMES_PER_LAUNCH, GpuPreprocessor
 from ..topk import unpack
 from .assembler import InputBuffer, SlotAssembler, Stopped
+from .bitstream import Auditor, file_damage
 from .decoders import DECODERS
 from .live import LagStats
 from .native_out import TAP
@@ -377,7 +378,9 @@ class GpuPipeline(GpuBatches):
         src.on_event = self.events.append
         writer = _SourceWriter(self, src, pre, asm, out_dtype)
         stream = fmt = reused = kept = None
-        watch = None if getattr(src, "live", False) else TAP.begin(src.name)  # damage NVDEC concealed (native_out)
+        live = getattr(src, "live", False)
+        watch = None if live else TAP.begin(src.name)  # damage NVDEC concealed (native_out)
+        audit = None if live else Auditor(src.name, self.stop)  # damage it decodes without a sign (bitstream)
         try:
             if src.batched:  # a decoder kept from an earlier source of this format comes with its own stream
                 fmt = src.probe()
@@ -396,8 +399,8 @@ class GpuPipeline(GpuBatches):
                         batched = False
                 if not batched:
                     src.run(stream.ptr, writer.on_frame)
-            self._concealed(src, watch)
-            watch = None
+            ended, watch = watch, None  # ended here, whatever the verdict does
+            self._concealed(src, ended, audit)
         except Stopped:
             return
         except SourceError as exc:
@@ -415,22 +418,19 @@ class GpuPipeline(GpuBatches):
             asm.source_done()  # whatever happened: the run must not wait for this source forever
             self._add_decode_time(writer.clock, reused is not None)
 
-    def _concealed(self, src, watch) -> None:
-        """A file NVDEC decoded to its end: pictures it decoded with errors (concealed, and classified) make the
-        source damaged, as the CPU path's decoder errors do; the count is the source's own only when no other source
-        decoded meanwhile (PyNvVideoCodec's lines name no decoder), and the reason says which."""
+    def _concealed(self, src, watch, audit) -> None:
+        """A file NVDEC decoded to its end: whatever made it damaged (:func:`file_damage`) is its problem, as the
+        CPU path's decoder errors are."""
         if watch is None:
             return
-        n, others = watch.end()
-        if not n or self.stop.is_set():
+        printed, others = watch.end()
+        if self.stop.is_set():
             return
-        if not others:
-            src.damaged += n
-            why = f"NVDEC concealed errors in {n} decoded picture(s) (classified)"
-        else:
-            why = (f"NVDEC concealed errors in {n} picture(s) while {len(others)} other source(s) decoded too "
-                   "(PyNvVideoCodec does not say whose; this source or another is damaged)")
-        self.report_problem(src.name, f"{src.name}: {why}", self.counts[src.name])
+        found = audit.result() if audit is not None else None
+        add, why = file_damage(printed, others, found, src.damaged)
+        src.damaged += add
+        if why:
+            self.report_problem(src.name, f"{src.name}: {why}", self.counts[src.name])
 
     def _add_decode_time(self, clock: dict, reused: bool) -> None:
         """Where a decoder thread's time went, summed over sources in ``stats.decode_stage``."""

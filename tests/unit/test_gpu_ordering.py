@@ -450,7 +450,7 @@ def test_small_frames_are_decoded_sixteen_a_call_and_large_ones_eight(monkeypatc
     asked = []
 
     class Src:
-        batched, info = True, None
+        batched, info, damaged = True, None, 0
 
         def __init__(self, name, w, h):
             self.name, self.size = name, (w, h)
@@ -471,3 +471,46 @@ def test_small_frames_are_decoded_sixteen_a_call_and_large_ones_eight(monkeypatc
         pipe.counts[src.name] = 0
         pipe._decode_stage(src, None, asm, np.float32)
     assert asked == [("small", 16), ("hd", 8)]
+
+
+def test_a_file_nvdec_decodes_without_a_sign_is_called_damaged_from_its_framing(monkeypatch, bikes, tmp_path):
+    """The decode stage on a file NVDEC printed nothing about (a stand-in decoder): bikes.mp4 with 512 bytes zeroed
+    inside its 100th packet (placed by PyAV's packet positions) is a problem naming that packet and counted damaged;
+    bikes.mp4 itself is not."""
+    av = __import__("pytest").importorskip("av")
+    from engines.video.assembler import SlotAssembler
+    from engines.video.gpu_pipeline import GpuPipeline
+
+    with av.open(str(bikes)) as c:
+        pos, size = [(p.pos, p.size) for p in c.demux(c.streams.video[0]) if p.size][100]
+    data = bytearray(bikes.read_bytes())
+    data[pos + size // 2:pos + size // 2 + 512] = bytes(512)
+    zeroed = tmp_path / "zeroed.mp4"
+    zeroed.write_bytes(bytes(data))
+
+    cp = _fake_cupy(monkeypatch, _Log())
+    monkeypatch.setitem(sys.modules, "PyNvVideoCodec", types.ModuleType("PyNvVideoCodec"))
+    cp.cuda.runtime = types.SimpleNamespace(getDeviceCount=lambda: 1)
+
+    class Src:
+        batched, live, damaged = False, False, 0
+
+        def __init__(self, name):
+            self.name = name
+
+        def run(self, stream_ptr, on_frame):  # NVDEC conceals: every packet decodes, nothing is printed
+            pass
+
+    problems = []
+    stats = types.SimpleNamespace(decode_stage={}, infer_stage={})
+    pipe = GpuPipeline([], types.SimpleNamespace(device_id=0), None, 8, 1, None, None, 4, 10.0, stats, [], (8, 8),
+                       lambda name, why, frames: problems.append((name, why)), lambda *a: None)
+    for path in (bikes, zeroed):
+        src = Src(str(path))
+        asm = SlotAssembler([], 8)
+        asm.sources_live = 1
+        pipe.counts[src.name] = 0
+        pipe._decode_stage(src, None, asm, np.float32)
+        assert src.damaged == (path == zeroed)
+    assert len(problems) == 1 and problems[0][0] == str(zeroed), problems
+    assert "packet 100" in problems[0][1] and "framing" in problems[0][1], problems
