@@ -32,13 +32,14 @@ def _with_unsupported_op(src, dst):
 
 
 def test_lite0_fp32_through_opencv_agrees_with_onnxruntime(lite0_onnx, photos, bikes):
-    """All 250 bikes.mp4 frames and the three photos, in batches of 32 (the last one partial: dynamic batch)."""
+    """100 of bikes.mp4's frames and the three photos, in batches of 32 (the last one partial: dynamic
+    batch)."""
     from toolchain.validate import validate
 
     model = lite0_onnx[0]
-    report = validate(str(model), [f"opencv:{model}"], [*map(str, photos), str(bikes)], count=250)
+    report = validate(str(model), [f"opencv:{model}"], [*map(str, photos), str(bikes)], count=100)
     c = report.candidates[0]
-    assert report.data["samples"] == 253
+    assert report.data["samples"] == 103
     assert c.kind == "opencv"
     m = c.metrics
     assert m["top1_agreement"] == 1.0, f"top-1 {m['top1_agreement']:.4f}, flips {c.flips[:5]}"

@@ -65,7 +65,7 @@ def test_rgb_and_bgr_frames_from_threads(engine, frames, classified):
 
     with FramePusher(engine, batch=8, top_k=5, on_lag="block") as p:
         def produce(name, fmt, part):
-            for i in range(part, 250, 2):
+            for i in range(2 * part, 250, 4):  # every other frame, shared by two threads
                 rgb = frames[i][1]
                 p.push(name, rgb if fmt == "RGB" else rgb[:, :, ::-1].copy(), format=fmt, frame_id=i)
         threads = [threading.Thread(target=produce, args=(n, f, k)) for n, f in (("rgb", "RGB"), ("bgr", "BGR"))
@@ -76,11 +76,11 @@ def test_rgb_and_bgr_frames_from_threads(engine, frames, classified):
             t.join()
     preds = list(p.results())
     by = {name: {q.frame: q for q in preds if q.source == name} for name in ("rgb", "bgr")}
-    assert sorted(by["rgb"]) == sorted(by["bgr"]) == list(range(250))
-    for i in range(250):
+    assert sorted(by["rgb"]) == sorted(by["bgr"]) == list(range(0, 250, 2))
+    for i in range(0, 250, 2):
         assert by["rgb"][i].indices == by["bgr"][i].indices
         np.testing.assert_allclose(by["rgb"][i].scores, by["bgr"][i].scores, atol=1e-6)
-    top1 = np.mean([by["rgb"][c.frame].indices[0] == c.indices[0] for c in classified])
+    top1 = np.mean([by["rgb"][c.frame].indices[0] == c.indices[0] for c in classified[::2]])
     print(f"pushed RGB (swscale) vs classify (NV12): top-1 agreement {top1:.2%}")
     assert top1 >= 0.9
 
