@@ -29,3 +29,18 @@ def encode_clip(src: Path, dst: Path, codec: str, size: tuple[int, int], frames:
         for p in s.encode():
             o.mux(p)
     return dst
+
+
+def remux_ts(src: Path, out: Path) -> Path:
+    """``src``'s video stream copied into MPEG-TS (no re-encoding): the same pictures in a container the GPU path
+    reads with its packet loop, packets framed as an Annex B byte stream."""
+    import av
+
+    with av.open(str(src)) as i, av.open(str(out), "w", format="mpegts") as o:
+        s = i.streams.video[0]
+        t = o.add_stream_from_template(s)
+        for p in i.demux(s):
+            if p.dts is not None:
+                p.stream = t
+                o.mux(p)
+    return out

@@ -16,25 +16,11 @@ from pathlib import Path
 import pytest
 
 from tests import rtsp_server
+from tests.clips import remux_ts
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not all(importlib.util.find_spec(m) for m in ("cupy", "PyNvVideoCodec", "av")),
                                  reason="needs the gpu extra (cupy, PyNvVideoCodec) and PyAV")]
-
-
-def _remux_ts(src: Path, out: Path) -> Path:
-    """bikes.mp4's H.264 stream copied into MPEG-TS (no re-encoding): a container the packet loop reads."""
-    import av
-
-    with av.open(str(src)) as i, av.open(str(out), "w", format="mpegts") as o:
-        s = i.streams.video[0]
-        t = o.add_stream_from_template(s)
-        for p in i.demux(s):
-            if p.dts is None:
-                continue
-            p.stream = t
-            o.mux(p)
-    return out
 
 
 def _damage(data: bytes, kind: str, rng: random.Random) -> bytes:
@@ -130,7 +116,7 @@ def _nvdec_alone(path: Path, capfd) -> dict:
 
 def test_gpu_decodes_past_damage_like_the_cpu_fuzz(bikes, cuda_lite0, cpu_lite0, tmp_path, capfd):
     rng = random.Random(24)
-    clean_ts = _remux_ts(bikes, tmp_path / "bikes.ts")
+    clean_ts = remux_ts(bikes, tmp_path / "bikes.ts")
     cases = []
     for base in (Path(bikes), clean_ts):
         data = base.read_bytes()
@@ -166,7 +152,7 @@ def test_gpu_decodes_past_damage_like_the_cpu_fuzz(bikes, cuda_lite0, cpu_lite0,
 def test_gpu_and_cpu_paths_give_the_same_pts_times(bikes, cuda_lite0, cpu_lite0, tmp_path):
     from engines.video import classify
 
-    ts = _remux_ts(bikes, tmp_path / "bikes.ts")
+    ts = remux_ts(bikes, tmp_path / "bikes.ts")
     for path in (bikes, ts):  # SimpleDecoder (MP4) and the packet loop (MPEG-TS)
         g = {p.frame: p for p in classify([str(path)], cuda_lite0, batch=16, top_k=1)}
         c = {p.frame: p for p in classify([str(path)], cpu_lite0, batch=16, top_k=1)}
@@ -297,7 +283,7 @@ def test_gpu_cli_stdout_is_only_json_on_a_damaged_clip(bikes, lite0_onnx, tmp_pa
     still be JSON lines only (the prints go to stderr)."""
     import json
 
-    ts = _remux_ts(bikes, tmp_path / "bikes.ts")
+    ts = remux_ts(bikes, tmp_path / "bikes.ts")
     bad = tmp_path / "bad.ts"
     bad.write_bytes(_damage(ts.read_bytes(), "flip", random.Random(5)))
     r = subprocess.run([sys.executable, "-m", "toolchain", "run", str(bad), "--model", str(lite0_onnx[0]),
@@ -383,7 +369,7 @@ def test_nvdec_tells_concealed_pictures_only_by_printing(bikes, tmp_path, capfd)
     decoder prints "Decode Error occurred for picture N" on file descriptor 1 for the pictures it concealed, and
     hands Python no per-frame status (no DecodedFrame member says so). If this fails, PyNvVideoCodec now reports
     damage some other way: count it in engines/video/nvdec_feed.py and the packet loop instead."""
-    ts = _remux_ts(bikes, tmp_path / "bikes.ts")
+    ts = remux_ts(bikes, tmp_path / "bikes.ts")
     bad = tmp_path / "bad.ts"
     bad.write_bytes(_damage(ts.read_bytes(), "flip", random.Random(5)))
     got = _nvdec_alone(bad, capfd)

@@ -10,6 +10,7 @@ import threading
 import pytest
 
 from engines.video.bitstream import Audit, Auditor, audit_file, file_damage, nal_length_size, packet_fault
+from tests.clips import remux_ts
 
 SPS = bytes([0x67, 0x42, 0xC0, 0x1E, 0xDA, 0x02, 0x80, 0xBF, 0xE5, 0xC0, 0x44, 0x00, 0x00, 0x03, 0x00, 0x04])
 SLICE = bytes([0x65, 0x88, 0x84, 0x00, 0x00, 0x03, 0x01, 0x33, 0x00, 0x00, 0x03, 0x00, 0x7F, 0x80])
@@ -67,22 +68,9 @@ def _packets(path):
         return [(p.pos, p.size) for p in c.demux(c.streams.video[0]) if p.size]
 
 
-def _remux_ts(src, out):
-    import av
-
-    with av.open(str(src)) as i, av.open(str(out), "w", format="mpegts") as o:
-        s = i.streams.video[0]
-        t = o.add_stream_from_template(s)
-        for p in i.demux(s):
-            if p.dts is not None:
-                p.stream = t
-                o.mux(p)
-    return out
-
-
 def test_bikes_and_its_mpegts_copy_are_clean(bikes, tmp_path):
     pytest.importorskip("av")
-    for path in (bikes, _remux_ts(bikes, tmp_path / "bikes.ts")):
+    for path in (bikes, remux_ts(bikes, tmp_path / "bikes.ts")):
         a = audit_file(str(path))
         assert a.checked and a.packets == 250 and a.damaged == 0, (path, a)
 

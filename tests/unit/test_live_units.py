@@ -473,14 +473,9 @@ def test_nvdec_feed_counts_packets_the_demuxer_flags_as_corrupt(bikes, monkeypat
     from engines.video import nvdec_feed
     from engines.video.sources import NvdecSource
 
-    ts = tmp_path / "b.ts"
-    with av.open(str(bikes)) as i, av.open(str(ts), "w", format="mpegts") as o:
-        st = i.streams.video[0]
-        t = o.add_stream_from_template(st)
-        for p in i.demux(st):
-            if p.dts is not None:
-                p.stream = t
-                o.mux(p)
+    from tests.clips import remux_ts
+
+    ts = remux_ts(bikes, tmp_path / "b.ts")
     data = bytearray(ts.read_bytes())
     at = len(data) // 2 // 188 * 188 + 4  # inside a transport packet's payload, mid-file
     data[at:at + 4096] = bytes(4096)
