@@ -48,6 +48,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.ray_head import ray_cli  # noqa: E402
+from toolchain._env import checkout_env  # noqa: E402
 
 
 def copies_of(clip: Path, n: int, folder: Path) -> list[str]:
@@ -70,8 +71,7 @@ def _command(args, sources, device, summary: Path, extra=()) -> list[str]:
 
 def run_commands(commands: list[tuple[list[str], Path]], env: dict | None = None) -> tuple[float, float]:
     """Start every (command, stdout file) at once; (wall seconds until the last exits, start as Unix time)."""
-    env = env or dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent),
-                                                                            os.environ.get("PYTHONPATH")])))
+    env = env or checkout_env()
     began, t0 = time.time(), time.perf_counter()
     procs = []
     for cmd, out in commands:
@@ -183,9 +183,7 @@ class RayHead:
 
         self._signal = signal
         self.temp = tempfile.mkdtemp(prefix="trtc-ray-")
-        self.env = dict(os.environ, RAY_AUTH_MODE="disabled",
-                        PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent),
-                                                                 os.environ.get("PYTHONPATH")])))
+        self.env = checkout_env(RAY_AUTH_MODE="disabled")
         self.env.pop("RAY_ADDRESS", None)
         cmd = [*ray_cli(), "start", "--head", "--block", "--port", "0",
                "--include-dashboard", "false", "--disable-usage-stats", "--temp-dir", self.temp]

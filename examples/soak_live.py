@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests import rtsp_server  # noqa: E402
 from tests.faultproxy import FaultProxy  # noqa: E402
+from toolchain._env import checkout_env  # noqa: E402
 
 KINDS = ("stall", "mute", "cut", "refuse", "throttle", "corrupt")
 # events a fault should bring for its camera (the first of them timed against read-timeout + 1 s)
@@ -62,8 +63,7 @@ def soak(a) -> dict:
            str(a.batch), "--top-k", "1", "-o", str(out), "--summary", str(summary), "--read-timeout",
            str(a.read_timeout), *a.trtc_args]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, PYTHONPATH=os.pathsep.join(
-                                filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))))
+                            env=checkout_env())
     # stderr read as it comes, as journald or a terminal would: a pipe left unread fills and stops the writer
     err_lines: list[str] = []
     drain = threading.Thread(target=lambda: err_lines.extend(proc.stderr), daemon=True)

@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
 import pstats
 import shutil
 import statistics
@@ -51,6 +50,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from toolchain._env import checkout_env  # noqa: E402
+
 START = """
 import importlib.util, json, os, sys, time
 t0 = time.perf_counter()
@@ -99,9 +101,7 @@ def start(pt2: Path, args, inductor_dir: str, profile: str | None = None, warm: 
     """One start in a fresh process with its own Inductor and Triton caches (under cProfile into ``profile``),
     ``warm`` and ``quick`` (on/off): the engine's warm_beside_load and quick_start; ``tree``: the trtc checkout whose
     engines package it imports."""
-    path = os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH")) if p)
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": inductor_dir, "TRITON_CACHE_DIR": f"{inductor_dir}/triton",
-           "PYTHONPATH": path}
+    env = checkout_env(tree, TORCHINDUCTOR_CACHE_DIR=inductor_dir, TRITON_CACHE_DIR=f"{inductor_dir}/triton")
     if args.pycache:
         env["PYTHONPYCACHEPREFIX"] = str(Path(args.pycache).resolve())
         env.pop("PYTHONDONTWRITEBYTECODE", None)

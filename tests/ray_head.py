@@ -14,6 +14,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from toolchain._env import checkout_env
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -36,9 +38,8 @@ class RayHead:
     the GPUs Ray finds on this host."""
 
     def __init__(self, num_cpus: int = 2, num_gpus: int | None = 0, timeout: float = 90.0):
-        root = str(Path(__file__).resolve().parents[1])
         self.temp = tempfile.mkdtemp(prefix="trtc-ray-")  # short: Ray's socket paths must fit 107 bytes
-        self.env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+        self.env = checkout_env()
         self.env.pop("RAY_ADDRESS", None)
         # a head started where ~/.ray/auth_token exists asks for tokens, and a driver given an address sends none
         # unless told to (docs/CLUSTER.md): the test cluster and its drivers agree on no token

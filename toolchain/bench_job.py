@@ -14,7 +14,6 @@ ever measured here and in the other benchmarks, never in tests.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -22,6 +21,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ._env import checkout_env
 from .errors import TrtcError, UsageProblem
 
 WAYS = ("run", "classify")
@@ -51,9 +51,7 @@ def _command(way: str, video: str, model: str, device: str) -> list:
 
 def one_job(way: str, video: str, model: str, device: str, timeout: float = 600.0) -> dict:
     """One fresh process: {"first_s", "last_s", "exit_s", "predictions"}; raises TrtcError when it fails."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    root = str(Path(__file__).resolve().parents[1])  # the child imports this checkout, as this process does
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    env = checkout_env(PYTHONUNBUFFERED="1")  # the child imports this checkout, as this process does
     t0 = time.perf_counter()
     child = subprocess.Popen(_command(way, video, model, device), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              env=env)

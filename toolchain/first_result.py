@@ -13,13 +13,13 @@ run is the one whose caches are warm.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from engines.errors import TrtcError
+
+from ._env import checkout_env
 
 MARK = "TRTC_FIRST_RESULT "  # the child's answer line (PyNvVideoCodec can print on stdout too)
 # the child: time the import of engines before anything else is imported, then run child()
@@ -48,8 +48,7 @@ def child(import_s: float) -> None:
 
 
 def _one(model: str, video: str, device: str, batch: int, timeout: float) -> dict:
-    root = str(Path(__file__).resolve().parents[1])  # this trtc, whatever is installed
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])]))
+    env = checkout_env()  # this trtc, whatever is installed
     try:
         p = subprocess.run([sys.executable, "-c", CHILD, model, video, device, str(batch)], capture_output=True,
                            text=True, timeout=timeout, env=env)

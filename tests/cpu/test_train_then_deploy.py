@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import _has, needs_export
+from toolchain._env import checkout_env
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "train_then_deploy.py"
@@ -20,7 +21,7 @@ pytestmark = [needs_export, pytest.mark.skipif(not _has("mlxtend") and not os.en
 
 
 def run(*args, timeout=600):
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = checkout_env()
     return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True,
                           timeout=timeout, env=env, cwd=ROOT)
 

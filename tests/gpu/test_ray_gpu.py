@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from engines._gpu import gpus
+from toolchain._env import checkout_env
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not all(importlib.util.find_spec(m) for m in ("cupy", "PyNvVideoCodec", "av", "ray")),
@@ -31,8 +31,7 @@ def test_two_gpu_actors_agree_with_one_process(lite0_onnx, bikes, tmp_path):
     r = subprocess.run([sys.executable, str(SCRIPT), "--model", str(lite0_onnx[0]), "--video", str(bikes),
                         "--streams", "16", "--gpus", "2", "--batch", "32", "--json", str(out)],
                        capture_output=True, text=True, timeout=900,
-                       env=dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(SCRIPT.parents[1]),
-                                                                                    os.environ.get("PYTHONPATH")]))))
+                       env=checkout_env())
     print(r.stdout)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     report = json.loads(out.read_text())
@@ -64,8 +63,7 @@ def test_kept_gpu_actors_on_a_running_cluster_are_warm_and_agree(lite0_onnx, bik
     def lines(path):
         return {(d["source"], d["frame"]): d["top_k"][0]["index"] for d in map(json.loads, path.open()) if "frame" in d}
 
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(SCRIPT.parents[1]),
-                                                                   os.environ.get("PYTHONPATH")])))
+    env = checkout_env()
     trtc(env, "run", *copies, "--device", "cuda:0", *common, "-o", tmp_path / "one.jsonl")
     with RayHead(num_cpus=8, num_gpus=None) as head:
         runs = []

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -16,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from toolchain._env import checkout_env
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not all(importlib.util.find_spec(m) for m in ("cupy", "torch")),
@@ -259,9 +260,7 @@ def _fresh_process(code: str, args: list, tmp_path, name: str) -> dict:
     repository first on the path (a staged PYTHONPATH kept after it); its last stdout line, as JSON."""
     script = tmp_path / f"{name}.py"
     script.write_text(code)
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / name), "TRITON_CACHE_DIR":
-           str(tmp_path / name / "triton"),
-           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    env = checkout_env(TORCHINDUCTOR_CACHE_DIR=str(tmp_path / name), TRITON_CACHE_DIR=str(tmp_path / name / "triton"))
     out = subprocess.run([sys.executable, str(script), *map(str, args)], capture_output=True, text=True, env=env,
                          timeout=580)
     assert out.returncode == 0, out.stderr[-3000:]
