@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import random
-import shutil
 import subprocess
 import sys
 import threading
@@ -164,51 +163,18 @@ def test_gpu_and_cpu_paths_give_the_same_pts_times(bikes, cuda_lite0, cpu_lite0,
         assert g[0].received is not None
 
 
-def _server(tmp_path, bikes):
-    """gst-rtsp-server where it runs (tests/rtsp_server.py), else aio-rtsp-toolkit's file server (pure Python, for
-    a GPU machine without Debian's GStreamer), serving bikes.mp4 in a loop."""
-    if rtsp_server.available() is None:
-        return rtsp_server.start(pattern=True), None
-    if importlib.util.find_spec("aio_rtsp_toolkit") is None:
-        pytest.skip("no RTSP server here: gst-rtsp-server (apt) or aio-rtsp-toolkit (pip)")
-    media = tmp_path / "media"
-    media.mkdir()
-    shutil.copy(bikes, media / "bikes.mp4")
-    port = rtsp_server.free_port()
-
-    class Aio:
-        url = f"rtsp://127.0.0.1:{port}/bikes.mp4?play_count=0"
-        path = "/bikes.mp4?play_count=0"
-
-        def start(self):
-            code = ("import asyncio, sys; import aio_rtsp_toolkit.server as s; "
-                    f"asyncio.run(s.serve({str(media)!r}, host='127.0.0.1', port={port}))")
-            self.proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL,
-                                         stderr=subprocess.DEVNULL)
-            import socket
-
-            for _ in range(100):
-                try:
-                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                    return self
-                except OSError:
-                    time.sleep(0.1)
-            raise RuntimeError("aio-rtsp-toolkit's server did not start")
-
-        def kill(self):
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait(10)
-
-    srv = Aio()
-    srv.port = port
-    return srv.start(), "aio"
+def _server():
+    """tests/rtsp_server.py's server playing its test pattern in a loop: gst-rtsp-server where it runs, else
+    aio-rtsp-toolkit's (pure Python, for a GPU machine without Debian's GStreamer); (server, backend)."""
+    if rtsp_server.available() is not None:
+        pytest.skip(f"no RTSP server here: {rtsp_server.available()}")
+    return rtsp_server.start(pattern=True), rtsp_server.backend()
 
 
 def test_gpu_live_source_reconnects_after_the_server_is_killed(bikes, cuda_lite0, tmp_path):
     from engines.video import LiveOptions, SourceEvent, classify
 
-    srv, kind = _server(tmp_path, bikes)
+    srv, kind = _server()
     try:
         run = classify([srv.url], cuda_lite0, batch=8, top_k=1, events=True,
                        live_options=LiveOptions(reconnect_for=60, read_timeout=5))
@@ -231,7 +197,7 @@ def test_gpu_live_source_reconnects_after_the_server_is_killed(bikes, cuda_lite0
     finally:
         srv.kill()
     kinds = [e.event for e in events]
-    print(f"\nGPU live ({kind or 'gst'}): {len(frames)} frames, events {kinds}, decoder {run.stats.decoder}")
+    print(f"\nGPU live ({kind}): {len(frames)} frames, events {kinds}, decoder {run.stats.decoder}")
     assert kinds[:2] == ["disconnected", "reconnected"]
     assert frames == sorted(set(frames)) and run.stats.decoder == "nvdec"
 
@@ -257,8 +223,8 @@ def test_gpu_live_source_under_a_slow_engine_drops_and_bounds_latency(bikes, cud
     arrival and counted; frame age stays bounded (here under 2 x (max wait + one batch) + the decoder's hold)."""
     from engines.video import LiveOptions, classify
 
-    srv, kind = _server(tmp_path, bikes)
-    batch, per_batch, max_wait = 8, 8 / 12, 0.1  # 12 fps of inference against a 25 fps stream
+    srv, kind = _server()
+    batch, per_batch, max_wait = 8, 8 / 12, 0.1  # 12 fps of inference against a 30 fps stream
     try:
         run = classify([srv.url], _Slow(cuda_lite0, per_batch), batch=batch, top_k=1, max_wait_ms=max_wait * 1000,
                        buffers=2, live_options=LiveOptions(reconnect_attempts=0))
@@ -271,7 +237,7 @@ def test_gpu_live_source_under_a_slow_engine_drops_and_bounds_latency(bikes, cud
         srv.kill()
     s = run.stats
     decoded, dropped, classified = s.decoded[srv.url], s.dropped.get(srv.url, 0), s.per_source[srv.url]
-    print(f"\nGPU slow engine ({kind or 'gst'}): {decoded} decoded, {classified} classified, {dropped} dropped; "
+    print(f"\nGPU slow engine ({kind}): {decoded} decoded, {classified} classified, {dropped} dropped; "
           f"age p50 {sorted(ages)[len(ages) // 2]:.3f} s, max {max(ages):.3f} s")
     assert dropped > 0 and classified >= 40
     assert decoded - classified - dropped <= 3 * batch  # in slots or in flight when the run was left
@@ -300,8 +266,8 @@ def test_gpu_live_camera_answering_without_video_is_lost_once_then_given_up(bike
     from engines.video import LiveOptions, SourceEvent, classify
     from tests.cpu.test_live_rtsp import _Proxy
 
-    srv, kind = _server(tmp_path, bikes)
-    proxy = _Proxy(srv.port, getattr(srv, "path", "/cam"))
+    srv, kind = _server()
+    proxy = _Proxy(srv.port, srv.path)
     events, frames = [], []
     try:
         run = classify([proxy.url], cuda_lite0, batch=4, top_k=1, events=True,
