@@ -154,3 +154,13 @@ def device(index: int = 0) -> dict | None:
     if index >= len(found):
         return None
     return {**found[index], "driver": info.get("driver"), "cuda": info.get("cuda"), "index": index}
+
+
+def parse_device(device: str) -> tuple[str, int]:
+    """("cpu" or "cuda", the GPU's index) from cpu, cuda or cuda:N."""
+    d = (device or "cpu").strip().lower()
+    if d in ("cpu", "cuda"):
+        return d, 0
+    if d.startswith("cuda:") and d[5:].isdigit():
+        return "cuda", int(d[5:])
+    raise UsageProblem(f"unknown device {device!r}", "use cpu, cuda or cuda:N")

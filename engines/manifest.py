@@ -336,3 +336,29 @@ def read_manifest_if_any(artifact: str | os.PathLike, verify_hash: bool = True) 
     if not manifest_path(artifact).exists():
         return None
     return read_manifest(artifact, verify_hash)
+
+
+def precision_of(path) -> dict:
+    """The precision recipe of ``path``'s manifest ({} without a readable one)."""
+    try:
+        doc = json.loads(manifest_path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    return (doc.get("precision") if isinstance(doc, dict) else None) or {}
+
+
+def qdq_fusion_ok(precision: dict) -> bool:
+    """Whether ONNX Runtime may fuse this model's Q/DQ pairs: not with FP16 scales (wrong logits); those run op by op."""
+    if precision.get("mode") != "int8":
+        return True
+    scales = precision.get("scales") or ("fp16" if precision.get("high_precision") == "fp16" else "fp32")
+    return scales != "fp16"
+
+
+def runtime_warning(precision: dict, runtime: str) -> str | None:
+    """A sentence when the manifest's ``runtimes`` (who computes the graph right) leaves out ``runtime``."""
+    runtimes = precision.get("runtimes")
+    if runtimes is None or runtime in runtimes:
+        return None
+    return (f"this model was made for {', '.join(runtimes)} (trtc quantize --target {precision.get('target')}); "
+            f"{runtime} runs it only op by op, and a default {runtime} session of your own gives wrong answers")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import json
 import logging
 import os
 import re
@@ -21,16 +20,18 @@ import numpy as np
 
 from ._cuda import device_input, device_output, external_stream, is_device_array
 from ._deps import cpu_threads, dist_version, is_installed, require
+from ._gpu import parse_device
 from .base import EngineBase, TensorSpec
 from .errors import EngineError, UsageProblem, first_line
+from .manifest import precision_of, qdq_fusion_ok, runtime_warning
 
 log = logging.getLogger("trtc")
-# tuning="auto": NHWC, heuristic algorithms, conv+bias fused; "graphs": and CUDA graphs (capture_graphs); "off"
+# tuning="auto": NHWC, heuristic algorithms, conv+bias fused; "off": ONNX Runtime's default session. (No CUDA graphs:
+# ONNX Runtime captures in CUDA's global mode, and beside the decoder threads its captures failed, docs/INTERNALS.md)
 TUNED_CUDA_OPTIONS = {"cudnn_conv_algo_search": "HEURISTIC", "prefer_nhwc": "1", "fuse_conv_bias": "1"}
 FUSION = "fuse_conv_bias"
-TUNINGS = ("auto", "graphs", "off")
+TUNINGS = ("auto", "off")
 FORMS = ("device", "host")
-MAX_CUDA_GRAPHS = 16  # graph ids a session gives out in its life (ONNX Runtime keeps each graph); more run without
 _told: set = set()  # (path, what) said once per process
 _alive: "weakref.WeakSet" = weakref.WeakSet()  # engines with a quick start, stopped at exit
 
@@ -39,15 +40,6 @@ def _spec(arg) -> TensorSpec:
     dtype = arg.type[7:-1] if arg.type.startswith("tensor(") else arg.type
     return TensorSpec(arg.name, {"float": "float32", "double": "float64"}.get(dtype, dtype),
                       tuple(d if isinstance(d, int) else (d or "?") for d in arg.shape))
-
-
-def parse_device(device: str) -> tuple[str, int]:
-    d = (device or "cpu").strip().lower()
-    if d in ("cpu", "cuda"):
-        return d, 0
-    if d.startswith("cuda:") and d[5:].isdigit():
-        return "cuda", int(d[5:])
-    raise UsageProblem(f"unknown device {device!r}", "use cpu, cuda or cuda:N")
 
 
 def providers_for(device: str) -> list:
@@ -75,34 +67,6 @@ def providers_for(device: str) -> list:
         except Exception:  # noqa: BLE001 - best effort; the session reports what is really missing
             pass
     return [("CUDAExecutionProvider", {"device_id": index}), "CPUExecutionProvider"]
-
-
-def _precision(path) -> dict:
-    """The precision recipe of ``path``'s manifest ({} without a readable one)."""
-    from .manifest import manifest_path
-
-    try:
-        doc = json.loads(manifest_path(path).read_text())
-    except (OSError, ValueError):
-        return {}
-    return (doc.get("precision") if isinstance(doc, dict) else None) or {}
-
-
-def qdq_fusion_ok(precision: dict) -> bool:
-    """Whether ONNX Runtime may fuse this model's Q/DQ pairs: not with FP16 scales (wrong logits); those run op by op."""
-    if precision.get("mode") != "int8":
-        return True
-    scales = precision.get("scales") or ("fp16" if precision.get("high_precision") == "fp16" else "fp32")
-    return scales != "fp16"
-
-
-def runtime_warning(precision: dict, runtime: str) -> str | None:
-    """A sentence when the manifest's ``runtimes`` (who computes the graph right) leaves out ``runtime``."""
-    runtimes = precision.get("runtimes")
-    if runtimes is None or runtime in runtimes:
-        return None
-    return (f"this model was made for {', '.join(runtimes)} (trtc quantize --target {precision.get('target')}); "
-            f"{runtime} runs it only op by op, and a default {runtime} session of your own gives wrong answers")
 
 
 def session_options(ort, threads: int | None = None, qdq_fusion: bool = True, spin: bool = False):
@@ -160,12 +124,12 @@ def _bind(io, device_id: int, xs, outs, inputs, outputs) -> None:
         io.bind_output(spec.name, "cuda", device_id, out.dtype, tuple(out.shape), out.data.ptr)
 
 
-def _device_run_options(graph_id: int = -1):
-    """A device run's options: no synchronisation after it (events order it), and ``gpu_graph_id`` always set (-1:
-    no graph), since ONNX Runtime's binding looks it up on every run and a missing key raises inside it."""
+def _device_run_options():
+    """A device run's options: no synchronisation after it (events order it), and ``gpu_graph_id`` -1 (no graph),
+    since ONNX Runtime's binding looks it up on every run and a missing key raised inside it."""
     ro = require("onnxruntime", "Running ONNX models").RunOptions()
     ro.add_run_config_entry("disable_synchronize_execution_providers", "1")
-    ro.add_run_config_entry("gpu_graph_id", str(graph_id))
+    ro.add_run_config_entry("gpu_graph_id", "-1")
     return ro
 
 
@@ -180,7 +144,7 @@ class _QuickStart:
         import cupy as cp
         with cp.cuda.Device(self.device_id):
             self._quick_stream = cp.cuda.Stream(non_blocking=True)
-        options = {k: v for k, v in providers[0][1].items() if k not in (*TUNED_CUDA_OPTIONS, "enable_cuda_graph")}
+        options = {k: v for k, v in providers[0][1].items() if k not in TUNED_CUDA_OPTIONS}
         options.update(cudnn_conv_algo_search="DEFAULT", user_compute_stream=str(self._quick_stream.ptr))
         self._quick_open = (ort, opts, [(providers[0][0], options), *providers[1:]])
         self._quick_model = None
@@ -350,55 +314,7 @@ def _join_at_exit() -> None:
         engine.close_and_wait(60)
 
 
-class _CudaGraphs:
-    """CUDA graphs of the tuned session (``tuning="graphs"``), for OnnxRuntimeEngine."""
-
-    def capture_graphs(self, arrays, stream=None) -> int:
-        """Capture a CUDA graph for each of these device input batches (one-input models), replayed when ``infer``
-        gets an array at the same address, shape and type; how many are held (of one shape, at most MAX_CUDA_GRAPHS
-        a session). For a caller whose process runs no other CUDA work meanwhile (CUDA's global capture mode). A
-        failed capture turns graphs off, said once."""
-        if not self.cuda_graphs or len(self.inputs) != 1:
-            return len(self._graphs)
-        self.wait_ready()  # a preparation running on its thread would break the capture
-        with self._lock:
-            return self._capture(arrays, external_stream(stream, self.device_id) if stream is not None else None)
-
-    def _capture(self, arrays, caller) -> int:
-        import cupy as cp
-        caller = caller or cp.cuda.get_current_stream()
-        self.stream.wait_event(caller.record())
-        for x in arrays:
-            xs = [device_input({self.inputs[0].name: x}, self.inputs[0])]
-            key = self._key(xs)
-            if key in self._graphs or self._graph_ids >= MAX_CUDA_GRAPHS:
-                continue
-            self._at_shapes((tuple(x.shape),))  # graphs of other shapes go
-            with self.stream:
-                outs = [cp.empty(_output_shape(spec, x.shape[0]), spec.numpy_dtype) for spec in self.outputs]
-            io, self._graph_ids = self.session.io_binding(), self._graph_ids + 1  # ids from 1, never one used before
-            _bind(io, self.device_id, xs, outs, self.inputs, self.outputs)
-            self._graphs[key] = (io, _device_run_options(self._graph_ids), outs)
-            try:  # ONNX Runtime runs a new graph id once as usual, then captures and replays it
-                for _ in range(2):
-                    self._run(io, self._graphs[key][1])
-                self.stream.synchronize()
-            except EngineError as exc:
-                del self._graphs[key]
-                if self._unfuse(exc):  # unfused, every graph gone: capture them all again
-                    return self._capture(arrays, caller)
-                self.cuda_graphs = False
-                _say_once(self.path, "capture", f"runs without CUDA graphs: capturing one failed ({exc.reason})")
-                break
-        caller.wait_event(self.stream.record())
-        return len(self._graphs)
-
-    @staticmethod
-    def _key(xs) -> tuple:
-        return tuple((x.data.ptr, tuple(x.shape), x.dtype.str) for x in xs)
-
-
-class OnnxRuntimeEngine(_QuickStart, _CudaGraphs, EngineBase):
+class OnnxRuntimeEngine(_QuickStart, EngineBase):
     def __init__(self, path: str | os.PathLike, device: str = "cpu", threads: int | None = None,
                  qdq_fusion: bool | None = None, device_buffers: bool | None = None, tf32: bool = True,
                  tuning: str = "auto", quick_start: bool = True, batch=None, form: str | None = None):
@@ -411,7 +327,7 @@ class OnnxRuntimeEngine(_QuickStart, _CudaGraphs, EngineBase):
         self.path, self.device, self.tuning = Path(path), device, tuning
         self._lock = threading.RLock()  # the tuned session's one owner: held by every use and by its replacement
         kind, self.device_id = parse_device(device)
-        precision = _precision(self.path)
+        precision = precision_of(self.path)
         self.qdq_fusion = qdq_fusion_ok(precision) if qdq_fusion is None else qdq_fusion
         if qdq_fusion is None and not self.qdq_fusion and runtime_warning(precision, "onnxruntime"):
             log.warning("%s: %s", self.path.name, runtime_warning(precision, "onnxruntime"))
@@ -419,8 +335,7 @@ class OnnxRuntimeEngine(_QuickStart, _CudaGraphs, EngineBase):
         opts = session_options(ort, threads, self.qdq_fusion, spin=kind == "cuda")  # the CUDA EP's as measured
         providers = self._providers(kind, on_device, device_buffers, tf32, precision)
         self._binding = self._ran = self._preparing = self._quick = self._worker = self.quick_unavailable = None
-        self._graphs: dict = {}  # (input addresses, shapes, dtypes) -> (binding, run options, outputs)
-        self._graph_ids, self._last_shapes, self._closed, self._busy, self._unwarmed = 0, None, False, False, False
+        self._last_shapes, self._closed, self._busy, self._unwarmed = None, False, False, False
         self._cond, self._ready, self._queue, self.failed, self.quick_runs = threading.Condition(), set(), [], {}, 0
         self._quick_lock, self._waiting = threading.Lock(), 0
         self.quick_start = self.warms_itself = quick_start and on_device and tuning != "off"  # see engines.base
@@ -428,15 +343,12 @@ class OnnxRuntimeEngine(_QuickStart, _CudaGraphs, EngineBase):
             _alive.add(self)
             self._quick_setup(ort, opts, providers, form)
         try:
-            self._reopen_with = (ort, opts, providers, on_device and tuning == "graphs")
-            self.session, self.cuda_graphs = self._open(*self._reopen_with)
+            self._reopen_with = (ort, opts, providers)
+            self.session = self._session(*self._reopen_with)
         except BaseException:
             self.close()
             raise
         self.fused = kind == "cuda" and providers[0][1].get(FUSION) == "1"  # a cuDNN refusal reopens it (_unfuse)
-        self._host_run_options = require("onnxruntime", "").RunOptions() if self.cuda_graphs else None
-        if self.cuda_graphs:  # a host run never replays nor captures a graph
-            self._host_run_options.add_run_config_entry("gpu_graph_id", "-1")
         self.inputs = [_spec(a) for a in self.session.get_inputs()]
         self.outputs = [_spec(a) for a in self.session.get_outputs()]
         if kind == "cuda" and precision.get("mode") == "int8":
@@ -449,9 +361,9 @@ class OnnxRuntimeEngine(_QuickStart, _CudaGraphs, EngineBase):
         """The execution providers with the CUDA EP's options; makes ``self.stream`` (None off device buffers)."""
         self.stream = None
         if kind == "cuda":  # first: without the GPU, a missing CUDA provider is not the problem to fix
-            from ._gpu import check_gpu_index
             if device_buffers is not False and is_installed("cupy"):
                 require("cupy", "Running ONNX models on device buffers")  # first: the check then asks CUDA
+            from ._gpu import check_gpu_index
             check_gpu_index(self.device_id)
         providers = providers_for(self.device)
         if on_device:
@@ -466,26 +378,12 @@ class OnnxRuntimeEngine(_QuickStart, _CudaGraphs, EngineBase):
         return providers
 
     def _at_shapes(self, shapes) -> None:
-        """Before the tuned session runs at these shapes (not a replay): after a run at others, wait for it if still
-        on the GPU and let every graph go (cuDNN's plans are of the last shape, replaced without waiting)."""
-        if self._last_shapes is not None and shapes != self._last_shapes:
-            if self._ran is not None and not self._ran.done:
+        """Before the tuned session runs at these shapes: after a run at others, wait for it if still on the GPU
+        (cuDNN's plans are of the last shape, replaced without waiting)."""
+        if self._last_shapes is not None and shapes != self._last_shapes and self._ran is not None:
+            if not self._ran.done:
                 self._ran.synchronize()
-            self._graphs = {}
         self._last_shapes = shapes
-
-    def _open(self, ort, opts, providers, graphs: bool):
-        """(the session, whether it has CUDA graphs): without them, said once, where ONNX Runtime refuses them."""
-        if graphs:
-            try:
-                return self._session(ort, opts, [(providers[0][0], {**providers[0][1], "enable_cuda_graph": "1"}),
-                                                 *providers[1:]]), True
-            except EngineError as exc:
-                session = self._session(ort, opts, providers)  # a model that cannot load at all fails here
-                _say_once(self.path, "graph", f"runs without CUDA graphs ({exc.reason}); ONNX Runtime captures a "
-                                              "graph only when every node runs on the CUDA execution provider")
-                return session, False
-        return self._session(ort, opts, providers), False
 
     def _unfused_if_refused(self, run):
         """``run()``, and once more on the session reopened unfused when cuDNN refused a fused convolution."""
@@ -498,17 +396,16 @@ class OnnxRuntimeEngine(_QuickStart, _CudaGraphs, EngineBase):
 
     def _unfuse(self, exc: Exception) -> bool:
         """When ``exc`` is cuDNN refusing a fused convolution (only then): reopen the tuned session unfused, under the
-        lock, its queued work ended (bindings and graphs go; graphs turned off stay off); say so once; True."""
+        lock, its queued work ended (its binding goes); say so once; True."""
         refused = self.fused and refused_by_cudnn(exc)
         if not refused:
             return False
-        ort, opts, providers, graphs = self._reopen_with
+        ort, opts, providers = self._reopen_with
         plain = [(providers[0][0], {k: v for k, v in providers[0][1].items() if k != FUSION}), *providers[1:]]
         if self.stream is not None:
             self.stream.synchronize()
-        self.session, with_graphs = self._open(ort, opts, plain, graphs=graphs and self.cuda_graphs)
-        self.cuda_graphs, self.fused, self._reopen_with = with_graphs, False, (ort, opts, plain, graphs)
-        self._binding, self._graphs, self._graph_ids, self._last_shapes = None, {}, 0, None
+        self.session = self._session(ort, opts, plain)
+        self.fused, self._reopen_with, self._binding, self._last_shapes = False, (ort, opts, plain), None, None
         with self._cond:  # shapes the fused session prepared are new to this one
             self._ready.clear()
         _say_once(self.path, "fusion", "runs its convolutions unfused: cuDNN refused a convolution fused with its "
@@ -541,7 +438,7 @@ class OnnxRuntimeEngine(_QuickStart, _CudaGraphs, EngineBase):
 
         def run():
             self._at_shapes(tuple(casted[spec.name].shape for spec in self.inputs))
-            return self.session.run([o.name for o in self.outputs], casted, self._host_run_options)
+            return self.session.run([o.name for o in self.outputs], casted)
 
         with self._lock:
             return self._unfused_if_refused(run)
@@ -577,14 +474,7 @@ class OnnxRuntimeEngine(_QuickStart, _CudaGraphs, EngineBase):
         return results
 
     def _tuned_run(self, xs, results, key) -> None:
-        """One run of the tuned session on self.stream: the graph held for these inputs replayed, else a run."""
-        graphed = self._graphs.get(self._key(xs)) if self.cuda_graphs else None
-        if graphed is not None:
-            self._run(*graphed[:2])
-            with self.stream:  # the graph writes the same buffers every replay: the caller gets its own copy
-                for dst, src in zip(results, graphed[2]):
-                    dst[...] = src
-            return
+        """One run of the tuned session on self.stream."""
         self._at_shapes(key)
         if self._binding is None:
             self._binding, self._run_options = self.session.io_binding(), _device_run_options()
@@ -623,7 +513,7 @@ class OnnxRuntimeEngine(_QuickStart, _CudaGraphs, EngineBase):
         return worker is None or not worker.is_alive()
 
     def _let_go(self) -> None:
-        """Drop the tuned session, bindings and graphs (under the lock) once their queued work ended."""
+        """Drop the tuned session and its binding (under the lock) once their queued work ended."""
         if self.stream is not None:
             self.stream.synchronize()
-        self._binding, self._graphs, self.session = None, {}, None
+        self._binding, self.session = None, None

@@ -163,7 +163,7 @@ class OpenCVEngine(EngineBase):
 
     def __init__(self, path: str | os.PathLike, device: str = "cpu", fp16: bool = False, dnn_engine: str = "auto"):
         cv2 = _cv2()
-        from .onnxruntime_engine import parse_device
+        from ._gpu import parse_device
 
         self.path = Path(path)
         self.device = device

@@ -297,7 +297,7 @@ class TensorRTEngine(EngineBase):
     MAX_GRAPHS = 16  # CUDA graphs kept (each holds the context's frozen launch sequence and some device memory)
 
     def __init__(self, path: str | Path, device: str = "cuda:0", cuda_graph: bool = False):
-        from .onnxruntime_engine import parse_device
+        from ._gpu import parse_device
 
         kind, self.device_id = parse_device(device)
         if kind != "cuda":

@@ -112,7 +112,7 @@ class TorchEngine(EngineBase):
         self.precision = check_precision(precision)
         torch = require_torch()
         from .manifest import read_manifest_if_any
-        from .onnxruntime_engine import parse_device
+        from ._gpu import parse_device
 
         self.timings = {"import_torch_s": time.perf_counter() - t0}
         self.path, self.device = Path(path), device

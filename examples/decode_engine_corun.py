@@ -34,8 +34,6 @@ def engine(model, secs, start):
     e = engines.open_engine(model, device="cuda:0", **engine_options(model, "auto"))
     x = cp.asarray(np.random.default_rng(0).standard_normal((64, 3, 224, 224), dtype=np.float32).astype(e.inputs[0].numpy_dtype))
     s = cp.cuda.Stream(non_blocking=True)
-    if hasattr(e, "capture_graphs"):
-        e.capture_graphs([x], stream=s)
     for _ in range(20):
         e.infer(x, stream=s)
     s.synchronize()

@@ -42,7 +42,6 @@ from .validate import Runner, _classify
 
 SPAN = 20  # device input: calls between two host waits (the CUDA events give each call's own time)
 UNTUNED = "onnxruntime (untuned)"
-GRAPHS = "onnxruntime (graphs)"  # tuning="graphs": the tuned session with CUDA graphs of the fixed input buffer
 BACKENDS = {"onnx": "onnxruntime", "opencv": "opencv", "plan": "tensorrt", "pytorch": "pytorch eager",
             "torch": "torch (trtc compiled engine)"}
 
@@ -118,7 +117,7 @@ def ratios(rows: list[BenchRow]) -> None:
     for r in rows:
         base = refs.get((r.reference, r.batch))
         r.ratio_to_reference = round(r.throughput / base, 3) if base else None
-        plain = untuned.get((r.model, r.batch)) if r.backend in ("onnxruntime", GRAPHS) else None
+        plain = untuned.get((r.model, r.batch)) if r.backend == "onnxruntime" else None
         r.vs_untuned = round(r.throughput / plain, 3) if plain else None
 
 
@@ -220,8 +219,7 @@ def bench(models: list[str], batches: list[int] | None = None, *, device: str = 
     return _report(rows, plan, reference, ort_tuning)
 
 
-ORT_TUNINGS = {"auto": ["auto"], "graphs": ["graphs"], "off": ["off"], "both": ["auto", "off"],
-               "all": ["auto", "graphs", "off"]}
+ORT_TUNINGS = {"auto": ["auto"], "off": ["off"], "both": ["auto", "off"]}
 
 
 def _tunings(ort_tuning: str) -> list[str]:
@@ -303,7 +301,7 @@ def _model_rows(spec: str, ref, tuning: str | None, batches: list[int], plan: _P
     runner = _OrtRunner(ref, plan.device, ort_options(tuning)) if tuning is not None else Runner(ref, plan.device)
     try:
         sizes, dtype = _batch_sizes(spec, ref, runner, batches, plan.warnings)
-        backend = {"off": UNTUNED, "graphs": GRAPHS}.get(tuning) or BACKENDS.get(ref.kind, ref.kind)
+        backend = UNTUNED if tuning == "off" else BACKENDS.get(ref.kind, ref.kind)
         rows = _timed_rows(spec, ref, runner, sizes, dtype, backend, plan)
     finally:
         close = getattr(runner.engine, "close", None)
@@ -335,8 +333,6 @@ def _call(runner, ref, x: np.ndarray, plan: _Plan):
     with dev:
         xd, layout = in_preferred_layout(cp, cp.asarray(x), engine)
         stream = cp.cuda.Stream(non_blocking=True)
-        if hasattr(engine, "capture_graphs"):  # a fixed input buffer, as the video pipeline's (one thread here)
-            engine.capture_graphs([xd], stream=stream)
 
     def call():
         with dev:
@@ -481,7 +477,7 @@ def _report(rows: list[BenchRow], plan: _Plan, reference: str | None, ort_tuning
         versions["opencv"] = getattr(sys.modules.get("cv2"), "__version__", None)
     if plan.input == "device":
         transfers = "none timed (device-resident input made once with CuPy; CUDA events, no host copies)"
-        graphs = f"as each engine opens (ONNX Runtime tuning: {ort_tuning})"
+        graphs = "as each engine keeps them (the compiled PyTorch engine and TensorRT plans; ONNX Runtime none)"
     else:
         transfers = "included (host numpy inputs and outputs)" if device.startswith("cuda") else "none (CPU)"
         graphs = "off (not available on the host-input path)"

@@ -487,8 +487,8 @@ def bench_video(video: str, model: str, *, streams=(1, 8, 16, 32), device: str =
                 reporter: Reporter | None = None) -> VideoBenchReport:
     """See the module docstring. ``batch``: trtc's batch (default 64, or the model's largest when smaller). The
     latency run uses ``latency_video`` (default: ``video``) at batch ``latency_batch`` with NVDEC's
-    ``decode_latency`` mode ("low" only for streams without B-frames). ``ort_tuning``: "auto", "graphs", "off" or
-    "both". ``baseline``: another model timed in the same runs (``baseline_tuning`` "auto" or "off").
+    ``decode_latency`` mode ("low" only for streams without B-frames). ``ort_tuning``: "auto", "off" or "both".
+    ``baseline``: another model timed in the same runs (``baseline_tuning`` "auto" or "off").
 
     The steps: check the request, open the engine(s) and fit the batches, time to first result, warm every
     pipeline up, the rows of each stream count, the latency run, the memory run, the report."""
@@ -498,9 +498,6 @@ def bench_video(video: str, model: str, *, streams=(1, 8, 16, 32), device: str =
 
     reporter = reporter or Reporter()
     devices = _check_request(device, repeat, devices)
-    if ort_tuning == "all":
-        raise UsageProblem("--ort-tuning all is for models; a video benchmark takes auto, graphs, off or both",
-                           "e.g. --ort-tuning both")
     tunings = _tunings(ort_tuning)
     baseline_options = _baseline_options(model, baseline, baseline_tuning, tunings[0]) if baseline else None
     engine = engines.open_engine(model, device=device, **engine_options(model, tunings[0]), **program_options(model))
@@ -784,8 +781,6 @@ def _engine_only(engine, spec, sizes: list[int], batch: int, on_device: bool) ->
         x = cp.asarray(rng.standard_normal((batch, *shape), dtype=np.float32).astype(dtype))
         x, _ = in_preferred_layout(cp, x, engine)
         stream = cp.cuda.Stream(non_blocking=True)
-        if hasattr(engine, "capture_graphs"):  # the pipeline's buffers are graphed the same way
-            engine.capture_graphs([x], stream=stream)
         engine.infer(x, stream=stream)
         stream.synchronize()
         t0 = time.perf_counter()

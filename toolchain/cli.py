@@ -647,12 +647,11 @@ def _int_list(ctx, param, value):
               "manifest, or a .pt2 beside it) as a user runs it, FP16 for FP16/INT8 models, channels_last, "
               "torch.compile(mode=reduce-overhead) or eager; each row's 'vs ref' divides by it. auto: torch-compile "
               "on cuda:N where torch is installed, none on the CPU.")
-@click.option("--ort-tuning", type=click.Choice(["auto", "graphs", "off", "both", "all"]), default="auto",
+@click.option("--ort-tuning", type=click.Choice(["auto", "off", "both"]), default="auto",
               show_default=True,
               help="ONNX Runtime models open tuned (auto: NHWC kernels, heuristic cuDNN algorithms, convolutions fused "
-                   "with their bias), tuned with CUDA graphs of the fixed input (graphs), or with the options of "
-                   "before (off: only the device); both: auto and off, each tuned row's 'vs untuned' dividing by "
-                   "the untuned one; all: the three (models only). Video too.")
+                   "with their bias), or with ONNX Runtime's defaults (off: only the device); both: auto and off, each "
+                   "tuned row's 'vs untuned' dividing by the untuned one. Video too.")
 @click.option("--first-result/--no-first-result", default=True, show_default=True,
               help="A video benchmark: time to first result in a fresh process (engine open + first batch), twice.")
 @click.option("--baseline", type=click.Path(dir_okay=False),

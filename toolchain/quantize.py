@@ -32,7 +32,7 @@ from engines import __version__
 from engines._deps import dist_version, require
 from engines._io import atomic_path, sha256_file
 from engines.manifest import BatchProfile, Manifest, read_manifest_if_any, write_manifest
-from engines.onnxruntime_engine import qdq_fusion_ok
+from engines.manifest import qdq_fusion_ok
 from engines.preprocess import PreprocessSpec
 
 from . import parity

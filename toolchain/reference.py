@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from engines._deps import require
-from engines.onnxruntime_engine import parse_device
+from engines._gpu import parse_device
 
 from .model_source import load_model
 

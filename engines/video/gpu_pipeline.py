@@ -282,8 +282,7 @@ class GpuBatches:
     def open(self, sources: int) -> None:
         """Make the preprocessor, the rotating input buffers and their assembler (expecting ``sources`` writers
         to call ``asm.source_done()`` when they finish), the inference stream; warm the engine up; start the
-        clock. Call on the engine's GPU. (ONNX Runtime's CUDA graphs are not captured here: on an H100 their
-        replays failed with CUDA error 901 while the decoder threads ran, see engines/onnxruntime_engine.py.)"""
+        clock. Call on the engine's GPU."""
         cp = self.cp
         h, w = self.input_shape
         self.dtype = dtype = self.engine.inputs[0].numpy_dtype

@@ -1,6 +1,6 @@
-"""ONNX Runtime tuned for trtc's fixed shapes (issue 30) on a real GPU: the tuned CUDA session (NHWC kernels,
-heuristic cuDNN algorithms, a CUDA graph per input buffer) computes what ONNX Runtime's default CUDA session
-computes, graph replays follow the buffer's new contents, another batch size through the same engine is right,
+"""ONNX Runtime tuned for trtc's fixed shapes on a real GPU: the tuned CUDA session (NHWC kernels, heuristic cuDNN
+algorithms, convolutions fused with their bias) computes what ONNX Runtime's default CUDA session computes, through
+one buffer whose contents change, another batch size through the same engine is right,
 and a model ONNX Runtime runs partly on the CPU still runs. Skipped without a GPU, CuPy and onnxruntime-gpu."""
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ def _cuda_ok():
 
 @pytest.fixture(scope="module")
 def pair(lite0_onnx):
-    """The Lite0 FP32 export opened tuned (with CUDA graphs) and untuned on cuda:0."""
+    """The Lite0 FP32 export opened tuned and untuned on cuda:0."""
     import engines
 
     _cuda_ok()
-    with engines.open_engine(lite0_onnx[0], device="cuda:0", tuning="graphs") as tuned, \
+    with engines.open_engine(lite0_onnx[0], device="cuda:0", tuning="auto") as tuned, \
             engines.open_engine(lite0_onnx[0], device="cuda:0", tuning="off") as untuned:
         yield tuned, untuned
 
@@ -44,25 +44,22 @@ def _photos_batch(lite0_onnx, photos, n):
 
 
 def test_the_tuned_session_computes_what_the_default_one_does(pair, lite0_onnx, photos):
-    """Through the same fixed buffer the pipeline uses: first run (no graph), second (captured), and replays with
-    new contents each time; FP32 logits within 2e-2 of the default session (TF32 and NHWC kernels sum in another
+    """Through one fixed buffer, as the pipeline uses, with new contents each time; FP32 logits within 2e-2 of the default session (TF32 and NHWC kernels sum in another
     order), top-1 identical."""
     import cupy as cp
 
     tuned, untuned = pair
-    assert tuned.cuda_graphs and tuned.tuning == "graphs" and not untuned.cuda_graphs
+    assert tuned.tuning == "auto" and untuned.tuning == "off"
     assert tuned.fused and not untuned.fused  # convolutions fused with their bias (cuDNN's frontend)
     x = _photos_batch(lite0_onnx, photos, 32)
     buf = cp.zeros(x.shape, cp.float32)
-    assert tuned.capture_graphs([buf]) == 1
-    for i in range(5):  # roll the batch so each replay reads other contents from the same address
+    for i in range(5):  # roll the batch so each run reads other contents from the same address
         host = np.roll(x, i, axis=0)
         buf.set(host)
         got = cp.asnumpy(tuned.infer(buf)[0])
         want = cp.asnumpy(untuned.infer(cp.asarray(host))[0])
         assert np.abs(got - want).max() < 2e-2, (i, float(np.abs(got - want).max()))
         assert (got.argmax(1) == want.argmax(1)).all()
-    assert len(tuned._graphs) == 1
 
 
 def test_another_batch_size_mid_stream_is_right(pair, lite0_onnx, photos):
@@ -96,12 +93,11 @@ def test_memory_is_flat_over_ten_passes(pair, lite0_onnx, photos):
     assert max(free) - min(free) < 64 * 2**20, [f / 2**20 for f in free]
 
 
-def test_batch_sizes_alternate_without_a_stale_plan_or_graph(pair, lite0_onnx, photos):
+def test_batch_sizes_alternate_without_a_stale_plan(pair, lite0_onnx, photos):
     """ONNX Runtime's cuDNN convolutions keep the plan of the last batch size only (engines.onnxruntime_engine,
-    _at_shapes): a graph captured at 32 is not replayed once the session ran at 8, and two prepared sizes
-    alternate on the tuned session without the caller synchronising (the engine waits where it must); every answer
-    has the untuned session's top-1 and nothing fails on the GPU (before the engine waited and let its graphs go,
-    the memory test after a change of size failed on an H100 with an illegal instruction)."""
+    _at_shapes): two prepared sizes alternate on the tuned session without the caller synchronising (the engine
+    waits where it must); every answer has the untuned session's top-1 and nothing fails on the GPU (before the
+    engine waited, the memory test after a change of size failed on an H100 with an illegal instruction)."""
     import cupy as cp
 
     tuned, untuned = pair
@@ -110,9 +106,8 @@ def test_batch_sizes_alternate_without_a_stale_plan_or_graph(pair, lite0_onnx, p
     buf, small = cp.asarray(x), cp.asarray(x[:8])
     tuned.infer(small)  # a new size is prepared on the quick start's thread
     assert tuned.wait_ready(300)
-    assert tuned.capture_graphs([buf]) == 1
-    tuned.infer(buf)  # a replay
-    assert len(tuned.infer(small)) == 1 and tuned._graphs == {}  # the session ran at 8: the graph of 32 went
+    tuned.infer(buf)
+    assert len(tuned.infer(small)) == 1
     for _ in range(10):  # prepared sizes, one after the other, the caller never synchronising between them
         big_out, small_out = tuned.infer(buf)[0], tuned.infer(small)[0]
     cp.cuda.runtime.deviceSynchronize()
@@ -134,9 +129,7 @@ def test_an_int8_model_says_once_that_it_needs_tensorrt_to_be_fast(lite0_int8_pl
 
 
 def test_the_video_pipeline_classifies_as_untuned_with_each_tuning(lite0_onnx, bikes):
-    """classify with the tuned session, also one opened with graphs: the same top-1 as the untuned session on
-    every frame. The pipeline captures no ONNX Runtime graph (on the H100 their replays failed with CUDA error 901
-    while decoder threads ran), so a graphs session runs there without one."""
+    """classify with the tuned session: the same top-1 as the untuned session on every frame."""
     import engines
     from engines.video import classify
 
@@ -144,14 +137,12 @@ def test_the_video_pipeline_classifies_as_untuned_with_each_tuning(lite0_onnx, b
     if importlib.util.find_spec("PyNvVideoCodec") is None:
         pytest.skip("needs PyNvVideoCodec")
     runs = {}
-    for tuning in ("auto", "graphs", "off"):
+    for tuning in ("auto", "off"):
         with engines.open_engine(lite0_onnx[0], device="cuda:0", tuning=tuning) as eng:
             run = classify([str(bikes)], eng, batch=16, top_k=1, buffers=4)
             runs[tuning] = {(p.source, p.frame): p.indices[0] for p in run}
             assert run.ok
-            if tuning == "graphs":
-                assert eng._graphs == {}
-    for tuning in ("auto", "graphs"):
+    for tuning in ("auto",):
         assert runs[tuning].keys() == runs["off"].keys() and len(runs[tuning]) == 250
         same = sum(runs[tuning][k] == runs["off"][k] for k in runs[tuning])
         assert same == len(runs[tuning]), tuning

@@ -1,5 +1,5 @@
-"""ONNX Runtime tuned for trtc's fixed shapes (issue 30): the CUDA EP options a tuned session is opened with, the
-fall-back when ONNX Runtime refuses CUDA graphs, and which runs capture, replay or skip a graph.
+"""ONNX Runtime tuned for trtc's fixed shapes: the CUDA EP options a tuned session is opened with, the reopen
+unfused when cuDNN refuses a fused convolution, the one owner of the tuned session, and the quick start.
 
 No GPU here: the session is a recorder standing in for ONNX Runtime's CUDA session (its input and output
 descriptions come from the real Lite0 export), and CuPy is tests/fake_cupy.py. What runs on the GPU is checked in
@@ -103,7 +103,7 @@ class Session:
 
 @pytest.fixture
 def cuda_engine(monkeypatch, lite0_onnx):
-    """open(tuning=..., refuse_graphs=...) -> (engine, providers each session was asked for, session)."""
+    """open(tuning=...) -> (engine, providers each session was asked for, session)."""
     import onnxruntime as ort
 
     from tests import fake_cupy
@@ -122,7 +122,7 @@ def cuda_engine(monkeypatch, lite0_onnx):
     asked = []
     sessions = []
 
-    def open_(tuning="auto", refuse_graphs=False, device_buffers=True, quick_start=False, gate=None,
+    def open_(tuning="auto", device_buffers=True, quick_start=False, gate=None,
               refuse_fusion=None, path=None, refuse_quick=None, batch="manifest", form=None):
         """refuse_fusion: the message every run of a session with fuse_conv_bias raises; path: the model opened
         (default: the FP32 Lite0 export; the fake's inputs and outputs are that export's either way); batch: the
@@ -131,8 +131,6 @@ def cuda_engine(monkeypatch, lite0_onnx):
             asked.append(providers[0][1].copy())
             if refuse_quick and providers[0][1].get("cudnn_conv_algo_search") == "DEFAULT":
                 raise EngineError(f"ONNX Runtime cannot load m.onnx: {refuse_quick}")
-            if refuse_graphs and providers[0][1].get("enable_cuda_graph") == "1":
-                raise EngineError("ONNX Runtime cannot load m.onnx: This session cannot use the CUDA Graph feature")
             s = Session(real, registry, providers)
             if providers[0][1].get("fuse_conv_bias") == "1":
                 s.fail = refuse_fusion
@@ -167,21 +165,19 @@ def cuda_engine(monkeypatch, lite0_onnx):
         assert eng.close_and_wait(60), "an engine's worker did not end after close()"
 
 
-def test_a_tuned_cuda_session_asks_for_nhwc_heuristic_algorithms_and_graphs_only_when_told(cuda_engine):
+def test_a_tuned_cuda_session_asks_for_nhwc_heuristic_algorithms_and_fusion_never_graphs(cuda_engine):
     eng, asked, _ = cuda_engine("auto")
     assert asked[-1]["prefer_nhwc"] == "1" and asked[-1]["cudnn_conv_algo_search"] == "HEURISTIC"
     assert asked[-1]["fuse_conv_bias"] == "1" and eng.fused  # each convolution fused with its bias by cuDNN
-    assert "enable_cuda_graph" not in asked[-1] and not eng.cuda_graphs and eng.capture_graphs([]) == 0
-    eng, asked, _ = cuda_engine("graphs")
-    assert asked[-1]["prefer_nhwc"] == "1" and asked[-1]["cudnn_conv_algo_search"] == "HEURISTIC"
-    assert asked[-1]["fuse_conv_bias"] == "1" and eng.fused
-    assert asked[-1]["enable_cuda_graph"] == "1" and eng.cuda_graphs
+    assert "enable_cuda_graph" not in asked[-1]
     off, asked, _ = cuda_engine("off")
     assert not ({"prefer_nhwc", "cudnn_conv_algo_search", "enable_cuda_graph", "fuse_conv_bias"} & set(asked[-1]))
-    assert not off.cuda_graphs and not off.fused
-    # host arrays only (no device buffers): tuned kernels, but no graphs (they need fixed device addresses)
-    host, asked, _ = cuda_engine("graphs", device_buffers=False)
-    assert asked[-1]["prefer_nhwc"] == "1" and "enable_cuda_graph" not in asked[-1] and not host.cuda_graphs
+    assert not off.fused
+    # host arrays only (no device buffers): the same tuned kernels
+    host, asked, _ = cuda_engine("auto", device_buffers=False)
+    assert asked[-1]["prefer_nhwc"] == "1" and asked[-1]["fuse_conv_bias"] == "1"
+    with pytest.raises(UsageProblem, match="use one of: auto, off"):
+        cuda_engine("graphs")
 
 
 def test_a_quantized_model_gets_no_nhwc_layout_nor_fusion_and_no_quick_copy(cuda_engine, lite0_int8):
@@ -199,11 +195,11 @@ def test_a_quantized_model_gets_no_nhwc_layout_nor_fusion_and_no_quick_copy(cuda
 
 def test_no_two_uses_of_the_tuned_session_overlap(cuda_engine):
     """The engine's one owner of its tuned session: the quick start's preparations (the open-time batch and shapes
-    announced meanwhile), numpy batches (ONNX Runtime's copies), device batches, graph captures and the reopen
+    announced meanwhile), numpy batches (ONNX Runtime's copies), device batches and the reopen
     unfused (cuDNN refuses the fused session's first run), each from its own thread at once, never run the tuned
     session (or the one replacing it) at the same time. Fails with the engine's lock taken away."""
     cuda_engine.use = {"lock": threading.Lock(), "active": 0, "overlaps": [], "hold": 0.005}
-    eng, _, fused = cuda_engine("graphs", quick_start=True, refuse_fusion=REFUSED)
+    eng, _, fused = cuda_engine("auto", quick_start=True, refuse_fusion=REFUSED)
     cp = cuda_engine.cp
     a = cp.asarray(np.zeros((4, 3, 224, 224), np.float32))
     errors = []
@@ -221,7 +217,6 @@ def test_no_two_uses_of_the_tuned_session_overlap(cuda_engine):
                repeat("numpy-3", lambda: eng.infer(np.zeros((3, 3, 224, 224), np.float32))),
                repeat("device-4", lambda: eng.infer(a)),
                repeat("device-1", lambda: eng.infer(cp.asarray(np.zeros((1, 3, 224, 224), np.float32)))),
-               repeat("capture", lambda: eng.capture_graphs([a]), times=5),
                repeat("expect", lambda: eng.expect([5, 6, 7]), times=1)]
     for t in threads:
         t.start()
@@ -248,31 +243,10 @@ def test_only_a_cudnn_refusal_reopens_the_session_unfused(cuda_engine):
     assert not eng.fused and eng.session is not fused
 
 
-def test_graphs_a_failed_capture_turned_off_stay_off_after_the_reopen(cuda_engine):
-    eng, _, first = cuda_engine("graphs")
-    a = cuda_engine.cp.asarray(np.zeros((2, 3, 224, 224), np.float32))
-    first.fail = "CUDA failure 901: operation failed due to a previous error during capture"
-    assert eng.capture_graphs([a]) == 0 and not eng.cuda_graphs
-    first.fail = REFUSED  # then cuDNN refuses the fused session: reopened unfused, still without graphs
-    eng.infer(a)
-    assert eng.session is not first and not eng.fused and not eng.cuda_graphs
-    assert eng.capture_graphs([a]) == 0 and eng.session.runs[-1][0] == "-1"
-
-
-def test_a_model_onnx_runtime_cannot_graph_runs_without_and_says_so_once(cuda_engine, caplog):
-    oe._told.clear()
-    with caplog.at_level(logging.WARNING, logger="trtc"):
-        eng, asked, _ = cuda_engine("graphs", refuse_graphs=True)
-        cuda_engine("graphs", refuse_graphs=True)
-    assert not eng.cuda_graphs and asked[-1]["prefer_nhwc"] == "1" and "enable_cuda_graph" not in asked[-1]
-    said = [r.getMessage() for r in caplog.records if "without CUDA graphs" in r.getMessage()]
-    assert len(said) == 1 and "every node runs on the CUDA execution provider" in said[0]
-
-
 def test_every_device_run_names_its_graph_id_also_without_graphs(cuda_engine):
     """ONNX Runtime's Python run_with_iobinding looks gpu_graph_id up on every run; a missing key raises inside
     it (a C++ exception made a Python one, ~30 us with the interpreter lock held), so trtc always sets it."""
-    for tuning in ("auto", "off", "graphs"):
+    for tuning in ("auto", "off"):
         eng, _, session = cuda_engine(tuning)
         x = cuda_engine.cp.asarray(np.zeros((2, 3, 224, 224), np.float32))
         eng.infer(x)
@@ -320,16 +294,6 @@ def test_a_fused_session_cudnn_refuses_is_reopened_unfused_and_said_once(cuda_en
         assert host.infer(np.zeros((2, 3, 224, 224), np.float32))[0].shape == (2, 1000) and not host.fused
     said = [r.getMessage() for r in caplog.records if "unfused" in r.getMessage()]
     assert len(said) == 1 and "HEURISTIC_QUERY_FAILED" in said[0] and "fused with its bias" in said[0]
-
-
-def test_graphs_of_a_fused_session_cudnn_refuses_are_captured_again_unfused(cuda_engine):
-    eng, asked, _ = cuda_engine("graphs", refuse_fusion=REFUSED)
-    a = cuda_engine.cp.asarray(np.zeros((2, 3, 224, 224), np.float32))
-    assert eng.capture_graphs([a]) == 1 and eng.cuda_graphs and not eng.fused
-    assert asked[-1]["enable_cuda_graph"] == "1" and not _fused(asked[-1])
-    assert [r[0] for r in eng.session.runs] == ["1", "1"]  # the new session's own graph ids, from 1
-    eng.infer(a)
-    assert eng.session.runs[-1][0] == "1"
 
 
 def test_the_quick_start_s_preparation_reopens_a_refused_fused_session(cuda_engine):
@@ -386,78 +350,24 @@ def test_a_failure_that_is_not_cudnn_s_is_raised_and_the_session_stays_fused(cud
 def test_an_unknown_tuning_is_refused_with_the_choices(lite0_onnx):
     with pytest.raises(UsageProblem, match="unknown ONNX Runtime tuning 'fast'") as err:
         oe.OnnxRuntimeEngine(lite0_onnx[0], tuning="fast")
-    assert err.value.fix == "use one of: auto, graphs, off"
+    assert err.value.fix == "use one of: auto, off"
 
 
-def test_captured_buffers_replay_their_graph_and_others_run_without(cuda_engine):
-    eng, _, session = cuda_engine("graphs")
-    cp = cuda_engine.cp
-    a = cp.asarray(np.zeros((4, 3, 224, 224), np.float32))
-    b = cp.asarray(np.zeros((4, 3, 224, 224), np.float32))
-    c = cp.asarray(np.zeros((4, 3, 224, 224), np.float32))
-    assert eng.capture_graphs([a, b]) == 2
-    assert [r[0] for r in session.runs] == ["1", "1", "2", "2"]  # ONNX Runtime: a run as usual, then the capture
-    session.runs.clear()
-    outs = [eng.infer(x)[0] for x in (a, b, c, a, c)]
-    assert [r[0] for r in session.runs] == ["1", "2", "-1", "1", "-1"]  # never captured while infer runs
-    assert len({r[2] for r in session.runs if r[0] == "1"}) == 1  # graph 1 always runs with its own binding
-    # every call returns its own array holding that run's result, not the graph's buffer the next replay overwrites
-    assert [float(o.host[0, 0]) for o in outs] == [1, 2, 3, 4, 5]
-    assert len({o.data.ptr for o in outs}) == 5
-    assert eng.capture_graphs([a, b]) == 2 and len(session.runs) == 5  # already held: nothing run again
-
-
-def test_graphs_are_capped_and_host_arrays_never_use_one(cuda_engine, monkeypatch):
-    eng, _, session = cuda_engine("graphs")
-    cp = cuda_engine.cp
-    monkeypatch.setattr(oe, "MAX_CUDA_GRAPHS", 2)
-    xs = [cp.asarray(np.zeros((2, 3, 224, 224), np.float32)) for _ in range(3)]
-    assert eng.capture_graphs(xs) == 2
-    assert eng.capture_graphs([xs[0][:1]]) == 2  # another shape at a held address: capped too
-    session.runs.clear()
-    for x in xs:
-        eng.infer(x)
-    assert [r[0] for r in session.runs] == ["1", "2", "-1"]
-    assert eng._host_run_options.get_run_config_entry("gpu_graph_id") == "-1"
-
-
-def test_a_failed_capture_turns_graphs_off_and_says_so_once(cuda_engine, caplog):
-    eng, _, session = cuda_engine("graphs")
-    cp = cuda_engine.cp
-    oe._told.clear()
-
-    def broken(io, ro):
-        raise RuntimeError("CUDA failure 901: operation failed due to a previous error during capture")
-
-    session.run_with_iobinding = broken
-    a = cp.asarray(np.zeros((2, 3, 224, 224), np.float32))
-    with caplog.at_level(logging.WARNING, logger="trtc"):
-        assert eng.capture_graphs([a, a[:1]]) == 0
-    assert not eng.cuda_graphs and eng._host_run_options.get_run_config_entry("gpu_graph_id") == "-1"
-    session.run_with_iobinding = Session.run_with_iobinding.__get__(session)
-    eng.infer(a)
-    assert session.runs[-1][0] == "-1"  # still never graph 0, which ONNX Runtime would capture by itself
-    said = [r.getMessage() for r in caplog.records if "capturing one failed" in r.getMessage()]
-    assert len(said) == 1
-
-
-def test_the_caller_s_output_buffer_gets_the_graph_s_result(cuda_engine):
-    eng, _, session = cuda_engine("graphs")
+def test_the_caller_s_output_buffer_gets_the_result(cuda_engine):
+    eng, _, session = cuda_engine("auto")
     cp = cuda_engine.cp
     x = cp.asarray(np.zeros((2, 3, 224, 224), np.float32))
     mine = cp.asarray(np.full((2, 1000), -7, np.float32))
-    eng.capture_graphs([x])
+    cuda_engine.registry[mine.data.ptr] = mine  # the fake session writes through the bound address
     got = eng.infer(x, outputs=[mine])[0]
-    assert got is mine and float(mine.host[1, 999]) == 3
+    assert got is mine and float(mine.host[1, 999]) == len(session.runs) == 1
 
 
-def test_a_run_at_another_shape_waits_for_the_last_and_lets_every_graph_go(cuda_engine):
+def test_a_run_at_another_shape_waits_for_the_last(cuda_engine):
     """ONNX Runtime's cuDNN convolutions keep the plan of the last input shape only and replace it at a new one
-    without waiting for the GPU (OnnxRuntimeEngine._at_shapes says what that broke on an H100): before a run at
-    another shape the engine waits for the session's last run if an event query says it is still on the GPU, and a
-    graph captured before the change is never replayed after it; a later capture gets a new graph id (ONNX Runtime
-    would replay the old graph under an old one)."""
-    eng, _, session = cuda_engine("graphs")
+    without waiting for the GPU: before a run at another shape the engine waits for the session's last run if an
+    event query says it is still on the GPU."""
+    eng, _, session = cuda_engine("auto")
     cp = cuda_engine.cp
     a = cp.asarray(np.zeros((4, 3, 224, 224), np.float32))
     eng.infer(a)
@@ -469,22 +379,14 @@ def test_a_run_at_another_shape_waits_for_the_last_and_lets_every_graph_go(cuda_
     eng.infer(a[:2]), eng.infer(a)  # changes after the last run ended (an event query says so): no wait
     assert synced == [] and recorded == [eng.stream.ptr] * 2  # the event marks each run on the session's stream
     ran.done = False  # from here the last run is always still on the GPU at a change
-    assert eng.capture_graphs([a]) == 1
-    session.runs.clear()
-    eng.infer(a), eng.infer(a)  # replays of graph 1
-    assert [r[0] for r in session.runs] == ["1", "1"] and synced == []
-    eng.infer(a[:2])  # another shape: wait for the replays first; the graph goes
-    assert synced == [2] and eng._graphs == {} and session.runs[-1][0] == "-1"
-    eng.infer(a[:2])  # the same shape again: nothing to wait for
-    assert synced == [2]
-    eng.infer(a)  # back at the captured buffer: waits again, and runs without the old graph
-    assert synced == [2, 4] and session.runs[-1][0] == "-1"
-    assert eng.capture_graphs([a]) == 1 and session.runs[-1][0] == "2"
+    eng.infer(a), eng.infer(a)  # the same shape: nothing to wait for
+    assert synced == []
+    eng.infer(a[:2])  # another shape: wait for the runs before it
+    assert synced == [len(session.runs) - 1]
+    eng.infer(a[:2])
+    assert synced == [len(session.runs) - 2]
     eng.infer(np.zeros((3, 3, 224, 224), np.float32))  # host arrays at another shape: the same rule
-    assert eng._graphs == {} and synced[-1] == len(session.runs) - 1
-    b = cp.asarray(np.zeros((4, 3, 224, 224), np.float32))
-    assert eng.capture_graphs([a[:1], b]) == 1  # of two shapes, only the last one's graphs stay
-    assert [r[0] for r in session.runs[-4:]] == ["3", "3", "4", "4"] and list(eng._graphs)[0][0][1] == (4, 3, 224, 224)
+    assert synced[-1] == len(session.runs) - 1
 
 
 # Quick start (engines/onnxruntime_engine.py, _QuickStart): a tuned session's first run of a shape prepares it (seconds
@@ -522,7 +424,7 @@ def _quick_sessions(sessions) -> list:
 
 def test_quick_start_opens_a_default_algorithm_session_on_its_own_stream(cuda_engine, lite0_onnx):
     gate = threading.Event()
-    eng, asked, tuned = cuda_engine("graphs", quick_start=True, gate=gate)
+    eng, asked, tuned = cuda_engine("auto", quick_start=True, gate=gate)
     n = _manifest_batch(lite0_onnx[0])
     # at open a thread opened the quick session and ran it once at the batch the video pipeline defaults to (the
     # manifest's opt, <= 64): that run loads its kernels before the caller's first batch
@@ -545,7 +447,7 @@ def test_quick_start_opens_a_default_algorithm_session_on_its_own_stream(cuda_en
     # the tuned session prepared the open-time batch first, then the caller's
     prepared = [r[1]["input"][1] for r in tuned.runs]
     assert prepared == [(n, 3, 224, 224), (2, 3, 224, 224)]
-    assert all(r[0] == "-1" for r in tuned.runs)  # preparing never captures a graph
+    assert all(r[0] == "-1" for r in tuned.runs)  # gpu_graph_id -1: no graph
 
 
 def test_batches_run_on_the_quick_session_until_the_tuned_one_has_prepared_their_shape(cuda_engine):

@@ -230,7 +230,7 @@ def test_int8_default_form_qdq_fp32_with_casts_runs_the_same_fused_and_op_by_op(
 
 
 def test_qdq_fusion_rule_and_runtime_warning_follow_the_manifest():
-    from engines.onnxruntime_engine import qdq_fusion_ok, runtime_warning
+    from engines.manifest import qdq_fusion_ok, runtime_warning
 
     assert qdq_fusion_ok({"mode": "int8", "high_precision": "fp16", "scales": "fp32"})
     assert not qdq_fusion_ok({"mode": "int8", "high_precision": "fp16", "scales": "fp16"})
