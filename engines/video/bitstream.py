@@ -13,14 +13,20 @@ decoding (ITU-T H.264 7.4.1 and H.265 7.4.2):
 A packet that breaks one of these is damaged whatever a decoder makes of it; a conformant stream never breaks them,
 so a clean file is never called damaged. Damage that keeps the framing (a flipped bit inside slice data) is not
 seen here: that is what NVDEC's own prints are for.
+
+The GPU path reads each file in a child Python running this file (it imports nothing of trtc's): reading every
+packet through PyAV holds the interpreter lock for most of its time, which the decoder threads beside it need.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import subprocess
+import sys
 import threading
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 
 CODECS = ("h264", "hevc")
@@ -155,18 +161,58 @@ _DONE_LOCK = threading.Lock()
 _KEPT = 256
 
 
-def audit_file_once(path: str, stop: threading.Event | None = None) -> Audit:
-    """:func:`audit_file`, or what it found before for the same unchanged file."""
+_CHILDREN = threading.BoundedSemaphore(4)  # files read at once in child processes
+
+
+def audit_in_child(path: str, stop: threading.Event | None = None) -> Audit:
+    """:func:`audit_file` in a child Python, at most four at once; a stop kills it. Never raises: a child that
+    fails leaves the file unchecked (``note`` says why), never called damaged."""
+    if not os.path.isfile(path):  # nothing to read: said at once, no child
+        return audit_file(path, stop)
+    with _CHILDREN:
+        if stop is not None and stop.is_set():
+            return Audit(note="stopped")
+        try:
+            child = subprocess.Popen([sys.executable, os.path.abspath(__file__), path], stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+        except OSError as exc:
+            return Audit(note=f"the check could not start: {exc}")
+        out = _answer(child, stop)
+    return out
+
+
+def _answer(child: subprocess.Popen, stop: threading.Event | None) -> Audit:
+    """The child's Audit once it ends (killed at a stop: an unchecked Audit)."""
+    while True:
+        try:
+            text = child.communicate(timeout=0.2)[0]
+            break
+        except subprocess.TimeoutExpired:
+            if stop is not None and stop.is_set():
+                child.kill()
+                child.communicate()
+                return Audit(note="stopped")
+    try:
+        found = json.loads(text)
+        found["first"] = tuple(found["first"]) if found.get("first") else None
+        return Audit(**found)
+    except (ValueError, TypeError, KeyError) as exc:
+        return Audit(note=f"the check failed (exit {child.returncode}): {exc}")
+
+
+def audit_file_once(path: str, stop: threading.Event | None = None, read=audit_file) -> Audit:
+    """``read(path, stop)`` (:func:`audit_file` or :func:`audit_in_child`), or what was found before for the same
+    unchanged file."""
     try:
         st = os.stat(path)
         key = (os.path.realpath(path), st.st_size, st.st_mtime_ns)
     except OSError:
-        return audit_file(path, stop)
+        return read(path, stop)
     with _DONE_LOCK:
         found = _DONE.get(key)
     if found is not None:
         return found
-    out = audit_file(path, stop)
+    out = read(path, stop)
     if out.checked and not (stop is not None and stop.is_set()):  # a whole read only
         with _DONE_LOCK:
             _DONE[key] = out
@@ -177,15 +223,18 @@ def audit_file_once(path: str, stop: threading.Event | None = None) -> Audit:
 
 @dataclass
 class Auditor:
-    """:func:`audit_file_once` on its own thread, beside the decoder: ``result()`` joins it."""
+    """:func:`audit_file_once` through :func:`audit_in_child`, waited for on a thread of its own beside the decoder:
+    ``result()`` joins it."""
 
     path: str
     stop: threading.Event | None = None
     _out: list = field(default_factory=list)
 
     def __post_init__(self):
-        self._thread = threading.Thread(target=lambda: self._out.append(audit_file_once(self.path, self.stop)),
-                                        name="trtc-bitstream", daemon=True)
+        def run():
+            self._out.append(audit_file_once(self.path, self.stop, audit_in_child))
+
+        self._thread = threading.Thread(target=run, name="trtc-bitstream", daemon=True)
         self._thread.start()
 
     def result(self) -> Audit:
@@ -215,3 +264,7 @@ def file_damage(printed: int, others: set, audit: Audit | None, counted: int) ->
         add += audit.damaged
         why.append(audit.reason())
     return add, "; ".join(why)
+
+
+if __name__ == "__main__":  # the child of audit_in_child: one file's Audit as JSON on stdout
+    print(json.dumps(asdict(audit_file(sys.argv[1]))), flush=True)

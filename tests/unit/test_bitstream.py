@@ -115,6 +115,21 @@ def test_the_auditor_runs_beside_and_stops_with_the_run(bikes, tmp_path):
     assert Auditor(str(copy)).result().packets == 250
 
 
+def test_the_auditor_reads_the_file_in_a_child_process(bikes, tmp_path, monkeypatch):
+    """Reading every packet holds this process's interpreter lock, which the decoder threads need: the Auditor
+    reads in a child Python, so nothing here opens the file."""
+    av = pytest.importorskip("av")
+    copy = tmp_path / "b.mp4"
+    copy.write_bytes(bikes.read_bytes())
+
+    def refuse(*a, **k):
+        raise AssertionError("read in this process")
+
+    monkeypatch.setattr(av, "open", refuse)
+    found = Auditor(str(copy)).result()
+    assert found.checked and found.packets == 250 and found.damaged == 0
+
+
 def test_the_gpu_paths_verdict_counts_each_packet_once():
     audit = Audit(packets=250, damaged=2, first=(44, "a run of zero bytes inside a NAL unit"), checked=True)
     assert file_damage(0, set(), None, 0) == (0, "")
