@@ -216,7 +216,7 @@ def bench(models: list[str], batches: list[int] | None = None, *, device: str = 
         if yardstick is not None and sizes:
             rows += _reference_rows(yardstick, spec, ref, sizes, shape, mine, plan)
     ratios(rows)
-    return _report(rows, plan, reference, ort_tuning)
+    return _report(rows, plan, reference)
 
 
 ORT_TUNINGS = {"auto": ["auto"], "off": ["off"], "both": ["auto", "off"]}
@@ -462,7 +462,7 @@ def _reference_rows(yardstick, spec: str, ref, sizes: list[int], shape: tuple, e
     return rows
 
 
-def _report(rows: list[BenchRow], plan: _Plan, reference: str | None, ort_tuning: str) -> BenchReport:
+def _report(rows: list[BenchRow], plan: _Plan, reference: str | None) -> BenchReport:
     """The report, with the machine, what a latency includes and the versions of the runtimes timed."""
     device = plan.device
     gpu = gpu_device(0) if device.startswith("cuda") else None
