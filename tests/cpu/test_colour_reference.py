@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import importlib.util
 
+from fractions import Fraction
+
 import numpy as np
 import pytest
 
@@ -99,7 +101,7 @@ def encode_lossless(path, planes, pix_fmt: str, colorspace: int, color_range: in
                 buf = np.zeros((plane.height, plane.line_size // a.dtype.itemsize), a.dtype)
                 buf[:, :a.shape[1]] = a
                 plane.update(buf.tobytes())
-            f.pts = i
+            f.pts, f.time_base = i, Fraction(1, 25)  # PyAV 19 refuses to mux frames with a pts but no time base
             for pkt in s.encode(f):
                 c.mux(pkt)
         for pkt in s.encode():
