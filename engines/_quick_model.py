@@ -1,54 +1,34 @@
-"""The quick session's copy of a model: each depthwise convolution as shifted multiply-adds, and the float-graph test.
-
-With cuDNN's default algorithms ONNX Runtime runs depthwise convolutions on cuDNN's slow fallback kernels; the copy
-computes each as one multiply-add per tap on element-wise kernels, in FP32 whatever the model's type (as cuDNN
-computes FP16 convolutions), cast back at the end:
-
+"""The quick session's copy of a model: each depthwise convolution as shifted multiply-adds. With cuDNN's default
+algorithms ONNX Runtime runs depthwise convolutions on cuDNN's slow fallback kernels; the copy computes each as one
+multiply-add per tap on element-wise kernels, in FP32 whatever the model's type (as cuDNN computes FP16 convolutions),
+cast back at the end:
     y = bias + sum over taps (i, j) of  w[:, 0, i, j] * x_padded[:, :, i*dh :: sh, j*dw :: sw]   (cropped to y)
 """
 
 from __future__ import annotations
 
 import logging
-import mmap
 import os
 
-from ._deps import is_installed
+from .manifest import QUANT_MARKS
 
 log = logging.getLogger("trtc")
 INT64_MAX = 2**63 - 1
 MIN_OPSET = 11  # Pad with its pads as an input
-QUANT_OPS = ("QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul", "ConvInteger", "MatMulInteger",
-             "DynamicQuantizeLinear")
-
-
-def is_float_graph(path: str | os.PathLike) -> bool:
-    """Whether the model computes in floating point only, as the rewrites made for float graphs assume (this copy;
-    ONNX Runtime's NHWC layout and conv-bias fusion). A node's op type is stored as its name's bytes, so a file that
-    holds none of QUANT_OPS' names has no quantizing node; one that holds a name elsewhere (a doc string) counts as
-    quantized: the safe side. False when the file cannot be read. Reads no weights into Python, imports no onnx."""
-    try:
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-            return not any(m.find(op.encode()) >= 0 for op in ("QuantizeLinear", "QLinear", "Integer"))
-    except (OSError, ValueError):
-        return False
 
 
 def depthwise_as_taps(path: str | os.PathLike) -> bytes | None:
     """The copy's bytes, or None (the quick session then runs the file): no depthwise convolution, a quantized
     graph (its convolutions are the quantizer's to place), or out of reach here (no ``onnx``, external data, an
     opset below MIN_OPSET), said at debug level."""
-    if not is_installed("onnx"):
-        log.debug("%s: onnx is not installed; the quick session runs the model as it is", path)
-        return None
-    import onnx
     try:
+        import onnx
         model = onnx.load(os.fspath(path), load_external_data=False)
-    except Exception as exc:  # noqa: BLE001 - the quick session then runs the model as it is
-        log.debug("%s: onnx cannot read it (%s); the quick session runs the model as it is", path, exc)
+    except Exception as exc:  # noqa: BLE001 - no onnx, or a file it cannot read: the quick session runs the file
+        log.debug("%s: the quick session runs the model as it is (%s)", path, exc)
         return None
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
-    if any(n.op_type in QUANT_OPS for n in model.graph.node):
+    if any(mark in n.op_type for n in model.graph.node for mark in QUANT_MARKS):
         return None
     if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer) or opset < MIN_OPSET:
         log.debug("%s: external data or opset %d; the quick session runs the model as it is", path, opset)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import mmap
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,7 @@ from .preprocess import PreprocessSpec
 
 SCHEMA = 1
 PLAN_SUFFIXES = (".plan", ".engine", ".trt")  # TensorRT plans (engines re-exports it)
+QUANT_MARKS = ("QuantizeLinear", "QLinear", "Integer")  # in every quantizing operator's name (DequantizeLinear, ...)
 
 
 @dataclass(frozen=True)
@@ -345,6 +347,22 @@ def precision_of(path) -> dict:
     except (OSError, ValueError):
         return {}
     return (doc.get("precision") if isinstance(doc, dict) else None) or {}
+
+
+def is_float_graph(path: str | os.PathLike, precision: dict | None = None) -> bool:
+    """Whether the model computes in floating point only, as rewrites made for float graphs assume (the quick copy;
+    ONNX Runtime's NHWC layout and conv-bias fusion). Its manifest's precision mode says, where ``precision`` has one
+    (no scan of the file); else the file: an op type is stored as its name's bytes, so a file holding none of
+    QUANT_MARKS has no quantizing node, and one holding one elsewhere (a doc string) counts as quantized, the safe
+    side. False when the file cannot be read. Reads no weights into Python, imports no onnx."""
+    mode = (precision or {}).get("mode")
+    if mode is not None:
+        return mode in ("fp32", "fp16")
+    try:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            return not any(m.find(mark.encode()) >= 0 for mark in QUANT_MARKS)
+    except (OSError, ValueError):
+        return False
 
 
 def qdq_fusion_ok(precision: dict) -> bool:

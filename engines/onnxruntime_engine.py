@@ -23,7 +23,7 @@ from ._deps import cpu_threads, dist_version, is_installed, require
 from ._gpu import parse_device
 from .base import EngineBase, TensorSpec
 from .errors import EngineError, UsageProblem, first_line
-from .manifest import precision_of, qdq_fusion_ok, runtime_warning
+from .manifest import is_float_graph, precision_of, qdq_fusion_ok, runtime_warning
 
 log = logging.getLogger("trtc")
 # tuning="auto": NHWC, heuristic algorithms, conv+bias fused; "off": ONNX Runtime's default session. (No CUDA graphs:
@@ -91,13 +91,8 @@ def _say_once(path, what: str, text: str) -> None:
 
 
 def tuned_cuda_options(path, precision: dict | None = None) -> dict:
-    """TUNED_CUDA_OPTIONS for a float graph; a quantized one gets the heuristic algorithms only (NHWC and the fusion
-    are rewrites made for float convolutions with constant weights). The manifest's precision mode says which, where
-    it has one (no scan of the file at open); else the file is scanned."""
-    from ._quick_model import is_float_graph
-
-    mode = (precision or {}).get("mode")
-    if mode in ("fp32", "fp16") or (mode is None and is_float_graph(path)):
+    """TUNED_CUDA_OPTIONS for a float graph (see is_float_graph), only the heuristic algorithms for a quantized one."""
+    if is_float_graph(path, precision):
         return dict(TUNED_CUDA_OPTIONS)
     return {"cudnn_conv_algo_search": TUNED_CUDA_OPTIONS["cudnn_conv_algo_search"]}
 

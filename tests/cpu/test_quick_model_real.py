@@ -75,7 +75,8 @@ def test_a_quantized_graph_gets_no_float_rewrite(lite0_int8, lite0_fp16):
     """INT8 Lite0 (Q/DQ, accuracy-aware: some convolutions kept in FP16 read their weights through DequantizeLinear
     and Cast): neither the quick copy nor ONNX Runtime's NHWC layout and conv-bias fusion, which are made for float
     graphs; FP16 Lite0 gets all three. The float test reads the file's bytes, without onnx."""
-    from engines._quick_model import depthwise_as_taps, is_float_graph
+    from engines._quick_model import depthwise_as_taps
+    from engines.manifest import is_float_graph
     from engines.onnxruntime_engine import TUNED_CUDA_OPTIONS, tuned_cuda_options
 
     assert not is_float_graph(lite0_int8.output) and is_float_graph(lite0_fp16.output)

@@ -12,7 +12,8 @@ ort = pytest.importorskip("onnxruntime")
 
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
-from engines._quick_model import depthwise_as_taps, is_float_graph, rewrite_depthwise  # noqa: E402
+from engines._quick_model import depthwise_as_taps, rewrite_depthwise  # noqa: E402
+from engines.manifest import is_float_graph  # noqa: E402
 
 RNG = np.random.default_rng(7)
 
