@@ -2,8 +2,7 @@
 
 ``infer(numpy batch)`` returns numpy outputs. ``infer(device array, outputs=None, stream=None)`` runs zero-copy
 (IOBinding on the device pointers, the session's own CUDA stream ordered with ``stream`` by events) and returns CuPy
-outputs without a host synchronisation. docs/INTERNALS.md ("How the GPU path runs") says why the rules are as they are.
-"""
+outputs without a host synchronisation. Why the rules are as they are: docs/INTERNALS.md ("How the GPU path runs")."""
 
 from __future__ import annotations
 
@@ -20,14 +19,14 @@ import numpy as np
 
 from ._cuda import device_input, device_output, external_stream, is_device_array
 from ._deps import cpu_threads, dist_version, is_installed, require
-from ._gpu import parse_device
+from ._gpu import check_gpu_index, gpus, parse_device
+from ._quick_model import depthwise_as_taps
 from .base import EngineBase, TensorSpec
 from .errors import EngineError, UsageProblem, first_line
 from .manifest import is_float_graph, precision_of, qdq_fusion_ok, runtime_warning
 
 log = logging.getLogger("trtc")
-# tuning="auto": NHWC, heuristic algorithms, conv+bias fused; "off": ONNX Runtime's default session. (No CUDA graphs:
-# ONNX Runtime captures in CUDA's global mode, and beside the decoder threads its captures failed, docs/INTERNALS.md)
+# tuning="off": ONNX Runtime's defaults. No CUDA graphs: captures failed beside decoder threads (docs/INTERNALS.md)
 TUNED_CUDA_OPTIONS = {"cudnn_conv_algo_search": "HEURISTIC", "prefer_nhwc": "1", "fuse_conv_bias": "1"}
 FUSION = "fuse_conv_bias"
 TUNINGS = ("auto", "off")
@@ -53,7 +52,6 @@ def providers_for(device: str) -> list:
             raise EngineError("both onnxruntime and onnxruntime-gpu are installed; they provide the same module and "
                               "the CPU build won, so the CUDA execution provider is missing",
                               "pip uninstall -y onnxruntime onnxruntime-gpu && pip install onnxruntime-gpu")
-        from ._gpu import gpus
         found = gpus()
         if not found["devices"]:  # installing trtc[gpu] would not give this machine a GPU
             raise UsageProblem(f"{device}: no NVIDIA GPU found here ({found.get('reason')}), and ONNX Runtime here "
@@ -62,10 +60,8 @@ def providers_for(device: str) -> list:
         raise EngineError(f"ONNX Runtime here has no CUDA execution provider (it has {', '.join(available)})",
                           'pip uninstall -y onnxruntime && pip install "trtc[gpu]", or use --device cpu')
     if hasattr(ort, "preload_dlls"):  # CUDA/cuDNN from the nvidia-* wheels (e.g. torch's) when not on the path
-        try:
+        with contextlib.suppress(Exception):  # best effort; the session reports what is really missing
             ort.preload_dlls()
-        except Exception:  # noqa: BLE001 - best effort; the session reports what is really missing
-            pass
     return [("CUDAExecutionProvider", {"device_id": index}), "CPUExecutionProvider"]
 
 
@@ -97,26 +93,12 @@ def tuned_cuda_options(path, precision: dict | None = None) -> dict:
     return {"cudnn_conv_algo_search": TUNED_CUDA_OPTIONS["cudnn_conv_algo_search"]}
 
 
-def refused_by_cudnn(exc: Exception) -> str | None:
-    """cuDNN's words when ``exc`` is cuDNN refusing a convolution as asked (the one failure an unfused session can
-    mend, not any error naming cuDNN), else None."""
-    found = re.search(r"CUDNN_FE failure( \d+: \w+)?|CUDNN_STATUS_NOT_SUPPORTED", str(exc.__cause__ or exc))
-    return found and found.group(0)
-
-
 def _output_shape(spec, n: int) -> tuple:
     shape = tuple(n if j == 0 and (isinstance(d, str) or d is None or d < 0) else d for j, d in enumerate(spec.shape))
     if any(not isinstance(d, int) for d in shape):
         raise EngineError(f"output {spec.name!r} has dynamic dimensions {spec.shape} besides the batch",
                           "export the model with a fixed output shape")
     return shape
-
-
-def _bind(io, device_id: int, xs, outs, inputs, outputs) -> None:
-    for spec, x in zip(inputs, xs):
-        io.bind_input(spec.name, "cuda", device_id, x.dtype, tuple(x.shape), x.data.ptr)
-    for spec, out in zip(outputs, outs):
-        io.bind_output(spec.name, "cuda", device_id, out.dtype, tuple(out.shape), out.data.ptr)
 
 
 def _device_run_options():
@@ -129,11 +111,10 @@ def _device_run_options():
 
 
 class _QuickStart:
-    """The quick start of a tuned CUDA session on device buffers, for OnnxRuntimeEngine. One worker thread opens the
-    quick session (cuDNN's default algorithms, the depthwise copy, a stream of its own) beside the tuned session's
-    open, runs it once at the first shape queued, then prepares the queued shapes on the tuned session in order,
-    under the engine's lock. Meanwhile device batches run on the quick session (_route), let go once nothing is
-    queued or a host caller needs none. ``_cond`` owns this state."""
+    """The quick start of OnnxRuntimeEngine's tuned CUDA session on device buffers. One worker thread opens the quick
+    session (cuDNN's default algorithms, the depthwise copy, a stream of its own) beside the tuned session's open,
+    runs it once at the first shape queued, then prepares the queued shapes on the tuned session in order, under the
+    engine's lock; meanwhile device batches run on the quick session (_route). ``_cond`` owns this state."""
 
     def _quick_setup(self, ort, opts, providers, form) -> None:
         import cupy as cp
@@ -165,8 +146,7 @@ class _QuickStart:
             for n in sizes:
                 if isinstance(n, int) and n > 0 and all(isinstance(d, int) and d > 0 for r in rest for d in r):
                     self._queue_shape(tuple((n, *dims) for dims in rest))
-            if form == "host":
-                self._wanted = False
+            self._wanted = self._wanted and form != "host"
         if form == "host":
             self._let_quick_go(always=True)
 
@@ -211,8 +191,6 @@ class _QuickStart:
         session = None
         try:
             if self._quick_model is None:
-                from ._quick_model import depthwise_as_taps
-
                 self._quick_model = depthwise_as_taps(self.path) or os.fspath(self.path)
             session = self._session(*self._quick_open, self._quick_model)
         except Exception as exc:  # noqa: BLE001 - the tuned session then runs every batch
@@ -229,7 +207,7 @@ class _QuickStart:
             session, self._unwarmed = self._quick, False
         try:
             if session is not None:
-                self._run_on_zeros(session, key, self._quick_stream, lambda io: self._run(io, self._quick_run_options, session))
+                self._run_on_zeros(key, self._quick_run_options, session)
         except Exception as exc:  # noqa: BLE001 - the caller's run meets the same problem
             log.debug("%s: warming the quick session failed: %s", self.path.name, exc)
 
@@ -240,7 +218,7 @@ class _QuickStart:
             self._at_shapes(key)
             run_options = self._preparing = _device_run_options()
             run_options.terminate = self._closed  # a close() before these options were there to stop
-            self._run_on_zeros(self.session, key, self.stream, lambda io: self._run(io, run_options))
+            self._run_on_zeros(key, run_options)
 
         with self._lock:
             try:
@@ -285,16 +263,23 @@ class _QuickStart:
         if retired is not None:
             self._quick_stream.synchronize()
 
-    def _run_on_zeros(self, session, key, stream, run) -> None:
-        """``run(io)`` once, on ``stream``, with ``session`` bound to zeros at ``key`` and new outputs; wait for it."""
+    def _run_on_zeros(self, key, run_options, quick=None) -> None:
+        """One run (see _run) on zeros at ``key`` into new outputs, on the session's stream; wait for it."""
         import cupy as cp
+        stream = self.stream if quick is None else self._quick_stream
         with cp.cuda.Device(self.device_id), stream:
             xs = [cp.zeros(shape, spec.numpy_dtype) for spec, shape in zip(self.inputs, key)]
             outs = [cp.empty(_output_shape(spec, key[0][0]), spec.numpy_dtype) for spec in self.outputs]
-            io = session.io_binding()
-            _bind(io, self.device_id, xs, outs, self.inputs, self.outputs)
-            run(io)
+            self._run(self._bind((quick or self.session).io_binding(), xs, outs), run_options, quick)
             stream.synchronize()
+
+    def _bind(self, io, xs, outs):
+        """``io``, an IOBinding, bound to device arrays: ``xs`` in, ``outs`` out."""
+        for spec, x in zip(self.inputs, xs):
+            io.bind_input(spec.name, "cuda", self.device_id, x.dtype, tuple(x.shape), x.data.ptr)
+        for spec, out in zip(self.outputs, outs):
+            io.bind_output(spec.name, "cuda", self.device_id, out.dtype, tuple(out.shape), out.data.ptr)
+        return io
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         """Wait until every queued shape is prepared and the worker idle; False after ``timeout`` seconds."""
@@ -343,7 +328,7 @@ class OnnxRuntimeEngine(_QuickStart, EngineBase):
         except BaseException:
             self.close()
             raise
-        self.fused = kind == "cuda" and providers[0][1].get(FUSION) == "1"  # a cuDNN refusal reopens it (_unfuse)
+        self.fused = kind == "cuda" and providers[0][1].get(FUSION) == "1"  # unfused on a cuDNN refusal
         self.inputs = [_spec(a) for a in self.session.get_inputs()]
         self.outputs = [_spec(a) for a in self.session.get_outputs()]
         if kind == "cuda" and precision.get("mode") == "int8":
@@ -358,7 +343,6 @@ class OnnxRuntimeEngine(_QuickStart, EngineBase):
         if kind == "cuda":  # first: without the GPU, a missing CUDA provider is not the problem to fix
             if device_buffers is not False and is_installed("cupy"):
                 require("cupy", "Running ONNX models on device buffers")  # first: the check then asks CUDA
-            from ._gpu import check_gpu_index
             check_gpu_index(self.device_id)
         providers = providers_for(self.device)
         if on_device:
@@ -375,26 +359,20 @@ class OnnxRuntimeEngine(_QuickStart, EngineBase):
     def _at_shapes(self, shapes) -> None:
         """Before the tuned session runs at these shapes: after a run at others, wait for it if still on the GPU
         (cuDNN's plans are of the last shape, replaced without waiting)."""
-        if self._last_shapes is not None and shapes != self._last_shapes and self._ran is not None:
-            if not self._ran.done:
-                self._ran.synchronize()
+        if self._ran is not None and self._last_shapes not in (None, shapes) and not self._ran.done:
+            self._ran.synchronize()
         self._last_shapes = shapes
 
     def _unfused_if_refused(self, run):
-        """``run()``, and once more on the session reopened unfused when cuDNN refused a fused convolution."""
+        """``run()`` (the caller holds the lock), and once more on the tuned session reopened unfused (its queued work
+        ended; said once) when cuDNN refused a fused convolution: known by its words, not by any error naming cuDNN."""
         try:
             return run()
         except Exception as exc:  # EngineError from _run, ORT's own types from a host run
-            if not self._unfuse(exc):
+            refused = self.fused and re.search(r"CUDNN_FE failure( \d+: \w+)?|CUDNN_STATUS_NOT_SUPPORTED",
+                                               str(exc.__cause__ or exc))
+            if not refused:
                 raise
-        return run()
-
-    def _unfuse(self, exc: Exception) -> bool:
-        """When ``exc`` is cuDNN refusing a fused convolution (only then): reopen the tuned session unfused, under the
-        lock, its queued work ended (its binding goes); say so once; True."""
-        refused = self.fused and refused_by_cudnn(exc)
-        if not refused:
-            return False
         ort, opts, providers = self._reopen_with
         plain = [(providers[0][0], {k: v for k, v in providers[0][1].items() if k != FUSION}), *providers[1:]]
         if self.stream is not None:
@@ -404,8 +382,8 @@ class OnnxRuntimeEngine(_QuickStart, EngineBase):
         with self._cond:  # shapes the fused session prepared are new to this one
             self._ready.clear()
         _say_once(self.path, "fusion", "runs its convolutions unfused: cuDNN refused a convolution fused with its "
-                                       f"bias ({refused})")
-        return True
+                                       f"bias ({refused.group(0)})")
+        return run()
 
     def _session(self, ort, opts, providers, model=None):
         """A session of ``model`` (a path or a model's bytes; default: this engine's file)."""
@@ -419,10 +397,9 @@ class OnnxRuntimeEngine(_QuickStart, EngineBase):
     def infer(self, batch, outputs=None, stream=None) -> list:
         """Run one batch. Host arrays in, host arrays out; device arrays in, device (CuPy) arrays out, the call
         returning once the work is enqueued (the input must stay unchanged until ``stream`` reaches this point)."""
-        first = next(iter(batch.values())) if isinstance(batch, dict) else batch
-        if is_device_array(first):
-            return self._infer_device(batch, outputs, stream)
         feeds = batch if isinstance(batch, dict) else {self.inputs[0].name: batch}
+        if is_device_array(next(iter(feeds.values()))):
+            return self._infer_device(feeds, outputs, stream)
         if any(spec.name not in feeds for spec in self.inputs):
             raise UsageProblem(f"no data for model input {next(s.name for s in self.inputs if s.name not in feeds)!r}")
         casted = {s.name: np.ascontiguousarray(feeds[s.name], dtype=s.numpy_dtype) for s in self.inputs}
@@ -438,12 +415,11 @@ class OnnxRuntimeEngine(_QuickStart, EngineBase):
         with self._lock:
             return self._unfused_if_refused(run)
 
-    def _infer_device(self, batch, outputs, stream):
+    def _infer_device(self, feeds, outputs, stream):
         if self.stream is None:
             raise UsageProblem(f"{self.path.name} is open on {self.device} without device buffers",
                                "open it with device='cuda:N' (CuPy installed) or pass numpy arrays")
         import cupy as cp
-        feeds = batch if isinstance(batch, dict) else {self.inputs[0].name: batch}
         xs = [device_input(feeds, spec) for spec in self.inputs]
         caller = external_stream(stream, self.device_id) if stream is not None else cp.cuda.get_current_stream()
         key = tuple(tuple(x.shape) for x in xs)
@@ -454,9 +430,7 @@ class OnnxRuntimeEngine(_QuickStart, EngineBase):
         results = [device_output(outputs, i, spec, _output_shape(spec, key[0][0]), own)
                    for i, spec in enumerate(self.outputs)]
         if quick is not None:
-            io = quick.io_binding()
-            _bind(io, self.device_id, xs, results, self.inputs, self.outputs)
-            self._run(io, self._quick_run_options, quick)
+            self._run(self._bind(quick.io_binding(), xs, results), self._quick_run_options, quick)
         else:
             with self._lock:
                 self._unfused_if_refused(lambda: self._tuned_run(xs, results, key))
@@ -473,8 +447,7 @@ class OnnxRuntimeEngine(_QuickStart, EngineBase):
         self._at_shapes(key)
         if self._binding is None:
             self._binding, self._run_options = self.session.io_binding(), _device_run_options()
-        _bind(self._binding, self.device_id, xs, results, self.inputs, self.outputs)
-        self._run(self._binding, self._run_options)
+        self._run(self._bind(self._binding, xs, results), self._run_options)
 
     def _run(self, io, run_options, quick=None) -> None:
         """One run of the tuned session, or of the quick session ``quick`` (one at a time: its warm-up and a batch)."""
