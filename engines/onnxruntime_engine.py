@@ -464,8 +464,9 @@ class OnnxRuntimeEngine(_QuickStart, EngineBase):
             self._closed = True
             del self._queue[1:]
             self._cond.notify_all()
-        if self._preparing is not None:
-            self._preparing.terminate = True
+        preparing = self._preparing  # read once: the worker may clear it meanwhile (under the lock, not held here)
+        if preparing is not None:
+            preparing.terminate = True
         if self._lock.acquire(blocking=False):
             try:
                 self._let_go()
