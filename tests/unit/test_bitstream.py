@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from engines.video.bitstream import Audit, Auditor, audit_file, file_damage, nal_length_size, packet_fault
+from engines.video.bitstream import Audit, Auditor, _answer, audit_file, file_damage, nal_length_size, packet_fault
 from tests.clips import remux_ts
 
 SPS = bytes([0x67, 0x42, 0xC0, 0x1E, 0xDA, 0x02, 0x80, 0xBF, 0xE5, 0xC0, 0x44, 0x00, 0x00, 0x03, 0x00, 0x04])
@@ -128,6 +128,19 @@ def test_the_auditor_reads_the_file_in_a_child_process(bikes, tmp_path, monkeypa
     monkeypatch.setattr(av, "open", refuse)
     found = Auditor(str(copy)).result()
     assert found.checked and found.packets == 250 and found.damaged == 0
+
+
+def test_the_childs_answer_is_its_last_line_and_a_child_without_one_leaves_the_file_unchecked():
+    import subprocess
+    import sys
+
+    said = 'print("a library talking on stdout"); print(\'{"packets": 7, "damaged": 1, "first": [3, "x"], "checked": true}\')'
+    child = subprocess.Popen([sys.executable, "-c", said], stdout=subprocess.PIPE)
+    found = _answer(child, None)
+    assert (found.packets, found.damaged, found.first, found.checked) == (7, 1, (3, "x"), True)
+    mute = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"], stdout=subprocess.PIPE)
+    found = _answer(mute, None)
+    assert not found.checked and not found.damaged and "exit 3" in found.note
 
 
 def test_the_gpu_paths_verdict_counts_each_packet_once():
