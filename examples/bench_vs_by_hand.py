@@ -10,7 +10,7 @@ by hand afterwards 12,713-17,067, where in a process of its own (examples/pipeli
 19,202. Later runs did not repeat the gap: the bench itself then reached
 0.96-1.12x of its limit. This is the script that ran then, unchanged but for this text.
 """
-import statistics, sys, time
+import sys, time
 import engines
 from engines.video import classify
 from toolchain import bench_video as bv
