@@ -75,6 +75,7 @@ def test_kernel_reads_pitched_frames_as_the_numpy_reference(host_frames, fmt, dt
     assert pitch == dev.strides[0] > w
     out = cp.zeros((5, 3, 224, 224), dtype)
     plan = pre.plan(f, (dev.shape[0], pitch), np.uint8, h, w, ColorSpace.parse(cs), np.dtype(dtype))
+    cp.cuda.get_current_stream().synchronize()  # the copy and the fill (on the current stream) end before the launch
     stream = cp.cuda.Stream(non_blocking=True)
     pre.launch(plan, [dev.data.ptr] * 5, out.data.ptr, stream)  # five frames in one launch
     stream.synchronize()

@@ -75,6 +75,7 @@ def test_one_launch_for_many_frames_matches_numpy_reference(test_videos, name):
     fmt, surf0, _, info = frames[0]
     plan = pre.plan(fmt, surf0.shape, surf0.dtype, info.height, info.width, info.colorspace, np.float32)
     out = cp.zeros((6, 3, 224, 224), np.float32)
+    cp.cuda.get_current_stream().synchronize()  # the fill (on the current stream) ends before the launches
     stream = cp.cuda.Stream(non_blocking=True)
     pre.launch(plan, [f[1].data.ptr for f in frames], out[1:].data.ptr, stream)  # slots 1..5; slot 0 untouched
     stream.synchronize()
@@ -112,6 +113,7 @@ def test_the_driver_launch_writes_what_cupys_launch_writes(test_videos, layout):
     outs = []
     for p in (plan, by_cupy):
         out = cp.full((12, 3, 224, 224), 7, np.float16)  # slot 11: a guard that must keep its 7s
+        cp.cuda.get_current_stream().synchronize()  # the fill (on the current stream) ends before the launches
         pre.launch(p, ptrs, out.data.ptr, stream)
         pre.launch(p, ptrs[5:8][::-1], out[8:].data.ptr, stream)  # 3 frames, in reverse, into slots 8..10
         outs.append(out)
@@ -139,6 +141,7 @@ def test_channels_last_slots_hold_the_planar_slots_values(test_videos, dtype):
     planar, nhwc = GpuPreprocessor(spec), GpuPreprocessor(spec, layout="NHWC")
     a = cp.zeros((5, 3, 224, 224), dtype)
     b = cp.full((6, 224, 224, 3), 7, dtype)  # slot 5: a guard that must keep its 7s
+    cp.cuda.get_current_stream().synchronize()  # the fill (on the current stream) ends before the launches
     for pre, out in ((planar, a), (nhwc, b)):
         plan = pre.plan(fmt, surf0.shape, surf0.dtype, info.height, info.width, info.colorspace, dtype)
         pre.launch(plan, ptrs, out.data.ptr, stream)
