@@ -82,8 +82,8 @@ def pytest_collection_modifyitems(config, items):
 
 # fixtures that give real models and data: a test using one must not silently skip where they should exist.
 # With TRTC_REQUIRE_REAL=1 (set by .ci/run) such a skip is reported as a failure.
-REAL_FIXTURES = {"photos", "lite0_onnx", "resnet18_weights", "resnet18_onnx", "bikes", "mnist", "orientation_model",
-                 "lite0_fp16", "lite0_int8", "test_videos", "ray_local", "rtsp"}
+REAL_FIXTURES = {"photos", "lite0_export", "lite0_onnx", "resnet18_weights", "resnet18_onnx", "bikes", "mnist",
+                 "orientation_model", "lite0_fp16", "lite0_int8", "test_videos", "ray_local", "rtsp"}
 
 
 def real_model_skip(item, report) -> str | None:
@@ -159,18 +159,56 @@ def photos():
     return sample_photos()
 
 
-@pytest.fixture(scope="session")
-def lite0_onnx(tmp_path_factory, photos):
-    """EfficientNet-Lite0 (real ImageNet weights) exported once, checked on the real photos."""
-    if not HAS_EXPORT:
-        pytest.skip("needs the export extra")
-    from toolchain.export import export_onnx
+# the README tour's export of Lite0: run once per test run, through the CLI as written (:func:`lite0_export_once`);
+# every Lite0 test and the tour itself read that run
+LITE0_EXPORT = "trtc export pretrained:efficientnet-lite0 -o lite0.onnx --check-data photos/"
+
+
+def lite0_export_once(tmp_path_factory, photos):
+    """LITE0_EXPORT run once per test run (:func:`made_once`) through the CLI, as written, in a folder laid out as
+    `trtc data` leaves it (photos/ holding the sample photos): (the folder, the ONNX's absolute path, the report
+    export_onnx returned to the CLI, the CLI's exit code and output). The report is recorded by wrapping
+    toolchain.export.export_onnx, which the command calls unchanged."""
+    import shlex
+
+    from click.testing import CliRunner
 
     def make(folder):
-        out = folder / "lite0.onnx"
-        return out, export_onnx("pretrained:efficientnet-lite0", out, check_data=photos)
+        from toolchain import export as ex
+        from toolchain.cli import cli
+
+        (folder / "photos").mkdir()
+        for p in photos:
+            shutil.copy(p, folder / "photos" / Path(p).name)
+        reports, plain = [], ex.export_onnx
+
+        def recorded(*args, **kwargs):
+            reports.append(plain(*args, **kwargs))
+            return reports[-1]
+
+        with pytest.MonkeyPatch.context() as mp:
+            mp.chdir(folder)
+            mp.setattr(ex, "export_onnx", recorded)
+            r = CliRunner().invoke(cli, shlex.split(LITE0_EXPORT)[1:])
+        assert r.exit_code == 0 and len(reports) == 1, f"{LITE0_EXPORT}\nexit {r.exit_code}\n{r.output}"
+        return folder, folder / "lite0.onnx", reports[0], r.exit_code, r.output
 
     return made_once(tmp_path_factory, "lite0", make)
+
+
+@pytest.fixture(scope="session")
+def lite0_export(tmp_path_factory, photos):
+    """The run's one run of the README tour's Lite0 export (:func:`lite0_export_once`)."""
+    if not HAS_EXPORT:
+        pytest.skip("needs the export extra")
+    return lite0_export_once(tmp_path_factory, photos)
+
+
+@pytest.fixture(scope="session")
+def lite0_onnx(lite0_export):
+    """EfficientNet-Lite0 (real ImageNet weights) exported once, checked on the real photos: (the ONNX's path, the
+    export report), from the README tour's command (:func:`lite0_export_once`)."""
+    return lite0_export[1], lite0_export[2]
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import shlex
+import shutil
 from pathlib import Path
 
 import pytest
@@ -193,9 +194,26 @@ def docs_env(tmp_path, monkeypatch, cli_cache_env):
     return tmp_path
 
 
-@pytest.mark.slow  # about 2 minutes on two cores: an export, an FP16 conversion, validation, runs, benches
-def test_every_readme_command_runs_as_written(docs_env, monkeypatch):
-    ran, skipped = run_commands(group_commands("tour"), monkeypatch)
+@pytest.mark.slow  # about a minute on two cores: an FP16 conversion, validation, runs, benches
+def test_every_readme_command_runs_as_written(docs_env, monkeypatch, lite0_export):
+    from engines._io import sha256_file
+    from tests.conftest import LITE0_EXPORT
+
+    def exported(folder: Path):
+        """The run's one run of LITE0_EXPORT (tests/conftest.py), its files put in ``folder`` where that folder's
+        photos are the ones it checked on; else None (it runs here)."""
+        src, onnx, _report, code, output = lite0_export
+        theirs, ours = sorted((src / "photos").iterdir()), sorted((folder / "photos").iterdir())
+        if [p.name for p in theirs] != [p.name for p in ours] or \
+                any(sha256_file(a) != sha256_file(b) for a, b in zip(theirs, ours)):
+            return None
+        for suffix in ("", ".json"):
+            shutil.copy(f"{onnx}{suffix}", folder / f"lite0.onnx{suffix}")
+        return code, output
+
+    tour = group_commands("tour")
+    assert LITE0_EXPORT in [c for c, _ in tour]  # the command the run's Lite0 fixture ran is the README's
+    ran, skipped = run_commands(tour, monkeypatch, shared={LITE0_EXPORT: exported})
     print(f"README and pages: ran {len(ran)} commands, skipped {len(skipped)}:\n  " + "\n  ".join(skipped))
     assert len(ran) >= 10  # data, export, quantize, validate, bench, 3 x run, 2 x doctor
     names = {p.name for p in Path.cwd().iterdir()}
