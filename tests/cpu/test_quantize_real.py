@@ -191,12 +191,10 @@ def test_fp16_scale_form_fails_the_default_session_check(lite0_onnx, lite0_int8_
     m = read_manifest(r.output)
     assert m.precision["scales"] == "fp16" and m.precision["runtimes"] == ["tensorrt", "tensorrt-rtx"]
     # an artifact that claims to run in ONNX Runtime (as the old default did) is refused, and nothing is written;
-    # checked on the 3 photos (the run above showed the form wrong on 48 frames), calibrated on 16 frames of its own
+    # checked on the 3 photos (the run above showed the form wrong on 48 frames), its ranges from the same cache
     monkeypatch.setattr(q, "RUNTIMES_TENSORRT", q.RUNTIMES_ALL)
     with pytest.raises(QuantizeError, match="default ONNX Runtime session"):
-        q.quantize_onnx(lite0_onnx[0], tmp_path / "old.onnx", target="tensorrt", precision="int8",
-                        calib=[str(bikes)], calib_count=16, check=list(map(str, photos)),
-                        calib_cache=tmp_path / "old-calib.json")
+        q.quantize_onnx(lite0_onnx[0], tmp_path / "old.onnx", target="tensorrt", check=list(map(str, photos)), **kw)
     assert not (tmp_path / "old.onnx").exists() and not (tmp_path / "old.onnx.json").exists()
     # trtc validate: exit 1 for such a file whose manifest lacks `runtimes` (as the old default wrote it) ...
     from click.testing import CliRunner
