@@ -159,6 +159,32 @@ def photos():
     return sample_photos()
 
 
+def cli_recording(module, name: str, command: str, folder: Path, **env):
+    """``command`` (a `trtc ...` line) run through the CLI as written in ``folder`` (with ``env`` set), recording what
+    the library function ``module.name``, which the command calls unchanged, returned to it: (that report, the
+    CLI's exit code and output). The command must exit 0 and call the function once."""
+    import shlex
+
+    from click.testing import CliRunner
+
+    from toolchain.cli import cli
+
+    reports, plain = [], getattr(module, name)
+
+    def recorded(*args, **kwargs):
+        reports.append(plain(*args, **kwargs))
+        return reports[-1]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(folder)
+        for key, value in env.items():
+            mp.setenv(key, value)
+        mp.setattr(module, name, recorded)
+        r = CliRunner().invoke(cli, shlex.split(command)[1:])
+    assert r.exit_code == 0 and len(reports) == 1, f"{command}\nexit {r.exit_code}\n{r.output}"
+    return reports[0], r.exit_code, r.output
+
+
 # the README tour's export of Lite0: run once per test run, through the CLI as written (:func:`lite0_export_once`);
 # every Lite0 test and the tour itself read that run
 LITE0_EXPORT = "trtc export pretrained:efficientnet-lite0 -o lite0.onnx --check-data photos/"
@@ -169,29 +195,15 @@ def lite0_export_once(tmp_path_factory, photos):
     `trtc data` leaves it (photos/ holding the sample photos): (the folder, the ONNX's absolute path, the report
     export_onnx returned to the CLI, the CLI's exit code and output). The report is recorded by wrapping
     toolchain.export.export_onnx, which the command calls unchanged."""
-    import shlex
-
-    from click.testing import CliRunner
 
     def make(folder):
         from toolchain import export as ex
-        from toolchain.cli import cli
 
         (folder / "photos").mkdir()
         for p in photos:
             shutil.copy(p, folder / "photos" / Path(p).name)
-        reports, plain = [], ex.export_onnx
-
-        def recorded(*args, **kwargs):
-            reports.append(plain(*args, **kwargs))
-            return reports[-1]
-
-        with pytest.MonkeyPatch.context() as mp:
-            mp.chdir(folder)
-            mp.setattr(ex, "export_onnx", recorded)
-            r = CliRunner().invoke(cli, shlex.split(LITE0_EXPORT)[1:])
-        assert r.exit_code == 0 and len(reports) == 1, f"{LITE0_EXPORT}\nexit {r.exit_code}\n{r.output}"
-        return folder, folder / "lite0.onnx", reports[0], r.exit_code, r.output
+        report, code, output = cli_recording(ex, "export_onnx", LITE0_EXPORT, folder)
+        return folder, folder / "lite0.onnx", report, code, output
 
     return made_once(tmp_path_factory, "lite0", make)
 
@@ -343,34 +355,18 @@ def quantize_cli_once(tmp_path_factory, lite0_onnx, bikes, cache_home: str, comm
     to the CLI with its file names made absolute, the CLI's exit code and output). The report is recorded by
     wrapping toolchain.quantize.quantize_onnx, which the command calls unchanged."""
     import dataclasses
-    import shlex
-
-    from click.testing import CliRunner
 
     def make(folder):
         from toolchain import quantize as q
-        from toolchain.cli import cli
 
         shutil.copy(bikes, folder / "bikes.mp4")
         for suffix in ("", ".json"):
             shutil.copy(f"{lite0_onnx[0]}{suffix}", folder / f"lite0.onnx{suffix}")
-        reports, plain = [], q.quantize_onnx
-
-        def recorded(*args, **kwargs):
-            reports.append(plain(*args, **kwargs))
-            return reports[-1]
-
-        with pytest.MonkeyPatch.context() as mp:
-            mp.chdir(folder)
-            mp.setenv("XDG_CACHE_HOME", cache_home)
-            mp.setattr(q, "quantize_onnx", recorded)
-            r = CliRunner().invoke(cli, shlex.split(command)[1:])
-        assert r.exit_code == 0 and len(reports) == 1, f"{command}\nexit {r.exit_code}\n{r.output}"
-        (report,) = reports
+        report, code, output = cli_recording(q, "quantize_onnx", command, folder, XDG_CACHE_HOME=cache_home)
         report = dataclasses.replace(report, output=str(folder / report.output),
                                      manifest=str(folder / report.manifest),
                                      parent={**report.parent, "file": str(folder / report.parent["file"])})
-        return folder, report, r.exit_code, r.output
+        return folder, report, code, output
 
     name = "lite0int8t97" if command == LITE0_INT8_T97 else "lite0int8cli"
     assert command in (LITE0_INT8_T97, LITE0_INT8_PLAIN), command
