@@ -121,6 +121,13 @@ def _temporary(target: Path) -> Path:
     return Path(tmp)
 
 
+def user_cache_dir(kind: str) -> Path:
+    """``$XDG_CACHE_HOME/trtc/KIND`` (default ``~/.cache/trtc/KIND``): what trtc keeps to start faster next time and
+    makes again when it is gone (compiled code, calibration ranges, the quick session's model copies)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "trtc" / kind
+
+
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

@@ -126,8 +126,8 @@ def cudnn_benchmark_on(torch, enabled: bool = True):
 
 
 def user_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "trtc" / "inductor"
+    from ._io import user_cache_dir as cache_of
+    return cache_of("inductor")
 
 
 def cache_dirs(model: Path, model_sha: str) -> list[Path]:

@@ -107,7 +107,7 @@ def _spec_for(manifest: Manifest | None, dims: list, input_name: str, input_size
 
 def _session(model, device: str, qdq_fusion: bool = True):
     ort = require("onnxruntime", "Running ONNX models", extra="cpu")
-    from engines.onnxruntime_engine import providers_for, session_options
+    from engines.ort_session import providers_for, session_options
 
     data = model if isinstance(model, (str, bytes)) else model.SerializeToString()
     try:

@@ -193,7 +193,7 @@ class Runner:
 def default_session(path, device: str):
     """A session as a user makes it: ``InferenceSession(path, providers=...)``, no session options at all."""
     ort = require("onnxruntime", "Running ONNX models", extra="cpu")
-    from engines.onnxruntime_engine import providers_for
+    from engines.ort_session import providers_for
 
     return ort.InferenceSession(str(path), providers=providers_for(device))
 

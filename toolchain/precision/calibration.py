@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -353,7 +352,7 @@ def collect_stats(model, tensors: list[str], data: np.ndarray, method: str, perc
         raise UsageProblem(f"unknown calibration method {method!r}", f"use one of {', '.join(METHODS)}")
     onnx = require("onnx", "Calibrating", extra="export")
     require("onnxruntime", "Calibrating", extra="cpu")
-    from engines.onnxruntime_engine import providers_for, session_options
+    from engines.ort_session import providers_for, session_options
 
     import onnxruntime as ort
 
@@ -415,8 +414,8 @@ def collect_stats(model, tensors: list[str], data: np.ndarray, method: str, perc
 # ---------------------------------------------------------------- cache
 
 def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "trtc" / "calibration"
+    from engines._io import user_cache_dir
+    return user_cache_dir("calibration")
 
 
 def cache_key(model_sha256: str, digest: str, method: str, percentile: float, tensors: list[str]) -> str:
