@@ -3,18 +3,58 @@ algorithms ONNX Runtime runs depthwise convolutions on cuDNN's slow fallback ker
 multiply-add per tap on element-wise kernels, in FP32 whatever the model's type (as cuDNN computes FP16 convolutions),
 cast back at the end:
     y = bias + sum over taps (i, j) of  w[:, 0, i, j] * x_padded[:, :, i*dh :: sh, j*dw :: sw]   (cropped to y)
+The copy is kept as ONNX Runtime optimized it (quick_session): a later start neither rewrites nor optimizes it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import logging
 import os
+import sys
+import threading
 
+from ._io import sha256_verified, user_cache_dir
 from .manifest import QUANT_MARKS
 
 log = logging.getLogger("trtc")
 INT64_MAX = 2**63 - 1
 MIN_OPSET = 11  # Pad with its pads as an input
+
+
+def quick_session(path, ort, new_options, open_session, tag: str):
+    """The quick session of ``path`` (``open_session(options, model)``, ``new_options()``), through the cache folder
+    "quick": the copy as ONNX Runtime optimized it (saved by the session that made it, loaded unoptimized), or a mark
+    that the file runs as it is. Keyed by the file's SHA-256 and ``tag`` (runtime, GPU, options): a changed model or
+    runtime never meets an old entry. An entry that cannot be kept or loaded is made again."""
+    folder = user_cache_dir("quick")
+    key = f"{sha256_verified(path)[:32]}-{hashlib.sha256(tag.encode()).hexdigest()[:16]}"
+    saved, as_is, options = folder / f"{key}.onnx", folder / f"{key}.as-is", new_options()
+    if as_is.exists():
+        return open_session(options, os.fspath(path))
+    if saved.exists():
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        try:
+            return open_session(options, os.fspath(saved))
+        except Exception as exc:  # noqa: BLE001 - a damaged entry: made again below
+            log.debug("%s: the quick session's kept copy did not load (%s); making it again", path, exc)
+        options = new_options()
+    copy, tmp = depthwise_as_taps(path), folder / f"{key}.{os.getpid()}-{threading.get_ident()}.tmp.onnx"
+    with contextlib.suppress(OSError):  # no cache folder: nothing kept
+        folder.mkdir(parents=True, exist_ok=True)
+        if copy is not None:
+            options.optimized_model_filepath = os.fspath(tmp)
+        elif "onnx" in sys.modules:  # the file was read and has nothing to rewrite (not: onnx is missing)
+            as_is.touch()
+    try:
+        session = open_session(options, os.fspath(path) if copy is None else copy)
+        with contextlib.suppress(OSError):  # FileNotFoundError where nothing was saved
+            os.replace(tmp, saved)
+        return session
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
 
 
 def depthwise_as_taps(path: str | os.PathLike) -> bytes | None:

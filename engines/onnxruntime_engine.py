@@ -18,12 +18,13 @@ from pathlib import Path
 import numpy as np
 
 from ._cuda import device_input, device_output, external_stream, is_device_array
-from ._deps import cpu_threads, dist_version, is_installed, require
-from ._gpu import check_gpu_index, gpus, parse_device
-from ._quick_model import depthwise_as_taps
+from ._deps import is_installed, require
+from ._gpu import check_gpu_index, parse_device
+from ._quick_model import quick_session
 from .base import EngineBase, TensorSpec
 from .errors import EngineError, UsageProblem, first_line
 from .manifest import is_float_graph, precision_of, qdq_fusion_ok, runtime_warning
+from .ort_session import providers_for, session_options
 
 log = logging.getLogger("trtc")
 # tuning="off": ONNX Runtime's defaults. No CUDA graphs: captures failed beside decoder threads (docs/INTERNALS.md)
@@ -39,45 +40,6 @@ def _spec(arg) -> TensorSpec:
     dtype = arg.type[7:-1] if arg.type.startswith("tensor(") else arg.type
     return TensorSpec(arg.name, {"float": "float32", "double": "float64"}.get(dtype, dtype),
                       tuple(d if isinstance(d, int) else (d or "?") for d in arg.shape))
-
-
-def providers_for(device: str) -> list:
-    ort = require("onnxruntime", "Running ONNX models")
-    kind, index = parse_device(device)
-    available = ort.get_available_providers()
-    if kind == "cpu":
-        return ["CPUExecutionProvider"]
-    if "CUDAExecutionProvider" not in available:
-        if dist_version("onnxruntime") and dist_version("onnxruntime-gpu"):
-            raise EngineError("both onnxruntime and onnxruntime-gpu are installed; they provide the same module and "
-                              "the CPU build won, so the CUDA execution provider is missing",
-                              "pip uninstall -y onnxruntime onnxruntime-gpu && pip install onnxruntime-gpu")
-        found = gpus()
-        if not found["devices"]:  # installing trtc[gpu] would not give this machine a GPU
-            raise UsageProblem(f"{device}: no NVIDIA GPU found here ({found.get('reason')}), and ONNX Runtime here "
-                               "has no CUDA execution provider", 'use --device cpu (on a machine with an NVIDIA GPU: '
-                               'pip uninstall -y onnxruntime && pip install "trtc[gpu]")')
-        raise EngineError(f"ONNX Runtime here has no CUDA execution provider (it has {', '.join(available)})",
-                          'pip uninstall -y onnxruntime && pip install "trtc[gpu]", or use --device cpu')
-    if hasattr(ort, "preload_dlls"):  # CUDA/cuDNN from the nvidia-* wheels (e.g. torch's) when not on the path
-        with contextlib.suppress(Exception):  # best effort; the session reports what is really missing
-            ort.preload_dlls()
-    return [("CUDAExecutionProvider", {"device_id": index}), "CPUExecutionProvider"]
-
-
-def session_options(ort, threads: int | None = None, qdq_fusion: bool = True, spin: bool = False):
-    """``spin=False`` (every CPU session): intra-op threads sleep between runs, leaving the cores to others."""
-    ort.set_default_logger_severity(3)  # the process-wide logger prints provider chatter at warning level
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    threads = threads or cpu_threads()
-    if threads:
-        opts.intra_op_num_threads = threads
-    if not spin:
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    if not qdq_fusion:
-        opts.add_session_config_entry("session.disable_quant_qdq", "1")
-    return opts
 
 
 def _say_once(path, what: str, text: str) -> None:
@@ -116,14 +78,15 @@ class _QuickStart:
     runs it once at the first shape queued, then prepares the queued shapes on the tuned session in order, under the
     engine's lock; meanwhile device batches run on the quick session (_route). ``_cond`` owns this state."""
 
-    def _quick_setup(self, ort, opts, providers, form) -> None:
+    def _quick_setup(self, ort, new_options, providers, form) -> None:
         import cupy as cp
-        with cp.cuda.Device(self.device_id):
+        with cp.cuda.Device(self.device_id) as gpu:
             self._quick_stream = cp.cuda.Stream(non_blocking=True)
         options = {k: v for k, v in providers[0][1].items() if k not in TUNED_CUDA_OPTIONS}
         options.update(cudnn_conv_algo_search="DEFAULT", user_compute_stream=str(self._quick_stream.ptr))
-        self._quick_open = (ort, opts, [(providers[0][0], options), *providers[1:]])
-        self._quick_model = None
+        tag = f"onnxruntime {ort.__version__}, sm {gpu.compute_capability}, qdq fusion {self.qdq_fusion}, " \
+              f"{sorted((k, v) for k, v in options.items() if k not in ('device_id', 'user_compute_stream'))}"
+        self._quick_open = (ort, new_options, [(providers[0][0], options), *providers[1:]], tag)
         self._wanted = self._speculative = form != "host"  # held before a shape is known, until a host batch
         self._quick_run_options = _device_run_options()
         with self._cond:
@@ -190,9 +153,8 @@ class _QuickStart:
         """Open the quick session, kept while it has something to cover."""
         session = None
         try:
-            if self._quick_model is None:
-                self._quick_model = depthwise_as_taps(self.path) or os.fspath(self.path)
-            session = self._session(*self._quick_open, self._quick_model)
+            ort, new_options, providers, tag = self._quick_open
+            session = quick_session(self.path, ort, new_options, lambda o, m: self._session(ort, o, providers, m), tag)
         except Exception as exc:  # noqa: BLE001 - the tuned session then runs every batch
             self.quick_unavailable = exc
             log.warning("%s: quick start off, the first batches wait for the tuned session: its quick session did "
@@ -321,7 +283,7 @@ class OnnxRuntimeEngine(_QuickStart, EngineBase):
         self.quick_start = self.warms_itself = quick_start and on_device and tuning != "off"  # see engines.base
         if self.quick_start:  # first: the quick session's creation overlaps the tuned one's
             _alive.add(self)
-            self._quick_setup(ort, opts, providers, form)
+            self._quick_setup(ort, lambda: session_options(ort, threads, self.qdq_fusion, spin=True), providers, form)
         try:
             self._reopen_with = (ort, opts, providers)
             self.session = self._session(*self._reopen_with)

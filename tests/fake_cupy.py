@@ -84,6 +84,8 @@ class Graph:
 
 
 class Device:
+    compute_capability = "90"  # a string, as CuPy's
+
     def __init__(self, index=0):
         pass
 

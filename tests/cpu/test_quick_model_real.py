@@ -87,3 +87,117 @@ def test_a_quantized_graph_gets_no_float_rewrite(lite0_int8, lite0_fp16):
     # the manifest's precision mode decides without a scan; a file without one is scanned
     assert tuned_cuda_options(lite0_fp16.output, {"mode": "int8"}) == tuned_cuda_options(lite0_int8.output)
     assert tuned_cuda_options(lite0_int8.output, {"mode": "fp16"}) == TUNED_CUDA_OPTIONS
+
+
+def _keep(path, folder, tag="cpu", monkeypatch=None):
+    """quick_session(path) on ONNX Runtime's CPU EP with XDG_CACHE_HOME ``folder``: (session, [(options, model)]
+    each session was opened with)."""
+    import onnxruntime as ort
+
+    from engines._quick_model import quick_session
+    from engines.ort_session import session_options
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(folder))
+    opened = []
+
+    def open_session(options, model):
+        opened.append((options, model))
+        return ort.InferenceSession(model, sess_options=options, providers=["CPUExecutionProvider"])
+
+    return quick_session(path, ort, lambda: session_options(ort, 2), open_session, tag), opened
+
+
+def _answers(session, x):
+    return session.run(None, {session.get_inputs()[0].name: x})[0].astype(np.float32)
+
+
+def _agrees(got, want):
+    assert (got.argmax(1) == want.argmax(1)).all()
+    assert float(np.abs(got - want).max()) < 2e-2 * max(1.0, float(np.abs(want).max()))
+
+
+def test_the_copy_is_kept_optimized_and_a_later_start_loads_it_without_rewriting(lite0_fp16, photos, bikes,
+                                                                                 tmp_path, monkeypatch):
+    """The first start rewrites FP16 Lite0 and keeps ONNX Runtime's optimized copy in the cache folder; the next
+    loads that file with no optimization and without onnx's rewrite (which would fail here). Both answer as the
+    model itself on real inputs."""
+    import onnxruntime as ort
+
+    import engines._quick_model as qm
+
+    model = lite0_fp16.output
+    x = _data(model, photos, bikes)
+    want = _answers(ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]), x)
+    first, opened = _keep(model, tmp_path, monkeypatch=monkeypatch)
+    assert isinstance(opened[0][1], bytes) and b"trtc_taps15_" in opened[0][1]
+    kept = list((tmp_path / "trtc" / "quick").iterdir())
+    assert len(kept) == 1 and kept[0].suffix == ".onnx", kept  # no temporary file left beside it
+    _agrees(_answers(first, x), want)
+    monkeypatch.setattr(qm, "depthwise_as_taps", lambda path: 1 / 0)
+    later, opened = _keep(model, tmp_path, monkeypatch=monkeypatch)
+    assert opened[0][1] == str(kept[0])
+    assert opened[0][0].graph_optimization_level == ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    _agrees(_answers(later, x), want)
+
+
+def test_a_changed_model_or_runtime_never_meets_an_old_copy(lite0_fp16, photos, bikes, tmp_path, monkeypatch):
+    """The key is the file's content (and the runtime's tag), not its name, size or time: FP16 Lite0 with its
+    classifier's weights negated (the same size), written over the kept name with the same modification time, gets
+    its own copy and answers as itself; another tag, another entry."""
+    import os
+    import shutil
+
+    import onnx
+    import onnxruntime as ort
+    from onnx import numpy_helper
+
+    model, other = tmp_path / "m.onnx", tmp_path / "negated.onnx"
+    m = onnx.load(str(lite0_fp16.output))
+    last = max(m.graph.initializer, key=lambda t: int(np.prod(t.dims)) if len(t.dims) == 2 else 0)  # 1000 x 1280
+    last.CopyFrom(numpy_helper.from_array(-numpy_helper.to_array(last), last.name))
+    onnx.save(m, str(other))
+    assert os.path.getsize(other) == os.path.getsize(lite0_fp16.output)
+    shutil.copyfile(lite0_fp16.output, model)
+    stamp = os.stat(model).st_mtime_ns
+    _keep(model, tmp_path / "cache", monkeypatch=monkeypatch)
+    shutil.copyfile(other, model)
+    os.utime(model, ns=(stamp, stamp))
+    x = _data(lite0_fp16.output, photos, bikes)
+    want = _answers(ort.InferenceSession(str(other), providers=["CPUExecutionProvider"]), x)
+    session, opened = _keep(model, tmp_path / "cache", monkeypatch=monkeypatch)
+    assert isinstance(opened[0][1], bytes)  # rewritten: the first model's copy was not taken for it
+    _agrees(_answers(session, x), want)
+    _keep(model, tmp_path / "cache", tag="another runtime", monkeypatch=monkeypatch)
+    assert len(list((tmp_path / "cache" / "trtc" / "quick").glob("*.onnx"))) == 3
+
+
+def test_a_damaged_copy_is_made_again_and_no_cache_folder_still_opens(lite0_fp16, photos, bikes, tmp_path,
+                                                                      monkeypatch):
+    import onnxruntime as ort
+
+    model = lite0_fp16.output
+    x = _data(model, photos, bikes)
+    want = _answers(ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]), x)
+    _keep(model, tmp_path, monkeypatch=monkeypatch)
+    (kept,) = (tmp_path / "trtc" / "quick").glob("*.onnx")
+    kept.write_bytes(b"not a model")
+    session, opened = _keep(model, tmp_path, monkeypatch=monkeypatch)
+    assert [m if isinstance(m, str) else "copy" for _, m in opened] == [str(kept), "copy"]
+    _agrees(_answers(session, x), want)
+    _agrees(_answers(_keep(model, tmp_path, monkeypatch=monkeypatch)[0], x), want)  # the new copy loads
+    (tmp_path / "file").write_text("XDG_CACHE_HOME is a file: no folder can be made under it")
+    session, _ = _keep(model, tmp_path / "file", monkeypatch=monkeypatch)
+    _agrees(_answers(session, x), want)
+
+
+def test_a_model_without_depthwise_convolutions_is_marked_and_run_as_it_is(resnet18_onnx, tmp_path, monkeypatch):
+    """ResNet-18 needs no copy: the first start reads it once and leaves a mark, so that a later start opens the
+    file without onnx (whose rewrite would fail here)."""
+    import engines._quick_model as qm
+
+    _, opened = _keep(resnet18_onnx[0], tmp_path, monkeypatch=monkeypatch)
+    assert opened[0][1] == str(resnet18_onnx[0])
+    assert [p.suffix for p in (tmp_path / "trtc" / "quick").iterdir()] == [".as-is"]
+    monkeypatch.setattr(qm, "depthwise_as_taps", lambda path: 1 / 0)
+    _, opened = _keep(resnet18_onnx[0], tmp_path, monkeypatch=monkeypatch)
+    assert opened[0][1] == str(resnet18_onnx[0])

@@ -102,13 +102,14 @@ class Session:
 
 
 @pytest.fixture
-def cuda_engine(monkeypatch, lite0_onnx):
+def cuda_engine(monkeypatch, lite0_onnx, tmp_path):
     """open(tuning=...) -> (engine, providers each session was asked for, session)."""
     import onnxruntime as ort
 
     from tests import fake_cupy
 
     cp = fake_cupy.install(monkeypatch)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # the quick session's cache folder
     registry = {}
     real_empty = cp.empty
 
