@@ -700,7 +700,7 @@ def _int8_costs(prepared, layers, stats, names, ref, tune_set, batch, device, re
             wanted = sorted({t for _, _, b in variants.values() for t in b} - {x_name})
             parent = _session(suffix.with_outputs(prepared, wanted), device)
             names_out = [o.name for o in parent.get_outputs()]
-            runs = [(n, {x_name: xb, **dict(zip(names_out, parent.run(None, {x_name: xb}))) })
+            runs = [(n, {x_name: xb, **dict(zip(names_out, parent.run(None, {x_name: xb})))})
                     for _, n, xb in _batches(tune_set.x, batch, cal.fixed_batch(parent))]
             for name in group:
                 m, nodes, feeds = variants[name]
