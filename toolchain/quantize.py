@@ -698,10 +698,9 @@ def _int8_costs(prepared, layers, stats, names, ref, tune_set, batch, device, re
                 nodes = suffix.suffix_nodes(m, prepared.graph.node[index[name]].output[0], parent_tensors)
                 variants[name] = (m, nodes, suffix.boundary(m, nodes))
             wanted = sorted({t for _, _, b in variants.values() for t in b} - {x_name})
-            parent = _session(suffix.with_outputs(prepared, wanted), device)
-            names_out = [o.name for o in parent.get_outputs()]
-            runs = [(n, {x_name: xb, **dict(zip(names_out, parent.run(None, {x_name: xb})))})
-                    for _, n, xb in _batches(tune_set.x, batch, cal.fixed_batch(parent))]
+            parent = _session(suffix.with_outputs(prepared, wanted), device)  # run as far as those tensors only
+            runs = [(n, {x_name: xb, **dict(zip(wanted, parent.run(wanted, {x_name: xb}) if wanted else []))})
+                    for _, n, xb in cal.run_batches(lambda xb: xb, tune_set.x, batch, cal.fixed_batch(parent))]
             for name in group:
                 m, nodes, feeds = variants[name]
                 try:
@@ -714,11 +713,6 @@ def _int8_costs(prepared, layers, stats, names, ref, tune_set, batch, device, re
                 bar.advance()
     cost.sort(key=lambda c: -c[0])
     return cost
-
-
-def _batches(x: np.ndarray, batch: int, fixed: bool):
-    """(start, n, chunk) over ``x`` as calibration.run_batches cuts it (the last chunk filled up when ``fixed``)."""
-    return cal.run_batches(lambda xb: xb, x, batch, fixed)
 
 
 # the search sees a loss of (1 - target) only when the target allows this many disagreements on its tuning set

@@ -26,8 +26,8 @@ def suffix_nodes(variant, changed_output: str, parent_tensors: set[str]) -> list
                 if c not in keep:
                     keep.add(c)
                     todo.append(c)
-    own = {i for i, node in enumerate(variant.graph.node) if not set(node.output) & parent_tensors}
-    return [node for i, node in enumerate(variant.graph.node) if i in keep | own]
+    keep |= {i for i, node in enumerate(variant.graph.node) if not set(node.output) & parent_tensors}  # its own
+    return [node for i, node in enumerate(variant.graph.node) if i in keep]
 
 
 def boundary(variant, nodes: list) -> list[str]:
