@@ -50,6 +50,10 @@ class MissingDependency(TrtcError):
         self.extra = extra
 
 
+class UnsupportedVersion(TrtcError):
+    """An optional package is installed at a version whose API trtc cannot drive; ``fix`` names a tested one."""
+
+
 class ManifestError(TrtcError):
     """An artifact's sidecar manifest is missing, unreadable, or does not match the artifact or this machine."""
 

@@ -8,9 +8,12 @@ Backend and target come from ``device``: ``cpu`` -> DNN_BACKEND_OPENCV / DNN_TAR
 DNN_BACKEND_CUDA / DNN_TARGET_CUDA, or DNN_TARGET_CUDA_FP16 with ``fp16=True`` (the ``opencv-fp16:`` prefix). CUDA
 needs an OpenCV built with CUDA and cuDNN: the opencv-python wheels on PyPI never are, and that is said as such.
 
-OpenCV 5 has two dnn engines: the new one (``ENGINE_NEW``, CPU only, tried first by ``ENGINE_AUTO``) and the
-classic one of OpenCV 4 (``ENGINE_CLASSIC``, the only one with the CUDA backend). ``dnn_engine`` picks one
-("auto", "new", "classic"); on OpenCV 4 there is only the classic one.
+The dnn engines differ between OpenCV releases, and are found by the constants the installed ``cv2.dnn`` defines, not
+by its version string (:func:`dnn_engines`): OpenCV 4 has one engine (the classic one, with the CUDA backend);
+5.0 has ``ENGINE_NEW`` (CPU only, tried first by ``ENGINE_AUTO``) and ``ENGINE_CLASSIC`` (OpenCV 4's, the only one
+with the CUDA backend); 5.1 has ``ENGINE_OPENCV`` (the new engine, what ``ENGINE_AUTO`` resolves to; CPU only) and
+``ENGINE_ORT`` (ONNX Runtime inside OpenCV, in builds made with WITH_ONNXRUNTIME=ON only), and no classic engine.
+``dnn_engine`` picks one: "auto", "new" (also "opencv": 5.0's ENGINE_NEW, 5.1's ENGINE_OPENCV), "classic", "ort".
 
 What OpenCV cannot load or run (an op it lacks, an FP16 tensor a classic layer refuses, a shape it computes wrong
 for another batch size) raises :class:`EngineError` naming the layer and op, parsed from OpenCV's exception and,
@@ -31,7 +34,7 @@ import numpy as np
 
 from ._deps import require
 from .base import EngineBase, TensorSpec
-from .errors import EngineError, UsageProblem
+from .errors import EngineError, UnsupportedVersion, UsageProblem
 
 PURPOSE = "Running ONNX models with OpenCV dnn"
 NO_CUDA_FIX = ("build OpenCV with CUDA and cuDNN (-D WITH_CUDA=ON -D WITH_CUDNN=ON -D OPENCV_DNN_CUDA=ON, with "
@@ -45,13 +48,54 @@ def _cv2():
     return require("cv2", PURPOSE, extra="opencv", package="opencv-python-headless")
 
 
+# dnn_engine -> the cv2.dnn constants that name it, in the order tried (5.1 renamed 5.0's ENGINE_NEW ENGINE_OPENCV)
+ENGINE_CONSTANTS = {"auto": ("ENGINE_AUTO",), "new": ("ENGINE_NEW", "ENGINE_OPENCV"), "classic": ("ENGINE_CLASSIC",),
+                    "ort": ("ENGINE_ORT",)}
+DNN_ENGINES = (*ENGINE_CONSTANTS, "opencv")  # "opencv" is "new" under OpenCV 5.1's name
+
+
+def dnn_engines(cv2=None) -> dict[str, int | None]:
+    """The dnn engines this OpenCV offers: ``dnn_engine`` name -> the ``readNetFromONNX`` engine argument (None:
+    the call takes none). Found by the constants ``cv2.dnn`` defines: OpenCV 4 defines none and has the classic
+    engine alone; ``ort`` is listed only where OpenCV was built with ONNX Runtime. Empty when this OpenCV's
+    engine constants are none of those known (see :func:`check_opencv`)."""
+    cv2 = cv2 or _cv2()
+    if not hasattr(cv2.dnn, "ENGINE_AUTO"):  # OpenCV 4: one engine, no argument
+        return {"auto": None, "classic": None}
+    found = {}
+    for name, constants in ENGINE_CONSTANTS.items():
+        value = next((getattr(cv2.dnn, c) for c in constants if hasattr(cv2.dnn, c)), None)
+        if value is not None:
+            found[name] = int(value)
+    if "ort" in found and not re.search(r"ONNX Runtime:\s*YES", _build_info(cv2)):
+        del found["ort"]  # the constant exists in every 5.1 build; the wrapper only where ONNX Runtime was built in
+    return found if len(found) > 1 else {}
+
+
+def _build_info(cv2) -> str:
+    return cv2.getBuildInformation() if hasattr(cv2, "getBuildInformation") else ""
+
+
+def check_opencv(cv2=None):
+    """The cv2 module; :class:`UnsupportedVersion` when its dnn engines are none that trtc knows (a release after
+    the tested ones that renamed them again)."""
+    from ._deps import unsupported_message
+
+    cv2 = cv2 or _cv2()
+    if not dnn_engines(cv2):
+        message, fix = unsupported_message("cv2", cv2.__version__)
+        raise UnsupportedVersion(f"{message} (its cv2.dnn engines are none of ENGINE_AUTO with ENGINE_NEW/ENGINE_CLASSIC "
+                          "or ENGINE_OPENCV/ENGINE_ORT)", fix)
+    return cv2
+
+
 def cuda_status(cv2=None) -> dict:
     """What this OpenCV can do on CUDA: {"version", "dnn_cuda", "devices", "reason"}. ``devices`` is
     ``cv2.cuda.getCudaEnabledDeviceCount()`` (0 without a CUDA build or without a GPU, -1 when the driver is
     missing or too old); ``dnn_cuda``: the dnn module has the CUDA backend (built with CUDA and cuDNN) and a
     device to run it on."""
     cv2 = cv2 or _cv2()
-    build = cv2.getBuildInformation() if hasattr(cv2, "getBuildInformation") else ""
+    build = _build_info(cv2)
     cuda_built = bool(re.search(r"NVIDIA CUDA:\s*YES", build))
     count_fn = getattr(getattr(cv2, "cuda", None), "getCudaEnabledDeviceCount", None)
     try:
@@ -63,12 +107,16 @@ def cuda_status(cv2=None) -> dict:
         targets = list(cv2.dnn.getAvailableTargets(cv2.dnn.DNN_BACKEND_CUDA))
     except Exception:  # noqa: BLE001 - builds without the CUDA backend may not know the constant
         targets = []
-    dnn_cuda = bool(targets) and devices > 0
+    classic = "classic" in dnn_engines(cv2)  # the CUDA backend is the classic engine's
+    dnn_cuda = bool(targets) and devices > 0 and classic
     if dnn_cuda:
         reason = ""
     elif not cuda_built:
         reason = (f"this OpenCV {cv2.__version__} was built without CUDA (no opencv-python wheel on PyPI "
                   "has CUDA)")
+    elif not classic:
+        reason = (f"this OpenCV {cv2.__version__} has no classic dnn engine, the only one with the CUDA backend; "
+                  "its dnn engines run on the CPU only")
     elif not targets:
         reason = f"this OpenCV {cv2.__version__} has CUDA but its dnn module has no CUDA backend (no cuDNN)"
     elif devices < 0:
@@ -124,8 +172,9 @@ def _native_stderr(cv2, fn) -> str:
 _NODE = re.compile(r"\[([\w.@]+)\]:\(onnx_node!([^)]*)\)")
 
 
-def describe_cv2_error(text: str, log: str = "") -> str:
-    """One line from a cv2.error message (and OpenCV's log): the layer, its op, and OpenCV's own reason."""
+def describe_cv2_error(text: str, log: str = "", model: str | os.PathLike | None = None) -> str:
+    """One line from a cv2.error message (and OpenCV's log): the layer, its op, and OpenCV's own reason. Where the
+    log names only unsupported ops (OpenCV 5's new engine), their layers are read from ``model``'s graph."""
     where = ""
     m = _NODE.search(text) or _NODE.search(log)
     if m:
@@ -134,7 +183,9 @@ def describe_cv2_error(text: str, log: str = "") -> str:
     unsupported = re.search(r"Unsupported operations:\s*((?:\s*\S+\n?)+)", log)
     if not where and unsupported:
         ops = [o for o in unsupported.group(1).split() if o]
-        where = f"unsupported op{'s' if len(ops) > 1 else ''} {', '.join(ops)}"
+        layers = _layers_of(model, ops) if model is not None else []
+        where = (f"layer{'s' if len(layers) > 1 else ''} {', '.join(layers)}" if layers else
+                 f"unsupported op{'s' if len(ops) > 1 else ''} {', '.join(ops)}")
     # OpenCV's reason: the text after the last "error: (code:kind)", without the C++ signature, plus the "> ..."
     # lines that explain an assertion
     tail = re.split(r"error: \(-?\d+:[^)]*\)", text)[-1] if "error: (" in text else text
@@ -146,13 +197,38 @@ def describe_cv2_error(text: str, log: str = "") -> str:
     if wrong_type and wrong_type.group(2) in _CV_TYPES:
         reason = (f"its {wrong_type.group(1)} is {_CV_TYPES[wrong_type.group(2)]} ({wrong_type.group(2)}), a type "
                   "this layer does not take")
-    if reason.startswith("Can't create layer"):
+    if reason.startswith("Can't create layer") or (unsupported and not reason):
         reason = "OpenCV dnn has no layer for this op"
     for cv_type, name in _CV_TYPES.items():
         reason = re.sub(rf"is \d+ \({cv_type}\)", f"is {name} ({cv_type})", reason)
     if len(reason) > 240:
         reason = reason[:237] + "..."
     return f"{where}: {reason}" if where and reason else where or reason
+
+
+def _why_not(dnn_engine: str) -> str:
+    return {"ort": " (ONNX Runtime inside OpenCV: only OpenCV 5.1 or later built with WITH_ONNXRUNTIME=ON has it, "
+                   "no opencv-python wheel on PyPI does; trtc's own engine, the .onnx without the opencv: prefix, is "
+                   "ONNX Runtime)",
+            "classic": " (OpenCV 5.1 removed it)",
+            "new": " (OpenCV 5.0 or later has it)"}.get(dnn_engine, "")
+
+
+def _layers_of(model, ops: list[str], most: int = 3) -> list[str]:
+    """``"name (Op)"`` of the first ``most`` nodes of ``model``'s graph whose op is one of ``ops``; none where onnx is
+    not installed or the file cannot be read (the message then names the ops alone)."""
+    from ._deps import is_installed
+
+    if not is_installed("onnx"):
+        return []
+    import onnx
+
+    try:
+        graph = onnx.load(os.fspath(model), load_external_data=False).graph
+    except Exception:  # noqa: BLE001 - only for a better message
+        return []
+    found = [f"{n.name or '#' + str(i)} ({n.op_type})" for i, n in enumerate(graph.node) if n.op_type in ops]
+    return found[:most] + ([f"{len(found) - most} more"] if len(found) > most else [])
 
 
 class OpenCVEngine(EngineBase):
@@ -162,7 +238,7 @@ class OpenCVEngine(EngineBase):
     host_arrays_only = True  # the video pipeline feeds it host batches (PyAV decode) also on CUDA
 
     def __init__(self, path: str | os.PathLike, device: str = "cpu", fp16: bool = False, dnn_engine: str = "auto"):
-        cv2 = _cv2()
+        cv2 = check_opencv()
         from ._gpu import parse_device
 
         self.path = Path(path)
@@ -171,15 +247,18 @@ class OpenCVEngine(EngineBase):
         self.fp16 = fp16
         self._cv2 = cv2
         self._lock = threading.Lock()
-        if dnn_engine not in ("auto", "new", "classic"):
-            raise UsageProblem(f"unknown OpenCV dnn engine {dnn_engine!r}", "use auto, new or classic")
+        if dnn_engine not in DNN_ENGINES:
+            raise UsageProblem(f"unknown OpenCV dnn engine {dnn_engine!r}", f"use one of {', '.join(DNN_ENGINES)}")
+        dnn_engine = "new" if dnn_engine == "opencv" else dnn_engine
+        offered = dnn_engines(cv2)
         if kind == "cuda":
             status = cuda_status(cv2)
             if not status["dnn_cuda"]:
                 raise EngineError(f"OpenCV dnn cannot run on {device}: {status['reason']}", NO_CUDA_FIX)
-            if dnn_engine == "new":
-                raise UsageProblem("OpenCV's new dnn engine runs on the CPU only", "use dnn_engine='classic' on CUDA")
-            dnn_engine = "classic"  # the new engine has no CUDA backend
+            if dnn_engine in ("new", "ort"):
+                raise UsageProblem(f"OpenCV's {dnn_engine} dnn engine runs on the CPU only",
+                                   "use dnn_engine='classic' on CUDA")
+            dnn_engine = "classic"  # the only engine with the CUDA backend
             from ._gpu import check_gpu_index
 
             check_gpu_index(self.device_id)
@@ -187,6 +266,10 @@ class OpenCVEngine(EngineBase):
         elif fp16:
             raise UsageProblem("the OpenCV FP16 target (opencv-fp16:) is a CUDA target",
                                "use opencv: on the CPU, or --device cuda:N")
+        if dnn_engine not in offered:
+            raise UsageProblem(f"OpenCV {cv2.__version__} has no {dnn_engine} dnn engine{_why_not(dnn_engine)}",
+                               f"use dnn_engine={' or '.join(repr(n) for n in offered)}")
+        self._engine_arg = offered[dnn_engine]
         self.dnn_engine = dnn_engine
         if not self.path.exists():
             raise UsageProblem(f"model not found: {self.path}")
@@ -216,12 +299,7 @@ class OpenCVEngine(EngineBase):
 
     def _load(self):
         cv2 = self._cv2
-        args = [os.fspath(self.path)]
-        if hasattr(cv2.dnn, "ENGINE_AUTO"):  # OpenCV 5
-            args.append({"auto": cv2.dnn.ENGINE_AUTO, "new": cv2.dnn.ENGINE_NEW,
-                         "classic": cv2.dnn.ENGINE_CLASSIC}[self.dnn_engine])
-        elif self.dnn_engine == "new":
-            raise UsageProblem(f"OpenCV {cv2.__version__} has only the classic dnn engine", "use dnn_engine='auto'")
+        args = [os.fspath(self.path)] + ([] if self._engine_arg is None else [self._engine_arg])
 
         def load():
             return cv2.dnn.readNetFromONNX(*args)
@@ -235,7 +313,8 @@ class OpenCVEngine(EngineBase):
         if net.empty():  # the new engine returns an empty net for a graph it cannot parse, without an exception
             log = _native_stderr(cv2, load)
             raise EngineError(f"{self._what()} cannot load {self.path.name}: "
-                              f"{describe_cv2_error('', log) or 'OpenCV returned an empty network'}", self._fix())
+                              f"{describe_cv2_error('', log, self.path) or 'OpenCV returned an empty network'}",
+                              self._fix())
         return net
 
     def _fix(self) -> str:

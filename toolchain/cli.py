@@ -115,8 +115,21 @@ class TrtcGroup(click.Group):
                       "install trtc with its dependencies into this Python: pip install -e . (in a checkout of "
                       "trtc) or pip install trtc", 1)
             _fail(ctx, f"internal error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
-                  "this is a bug in trtc; report the traceback above" if _debug(ctx) else
-                  "this is a bug in trtc; run again with --debug and report the traceback", 1)
+                  _internal_error_fix(_debug(ctx)), 1)
+
+
+def _internal_error_fix(debug: bool) -> str:
+    """The fix of an unexpected exception: a bug of trtc's, unless a package it imported is at a release outside the
+    tested ones, which is then named first (with the line that installs a tested release)."""
+    from engines._deps import install_tested, untested_imports, untested_message
+
+    bug = ("this is a bug in trtc; report the traceback above" if debug else
+           "this is a bug in trtc; run again with --debug and report the traceback")
+    untested = untested_imports()
+    if not untested:
+        return bug
+    named = "; ".join(f"{untested_message(m, v)}: {install_tested(m)}" for m, v in untested)
+    return f"{named}; then run again. If it fails the same way, {bug}"
 
 
 # stdout's reader went away (`trtc run ... | head -3`): the shell's code for a process ended by SIGPIPE, as `yes | head`

@@ -10,7 +10,7 @@ from __future__ import annotations
 import platform
 import sys
 
-from engines._deps import dist_version, is_installed
+from engines._deps import TESTED, dist_version, install_tested, is_installed, is_tested, tested_range, untested_message
 
 PACKAGES = [
     # (shown name, module, distributions that provide it)
@@ -63,7 +63,7 @@ def packages() -> dict:
                     info["note"] = f"import failed: {exc}"
         elif module == "cv2" and version:
             try:
-                from engines.opencv_engine import cuda_status
+                from engines.opencv_engine import cuda_status, dnn_engines
 
                 status = cuda_status()
                 info["version"] = status["version"]  # the imported module's, whichever wheel provides it
@@ -73,6 +73,7 @@ def packages() -> dict:
                 info["note"] = (f"dnn CUDA: {'yes' if status['dnn_cuda'] else 'no'} "
                                 f"({max(status['devices'], 0)} devices)"
                                 + ("" if status["dnn_cuda"] else f"; {status['reason']}"))
+                info["dnn_engines"] = list(dnn_engines())
             except Exception as exc:  # noqa: BLE001 - a broken cv2 is reported, not raised
                 info["import_error"] = f"{type(exc).__name__}: {exc}"
                 info["note"] = f"import failed: {str(exc)[:80]}"
@@ -95,8 +96,21 @@ def packages() -> dict:
                 except Exception as exc:
                     info["import_error"] = f"{type(exc).__name__}: {exc}"
                     info["note"] = f"import {mod} failed: {str(exc)[:80]}"
+        _tested(module, info)
         out[shown] = info
     return out
+
+
+def _tested(module: str, info: dict) -> None:
+    """``tested`` (whether the installed release is one trtc is tested with) and ``tested_range`` for the packages
+    of engines._deps.TESTED; an untested release leads the note, with the line that installs a tested one."""
+    if module not in TESTED or not info.get("version"):
+        return
+    info["tested_range"] = tested_range(module)
+    info["tested"] = is_tested(module, info["version"])
+    if not info["tested"]:
+        info["note"] = "; ".join(filter(None, [f"{untested_message(module, info['version'])}: "
+                                               f"{install_tested(module)}", info.get("note")]))
 
 
 # modules whose cached bytecode stands for a package's: its own __init__ and, where they exist, the parts a start of
@@ -237,8 +251,12 @@ def features(pk: dict, gpu: dict) -> list[dict]:
     row("Ray: trtc run --ray (a local instance or a cluster)", has["ray"], "ray not installed",
         'pip install "trtc[ray]" (the same Ray version on every node)')
     cv = pk.get("opencv (cv2)", {})
-    row("OpenCV dnn engine on CPU (opencv:model.onnx)", has["opencv (cv2)"], "cv2 not installed",
-        'pip install "trtc[opencv]"')
+    cv_known = bool(cv.get("dnn_engines"))  # dnn engines trtc can drive (unknown ones: a release it does not support)
+    row("OpenCV dnn engine on CPU (opencv:model.onnx)", has["opencv (cv2)"] and cv_known,
+        "cv2 not installed" if not has["opencv (cv2)"] else
+        f"OpenCV {cv.get('version')} is not supported by this trtc (its dnn engines are not ones trtc knows); "
+        f"supported: {tested_range('cv2')}",
+        'pip install "trtc[opencv]"' if not has["opencv (cv2)"] else install_tested("cv2"))
     row("OpenCV dnn engine on GPU (CUDA backend)", has["opencv (cv2)"] and cv.get("dnn_cuda"),
         "cv2 not installed" if not has["opencv (cv2)"] else cv.get("dnn_cuda_reason") or "no CUDA backend",
         'pip install "trtc[opencv]"' if not has["opencv (cv2)"] else

