@@ -23,38 +23,121 @@ INT64_MAX = 2**63 - 1
 MIN_OPSET = 11  # Pad with its pads as an input
 
 
+# the rewrite's version, part of every cache key: a changed rewrite never meets a copy the old one made
+REWRITE_VERSION = 2
+# the cache folder's bounds: entries past these go, least recently used first (a model's copy is about its size)
+CACHE_ENTRIES, CACHE_BYTES = 64, 2 << 30
+STALE_TMP_S = 24 * 3600  # a temporary copy this old is a dead process's, whatever its process number says
+
+
+def cache_key(path, tag: str) -> str:
+    """The cache entry's name for model ``path`` and ``tag``: the file's SHA-256, the tag and the rewrite's version."""
+    return f"{sha256_verified(path)[:32]}-{hashlib.sha256(f'{tag}|rewrite {REWRITE_VERSION}'.encode()).hexdigest()[:16]}"
+
+
 def quick_session(path, ort, new_options, open_session, tag: str):
     """The quick session of ``path`` (``open_session(options, model)``, ``new_options()``), through the cache folder
     "quick": the copy as ONNX Runtime optimized it (saved by the session that made it, loaded unoptimized), or a mark
-    that the file runs as it is. Keyed by the file's SHA-256 and ``tag`` (runtime, GPU, options): a changed model or
-    runtime never meets an old entry. An entry that cannot be kept or loaded is made again."""
+    that the file runs as it is. Keyed by :func:`cache_key`: a changed model, runtime or rewrite never meets an old
+    entry. An entry that cannot be loaded is made again; where none can be kept (no folder, a read-only or full
+    disk) the session opens all the same, without keeping one. The folder stays within CACHE_ENTRIES and
+    CACHE_BYTES, and dead processes' temporary copies are swept."""
     folder = user_cache_dir("quick")
-    key = f"{sha256_verified(path)[:32]}-{hashlib.sha256(tag.encode()).hexdigest()[:16]}"
+    key = cache_key(path, tag)
     saved, as_is, options = folder / f"{key}.onnx", folder / f"{key}.as-is", new_options()
     if as_is.exists():
+        _used(as_is)
         return open_session(options, os.fspath(path))
     if saved.exists():
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         try:
-            return open_session(options, os.fspath(saved))
+            session = open_session(options, os.fspath(saved))
+            _used(saved)
+            return session
         except Exception as exc:  # noqa: BLE001 - a damaged entry: made again below
             log.debug("%s: the quick session's kept copy did not load (%s); making it again", path, exc)
         options = new_options()
     copy, tmp = depthwise_as_taps(path), folder / f"{key}.{os.getpid()}-{threading.get_ident()}.tmp.onnx"
-    with contextlib.suppress(OSError):  # no cache folder: nothing kept
-        folder.mkdir(parents=True, exist_ok=True)
-        if copy is not None:
-            options.optimized_model_filepath = os.fspath(tmp)
-        elif "onnx" in sys.modules:  # the file was read and has nothing to rewrite (not: onnx is missing)
+    keep = copy is not None and _writable(folder, tmp)
+    if keep:
+        options.optimized_model_filepath = os.fspath(tmp)
+    elif copy is None and "onnx" in sys.modules:  # the file was read and has nothing to rewrite (not: onnx is missing)
+        with contextlib.suppress(OSError):
+            folder.mkdir(parents=True, exist_ok=True)
             as_is.touch()
+    model = os.fspath(path) if copy is None else copy
     try:
-        session = open_session(options, os.fspath(path) if copy is None else copy)
-        with contextlib.suppress(OSError):  # FileNotFoundError where nothing was saved
-            os.replace(tmp, saved)
+        try:
+            session = open_session(options, model)
+        except Exception as exc:  # noqa: BLE001 - ONNX Runtime's save failed (a full disk): open without keeping
+            if not keep:
+                raise
+            log.debug("%s: the quick session's copy could not be kept (%s); opening it without", path, exc)
+            keep, session = False, open_session(new_options(), model)
+        if keep:
+            with contextlib.suppress(OSError):
+                os.replace(tmp, saved)
+                _prune(folder)
         return session
     finally:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
+
+
+def _writable(folder, tmp) -> bool:
+    """Whether ``tmp`` can be made in ``folder`` (made here, empty, for ONNX Runtime to write): False for a missing
+    folder that cannot be made, a read-only one, or a name taken."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "xb"):
+            return True
+    except OSError as exc:
+        log.debug("%s: no copy of the quick session can be kept there (%s)", folder, exc)
+        return False
+
+
+def _used(entry) -> None:
+    with contextlib.suppress(OSError):  # a read-only folder: the entry still serves, its age is not kept
+        os.utime(entry)
+
+
+def _prune(folder, now: float | None = None) -> None:
+    """Keep the folder within CACHE_ENTRIES and CACHE_BYTES (the least recently used entries go first), and remove
+    the temporary copies of processes that are gone (or older than STALE_TMP_S)."""
+    import time
+
+    now = time.time() if now is None else now
+    entries = []
+    for item in folder.iterdir():
+        try:
+            st = item.stat()
+        except OSError:
+            continue
+        if item.name.endswith(".tmp.onnx"):
+            if now - st.st_mtime > STALE_TMP_S or not _alive(item.name):
+                with contextlib.suppress(OSError):
+                    item.unlink()
+        elif item.suffix in (".onnx", ".as-is"):
+            entries.append((st.st_mtime, st.st_size, item))
+    entries.sort(reverse=True)
+    total = 0
+    for count, (_, size, item) in enumerate(entries):
+        total += size
+        if count >= CACHE_ENTRIES or total > CACHE_BYTES:
+            with contextlib.suppress(OSError):
+                item.unlink()
+
+
+def _alive(tmp_name: str) -> bool:
+    """Whether the process that writes temporary copy ``tmp_name`` (``KEY.PID-THREAD.tmp.onnx``) still runs."""
+    try:
+        pid = int(tmp_name.split(".")[1].split("-")[0])
+        os.kill(pid, 0)
+    except (ValueError, IndexError, ProcessLookupError):
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def depthwise_as_taps(path: str | os.PathLike) -> bytes | None:

@@ -205,3 +205,84 @@ def test_a_model_without_depthwise_convolutions_is_marked_and_run_as_it_is(resne
     monkeypatch.setattr(qm, "depthwise_as_taps", lambda path: 1 / 0)
     _, opened = _keep(resnet18_onnx[0], tmp_path, monkeypatch=monkeypatch)
     assert opened[0][1] == str(resnet18_onnx[0])
+
+
+def test_where_no_copy_can_be_kept_the_quick_session_still_opens(lite0_inputs, tmp_path, monkeypatch):
+    """A name in the way of the temporary copy (a folder there), then a full disk in a process whose files may not
+    grow past 32 KiB (RLIMIT_FSIZE: ONNX Runtime's save of the 18 MB copy fails midway): each time the quick session
+    opens on the rewritten copy, answers as the model, and leaves nothing in the cache folder."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import threading
+
+    import engines._quick_model as qm
+    from engines._io import user_cache_dir
+
+    model, x, want = lite0_inputs
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "a"))
+    key = qm.cache_key(model, "cpu")
+    blocked = user_cache_dir("quick") / f"{key}.{os.getpid()}-{threading.get_ident()}.tmp.onnx"
+    blocked.mkdir(parents=True)
+    session, opened = _keep(model, tmp_path / "a", monkeypatch=monkeypatch)
+    assert len(opened) == 1, "the session was opened to keep a copy where none could be kept"
+    assert isinstance(opened[0][1], bytes) and not opened[0][0].optimized_model_filepath
+    _agrees(_answers(session, x), want)
+    assert sorted(p.name for p in user_cache_dir("quick").iterdir()) == [blocked.name]
+    np.save(tmp_path / "x.npy", x)
+    code = f"""
+import json, resource, signal, sys
+import numpy as np, onnxruntime as ort
+from engines._quick_model import quick_session
+from engines.ort_session import session_options
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (32 << 10, 32 << 10))
+opened = []
+def open_session(options, m):
+    opened.append(bool(options.optimized_model_filepath))
+    return ort.InferenceSession(m, sess_options=options, providers=["CPUExecutionProvider"])
+s = quick_session({str(model)!r}, ort, lambda: session_options(ort, 1), open_session, "cpu")
+x = np.load({str(tmp_path / 'x.npy')!r})
+np.save({str(tmp_path / 'got.npy')!r}, s.run(None, {{s.get_inputs()[0].name: x}})[0].astype(np.float32))
+print(json.dumps(opened))
+"""
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "b"), "PYTHONPATH": os.getcwd()}
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert json.loads(run.stdout.splitlines()[-1]) == [True, False]  # the save failed; opened again without it
+    _agrees(np.load(tmp_path / "got.npy"), want)
+    assert list((tmp_path / "b" / "trtc" / "quick").iterdir()) == []
+
+
+def test_the_cache_stays_bounded_and_sweeps_dead_processes_temporary_copies(lite0_inputs, tmp_path, monkeypatch):
+    """At most CACHE_ENTRIES entries, the least recently used going first (a load counts as a use); a temporary copy
+    of a process that is gone is removed when a copy is kept, one of a live process stays; a new rewrite version
+    makes a new entry."""
+    import os
+    import subprocess
+
+    import engines._quick_model as qm
+
+    model, _, _ = lite0_inputs
+    monkeypatch.setattr(qm, "CACHE_ENTRIES", 2)
+    folder = tmp_path / "trtc" / "quick"
+    _keep(model, tmp_path, tag="one", monkeypatch=monkeypatch)
+    _keep(model, tmp_path, tag="two", monkeypatch=monkeypatch)
+    one = folder / f"{qm.cache_key(model, 'one')}.onnx"
+    os.utime(one, (1, 1))  # long unused
+    _, opened = _keep(model, tmp_path, tag="one", monkeypatch=monkeypatch)  # loaded: used again, now the newest
+    assert opened[0][1] == str(one)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    dead, live = folder / f"k.{gone.pid}-1.tmp.onnx", folder / f"k.{os.getpid()}-1.tmp.onnx"
+    dead.write_bytes(b"half a copy")
+    live.write_bytes(b"being written")
+    _keep(model, tmp_path, tag="three", monkeypatch=monkeypatch)
+    names = {p.name for p in folder.iterdir()}
+    assert names == {one.name, f"{qm.cache_key(model, 'three')}.onnx", live.name}, names
+    key = qm.cache_key(model, "three")
+    monkeypatch.setattr(qm, "REWRITE_VERSION", qm.REWRITE_VERSION + 1)
+    assert qm.cache_key(model, "three") != key
+    _, opened = _keep(model, tmp_path, tag="three", monkeypatch=monkeypatch)
+    assert isinstance(opened[0][1], bytes)  # rewritten again, not the old rewrite's copy
