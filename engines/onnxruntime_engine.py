@@ -97,8 +97,7 @@ class _QuickStart:
         """The caller says what it will run: ``batch``, a size or a list (None: the graph's fixed batch, if any), and
         ``form``, "device" or "host" (numpy: no quick session). With quick start the tuned session prepares those
         shapes now, in order (not those with other dynamic dimensions); without it nothing runs ahead."""
-        if form not in (None, *FORMS):
-            raise UsageProblem(f"unknown input form {form!r}", f"use one of: {', '.join(FORMS)}")
+        _check_expected(batch, form)
         if not self.quick_start:
             return
         first = self.inputs[0].shape[0] if self.inputs[0].shape else None
@@ -249,6 +248,19 @@ class _QuickStart:
             return self._cond.wait_for(lambda: not (self._queue or self._busy), timeout)
 
 
+def _check_expected(batch, form) -> None:
+    """expect()'s arguments: ``form`` one of FORMS (or None), ``batch`` None, a size or a list of sizes."""
+    if form not in (None, *FORMS):
+        raise UsageProblem(f"unknown input form {form!r}", f"use one of: {', '.join(FORMS)}")
+    try:
+        sizes = [batch] if batch is None or isinstance(batch, int) else list(batch)
+    except TypeError:
+        sizes = [batch]
+    if any(n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1) for n in sizes):
+        raise UsageProblem(f"batch={batch!r} is not a batch size nor a list of them",
+                           "give a whole number of 1 or more, a list of them, or None")
+
+
 @atexit.register
 def _join_at_exit() -> None:
     """Stop every worker and wait for it (its current node) before CUDA is torn down under it."""
@@ -264,6 +276,7 @@ class OnnxRuntimeEngine(_QuickStart, EngineBase):
         ``tf32=False``: FP32 convolutions in full FP32. ``tuning``: one of TUNINGS. ``batch``, ``form``: see expect.
         ``quick_start`` (tuned CUDA sessions on device buffers): see _QuickStart; False: the tuned session only."""
         ort = require("onnxruntime", "Running ONNX models")
+        _check_expected(batch, form)  # before any session or worker thread exists
         if tuning not in TUNINGS:
             raise UsageProblem(f"unknown ONNX Runtime tuning {tuning!r}", f"use one of: {', '.join(TUNINGS)}")
         self.path, self.device, self.tuning = Path(path), device, tuning
@@ -374,8 +387,7 @@ class OnnxRuntimeEngine(_QuickStart, EngineBase):
             self._at_shapes(tuple(casted[spec.name].shape for spec in self.inputs))
             return self.session.run([o.name for o in self.outputs], casted)
 
-        with self._lock:
-            return self._unfused_if_refused(run)
+        return self._tuned(run)
 
     def _infer_device(self, feeds, outputs, stream):
         if self.stream is None:
@@ -394,15 +406,32 @@ class OnnxRuntimeEngine(_QuickStart, EngineBase):
         if quick is not None:
             self._run(self._bind(quick.io_binding(), xs, results), self._quick_run_options, quick)
         else:
-            with self._lock:
-                self._unfused_if_refused(lambda: self._tuned_run(xs, results, key))
+            def run():
+                self._tuned_run(xs, results, key)
                 self._ran = self._ran or cp.cuda.Event(disable_timing=True)
                 self._ran.record(self.stream)
+
+            self._tuned(run)
         if caller.ptr != own.ptr:
             caller.wait_event(own.record())
         if quick is not None and self._quick is not quick:  # let go meanwhile: this reference may be the last,
             self._quick_stream.synchronize()  # and a session must not go while its kernels run
         return results
+
+    def _tuned(self, run):
+        """``run()`` under the tuned session's lock. A closed engine refuses; a close() that came while it ran (and so
+        could not take the lock) is completed here: the session goes once the run has ended."""
+        try:
+            with self._lock:
+                if self.session is None:
+                    raise EngineError(f"{self.path.name}: this engine is closed", "open the model again")
+                return self._unfused_if_refused(run)
+        finally:
+            if self._closed and self._lock.acquire(blocking=False):  # after the release: see close()
+                try:
+                    self._let_go()
+                finally:
+                    self._lock.release()
 
     def _tuned_run(self, xs, results, key) -> None:
         """One run of the tuned session on self.stream."""
