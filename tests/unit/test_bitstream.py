@@ -174,3 +174,28 @@ def test_a_file_run_again_is_not_read_again_unless_it_changed(bikes, tmp_path, m
     copy.write_bytes(copy.read_bytes()[:-1000])  # changed (size and time): read again
     again = bitstream.audit_file_once(str(copy))
     assert again is not first and not again.checked and "could not open" in again.note
+
+
+def test_a_check_child_that_hangs_is_killed_at_its_deadline_and_the_file_left_unchecked(tmp_path, monkeypatch):
+    """The framing check's child gets a deadline scaled to the file's size (CHILD_START_S + size at
+    CHILD_BYTES_PER_S); one that never answers (here a stand-in for Python that sleeps) is killed then, and the file
+    is left unchecked, never called damaged, without holding up its source."""
+    import sys
+    import time
+
+    import engines.video.bitstream as bs
+
+    clip = tmp_path / "clip.mp4"
+    clip.write_bytes(b"\0" * 4_000_000)
+    hang = tmp_path / "python"
+    hang.write_text("#!/bin/sh\nexec sleep 30\n")
+    hang.chmod(0o755)
+    monkeypatch.setattr(bs, "CHILD_START_S", 1.0)
+    monkeypatch.setattr(bs, "CHILD_BYTES_PER_S", 4e6)  # 4 MB: one more second
+    monkeypatch.setattr(sys, "executable", str(hang))
+    start = time.monotonic()
+    found = bs.Auditor(str(clip)).result()
+    took = time.monotonic() - start
+    assert 1.9 < took < 6, took
+    assert not found.checked and not found.damaged
+    assert found.note == "the check did not end within 2 s; stopped", found.note
