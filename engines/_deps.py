@@ -35,6 +35,7 @@ KNOWN = {
     "tensorrt": ("trt", "tensorrt"),
     "tensorrt_rtx": ("rtx", "tensorrt-rtx-cu13-bindings"),
     "ray": ("ray", "ray"),
+    "yaml": ("serve", "pyyaml"),
 }
 
 
