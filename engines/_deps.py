@@ -36,6 +36,7 @@ KNOWN = {
     "tensorrt_rtx": ("rtx", "tensorrt-rtx-cu13-bindings"),
     "ray": ("ray", "ray"),
     "yaml": ("serve", "pyyaml"),
+    "paho.mqtt.client": ("serve", "paho-mqtt"),
 }
 
 

@@ -83,7 +83,7 @@ def pytest_collection_modifyitems(config, items):
 # fixtures that give real models and data: a test using one must not silently skip where they should exist.
 # With TRTC_REQUIRE_REAL=1 (set by .ci/run) such a skip is reported as a failure.
 REAL_FIXTURES = {"photos", "lite0_export", "lite0_onnx", "resnet18_weights", "resnet18_onnx", "bikes", "mnist",
-                 "orientation_model", "lite0_fp16", "lite0_int8", "test_videos", "ray_local", "rtsp"}
+                 "orientation_model", "lite0_fp16", "lite0_int8", "test_videos", "ray_local", "rtsp", "mosquitto"}
 
 
 def real_model_skip(item, report) -> str | None:
