@@ -422,7 +422,7 @@ def _check_files(check_data) -> tuple[list[Path], str]:
             raise UsageProblem(f"check data not found: {item}", "give an image file or a folder of images")
     files = [Path(f) for f in check_data] if listed else list_images(check_data)
     if not files:
-        raise UsageProblem(f"no images (jpg/png/bmp/webp) in {check_data}", "point --check-data at photos")
+        raise UsageProblem(f"no images (jpg/png/bmp/webp/gif/tiff) in {check_data}", "point --check-data at photos")
     return files[:MAX_CHECK_IMAGES], (f"{len(files)} listed images" if listed else str(check_data))
 
 

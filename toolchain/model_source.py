@@ -23,6 +23,7 @@ from pathlib import Path
 
 from engines import PLAN_SUFFIXES, VIDEO_SUFFIXES
 from engines._deps import package_dir, require
+from engines.images import IMAGE_SUFFIXES
 
 from .errors import ExportError, UsageProblem
 
@@ -37,8 +38,8 @@ PRETRAINED = {
 }
 CHECKPOINT_KEYS = ("state_dict", "model_state_dict", "model", "net", "module", "model_ema", "ema", "weights", "params")
 TORCHSCRIPT_SUFFIXES = (".pt", ".pth", ".ts", ".torchscript", ".jit")
-# what a file given as a model source may be instead (named in the message, so that the fix fits it)
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff")  # wider than what --data reads
+# what a file given as a model source may be instead (named in the message, so that the fix fits it): an image
+# (IMAGE_SUFFIXES, what every command reads) or a video
 
 
 @dataclass
