@@ -742,6 +742,10 @@ def bench(state: State, models, batches, device, warmup, iterations, duration, v
                    "metadata, else BT.709 for HD and BT.601 below, limited.")
 @click.option("--scores", type=click.Choice(["auto", "softmax", "raw"]), default="auto", show_default=True,
               help="softmax probabilities, the model's raw outputs, or auto (raw when they already sum to 1).")
+@click.option("--rotate", type=click.Choice(["auto", "0", "90", "180", "270"]), default="auto", show_default=True,
+              help="auto: turn the frames as the video's rotation metadata (display matrix) says, as players show "
+                   "them; 0, 90, 180 or 270: turn them clockwise by that instead (a camera mounted upside down: "
+                   "180). CPU path (PyAV) only.")
 @click.option("--max-wait-ms", type=FiniteFloat(0), default=100.0, show_default=True,
               help="A batch's age limit: a partly filled batch runs once its oldest frame has waited this long.")
 @click.option("--loop", type=click.IntRange(1), default=1, show_default=True, help="Read each source N times.")
@@ -791,7 +795,7 @@ def bench(state: State, models, batches, device, warmup, iterations, duration, v
               help="Network sources: how long a connected stream may go without a frame before it counts as lost.")
 @click.pass_obj
 def run(state: State, sources, model, engine, device, batch, top_k, stride, output, decoder, colorspace, scores,
-        max_wait_ms, loop, realtime, with_latency, decode_latency, summary_path, force, resume, ray_address, ray_actors,
+        rotate, max_wait_ms, loop, realtime, with_latency, decode_latency, summary_path, force, resume, ray_address, ray_actors,
         ray_streams, ray_keep, ray_stop, live, reconnect_for, reconnect_attempts, on_lag, max_lag, rtsp_transport,
         open_timeout, read_timeout):
     """Classify the frames of video SOURCES (files, or URLs such as rtsp://) and print one JSON line per frame:
@@ -853,7 +857,7 @@ def run(state: State, sources, model, engine, device, batch, top_k, stride, outp
                         scores=scores, max_wait_ms=max_wait_ms, loop=loop, realtime=realtime,
                         latency=decode_latency, with_latency=with_latency, force=force, resume=resume,
                         reporter=state.reporter(), ray=ray_address, ray_actors=ray_actors, ray_streams=ray_streams,
-                        ray_keep=ray_keep, live=live, live_options=live_options)
+                        ray_keep=ray_keep, live=live, live_options=live_options, rotate=rotate)
     if summary_path:
         from engines._io import atomic_write_text
 

@@ -198,7 +198,7 @@ def run_video(sources, model, *, device: str = "auto", batch: int | None = None,
               with_latency: bool = False, force: bool = False, resume: bool = False, reporter: Reporter | None = None,
               stream=None, ray: str | None = None, ray_actors: int | None = None,
               ray_streams: int | None = None, ray_keep: str | None = None, live: bool = False,
-              live_options=None) -> RunSummary:
+              live_options=None, rotate: str = "auto") -> RunSummary:
     """Classify ``sources`` with ``model``; predictions go to ``output`` (a .jsonl path) or ``stream``.
 
     With ``output``, every complete line is kept whatever happens (a source fails, Ctrl-C): the lines go to a
@@ -218,6 +218,9 @@ def run_video(sources, model, *, device: str = "auto", batch: int | None = None,
     Live sources (network URLs; every source with ``live``) reconnect as ``live_options``
     (:class:`engines.video.LiveOptions`) say; their outages and recoveries are written as event lines
     (``{"event": "disconnected", ...}``) among the predictions, and they cannot be resumed.
+
+    ``rotate``: "auto" turns frames as each video's rotation metadata says, "0".."270" clockwise instead
+    (:func:`engines.video.classify`); each source's ``by_source[...]["rotation"]`` says what was applied.
     """
     reporter = reporter or Reporter()
     started_at = time.time()
@@ -232,7 +235,7 @@ def run_video(sources, model, *, device: str = "auto", batch: int | None = None,
                           max_wait_ms=max_wait_ms, loop=loop, realtime=realtime, latency=latency,
                           with_latency=with_latency, force=force, resume=resume, reporter=reporter, stream=stream,
                           ray=ray, ray_actors=ray_actors, ray_streams=ray_streams, ray_keep=ray_keep, live=live,
-                          live_options=live_options)
+                          live_options=live_options, rotate=rotate)
 
 
 @contextlib.contextmanager
@@ -267,11 +270,11 @@ def _one_writer(out_path: Path):
 
 def _run_video(sources, model, out_path, live_sources, started_at, *, device, batch, top_k, stride, decoder,
                colorspace, scores, max_wait_ms, loop, realtime, latency, with_latency, force, resume, reporter,
-               stream, ray, ray_actors, ray_streams, ray_keep, live, live_options) -> RunSummary:
+               stream, ray, ray_actors, ray_streams, ray_keep, live, live_options, rotate) -> RunSummary:
     prior = _prior_output(out_path, model, sources, stride, top_k, force, resume, ray, reporter)
     options = dict(batch=batch, top_k=top_k, stride=stride, decoder=decoder, colorspace=colorspace, scores=scores,
                    max_wait_ms=max_wait_ms, loop=loop, realtime=realtime, latency=latency, done=prior.done,
-                   live=True if live else None, live_options=live_options)
+                   live=True if live else None, live_options=live_options, rotate=rotate)
     _refuse_top_k_over_classes(model, top_k)
     finished: list = []  # --ray: (source, ok) of the sources that ended, in order
     run, closer, device, ray_info = _start(model, device, (ray, ray_keep), ray_actors, ray_streams, sources,
@@ -289,6 +292,8 @@ def _run_video(sources, model, out_path, live_sources, started_at, *, device, ba
         summary = _summary(model, device, sources, run, lines, prior, interrupted, ray_info, live_sources)
         summary.timing = _timing(started_at, ready_at, lines)
         summary.by_source = _by_source(summary, lines.outages, dict(getattr(run.stats, "decoded", {}) or {}))
+        for source, turn in (getattr(run.stats, "rotation", None) or {}).items():  # how its frames were turned
+            summary.by_source.get(source, {})["rotation"] = turn
         return summary
     finally:
         closer()

@@ -31,6 +31,7 @@ from ..errors import TrtcError, UsageProblem
 from ..preprocess import PreprocessSpec
 from ..topk import TopK
 from .live import LiveOptions
+from .orientation import check_rotate
 from .sources import make_sources
 
 log = logging.getLogger("trtc")
@@ -105,6 +106,7 @@ class RunStats:
     damaged: dict = field(default_factory=dict)  # frames or packets the decoder could not read (not classified)
     lagged: dict = field(default_factory=dict)  # live sources: frames skipped because they were past --max-lag
     lag: dict = field(default_factory=dict)  # live sources: LagStats of capture -> result
+    rotation: dict = field(default_factory=dict)  # how each source's frames were turned to be shown (CPU path)
 
     def for_pool(self) -> dict:
         """What a worker process or Ray actor sends back at the end of a job: :meth:`to_dict` with the batch sizes,
@@ -124,6 +126,8 @@ class RunStats:
             for k, v in (other.get(field_name) or {}).items():
                 k = names.get(k, k)
                 mine[k] = mine.get(k, 0) + v
+        for k, v in (other.get("rotation") or {}).items():
+            self.rotation[names.get(k, k)] = v
         for k, v in (other.get("lag_s") or {}).items():  # a source runs in one worker at a time: its figures whole
             if v:
                 self.lag[names.get(k, k)] = LagFigures(v)
@@ -132,6 +136,9 @@ class RunStats:
         """Add what a source's decoder counted (decoded, and the live/damage counts ``missing`` and ``damaged``) and
         the frames the pipeline ``dropped`` of it, keyed by its name."""
         self.decoded[src.name] = self.decoded.get(src.name, 0) + src.decoded
+        rotation = getattr(getattr(src, "info", None), "rotation", None)
+        if rotation is not None:
+            self.rotation[src.name] = rotation
         for field_name, n in (("dropped", dropped), ("missing", getattr(src, "missing", 0)),
                               ("damaged", getattr(src, "damaged", 0)), ("lagged", getattr(src, "lagged", 0))):
             if n:
@@ -148,7 +155,7 @@ class RunStats:
                 "fps": round(self.fps, 1), "mean_batch": round(mean_batch, 2), "path": self.path,
                 "decoder": self.decoder,
                 "per_source": self.per_source, "decoded": self.decoded, "dropped": self.dropped,
-                "missing": self.missing, "damaged": self.damaged, "lagged": self.lagged,
+                "missing": self.missing, "damaged": self.damaged, "lagged": self.lagged, "rotation": self.rotation,
                 "lag_s": {k: v.to_dict() for k, v in self.lag.items()},
                 "infer_stage": {k: round(v, 3) for k, v in self.infer_stage.items()},
                 "decode_stage": {k: round(v, 3) for k, v in self.decode_stage.items()}}
@@ -188,7 +195,7 @@ def classify(sources, engine, *, batch: int | None = None, top_k: int = 5, strid
              preprocess: PreprocessSpec | None = None, labels: list[str] | None = None, decoder: str = "auto",
              colorspace: str | None = None, buffers: int | None = None, max_wait_ms: float = 100.0, loop: int = 1,
              realtime: bool = False, latency: str = "native", done: dict | None = None, live: bool | None = None,
-             live_options: LiveOptions | None = None, events: bool = False) -> VideoRun:
+             live_options: LiveOptions | None = None, events: bool = False, rotate: str | int = "auto") -> VideoRun:
     """Classify every ``stride``-th frame of each source with ``engine`` (from :func:`engines.open_engine`).
 
     ``decoder``: "nvdec" (GPU; needs a CUDA engine), "pyav" (CPU), or "auto" (NVDEC when the engine is on a GPU).
@@ -206,8 +213,13 @@ def classify(sources, engine, *, batch: int | None = None, top_k: int = 5, strid
     reconnection and the policy for frames inference cannot take yet (drop-oldest or block). ``events``: the
     iterator also yields each live source's :class:`~engines.video.live.SourceEvent` (disconnected, reconnected,
     gave_up) in order with the predictions; they are always in ``run.events`` too.
+
+    ``rotate``: "auto" turns each frame as the stream's display matrix (rotation metadata) says; 0, 90, 180 or 270
+    turns it clockwise by that instead (:mod:`engines.video.orientation`); ``run.stats.rotation`` says, per source,
+    what was applied. The CPU path (PyAV) applies it; the GPU path (NVDEC) does not yet, and refuses a rotation.
     """
     sources = _check_arguments(sources, stride, buffers, max_wait_ms, colorspace)
+    rotate = check_rotate(rotate)
     live_options = (live_options or LiveOptions()).check()
     manifest = _manifest_of(engine)
     spec = preprocess or (manifest.preprocess if manifest is not None else PreprocessSpec())
@@ -219,10 +231,13 @@ def classify(sources, engine, *, batch: int | None = None, top_k: int = 5, strid
         # without waiting for inference: 4 buffers of 64 made 32 sources wait for slots 18% of their time (H200)
         buffers = max(4, -(-len(sources) * 16 * 3 // (2 * batch)))
     decoder = _pick_decoder(engine, decoder)
+    if decoder == "nvdec" and rotate not in ("auto", "0"):
+        raise UsageProblem(f"--rotate {rotate} is applied on the CPU path only (PyAV), not by the GPU path's NVDEC "
+                           "decoding", "add --decoder pyav (or --device cpu), or rotate the video with ffmpeg first")
     _announce(engine, batch, "device" if decoder == "nvdec" else "host")  # before the decoder's imports: they overlap
     _require_decoder(decoder)
     srcs = make_sources(sources, decoder, getattr(engine, "device_id", 0), colorspace, loop, realtime, latency, live,
-                        live_options)
+                        live_options, rotate)
     if any(s.live for s in srcs) and done:
         raise UsageProblem("a live source cannot be resumed: its frames are not the ones of the earlier run",
                            "start a new output for live sources")
