@@ -28,6 +28,7 @@ import numpy as np
 
 from .._gpu import device as gpu_device
 from ..errors import TrtcError, UsageProblem
+from ..manifest import not_a_classifier
 from ..preprocess import PreprocessSpec
 from ..topk import TopK
 from .live import LiveOptions
@@ -220,6 +221,7 @@ def classify(sources, engine, *, batch: int | None = None, top_k: int = 5, strid
     """
     sources = _check_arguments(sources, stride, buffers, max_wait_ms, colorspace)
     rotate = check_rotate(rotate)
+    check_classifier(engine)
     live_options = (live_options or LiveOptions()).check()
     manifest = _manifest_of(engine)
     spec = preprocess or (manifest.preprocess if manifest is not None else PreprocessSpec())
@@ -328,6 +330,18 @@ def _start(srcs, engine, decoder, spec, batch, stride, topk, labels, buffers, ma
                                 make_prediction, done, live_options.policy, live_options.queue_frames, event_log,
                                 events)
     return VideoRun(factory, stats, problems, event_log)
+
+
+def check_classifier(engine) -> None:
+    """Only classifiers run: a model whose first output is not (batch, classes) (a detector's boxes, a segmenter's
+    map, [N, C, 1, 1]) is refused with the message ``trtc export`` gives when adopting it, manifest or not."""
+    outputs = getattr(engine, "outputs", None)
+    if not outputs:
+        return
+    path = getattr(engine, "path", None)
+    problem = not_a_classifier(Path(str(path)).name if path else type(engine).__name__, outputs[0].shape)
+    if problem is not None:
+        raise UsageProblem(*problem)
 
 
 def _manifest_of(engine):

@@ -35,7 +35,7 @@ from ..topk import TopK
 from .assembler import Stopped
 from .live import LiveOptions
 from .pipeline import (Prediction, RunStats, SourceProblem, _announce, _check_batch, _default_batch, _input_shape,
-                       _manifest_of, label_names)
+                       _manifest_of, check_classifier, label_names)
 
 log = logging.getLogger("trtc")
 
@@ -128,6 +128,7 @@ class FramePusher:
             raise UsageProblem(f"at least two input buffers are needed (got {buffers})")
         if format is not None and format.upper() not in FORMATS:
             raise UsageProblem(f"unknown frame format {format!r}", f"use one of {', '.join(FORMATS)}")
+        check_classifier(engine)
         manifest = _manifest_of(engine)
         spec = preprocess or (manifest.preprocess if manifest is not None else PreprocessSpec())
         self.labels = labels if labels is not None else (manifest.labels if manifest is not None else None)
