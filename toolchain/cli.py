@@ -730,7 +730,8 @@ def bench(state: State, models, batches, device, warmup, iterations, duration, v
                    "CPU); auto picks cuda:0 when the GPU video stack is installed. Several GPUs: cuda:0,cuda:1 or "
                    "cuda:all (one worker process per GPU, sources shared out, a 'device' field per line).")
 @click.option("--batch", type=click.IntRange(1), help="Frames per inference [default: the model's optimum, <= 64].")
-@click.option("--top-k", type=click.IntRange(1), default=5, show_default=True, help="Classes per frame.")
+@click.option("--top-k", type=click.IntRange(1), help="Classes per frame [default: 5, or all of a model with fewer]; "
+              "more than the model has is refused.")
 @click.option("--stride", type=click.IntRange(1), default=1, show_default=True,
               help="Classify every N-th frame (all frames are decoded).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False),

@@ -121,7 +121,7 @@ def read_progress(path: Path) -> tuple[dict, int, int, set, set, dict]:
     return last, lines, good, strides, ks, names
 
 
-def _check_resumed_options(out_path: Path, model, strides: set, ks: set, stride: int, top_k: int,
+def _check_resumed_options(out_path: Path, model, strides: set, ks: set, stride: int, top_k: int | None,
                            names: dict | None = None) -> None:
     """A resumed output must go on as it was written: the same --stride (from its frame gaps), --top-k (from its
     lines' lengths; a model with fewer classes than k writes them all, so its class count is read from the
@@ -155,24 +155,27 @@ def _check_resumed_options(out_path: Path, model, strides: set, ks: set, stride:
                                    f"{json.dumps(was)} there, {json.dumps(now)} for {Path(str(model)).name}): resuming "
                                    "would mix two models", "resume with the model of the earlier run, or give "
                                    "another -o")
-    expected = min(top_k, classes) if classes else None
-    if (expected is not None and ks != {expected}) or (expected is None and max(ks) > top_k):
-        refuse("--top-k", ks, top_k)
+    from engines.topk import DEFAULT_K
+
+    k = top_k if top_k is not None else DEFAULT_K  # the default: min(5, classes)
+    expected = min(k, classes) if classes else None
+    if (expected is not None and ks != {expected}) or (expected is None and max(ks) > k):
+        refuse("--top-k", ks, k)
 
 
-def _refuse_top_k_over_classes(model, top_k: int) -> None:
-    """--top-k above the model's class count (its manifest says how many) would silently give fewer: refused."""
+def _refuse_top_k_over_classes(model, top_k: int | None) -> None:
+    """--top-k above the model's class count (its manifest says how many) would silently give fewer: refused before
+    the engine opens (classify() refuses it too, from the model itself, by the same rule: engines.topk.resolve_k)."""
     from engines import split_engine
     from engines.manifest import classes_of, read_manifest_if_any
+    from engines.topk import resolve_k
 
     try:
         manifest = read_manifest_if_any(split_engine(os.fspath(model))[1], verify_hash=False)
         classes = classes_of(manifest.outputs) if manifest is not None else None
     except TrtcError:  # a bad manifest is reported when the model is opened
         return
-    if classes and top_k > classes:
-        raise UsageProblem(f"--top-k {top_k} asks for more classes than {Path(str(model)).name} has ({classes})",
-                           f"give --top-k {classes} or less")
+    resolve_k(top_k, classes, Path(str(model)).name)
 
 
 def _say_what_is_assumed(model) -> None:
@@ -192,7 +195,8 @@ def _say_what_is_assumed(model) -> None:
     logging.getLogger("trtc").warning("%s", no_manifest_note(path, PreprocessSpec()))
 
 
-def run_video(sources, model, *, device: str = "auto", batch: int | None = None, top_k: int = 5, stride: int = 1,
+def run_video(sources, model, *, device: str = "auto", batch: int | None = None, top_k: int | None = None,
+              stride: int = 1,
               output: str | None = None, decoder: str = "auto", colorspace: str | None = None, scores: str = "auto",
               max_wait_ms: float = 100.0, loop: int = 1, realtime: bool = False, latency: str = "native",
               with_latency: bool = False, force: bool = False, resume: bool = False, reporter: Reporter | None = None,

@@ -28,9 +28,9 @@ import numpy as np
 
 from .._gpu import device as gpu_device
 from ..errors import TrtcError, UsageProblem
-from ..manifest import not_a_classifier
+from ..manifest import classes_of, not_a_classifier
 from ..preprocess import PreprocessSpec
-from ..topk import TopK
+from ..topk import TopK, resolve_k
 from .live import LiveOptions
 from .orientation import check_rotate
 from .sources import make_sources
@@ -192,13 +192,14 @@ def default_device(index: int = 0) -> str:
     return "cpu"
 
 
-def classify(sources, engine, *, batch: int | None = None, top_k: int = 5, stride: int = 1, scores: str = "auto",
+def classify(sources, engine, *, batch: int | None = None, top_k: int | None = None, stride: int = 1, scores: str = "auto",
              preprocess: PreprocessSpec | None = None, labels: list[str] | None = None, decoder: str = "auto",
              colorspace: str | None = None, buffers: int | None = None, max_wait_ms: float = 100.0, loop: int = 1,
              realtime: bool = False, latency: str = "native", done: dict | None = None, live: bool | None = None,
              live_options: LiveOptions | None = None, events: bool = False, rotate: str | int = "auto") -> VideoRun:
     """Classify every ``stride``-th frame of each source with ``engine`` (from :func:`engines.open_engine`).
 
+    ``top_k``: classes per frame, by default min(5, the model's classes); more than the model has is refused.
     ``decoder``: "nvdec" (GPU; needs a CUDA engine), "pyav" (CPU), or "auto" (NVDEC when the engine is on a GPU).
     ``batch``: frames per inference (default: the manifest's optimum, capped at 64). ``max_wait_ms``: how long a
     partly filled batch waits for more frames before it runs anyway. ``buffers``: GPU input buffers that rotate
@@ -228,6 +229,7 @@ def classify(sources, engine, *, batch: int | None = None, top_k: int = 5, strid
     labels = labels if labels is not None else (manifest.labels if manifest is not None else None)
     batch = batch or _default_batch(engine, manifest)
     _check_batch(engine, manifest, batch)
+    topk = TopK(resolve_k(top_k, model_classes(engine, manifest), model_name(engine)), scores)
     if buffers is None:
         # every source can hand over a group of up to 16 frames (one kernel launch) one and a half times over
         # without waiting for inference: 4 buffers of 64 made 32 sources wait for slots 18% of their time (H200)
@@ -245,7 +247,7 @@ def classify(sources, engine, *, batch: int | None = None, top_k: int = 5, strid
                            "start a new output for live sources")
     size = _input_shape(engine, spec, "the preprocess argument" if preprocess is not None else
                         ("manifest" if manifest is not None else None))
-    return _start(srcs, engine, decoder, spec, batch, stride, TopK(top_k, scores), labels, buffers, max_wait_ms, size,
+    return _start(srcs, engine, decoder, spec, batch, stride, topk, labels, buffers, max_wait_ms, size,
                   {str(k): int(v) for k, v in (done or {}).items()}, live_options, events)
 
 
@@ -332,14 +334,24 @@ def _start(srcs, engine, decoder, spec, batch, stride, topk, labels, buffers, ma
     return VideoRun(factory, stats, problems, event_log)
 
 
+def model_name(engine) -> str:
+    """The model file's name (for messages), or the engine's kind where it has no file."""
+    path = getattr(engine, "path", None)
+    return Path(str(path)).name if path else type(engine).__name__
+
+
+def model_classes(engine, manifest) -> int | None:
+    """The class count: the engine's first output (batch, classes), else the manifest's, else None (unknown)."""
+    return classes_of(getattr(engine, "outputs", None)) or (classes_of(manifest.outputs) if manifest else None)
+
+
 def check_classifier(engine) -> None:
     """Only classifiers run: a model whose first output is not (batch, classes) (a detector's boxes, a segmenter's
     map, [N, C, 1, 1]) is refused with the message ``trtc export`` gives when adopting it, manifest or not."""
     outputs = getattr(engine, "outputs", None)
     if not outputs:
         return
-    path = getattr(engine, "path", None)
-    problem = not_a_classifier(Path(str(path)).name if path else type(engine).__name__, outputs[0].shape)
+    problem = not_a_classifier(model_name(engine), outputs[0].shape)
     if problem is not None:
         raise UsageProblem(*problem)
 

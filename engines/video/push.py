@@ -31,11 +31,11 @@ import numpy as np
 
 from ..errors import TrtcError, UsageProblem
 from ..preprocess import PACKED, ColorSpace, PreprocessSpec, planes_from_surface, preprocess_packed, preprocess_yuv
-from ..topk import TopK
+from ..topk import TopK, resolve_k
 from .assembler import Stopped
 from .live import LiveOptions
 from .pipeline import (Prediction, RunStats, SourceProblem, _announce, _check_batch, _default_batch, _input_shape,
-                       _manifest_of, check_classifier, label_names)
+                       _manifest_of, check_classifier, label_names, model_classes, model_name)
 
 log = logging.getLogger("trtc")
 
@@ -115,7 +115,7 @@ class FramePusher:
     ``queue_frames`` (CPU): frames each stream may have waiting (default one batch).
     """
 
-    def __init__(self, engine, *, batch: int | None = None, top_k: int = 5, scores: str = "auto",
+    def __init__(self, engine, *, batch: int | None = None, top_k: int | None = None, scores: str = "auto",
                  max_wait_ms: float = 100.0, on_lag: str = "drop-oldest", format: str | None = None,  # noqa: A002
                  colorspace: str | None = None, preprocess: PreprocessSpec | None = None,
                  labels: list[str] | None = None, buffers: int | None = None, queue_frames: int | None = None,
@@ -150,7 +150,7 @@ class FramePusher:
         self._out: queue.Queue = queue.Queue()
         self._errors: list = []  # the engine's or the pipeline's: the pusher stops
         self._callback_errors: list = []  # the app's callback's: the pusher goes on
-        topk = TopK(top_k, scores)
+        topk = TopK(resolve_k(top_k, model_classes(engine, manifest), model_name(engine)), scores)
         backend = _GpuPusher if _pushes_on_gpu(engine) else _HostPusher
         _announce(engine, self.batch, "device" if backend is _GpuPusher else "host")
         self.stats = RunStats(path=f"push -> {type(engine).__name__} ({getattr(engine, 'device', 'cpu')})",
