@@ -64,12 +64,18 @@ def frame_layout(shape, strides, dtype, fmt: str | None) -> tuple[str, int, int,
     if np.dtype(dtype) != np.uint8:
         raise UsageProblem(f"frames are 8-bit pixels (uint8), got {np.dtype(dtype)}",
                            "push uint8 frames (e.g. (x * 255).round().astype(uint8))")
-    if fmt is None:
+    if fmt is None:  # no shape says its format alone: (H, W, 3) is RGB or BGR, a 2-D array NV12 or greyscale
         if len(shape) == 3 and shape[2] in (3, 4):
             names = "'RGB' or 'BGR'" if shape[2] == 3 else "'RGBA' or 'BGRA'"
             raise UsageProblem(f"an {tuple(shape)} frame: its channel order is not known",
                                f"say it: push(..., format={names}) (OpenCV gives BGR; PyAV, PIL, torchvision RGB)")
-        fmt = "NV12"
+        if len(shape) == 2:
+            raise UsageProblem(f"a 2-D {tuple(shape)} frame: an NV12 surface (Y rows, then UV rows) or a greyscale "
+                               "picture? its format is not known",
+                               "say it: push(..., format='NV12') or FramePusher(..., format='NV12') for NV12; a "
+                               "greyscale picture: push np.repeat(frame[:, :, None], 3, axis=2) with format='RGB'")
+        raise UsageProblem(f"a frame of shape {tuple(shape)} fits no frame format",
+                           f"push (H, W, 3|4) pixels or an NV12 surface, and say its format= ({', '.join(FORMATS)})")
     fmt = fmt.upper()
     if fmt not in FORMATS:
         raise UsageProblem(f"unknown frame format {fmt!r}", f"use one of {', '.join(FORMATS)}")
