@@ -1,7 +1,7 @@
 """Frames an app already has -> Predictions: the runtime as a library for apps that capture their own frames.
 
     with FramePusher(engine, batch=32, max_wait_ms=50) as pusher:          # from any number of threads:
-        pusher.push("cam1", frame, pts=pts, frame_id=n)                     # NV12 / RGB / BGR, device or NumPy
+        pusher.push("cam1", frame, pts=pts, frame_id=n, format="NV12")      # NV12 / RGB / BGR..., device or NumPy
         for pred in pusher.results(timeout=0):                              # or FramePusher(..., callback=fn)
             print(pred.source, pred.frame, pred.labels[0])
 
