@@ -800,7 +800,8 @@ def run(state: State, sources, model, engine, device, batch, top_k, stride, outp
         ray_streams, ray_keep, ray_stop, live, reconnect_for, reconnect_attempts, on_lag, max_lag, rtsp_transport,
         open_timeout, read_timeout):
     """Classify the frames of video SOURCES (files, or URLs such as rtsp://) and print one JSON line per frame:
-    source, frame index, pts, time in seconds, and the top-k labels with scores.
+    source, frame index, pts, time in seconds, and the top-k labels with scores. Images and folders of images are
+    sources too (CPU path): one line per image, its path as the source, frame 0.
 
     A source that cannot be read (missing, corrupt, cut off, not supported by NVDEC) is reported with its name;
     the others go on, every result is kept, and the exit code is 1 at the end. Ctrl-C (exit 130) and SIGTERM

@@ -828,22 +828,28 @@ def _refuse_writing_over_inputs(out_path: Path, model, sources: list[str]) -> No
 
 
 def _no_batch(sources: list[str], model) -> list[str]:
+    """The sources, a folder of images given as its images (sorted), each checked here (exit 2) when wrong."""
+    from engines.video.image_source import is_image
+
+    out = []
     for s in sources:
         if "://" not in s and not s.startswith("@") and Path(s).is_dir():
-            _refuse_folder(s, model)
+            out.extend(_folder_images(s))
+            continue
         if s.startswith("@"):
             raise UsageProblem(f"{s} is a list of videos (a batch)",
                                "run batches with --ray (a local Ray instance by default; pip install 'trtc[ray]')")
         if "://" not in s and not os.path.exists(s):  # missing input: exit 2, before any model is opened
             folder = os.path.dirname(s) or "."
             raise UsageProblem(f"no such file: {s}", f"check the path (ls {folder})")
-        if "://" not in s and os.path.isfile(s):
+        if "://" not in s and os.path.isfile(s) and not is_image(s):
             _refuse_non_video(s)
+        out.append(s)
     seen: set = set()
-    twice = [s for s in sources if s in seen or seen.add(s)]
+    twice = [s for s in out if s in seen or seen.add(s)]
     if twice:  # its lines could not be told apart: results are keyed by source and frame
         raise UsageProblem(f"{twice[0]} is listed twice", "give each source once; --loop N reads each one N times")
-    return sources
+    return out
 
 
 def _refuse_non_model(model) -> None:
@@ -882,7 +888,7 @@ def _refuse_non_video(s: str) -> None:
         return  # a video name over unreadable bytes: a damaged video, judged by the decoder
     if kind in _NOT_VIDEO:
         where = (" (--model takes models)" if kind in ("onnx", "plan", "torchscript", "exported") else
-                 " (images go to trtc validate --data)" if kind == "image" else "")
+                 " (an image source needs an image suffix: .jpg, .png, .tif, ...)" if kind == "image" else "")
         raise UsageProblem(f"{s} is {_NOT_VIDEO[kind]}, not a video{where}",
                            "give a video file or a camera URL (rtsp://...); trtc data copies a sample video "
                            "(trtc-data/bikes.mp4)")
@@ -897,32 +903,20 @@ def plain_reason(source: str, reason: str) -> str:
     return reason.replace("ffprobe FILE", f"ffprobe {shlex.quote(source)}")
 
 
-def _refuse_folder(s: str, model) -> None:
-    """A folder given as a source without --ray: said for what it holds (videos, images, nothing of use)."""
-    from collections import Counter
+def _folder_images(s: str) -> list[str]:
+    """A folder given as a source without --ray: its images (recursive, sorted, each a source named by its path);
+    a folder of videos (a batch: --ray) or of nothing of use is refused, said for what it holds."""
+    from engines.preprocess import list_images
 
-    from engines.preprocess import IMAGE_SUFFIXES
-
-    videos = 0
-    images: Counter = Counter()
-    for f in os.listdir(s):
-        suffix = os.path.splitext(f)[1]
-        videos += suffix.lower() in VIDEO_SUFFIXES
-        if suffix.lower() in IMAGE_SUFFIXES:
-            images[suffix] += 1
-    if videos:
+    if any(os.path.splitext(f)[1].lower() in VIDEO_SUFFIXES for f in os.listdir(s)):
         raise UsageProblem(f"{s} is a folder of videos (a batch)", f"give the videos one by one (trtc run "
                            f"{os.path.join(s, '*.mp4')} ...), or run the folder as a batch with --ray (a local Ray "
                            "instance by default; pip install 'trtc[ray]')")
-    if images:
-        folder = s.rstrip("/") or "/"
-        name = os.path.basename(os.path.abspath(folder)) or "frames"
-        pattern = shlex.quote(os.path.join(folder, "*" + images.most_common(1)[0][0]))
-        raise UsageProblem(f"{s} is a folder of images, and trtc run classifies videos and cameras",
-                           f"make a video of them, one image a second, and run that: ffmpeg -framerate 1 -pattern_type "
-                           f"glob -i {pattern} -pix_fmt yuv420p -vf 'scale=trunc(iw/2)*2:trunc(ih/2)*2' {name}.mp4 && "
-                           f"trtc run {name}.mp4 --model {shlex.quote(str(model))}")
-    raise UsageProblem(f"{s} is a folder with no video in it", "give a video file or a camera URL (rtsp://...)")
+    images = [str(p) for p in list_images(s)]
+    if not images:
+        raise UsageProblem(f"{s} is a folder with no video or image in it",
+                           "give a video file, a camera URL (rtsp://...), images or a folder of images")
+    return images
 
 
 def done_file(out_path: Path) -> Path:

@@ -32,6 +32,7 @@ from ..manifest import classes_of, not_a_classifier
 from ..preprocess import PreprocessSpec
 from ..topk import TopK, resolve_k
 from .live import LiveOptions
+from .image_source import is_image
 from .orientation import check_rotate
 from .sources import make_sources
 
@@ -235,6 +236,9 @@ def classify(sources, engine, *, batch: int | None = None, top_k: int | None = N
         # without waiting for inference: 4 buffers of 64 made 32 sources wait for slots 18% of their time (H200)
         buffers = max(4, -(-len(sources) * 16 * 3 // (2 * batch)))
     decoder = _pick_decoder(engine, decoder)
+    if decoder == "nvdec" and any(is_image(s) for s in sources):
+        raise UsageProblem(f"{next(s for s in sources if is_image(s))} is an image: images are classified on the CPU "
+                           "path only (PyAV decoding, numpy preprocessing)", "add --decoder pyav (or --device cpu)")
     if decoder == "nvdec" and rotate not in ("auto", "0"):
         raise UsageProblem(f"--rotate {rotate} is applied on the CPU path only (PyAV), not by the GPU path's NVDEC "
                            "decoding", "add --decoder pyav (or --device cpu), or rotate the video with ffmpeg first")

@@ -21,6 +21,7 @@ import numpy as np
 from ..preprocess import ColorSpace, YuvPlanes
 from .live import (LagClock, LiveOptions, LiveSource, Liveness, NoFrames, is_network, network_error, open_url,
                    watched_packets)
+from .image_source import ImageSource, is_image
 from .orientation import Orientation, frame_orientation
 from .source_base import (DETAIL_CHARS, MAX_REJECTED_PACKETS, SourceError, SourceInfo, Timeline,  # noqa: F401
                           _colorspace_from_av, _synchronize)
@@ -748,7 +749,9 @@ def make_sources(names, backend: str, gpu: int = 0, colorspace: str | None = Non
     out = []
     for n in names:
         n = os.fspath(n)
-        if backend == "nvdec":
+        if is_image(n):  # a photo: one frame, read by the image reader (CPU path)
+            out.append(ImageSource(n, loop, rotate))
+        elif backend == "nvdec":
             out.append(NvdecSource(n, gpu, colorspace, loop, realtime, latency, live, live_options))
         else:
             out.append(PyAVSource(n, colorspace, loop, realtime, live, live_options, rotate))
