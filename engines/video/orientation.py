@@ -21,6 +21,7 @@ import numpy as np
 
 from ..errors import UsageProblem
 from ..preprocess import YuvPlanes
+from .source_base import SourceError
 
 ROTATE_CHOICES = ("auto", "0", "90", "180", "270")
 
@@ -110,6 +111,35 @@ def _turns() -> dict:
 
 _TURNS = _turns()
 _STEPS = {turn: key for key, turn in _TURNS.items()}
+
+
+def probe_orientation(name: str) -> Orientation:
+    """How a local video file's frames are to be turned (its first frame's display matrix, decoded by PyAV on the
+    CPU); no turn where PyAV is missing or cannot read the file (the decoder reports real problems)."""
+    from .._deps import is_installed
+
+    if "://" in name or not is_installed("av"):
+        return Orientation()
+    import av
+
+    try:
+        with av.open(name) as container:
+            for frame in container.decode(video=0):
+                return frame_orientation(frame)
+    except Exception:  # noqa: BLE001 - av.error.*, a matrix that is no whole-pixel turn: the run says it
+        return Orientation()
+    return Orientation()
+
+
+def refuse_turned(name: str) -> None:
+    """For the GPU path, whose NVDEC frames are not turned yet: a file stored turned (rotation metadata) is refused
+    by name (a SourceError), as classified as stored it would give other answers than the CPU path's, unsaid."""
+    turn = probe_orientation(name)
+    if not turn.identity:
+        mirror = "mirrored, then " if turn.mirrored else ""
+        raise SourceError(name, f"is stored turned (its rotation metadata says: {mirror}rotate {turn.degrees} "
+                          "degrees clockwise to show it), which the GPU path does not apply yet",
+                          "run it on the CPU path: --decoder pyav (or --device cpu)")
 
 
 def frame_orientation(frame, rotate: str = "auto") -> Orientation:

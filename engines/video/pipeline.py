@@ -219,7 +219,8 @@ def classify(sources, engine, *, batch: int | None = None, top_k: int | None = N
 
     ``rotate``: "auto" turns each frame as the stream's display matrix (rotation metadata) says; 0, 90, 180 or 270
     turns it clockwise by that instead (:mod:`engines.video.orientation`); ``run.stats.rotation`` says, per source,
-    what was applied. The CPU path (PyAV) applies it; the GPU path (NVDEC) does not yet, and refuses a rotation.
+    what was applied. The CPU path (PyAV) applies it; the GPU path (NVDEC) does not yet: it refuses ``rotate``
+    other than "auto" or 0, and reports a file with rotation metadata as a bad source.
     """
     sources = _check_arguments(sources, stride, buffers, max_wait_ms, colorspace)
     rotate = check_rotate(rotate)
@@ -236,12 +237,7 @@ def classify(sources, engine, *, batch: int | None = None, top_k: int | None = N
         # without waiting for inference: 4 buffers of 64 made 32 sources wait for slots 18% of their time (H200)
         buffers = max(4, -(-len(sources) * 16 * 3 // (2 * batch)))
     decoder = _pick_decoder(engine, decoder)
-    if decoder == "nvdec" and any(is_image(s) for s in sources):
-        raise UsageProblem(f"{next(s for s in sources if is_image(s))} is an image: images are classified on the CPU "
-                           "path only (PyAV decoding, numpy preprocessing)", "add --decoder pyav (or --device cpu)")
-    if decoder == "nvdec" and rotate not in ("auto", "0"):
-        raise UsageProblem(f"--rotate {rotate} is applied on the CPU path only (PyAV), not by the GPU path's NVDEC "
-                           "decoding", "add --decoder pyav (or --device cpu), or rotate the video with ffmpeg first")
+    _cpu_only(decoder, sources, rotate)
     _announce(engine, batch, "device" if decoder == "nvdec" else "host")  # before the decoder's imports: they overlap
     _require_decoder(decoder)
     srcs = make_sources(sources, decoder, getattr(engine, "device_id", 0), colorspace, loop, realtime, latency, live,
@@ -274,6 +270,16 @@ def _check_arguments(sources, stride, buffers, max_wait_ms, colorspace) -> list[
 
         ColorSpace.parse(colorspace)  # a bad name is the caller's mistake, said once, not a problem of each source
     return sources
+
+
+def _cpu_only(decoder: str, sources, rotate: str) -> None:
+    """What only the CPU path does yet, refused on the GPU path (NVDEC): image sources and ``--rotate``."""
+    if decoder == "nvdec" and any(is_image(s) for s in sources):
+        raise UsageProblem(f"{next(s for s in sources if is_image(s))} is an image: images are classified on the CPU "
+                           "path only (PyAV decoding, numpy preprocessing)", "add --decoder pyav (or --device cpu)")
+    if decoder == "nvdec" and rotate not in ("auto", "0"):
+        raise UsageProblem(f"--rotate {rotate} is applied on the CPU path only (PyAV), not by the GPU path's NVDEC "
+                           "decoding", "add --decoder pyav (or --device cpu), or rotate the video with ffmpeg first")
 
 
 def _pick_decoder(engine, decoder: str) -> str:

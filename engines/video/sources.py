@@ -22,7 +22,7 @@ from ..preprocess import ColorSpace, YuvPlanes
 from .live import (LagClock, LiveOptions, LiveSource, Liveness, NoFrames, is_network, network_error, open_url,
                    watched_packets)
 from .image_source import ImageSource, is_image
-from .orientation import Orientation, frame_orientation
+from .orientation import Orientation, frame_orientation, refuse_turned
 from .source_base import (DETAIL_CHARS, MAX_REJECTED_PACKETS, SourceError, SourceInfo, Timeline,  # noqa: F401
                           _colorspace_from_av, _synchronize)
 
@@ -438,6 +438,7 @@ class NvdecSource(LiveSource):
         self._check_caps(nvc, codec, chroma, depth, width, height, codec_name)
         fps = float(dmx.FrameRate()) if dmx.FrameRate() else None
         if self.info is None:
+            refuse_turned(self.name)  # NVDEC's frames are not turned yet
             cs, self.time_base, self.start_pts = probe_stream(self.name, height, self.override, dmx)
             self.info = SourceInfo(self.name, codec_name, width, height, fps, None, cs)
         if not decoder:

@@ -106,3 +106,17 @@ def test_cli_records_the_rotation(lite0_onnx, clips, tmp_path):
     assert by_source["rotation"] == {"degrees": 90, "mirrored": False, "from": "metadata"}
     r = CliRunner().invoke(cli, ["run", str(clips / "tag270.mp4"), "--model", str(lite0_onnx[0]), "--rotate", "45"])
     assert r.exit_code == 2 and "--rotate" in r.output
+
+
+def test_the_gpu_path_refuses_a_turned_file_by_name(clips):
+    """NVDEC's frames are not turned yet: a file with rotation metadata is a bad source there, named with its
+    turn and the CPU path as the fix (the check NvdecSource makes when it first opens a file; run here on the CPU,
+    without NVDEC)."""
+    from engines.video.orientation import refuse_turned
+    from engines.video.sources import SourceError
+
+    refuse_turned(str(clips / "upright.mp4"))
+    refuse_turned(str(clips / "untagged-ccw.mp4"))  # no metadata: nothing to say
+    with pytest.raises(SourceError, match="rotate 270 degrees clockwise to show it") as refused:
+        refuse_turned(str(clips / "tag90.mp4"))
+    assert refused.value.fix == "run it on the CPU path: --decoder pyav (or --device cpu)"
