@@ -5,8 +5,6 @@ that load into the architecture. Nothing in the file is unpickled by trtc (torch
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 
 import pytest
 from click.testing import CliRunner
@@ -41,8 +39,8 @@ def test_pickled_whole_model(resnet18_weights, tmp_path, monkeypatch):
     assert said[0].startswith(f"error: {full} is a whole model pickled by torch.save(model) "
                               "(torchvision.models.resnet.BasicBlock, torchvision.models.resnet.ResNet)")
     assert "weights_only=False" in said[0] and not (tmp_path / "x.onnx").exists()
-    command = re.search(r'python -c "(.*?)"', said[1]).group(1)  # the fix, run as written
-    subprocess.run([sys.executable, "-c", command], cwd=tmp_path, check=True, timeout=120)
+    command = re.search(r'python -c "(.*?)"', said[1]).group(1)  # the fix's code, run as written (in the folder)
+    exec(compile(command, "<the fix>", "exec"), {})  # noqa: S102 - the message's own line, on the test's own file
     fresh = torchvision.models.resnet18(weights=None, num_classes=10)
     load_weights(fresh, str(tmp_path / "weights.pt"), "torchvision:resnet18")
     for name, value in model.state_dict().items():

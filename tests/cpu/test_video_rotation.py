@@ -16,7 +16,7 @@ from tests.conftest import needs_quant
 
 pytestmark = [needs_quant, pytest.mark.skipif(not shutil.which("ffmpeg"), reason="needs ffmpeg: apt-get install ffmpeg")]
 
-FRAMES = 100
+FRAMES = 60
 STRIDE = 2
 # name: (the filter that stores the frames turned, the rotate tag that shows them upright, --rotate)
 VARIANTS = {
