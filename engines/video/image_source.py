@@ -45,7 +45,7 @@ class ImageSource:
             rgb = load_rgb(self.name)
         except TrtcError as exc:
             raise SourceError(self.name, exc.reason.replace(f"{self.name}: ", ""), exc.fix) from None
-        turn = Orientation.clockwise(0 if self.rotate == "auto" else int(self.rotate))
+        turn = Orientation() if self.rotate == "auto" else Orientation.clockwise(int(self.rotate))
         if not turn.identity:
             rgb = np.rot90(rgb, -turn.degrees // 90)
         h, w = rgb.shape[:2]

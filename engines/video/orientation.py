@@ -45,8 +45,7 @@ class Orientation:
 
     @classmethod
     def clockwise(cls, degrees: int, origin: str = "--rotate") -> "Orientation":
-        steps = _STEPS[(int(degrees) % 360, False)]
-        return cls(*steps, origin=origin if degrees % 360 else "none")
+        return cls(*_STEPS[(int(degrees) % 360, False)], origin=origin)  # --rotate 0 too: it overrides metadata
 
     @classmethod
     def from_matrix(cls, matrix) -> "Orientation":
