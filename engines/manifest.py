@@ -275,6 +275,19 @@ def classes_of(outputs) -> int | None:
     return shape[1] if len(shape) == 2 and isinstance(shape[1], int) and shape[1] > 0 else None
 
 
+CLASSIFIER_FIX = "give an ONNX classifier: one NCHW image input, a (batch, classes) first output"
+
+
+def not_a_classifier(name: str, shape) -> tuple[str, str] | None:
+    """(reason, fix) when a model's first output of ``shape`` is not (batch, classes) - a detector's [N, 84, 8400],
+    a segmenter's map, and also [N, C, 1, 1], which every command refuses alike (adopting, running, pushing) -,
+    or None when it is (batch, classes) or its rank is not known."""
+    if shape is None or len(tuple(shape)) == 2:
+        return None
+    dims = ", ".join(str(d) for d in shape)
+    return f"{name}'s first output is [{dims}] per batch, not (batch, classes)", CLASSIFIER_FIX
+
+
 def manifest_path(artifact: str | os.PathLike) -> Path:
     return Path(f"{os.fspath(artifact)}.json")
 

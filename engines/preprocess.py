@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import TrtcError, UsageProblem
+from .errors import UsageProblem
+from .images import IMAGE_SUFFIXES, load_rgb  # noqa: F401  (the one image reader; re-exported)
 
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 
 
 @dataclass(frozen=True)
@@ -120,19 +120,6 @@ def preprocess_rgb(rgb: np.ndarray, spec: PreprocessSpec) -> np.ndarray:
     std = np.asarray(spec.std, np.float32)
     out = (out / 255.0 - mean) / std
     return np.ascontiguousarray(out.transpose(2, 0, 1)).astype(spec.dtype, copy=False)
-
-
-def load_rgb(path: str | Path) -> np.ndarray:
-    """Decode an image file to RGB uint8 HxWx3 (Pillow). Raises TrtcError naming the file if it cannot."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(path) as im:
-            return np.asarray(im.convert("RGB"))
-    except FileNotFoundError as exc:
-        raise UsageProblem(f"image not found: {path}") from exc
-    except (UnidentifiedImageError, OSError, ValueError) as exc:
-        raise TrtcError(f"cannot decode image {path}: {exc}", "remove or replace the file") from exc
 
 
 def list_images(path: str | Path) -> list[Path]:

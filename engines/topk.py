@@ -21,6 +21,22 @@ log = logging.getLogger("trtc")
 SCORES = ("auto", "softmax", "raw")
 
 
+DEFAULT_K = 5
+
+
+def resolve_k(k: int | None, classes: int | None, model: str = "the model") -> int:
+    """The top-k to give: ``k`` None is the default, min(5, classes); an explicit ``k`` over the class count (where
+    it is known) is refused, as it would silently give fewer. The CLI and the library follow this one rule."""
+    if k is None:
+        return min(DEFAULT_K, classes) if classes else DEFAULT_K
+    if k < 1:
+        raise UsageProblem(f"--top-k must be at least 1, got {k}")
+    if classes and k > classes:
+        raise UsageProblem(f"--top-k {k} asks for more classes than {model} has ({classes})",
+                           f"give --top-k {classes} or less, or leave it out (the default is min(5, classes))")
+    return k
+
+
 def check_scores(scores: str) -> str:
     if scores not in SCORES:
         raise UsageProblem(f"unknown scores mode {scores!r}", "use auto, softmax or raw")

@@ -73,7 +73,7 @@ def push_rate(engine, frames, batch: int, threads: int, seconds: float, soak: bo
 
     stop = threading.Event()
     samples = []
-    with FramePusher(engine, batch=batch, top_k=1, on_lag="block", callback=lambda _p: None,
+    with FramePusher(engine, batch=batch, top_k=1, on_lag="block", callback=lambda _p: None, format="NV12",
                      buffers=buffers or max(4, threads * 2 // batch + 2)) as p:
         def produce(k):
             i = 0

@@ -29,7 +29,7 @@ def _pusher(engine, batch: int, **kw):
 
     spec = PreprocessSpec(size=(8, 8), resize=None, mean=(0, 0, 0), std=(1, 1, 1))
     return FramePusher(engine, batch=batch, preprocess=spec, top_k=1, on_lag="block", callback=lambda _p: None,
-                       **kw)
+                       format="NV12", **kw)
 
 
 def cost(cp, frames: int, threads: int, batch: int) -> tuple[float, float]:

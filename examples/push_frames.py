@@ -31,7 +31,7 @@ def capture(pusher, source: str, fmt: str | None, gpu_frames: bool, stop: thread
 
                 nv12 = cp.asarray(nv12)
             pusher.push(source, nv12, pts=frame.pts, time=frame.pts * base if frame.pts is not None else None,
-                        frame_id=n)
+                        frame_id=n, format="NV12")
 
 
 def main() -> int:

@@ -74,7 +74,8 @@ def main() -> None:
             e.stream.synchronize()
             out["engine_only"].append((rep, round(n * args.batch / (time.perf_counter() - t0)), gpu_state()))
         stop = threading.Event()
-        with FramePusher(e, batch=args.batch, top_k=1, on_lag="block", callback=lambda _p: None) as p:
+        with FramePusher(e, batch=args.batch, top_k=1, on_lag="block", callback=lambda _p: None,
+                         format="NV12") as p:
             def produce(k):
                 i = 0
                 while not stop.is_set():

@@ -743,7 +743,8 @@ def bench(state: State, models, batches, device, warmup, iterations, duration, v
                    "CPU); auto picks cuda:0 when the GPU video stack is installed. Several GPUs: cuda:0,cuda:1 or "
                    "cuda:all (one worker process per GPU, sources shared out, a 'device' field per line).")
 @click.option("--batch", type=click.IntRange(1), help="Frames per inference [default: the model's optimum, <= 64].")
-@click.option("--top-k", type=click.IntRange(1), default=5, show_default=True, help="Classes per frame.")
+@click.option("--top-k", type=click.IntRange(1), help="Classes per frame [default: 5, or all of a model with fewer]; "
+              "more than the model has is refused.")
 @click.option("--stride", type=click.IntRange(1), default=1, show_default=True,
               help="Classify every N-th frame (all frames are decoded).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False),
@@ -755,6 +756,10 @@ def bench(state: State, models, batches, device, warmup, iterations, duration, v
                    "metadata, else BT.709 for HD and BT.601 below, limited.")
 @click.option("--scores", type=click.Choice(["auto", "softmax", "raw"]), default="auto", show_default=True,
               help="softmax probabilities, the model's raw outputs, or auto (raw when they already sum to 1).")
+@click.option("--rotate", type=click.Choice(["auto", "0", "90", "180", "270"]), default="auto", show_default=True,
+              help="auto: turn the frames as the video's rotation metadata (display matrix) says, as players show "
+                   "them; 0, 90, 180 or 270: turn them clockwise by that instead (a camera mounted upside down: "
+                   "180). CPU path (PyAV) only.")
 @click.option("--max-wait-ms", type=FiniteFloat(0), default=100.0, show_default=True,
               help="A batch's age limit: a partly filled batch runs once its oldest frame has waited this long.")
 @click.option("--loop", type=click.IntRange(1), default=1, show_default=True, help="Read each source N times.")
@@ -804,11 +809,12 @@ def bench(state: State, models, batches, device, warmup, iterations, duration, v
               help="Network sources: how long a connected stream may go without a frame before it counts as lost.")
 @click.pass_obj
 def run(state: State, sources, model, engine, device, batch, top_k, stride, output, decoder, colorspace, scores,
-        max_wait_ms, loop, realtime, with_latency, decode_latency, summary_path, force, resume, ray_address, ray_actors,
+        rotate, max_wait_ms, loop, realtime, with_latency, decode_latency, summary_path, force, resume, ray_address, ray_actors,
         ray_streams, ray_keep, ray_stop, live, reconnect_for, reconnect_attempts, on_lag, max_lag, rtsp_transport,
         open_timeout, read_timeout):
     """Classify the frames of video SOURCES (files, or URLs such as rtsp://) and print one JSON line per frame:
-    source, frame index, pts, time in seconds, and the top-k labels with scores.
+    source, frame index, pts, time in seconds, and the top-k labels with scores. Images and folders of images are
+    sources too (CPU path): one line per image, its path as the source, frame 0.
 
     A source that cannot be read (missing, corrupt, cut off, not supported by NVDEC) is reported with its name;
     the others go on, every result is kept, and the exit code is 1 at the end. Ctrl-C (exit 130) and SIGTERM
@@ -866,7 +872,7 @@ def run(state: State, sources, model, engine, device, batch, top_k, stride, outp
                         scores=scores, max_wait_ms=max_wait_ms, loop=loop, realtime=realtime,
                         latency=decode_latency, with_latency=with_latency, force=force, resume=resume,
                         reporter=state.reporter(), ray=ray_address, ray_actors=ray_actors, ray_streams=ray_streams,
-                        ray_keep=ray_keep, live=live, live_options=live_options)
+                        ray_keep=ray_keep, live=live, live_options=live_options, rotate=rotate)
     if summary_path:
         from engines._io import atomic_write_text
 

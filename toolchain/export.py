@@ -27,7 +27,7 @@ import numpy as np
 from engines import __version__
 from engines._deps import dist_version, require
 from engines._io import atomic_path, sha256_file
-from engines.manifest import BatchProfile, Manifest, manifest_path, write_manifest
+from engines.manifest import CLASSIFIER_FIX, BatchProfile, Manifest, manifest_path, not_a_classifier, write_manifest
 from engines.preprocess import PreprocessSpec, list_images
 
 from ._ui import Reporter
@@ -422,7 +422,7 @@ def _check_files(check_data) -> tuple[list[Path], str]:
             raise UsageProblem(f"check data not found: {item}", "give an image file or a folder of images")
     files = [Path(f) for f in check_data] if listed else list_images(check_data)
     if not files:
-        raise UsageProblem(f"no images (jpg/png/bmp/webp) in {check_data}", "point --check-data at photos")
+        raise UsageProblem(f"no images (jpg/png/bmp/webp/gif/tiff) in {check_data}", "point --check-data at photos")
     return files[:MAX_CHECK_IMAGES], (f"{len(files)} listed images" if listed else str(check_data))
 
 
@@ -718,8 +718,10 @@ def adopt_onnx(model: str | Path, *, labels: str | list[str] | None = None, inpu
     spec, assumed = _adopted_spec(dims, feeds[0].name, input_size, resize, mean, std, color)
     profile = _adopted_batch(dims, batch)
     y, ins, outs = _run_once(src, profile, spec.size, reporter)
-    if y.ndim != 2:
-        raise ExportError(f"{src.name}'s first output is {list(y.shape)} per batch, not (batch, classes)", _FIX_MODEL)
+    declared = tuple(outs[0].shape)
+    problem = not_a_classifier(src.name, declared if len(declared) == y.ndim else y.shape)
+    if problem is not None:
+        raise ExportError(*problem)
     num = int(y.shape[1])
     warnings_ = []
     label_list, labels_from = _adopted_labels(src, labels, num, warnings_)
@@ -742,7 +744,7 @@ def adopt_onnx(model: str | Path, *, labels: str | list[str] | None = None, inpu
                        assumed=assumed, warnings=warnings_)
 
 
-_FIX_MODEL = "give an ONNX classifier: one NCHW image input, a (batch, classes) first output"
+_FIX_MODEL = CLASSIFIER_FIX
 
 
 def _read_classifier(src: Path):

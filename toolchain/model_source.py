@@ -23,6 +23,7 @@ from pathlib import Path
 
 from engines import PLAN_SUFFIXES, VIDEO_SUFFIXES
 from engines._deps import package_dir, require
+from engines.images import IMAGE_SUFFIXES
 
 from .errors import ExportError, UsageProblem
 
@@ -37,8 +38,8 @@ PRETRAINED = {
 }
 CHECKPOINT_KEYS = ("state_dict", "model_state_dict", "model", "net", "module", "model_ema", "ema", "weights", "params")
 TORCHSCRIPT_SUFFIXES = (".pt", ".pth", ".ts", ".torchscript", ".jit")
-# what a file given as a model source may be instead (named in the message, so that the fix fits it)
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff")  # wider than what --data reads
+# what a file given as a model source may be instead (named in the message, so that the fix fits it): an image
+# (IMAGE_SUFFIXES, what every command reads) or a video
 
 
 @dataclass
@@ -267,7 +268,36 @@ def _not_a_model(p: Path, kind: str, use: str | None) -> UsageProblem:
         what = f"{p} is an ONNX model already: trtc export makes one from a PyTorch model"
     if kind == "plan" and use == "export":
         what = f"{p} is a TensorRT plan, built already: trtc export makes an ONNX from a PyTorch model"
+    if kind == "checkpoint" and pickled_model(p):
+        return pickled_model_problem(p)
     return UsageProblem(what, _fix_for(p, kind, use, opt))
+
+
+def pickled_model(path) -> list[str] | None:
+    """The classes of a whole model that a torch.save file pickles (``torch.save(model, path)``), read from the
+    list of globals torch finds in it without unpickling anything; None for weights (a state_dict or a checkpoint
+    of tensors and plain values) or where torch cannot tell."""
+    try:
+        from torch.serialization import get_unsafe_globals_in_checkpoint
+
+        names = get_unsafe_globals_in_checkpoint(str(path))
+    except Exception:  # noqa: BLE001 - no torch, an older torch, a file it cannot list: not known
+        return None
+    if not any(n.startswith("torch.nn.modules.") for n in names):
+        return None
+    return sorted(n for n in names if not n.startswith("torch.")) or sorted(names)
+
+
+def pickled_model_problem(path) -> UsageProblem:
+    """The one message for a whole model pickled by torch.save: how to load it, and what loading it trusts."""
+    classes = pickled_model(path) or []
+    shown = ", ".join(classes[:3]) + (", ..." if len(classes) > 3 else "")
+    return UsageProblem(
+        f"{path} is a whole model pickled by torch.save(model) ({shown}): loading it runs whatever code the file "
+        "names (torch.load with weights_only=False), which trtc does not do with a file",
+        f"if you trust the file and have the code of its classes, re-save its weights: python -c \"import torch; "
+        f"m = torch.load('{path}', weights_only=False); torch.save(m.state_dict(), 'weights.pt')\", then trtc export "
+        "torchvision:ARCH --weights weights.pt (or timm:NAME / file.py:factory with --weights)")
 
 
 def _fix_for(p: Path, kind: str, use: str | None, opt: str | None) -> str:
@@ -550,6 +580,8 @@ def load_weights(module, path: str, source: str) -> None:
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
+        if pickled_model(path):
+            raise pickled_model_problem(path) from exc
         raise ExportError(f"cannot read weights {path}: {_one_sentence(exc)}", fix) from exc
     sd = extract_state_dict(obj, path)
     own = module.state_dict()

@@ -121,7 +121,7 @@ def read_progress(path: Path) -> tuple[dict, int, int, set, set, dict]:
     return last, lines, good, strides, ks, names
 
 
-def _check_resumed_options(out_path: Path, model, strides: set, ks: set, stride: int, top_k: int,
+def _check_resumed_options(out_path: Path, model, strides: set, ks: set, stride: int, top_k: int | None,
                            names: dict | None = None) -> None:
     """A resumed output must go on as it was written: the same --stride (from its frame gaps), --top-k (from its
     lines' lengths; a model with fewer classes than k writes them all, so its class count is read from the
@@ -155,24 +155,27 @@ def _check_resumed_options(out_path: Path, model, strides: set, ks: set, stride:
                                    f"{json.dumps(was)} there, {json.dumps(now)} for {Path(str(model)).name}): resuming "
                                    "would mix two models", "resume with the model of the earlier run, or give "
                                    "another -o")
-    expected = min(top_k, classes) if classes else None
-    if (expected is not None and ks != {expected}) or (expected is None and max(ks) > top_k):
-        refuse("--top-k", ks, top_k)
+    from engines.topk import DEFAULT_K
+
+    k = top_k if top_k is not None else DEFAULT_K  # the default: min(5, classes)
+    expected = min(k, classes) if classes else None
+    if (expected is not None and ks != {expected}) or (expected is None and max(ks) > k):
+        refuse("--top-k", ks, k)
 
 
-def _refuse_top_k_over_classes(model, top_k: int) -> None:
-    """--top-k above the model's class count (its manifest says how many) would silently give fewer: refused."""
+def _refuse_top_k_over_classes(model, top_k: int | None) -> None:
+    """--top-k above the model's class count (its manifest says how many) would silently give fewer: refused before
+    the engine opens (classify() refuses it too, from the model itself, by the same rule: engines.topk.resolve_k)."""
     from engines import split_engine
     from engines.manifest import classes_of, read_manifest_if_any
+    from engines.topk import resolve_k
 
     try:
         manifest = read_manifest_if_any(split_engine(os.fspath(model))[1], verify_hash=False)
         classes = classes_of(manifest.outputs) if manifest is not None else None
     except TrtcError:  # a bad manifest is reported when the model is opened
         return
-    if classes and top_k > classes:
-        raise UsageProblem(f"--top-k {top_k} asks for more classes than {Path(str(model)).name} has ({classes})",
-                           f"give --top-k {classes} or less")
+    resolve_k(top_k, classes, Path(str(model)).name)
 
 
 def _say_what_is_assumed(model) -> None:
@@ -192,13 +195,14 @@ def _say_what_is_assumed(model) -> None:
     logging.getLogger("trtc").warning("%s", no_manifest_note(path, PreprocessSpec()))
 
 
-def run_video(sources, model, *, device: str = "auto", batch: int | None = None, top_k: int = 5, stride: int = 1,
+def run_video(sources, model, *, device: str = "auto", batch: int | None = None, top_k: int | None = None,
+              stride: int = 1,
               output: str | None = None, decoder: str = "auto", colorspace: str | None = None, scores: str = "auto",
               max_wait_ms: float = 100.0, loop: int = 1, realtime: bool = False, latency: str = "native",
               with_latency: bool = False, force: bool = False, resume: bool = False, reporter: Reporter | None = None,
               stream=None, ray: str | None = None, ray_actors: int | None = None,
               ray_streams: int | None = None, ray_keep: str | None = None, live: bool = False,
-              live_options=None) -> RunSummary:
+              live_options=None, rotate: str = "auto") -> RunSummary:
     """Classify ``sources`` with ``model``; predictions go to ``output`` (a .jsonl path) or ``stream``.
 
     With ``output``, every complete line is kept whatever happens (a source fails, Ctrl-C): the lines go to a
@@ -218,6 +222,9 @@ def run_video(sources, model, *, device: str = "auto", batch: int | None = None,
     Live sources (network URLs; every source with ``live``) reconnect as ``live_options``
     (:class:`engines.video.LiveOptions`) say; their outages and recoveries are written as event lines
     (``{"event": "disconnected", ...}``) among the predictions, and they cannot be resumed.
+
+    ``rotate``: "auto" turns frames as each video's rotation metadata says, "0".."270" clockwise instead
+    (:func:`engines.video.classify`); each source's ``by_source[...]["rotation"]`` says what was applied.
     """
     reporter = reporter or Reporter()
     started_at = time.time()
@@ -232,7 +239,7 @@ def run_video(sources, model, *, device: str = "auto", batch: int | None = None,
                           max_wait_ms=max_wait_ms, loop=loop, realtime=realtime, latency=latency,
                           with_latency=with_latency, force=force, resume=resume, reporter=reporter, stream=stream,
                           ray=ray, ray_actors=ray_actors, ray_streams=ray_streams, ray_keep=ray_keep, live=live,
-                          live_options=live_options)
+                          live_options=live_options, rotate=rotate)
 
 
 @contextlib.contextmanager
@@ -267,11 +274,11 @@ def _one_writer(out_path: Path):
 
 def _run_video(sources, model, out_path, live_sources, started_at, *, device, batch, top_k, stride, decoder,
                colorspace, scores, max_wait_ms, loop, realtime, latency, with_latency, force, resume, reporter,
-               stream, ray, ray_actors, ray_streams, ray_keep, live, live_options) -> RunSummary:
+               stream, ray, ray_actors, ray_streams, ray_keep, live, live_options, rotate) -> RunSummary:
     prior = _prior_output(out_path, model, sources, stride, top_k, force, resume, ray, reporter)
     options = dict(batch=batch, top_k=top_k, stride=stride, decoder=decoder, colorspace=colorspace, scores=scores,
                    max_wait_ms=max_wait_ms, loop=loop, realtime=realtime, latency=latency, done=prior.done,
-                   live=True if live else None, live_options=live_options)
+                   live=True if live else None, live_options=live_options, rotate=rotate)
     _refuse_top_k_over_classes(model, top_k)
     finished: list = []  # --ray: (source, ok) of the sources that ended, in order
     run, closer, device, ray_info = _start(model, device, (ray, ray_keep), ray_actors, ray_streams, sources,
@@ -289,6 +296,8 @@ def _run_video(sources, model, out_path, live_sources, started_at, *, device, ba
         summary = _summary(model, device, sources, run, lines, prior, interrupted, ray_info, live_sources)
         summary.timing = _timing(started_at, ready_at, lines)
         summary.by_source = _by_source(summary, lines.outages, dict(getattr(run.stats, "decoded", {}) or {}))
+        for source, turn in (getattr(run.stats, "rotation", None) or {}).items():  # how its frames were turned
+            summary.by_source.get(source, {})["rotation"] = turn
         return summary
     finally:
         closer()
@@ -819,22 +828,28 @@ def _refuse_writing_over_inputs(out_path: Path, model, sources: list[str]) -> No
 
 
 def _no_batch(sources: list[str], model) -> list[str]:
+    """The sources, a folder of images given as its images (sorted), each checked here (exit 2) when wrong."""
+    from engines.video.image_source import is_image
+
+    out = []
     for s in sources:
         if "://" not in s and not s.startswith("@") and Path(s).is_dir():
-            _refuse_folder(s, model)
+            out.extend(_folder_images(s))
+            continue
         if s.startswith("@"):
             raise UsageProblem(f"{s} is a list of videos (a batch)",
                                "run batches with --ray (a local Ray instance by default; pip install 'trtc[ray]')")
         if "://" not in s and not os.path.exists(s):  # missing input: exit 2, before any model is opened
             folder = os.path.dirname(s) or "."
             raise UsageProblem(f"no such file: {s}", f"check the path (ls {folder})")
-        if "://" not in s and os.path.isfile(s):
+        if "://" not in s and os.path.isfile(s) and not is_image(s):
             _refuse_non_video(s)
+        out.append(s)
     seen: set = set()
-    twice = [s for s in sources if s in seen or seen.add(s)]
+    twice = [s for s in out if s in seen or seen.add(s)]
     if twice:  # its lines could not be told apart: results are keyed by source and frame
         raise UsageProblem(f"{twice[0]} is listed twice", "give each source once; --loop N reads each one N times")
-    return sources
+    return out
 
 
 def _refuse_non_model(model) -> None:
@@ -873,7 +888,7 @@ def _refuse_non_video(s: str) -> None:
         return  # a video name over unreadable bytes: a damaged video, judged by the decoder
     if kind in _NOT_VIDEO:
         where = (" (--model takes models)" if kind in ("onnx", "plan", "torchscript", "exported") else
-                 " (images go to trtc validate --data)" if kind == "image" else "")
+                 " (an image source needs an image suffix: .jpg, .png, .tif, ...)" if kind == "image" else "")
         raise UsageProblem(f"{s} is {_NOT_VIDEO[kind]}, not a video{where}",
                            "give a video file or a camera URL (rtsp://...); trtc data copies a sample video "
                            "(trtc-data/bikes.mp4)")
@@ -888,32 +903,20 @@ def plain_reason(source: str, reason: str) -> str:
     return reason.replace("ffprobe FILE", f"ffprobe {shlex.quote(source)}")
 
 
-def _refuse_folder(s: str, model) -> None:
-    """A folder given as a source without --ray: said for what it holds (videos, images, nothing of use)."""
-    from collections import Counter
+def _folder_images(s: str) -> list[str]:
+    """A folder given as a source without --ray: its images (recursive, sorted, each a source named by its path);
+    a folder of videos (a batch: --ray) or of nothing of use is refused, said for what it holds."""
+    from engines.preprocess import list_images
 
-    from engines.preprocess import IMAGE_SUFFIXES
-
-    videos = 0
-    images: Counter = Counter()
-    for f in os.listdir(s):
-        suffix = os.path.splitext(f)[1]
-        videos += suffix.lower() in VIDEO_SUFFIXES
-        if suffix.lower() in IMAGE_SUFFIXES:
-            images[suffix] += 1
-    if videos:
+    if any(os.path.splitext(f)[1].lower() in VIDEO_SUFFIXES for f in os.listdir(s)):
         raise UsageProblem(f"{s} is a folder of videos (a batch)", f"give the videos one by one (trtc run "
                            f"{os.path.join(s, '*.mp4')} ...), or run the folder as a batch with --ray (a local Ray "
                            "instance by default; pip install 'trtc[ray]')")
-    if images:
-        folder = s.rstrip("/") or "/"
-        name = os.path.basename(os.path.abspath(folder)) or "frames"
-        pattern = shlex.quote(os.path.join(folder, "*" + images.most_common(1)[0][0]))
-        raise UsageProblem(f"{s} is a folder of images, and trtc run classifies videos and cameras",
-                           f"make a video of them, one image a second, and run that: ffmpeg -framerate 1 -pattern_type "
-                           f"glob -i {pattern} -pix_fmt yuv420p -vf 'scale=trunc(iw/2)*2:trunc(ih/2)*2' {name}.mp4 && "
-                           f"trtc run {name}.mp4 --model {shlex.quote(str(model))}")
-    raise UsageProblem(f"{s} is a folder with no video in it", "give a video file or a camera URL (rtsp://...)")
+    images = [str(p) for p in list_images(s)]
+    if not images:
+        raise UsageProblem(f"{s} is a folder with no video or image in it",
+                           "give a video file, a camera URL (rtsp://...), images or a folder of images")
+    return images
 
 
 def done_file(out_path: Path) -> Path:

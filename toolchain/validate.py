@@ -277,7 +277,7 @@ def _check_arguments(candidates: list[str], data: list[str], thresholds: dict | 
     for d in data:  # a folder without a single image is a wrong --data (exit 2), as a missing one is
         p = Path(d)
         if p.is_dir() and not any(q.suffix.lower() in cal.IMAGE_SUFFIXES and q.is_file() for q in p.rglob("*")):
-            raise UsageProblem(f"no images (jpg/png/bmp/webp) in {p}", "give --data a folder of images (class "
+            raise UsageProblem(f"no images (jpg/png/bmp/webp/gif/tiff) in {p}", "give --data a folder of images (class "
                                "subfolders give labels), a video or a .npy/.npz file")
 
 

@@ -32,8 +32,9 @@ def decode_stage(src, spec, stride, dtype, hub: FrameHub, stop: threading.Event,
                 continue
             at = time.monotonic()
             captured = getattr(src, "captured", None) if src.live else None
-            hub.put(src.name, (src.name, index, pts, t, preprocess_yuv(planes, spec, src.info.colorspace, dtype),
-                               received, at, captured))
+            x = (src.preprocess(planes, spec, dtype) if hasattr(src, "preprocess")  # an image: RGB pixels
+                 else preprocess_yuv(planes, spec, src.info.colorspace, dtype))
+            hub.put(src.name, (src.name, index, pts, t, x, received, at, captured))
     except Closed:
         hub.dropped[src.name] += 1
         return
@@ -75,9 +76,7 @@ def cpu_pipeline(srcs, engine, spec, batch, stride, topk, max_wait_ms, stats, re
         hub.add(s.name, sizes[s.name], policy if s.live else "block")
     stop = threading.Event()
     counts = {s.name: 0 for s in srcs}
-    threads = [threading.Thread(target=decode_stage, daemon=True, name=f"trtc-decode-{i}",
-                                args=(s, spec, stride, dtype, hub, stop, report_problem, counts, done.get(s.name, -1)))
-               for i, s in enumerate(srcs)]
+    threads = _decode_threads(srcs, spec, stride, dtype, hub, stop, report_problem, counts, done)
     start = time.perf_counter()
     for t in threads:
         t.start()
@@ -102,6 +101,21 @@ def cpu_pipeline(srcs, engine, spec, batch, stride, topk, max_wait_ms, stats, re
         stats.per_source = dict(counts)
         for src in srcs:
             stats.add_source(src, dropped=hub.dropped.get(src.name, 0) + left.get(src.name, 0))
+
+
+def _decode_threads(srcs, spec, stride, dtype, hub, stop, report_problem, counts, done) -> list:
+    """A decoding thread per video source; the image sources (one frame each: a folder may hold thousands) take
+    turns in one thread, in the order given, so their frames come in that order."""
+    def decode(batch):
+        for s in batch:
+            decode_stage(s, spec, stride, dtype, hub, stop, report_problem, counts, done.get(s.name, -1))
+            if stop.is_set():
+                return
+
+    images = [s for s in srcs if getattr(s, "backend", None) == "image"]
+    groups = [[s] for s in srcs if s not in images] + ([images] if images else [])
+    return [threading.Thread(target=decode, args=(g,), daemon=True, name=f"trtc-decode-{i}")
+            for i, g in enumerate(groups)]
 
 
 def infer_and_collect(hub: FrameHub, engine, batch, topk, max_wait_ms, stats, counts, start, make_prediction,

@@ -28,9 +28,12 @@ import numpy as np
 
 from .._gpu import device as gpu_device
 from ..errors import TrtcError, UsageProblem
+from ..manifest import classes_of, not_a_classifier
 from ..preprocess import PreprocessSpec
-from ..topk import TopK
+from ..topk import TopK, resolve_k
 from .live import LiveOptions
+from .image_source import is_image
+from .orientation import check_rotate
 from .sources import make_sources
 
 log = logging.getLogger("trtc")
@@ -105,6 +108,7 @@ class RunStats:
     damaged: dict = field(default_factory=dict)  # frames or packets the decoder could not read (not classified)
     lagged: dict = field(default_factory=dict)  # live sources: frames skipped because they were past --max-lag
     lag: dict = field(default_factory=dict)  # live sources: LagStats of capture -> result
+    rotation: dict = field(default_factory=dict)  # how each source's frames were turned to be shown (CPU path)
 
     def for_pool(self) -> dict:
         """What a worker process or Ray actor sends back at the end of a job: :meth:`to_dict` with the batch sizes,
@@ -124,6 +128,8 @@ class RunStats:
             for k, v in (other.get(field_name) or {}).items():
                 k = names.get(k, k)
                 mine[k] = mine.get(k, 0) + v
+        for k, v in (other.get("rotation") or {}).items():
+            self.rotation[names.get(k, k)] = v
         for k, v in (other.get("lag_s") or {}).items():  # a source runs in one worker at a time: its figures whole
             if v:
                 self.lag[names.get(k, k)] = LagFigures(v)
@@ -132,6 +138,9 @@ class RunStats:
         """Add what a source's decoder counted (decoded, and the live/damage counts ``missing`` and ``damaged``) and
         the frames the pipeline ``dropped`` of it, keyed by its name."""
         self.decoded[src.name] = self.decoded.get(src.name, 0) + src.decoded
+        rotation = getattr(getattr(src, "info", None), "rotation", None)
+        if rotation is not None:
+            self.rotation[src.name] = rotation
         for field_name, n in (("dropped", dropped), ("missing", getattr(src, "missing", 0)),
                               ("damaged", getattr(src, "damaged", 0)), ("lagged", getattr(src, "lagged", 0))):
             if n:
@@ -148,7 +157,7 @@ class RunStats:
                 "fps": round(self.fps, 1), "mean_batch": round(mean_batch, 2), "path": self.path,
                 "decoder": self.decoder,
                 "per_source": self.per_source, "decoded": self.decoded, "dropped": self.dropped,
-                "missing": self.missing, "damaged": self.damaged, "lagged": self.lagged,
+                "missing": self.missing, "damaged": self.damaged, "lagged": self.lagged, "rotation": self.rotation,
                 "lag_s": {k: v.to_dict() for k, v in self.lag.items()},
                 "infer_stage": {k: round(v, 3) for k, v in self.infer_stage.items()},
                 "decode_stage": {k: round(v, 3) for k, v in self.decode_stage.items()}}
@@ -184,13 +193,14 @@ def default_device(index: int = 0) -> str:
     return "cpu"
 
 
-def classify(sources, engine, *, batch: int | None = None, top_k: int = 5, stride: int = 1, scores: str = "auto",
+def classify(sources, engine, *, batch: int | None = None, top_k: int | None = None, stride: int = 1, scores: str = "auto",
              preprocess: PreprocessSpec | None = None, labels: list[str] | None = None, decoder: str = "auto",
              colorspace: str | None = None, buffers: int | None = None, max_wait_ms: float = 100.0, loop: int = 1,
              realtime: bool = False, latency: str = "native", done: dict | None = None, live: bool | None = None,
-             live_options: LiveOptions | None = None, events: bool = False) -> VideoRun:
+             live_options: LiveOptions | None = None, events: bool = False, rotate: str | int = "auto") -> VideoRun:
     """Classify every ``stride``-th frame of each source with ``engine`` (from :func:`engines.open_engine`).
 
+    ``top_k``: classes per frame, by default min(5, the model's classes); more than the model has is refused.
     ``decoder``: "nvdec" (GPU; needs a CUDA engine), "pyav" (CPU), or "auto" (NVDEC when the engine is on a GPU).
     ``batch``: frames per inference (default: the manifest's optimum, capped at 64). ``max_wait_ms``: how long a
     partly filled batch waits for more frames before it runs anyway. ``buffers``: GPU input buffers that rotate
@@ -206,29 +216,38 @@ def classify(sources, engine, *, batch: int | None = None, top_k: int = 5, strid
     reconnection and the policy for frames inference cannot take yet (drop-oldest or block). ``events``: the
     iterator also yields each live source's :class:`~engines.video.live.SourceEvent` (disconnected, reconnected,
     gave_up) in order with the predictions; they are always in ``run.events`` too.
+
+    ``rotate``: "auto" turns each frame as the stream's display matrix (rotation metadata) says; 0, 90, 180 or 270
+    turns it clockwise by that instead (:mod:`engines.video.orientation`); ``run.stats.rotation`` says, per source,
+    what was applied. The CPU path (PyAV) applies it; the GPU path (NVDEC) does not yet: it refuses ``rotate``
+    other than "auto" or 0, and reports a file with rotation metadata as a bad source.
     """
     sources = _check_arguments(sources, stride, buffers, max_wait_ms, colorspace)
+    rotate = check_rotate(rotate)
+    check_classifier(engine)
     live_options = (live_options or LiveOptions()).check()
     manifest = _manifest_of(engine)
     spec = preprocess or (manifest.preprocess if manifest is not None else PreprocessSpec())
     labels = labels if labels is not None else (manifest.labels if manifest is not None else None)
     batch = batch or _default_batch(engine, manifest)
     _check_batch(engine, manifest, batch)
+    topk = TopK(resolve_k(top_k, model_classes(engine, manifest), model_name(engine)), scores)
     if buffers is None:
         # every source can hand over a group of up to 16 frames (one kernel launch) one and a half times over
         # without waiting for inference: 4 buffers of 64 made 32 sources wait for slots 18% of their time (H200)
         buffers = max(4, -(-len(sources) * 16 * 3 // (2 * batch)))
     decoder = _pick_decoder(engine, decoder)
+    _cpu_only(decoder, sources, rotate)
     _announce(engine, batch, "device" if decoder == "nvdec" else "host")  # before the decoder's imports: they overlap
     _require_decoder(decoder)
     srcs = make_sources(sources, decoder, getattr(engine, "device_id", 0), colorspace, loop, realtime, latency, live,
-                        live_options)
+                        live_options, rotate)
     if any(s.live for s in srcs) and done:
         raise UsageProblem("a live source cannot be resumed: its frames are not the ones of the earlier run",
                            "start a new output for live sources")
     size = _input_shape(engine, spec, "the preprocess argument" if preprocess is not None else
                         ("manifest" if manifest is not None else None))
-    return _start(srcs, engine, decoder, spec, batch, stride, TopK(top_k, scores), labels, buffers, max_wait_ms, size,
+    return _start(srcs, engine, decoder, spec, batch, stride, topk, labels, buffers, max_wait_ms, size,
                   {str(k): int(v) for k, v in (done or {}).items()}, live_options, events)
 
 
@@ -251,6 +270,16 @@ def _check_arguments(sources, stride, buffers, max_wait_ms, colorspace) -> list[
 
         ColorSpace.parse(colorspace)  # a bad name is the caller's mistake, said once, not a problem of each source
     return sources
+
+
+def _cpu_only(decoder: str, sources, rotate: str) -> None:
+    """What only the CPU path does yet, refused on the GPU path (NVDEC): image sources and ``--rotate``."""
+    if decoder == "nvdec" and any(is_image(s) for s in sources):
+        raise UsageProblem(f"{next(s for s in sources if is_image(s))} is an image: images are classified on the CPU "
+                           "path only (PyAV decoding, numpy preprocessing)", "add --decoder pyav (or --device cpu)")
+    if decoder == "nvdec" and rotate not in ("auto", "0"):
+        raise UsageProblem(f"--rotate {rotate} is applied on the CPU path only (PyAV), not by the GPU path's NVDEC "
+                           "decoding", "add --decoder pyav (or --device cpu), or rotate the video with ffmpeg first")
 
 
 def _pick_decoder(engine, decoder: str) -> str:
@@ -313,6 +342,28 @@ def _start(srcs, engine, decoder, spec, batch, stride, topk, labels, buffers, ma
                                 make_prediction, done, live_options.policy, live_options.queue_frames, event_log,
                                 events)
     return VideoRun(factory, stats, problems, event_log)
+
+
+def model_name(engine) -> str:
+    """The model file's name (for messages), or the engine's kind where it has no file."""
+    path = getattr(engine, "path", None)
+    return Path(str(path)).name if path else type(engine).__name__
+
+
+def model_classes(engine, manifest) -> int | None:
+    """The class count: the engine's first output (batch, classes), else the manifest's, else None (unknown)."""
+    return classes_of(getattr(engine, "outputs", None)) or (classes_of(manifest.outputs) if manifest else None)
+
+
+def check_classifier(engine) -> None:
+    """Only classifiers run: a model whose first output is not (batch, classes) (a detector's boxes, a segmenter's
+    map, [N, C, 1, 1]) is refused with the message ``trtc export`` gives when adopting it, manifest or not."""
+    outputs = getattr(engine, "outputs", None)
+    if not outputs:
+        return
+    problem = not_a_classifier(model_name(engine), outputs[0].shape)
+    if problem is not None:
+        raise UsageProblem(*problem)
 
 
 def _manifest_of(engine):

@@ -1,7 +1,7 @@
 """Frames an app already has -> Predictions: the runtime as a library for apps that capture their own frames.
 
     with FramePusher(engine, batch=32, max_wait_ms=50) as pusher:          # from any number of threads:
-        pusher.push("cam1", frame, pts=pts, frame_id=n)                     # NV12 / RGB / BGR, device or NumPy
+        pusher.push("cam1", frame, pts=pts, frame_id=n, format="NV12")      # NV12 / RGB / BGR..., device or NumPy
         for pred in pusher.results(timeout=0):                              # or FramePusher(..., callback=fn)
             print(pred.source, pred.frame, pred.labels[0])
 
@@ -31,11 +31,11 @@ import numpy as np
 
 from ..errors import TrtcError, UsageProblem
 from ..preprocess import PACKED, ColorSpace, PreprocessSpec, planes_from_surface, preprocess_packed, preprocess_yuv
-from ..topk import TopK
+from ..topk import TopK, resolve_k
 from .assembler import Stopped
 from .live import LiveOptions
 from .pipeline import (Prediction, RunStats, SourceProblem, _announce, _check_batch, _default_batch, _input_shape,
-                       _manifest_of, label_names)
+                       _manifest_of, check_classifier, label_names, model_classes, model_name)
 
 log = logging.getLogger("trtc")
 
@@ -64,12 +64,18 @@ def frame_layout(shape, strides, dtype, fmt: str | None) -> tuple[str, int, int,
     if np.dtype(dtype) != np.uint8:
         raise UsageProblem(f"frames are 8-bit pixels (uint8), got {np.dtype(dtype)}",
                            "push uint8 frames (e.g. (x * 255).round().astype(uint8))")
-    if fmt is None:
+    if fmt is None:  # no shape says its format alone: (H, W, 3) is RGB or BGR, a 2-D array NV12 or greyscale
         if len(shape) == 3 and shape[2] in (3, 4):
             names = "'RGB' or 'BGR'" if shape[2] == 3 else "'RGBA' or 'BGRA'"
             raise UsageProblem(f"an {tuple(shape)} frame: its channel order is not known",
                                f"say it: push(..., format={names}) (OpenCV gives BGR; PyAV, PIL, torchvision RGB)")
-        fmt = "NV12"
+        if len(shape) == 2:
+            raise UsageProblem(f"a 2-D {tuple(shape)} frame: an NV12 surface (Y rows, then UV rows) or a greyscale "
+                               "picture? its format is not known",
+                               "say it: push(..., format='NV12') or FramePusher(..., format='NV12') for NV12; a "
+                               "greyscale picture: push np.repeat(frame[:, :, None], 3, axis=2) with format='RGB'")
+        raise UsageProblem(f"a frame of shape {tuple(shape)} fits no frame format",
+                           f"push (H, W, 3|4) pixels or an NV12 surface, and say its format= ({', '.join(FORMATS)})")
     fmt = fmt.upper()
     if fmt not in FORMATS:
         raise UsageProblem(f"unknown frame format {fmt!r}", f"use one of {', '.join(FORMATS)}")
@@ -115,7 +121,7 @@ class FramePusher:
     ``queue_frames`` (CPU): frames each stream may have waiting (default one batch).
     """
 
-    def __init__(self, engine, *, batch: int | None = None, top_k: int = 5, scores: str = "auto",
+    def __init__(self, engine, *, batch: int | None = None, top_k: int | None = None, scores: str = "auto",
                  max_wait_ms: float = 100.0, on_lag: str = "drop-oldest", format: str | None = None,  # noqa: A002
                  colorspace: str | None = None, preprocess: PreprocessSpec | None = None,
                  labels: list[str] | None = None, buffers: int | None = None, queue_frames: int | None = None,
@@ -128,6 +134,7 @@ class FramePusher:
             raise UsageProblem(f"at least two input buffers are needed (got {buffers})")
         if format is not None and format.upper() not in FORMATS:
             raise UsageProblem(f"unknown frame format {format!r}", f"use one of {', '.join(FORMATS)}")
+        check_classifier(engine)
         manifest = _manifest_of(engine)
         spec = preprocess or (manifest.preprocess if manifest is not None else PreprocessSpec())
         self.labels = labels if labels is not None else (manifest.labels if manifest is not None else None)
@@ -149,7 +156,7 @@ class FramePusher:
         self._out: queue.Queue = queue.Queue()
         self._errors: list = []  # the engine's or the pipeline's: the pusher stops
         self._callback_errors: list = []  # the app's callback's: the pusher goes on
-        topk = TopK(top_k, scores)
+        topk = TopK(resolve_k(top_k, model_classes(engine, manifest), model_name(engine)), scores)
         backend = _GpuPusher if _pushes_on_gpu(engine) else _HostPusher
         _announce(engine, self.batch, "device" if backend is _GpuPusher else "host")
         self.stats = RunStats(path=f"push -> {type(engine).__name__} ({getattr(engine, 'device', 'cpu')})",

@@ -40,6 +40,7 @@ class SourceInfo:
     fps: float | None
     frames: int | None  # from the container, when it says
     colorspace: ColorSpace
+    rotation: dict | None = None  # how the frames were turned to be shown (Orientation.to_dict), once decoding began
 
 
 

@@ -15,12 +15,14 @@ import time
 from pathlib import Path
 
 from .._deps import is_installed, require
-from ..errors import TrtcError, first_line
+from ..errors import TrtcError, UsageProblem, first_line
 import numpy as np
 
 from ..preprocess import ColorSpace, YuvPlanes
 from .live import (LagClock, LiveOptions, LiveSource, Liveness, NoFrames, is_network, network_error, open_url,
                    watched_packets)
+from .image_source import ImageSource, is_image
+from .orientation import Orientation, frame_orientation, refuse_turned
 from .source_base import (DETAIL_CHARS, MAX_REJECTED_PACKETS, SourceError, SourceInfo, Timeline,  # noqa: F401
                           _colorspace_from_av, _synchronize)
 
@@ -122,9 +124,11 @@ class PyAVSource(LiveSource):
     backend = "pyav"
 
     def __init__(self, name: str, colorspace: str | None = None, loop: int = 1, realtime: bool = False,
-                 live: bool | None = None, options: LiveOptions | None = None):
+                 live: bool | None = None, options: LiveOptions | None = None, rotate: str = "auto"):
         self.name = str(name)
         self.override = colorspace
+        self.rotate = rotate  # "auto": the stream's display matrix; "0".."270": clockwise, instead of it
+        self.turn = Orientation()
         self.loop = max(1, int(loop))
         self.realtime = realtime
         self.live = is_network(self.name) if live is None else bool(live)
@@ -176,6 +180,7 @@ class PyAVSource(LiveSource):
                 for frame in _decode(container, stream, self.name, skipped):
                     if clock.first:
                         self.info.colorspace = _colorspace_from_av(frame, frame.height, self.override)
+                        self._orient(frame)
                     pts, t = clock.stamp(frame)
                     if self.realtime and t is not None:
                         _sleep_until(start + t)
@@ -184,7 +189,7 @@ class PyAVSource(LiveSource):
                         corrupt.append(index)
                         self.damaged += 1
                     else:
-                        yield index, pts, t, host_planes(frame), time.time()
+                        yield index, pts, t, self.turn.apply(host_planes(frame)), time.time()
                     index += 1
             finally:
                 container.close()
@@ -198,6 +203,14 @@ class PyAVSource(LiveSource):
             if damage:
                 raise SourceError(self.name, "; ".join(damage) + f"; {self.decoded} frames decoded",
                                   "check or re-encode the file")
+
+    def _orient(self, frame) -> None:
+        """How this connection's frames are turned to be shown (the first frame's display matrix, or --rotate)."""
+        try:
+            self.turn = frame_orientation(frame, self.rotate)
+        except UsageProblem as exc:
+            raise SourceError(self.name, exc.reason, exc.fix) from None
+        self.info.rotation = self.turn.to_dict()
 
     def _live_frames(self):
         """Connect, decode, and on any failure, end or watchdog timeout reconnect with back-off until given up
@@ -221,6 +234,7 @@ class PyAVSource(LiveSource):
                     self._frame_arrived(lv)
                     if clock.first:
                         self.info.colorspace = _colorspace_from_av(frame, frame.height, self.override)
+                        self._orient(frame)
                     pts, t = clock.stamp(frame)
                     self.decoded += 1
                     received = time.time()
@@ -228,7 +242,7 @@ class PyAVSource(LiveSource):
                     if frame.is_corrupt:
                         self.damaged += 1
                     elif self._keep(received - self.captured):  # before any conversion or preprocessing
-                        yield index, pts, t, host_planes(frame), received
+                        yield index, pts, t, self.turn.apply(host_planes(frame)), received
                     index += 1
                     if self.stop is not None and self.stop.is_set():
                         return
@@ -424,6 +438,7 @@ class NvdecSource(LiveSource):
         self._check_caps(nvc, codec, chroma, depth, width, height, codec_name)
         fps = float(dmx.FrameRate()) if dmx.FrameRate() else None
         if self.info is None:
+            refuse_turned(self.name)  # NVDEC's frames are not turned yet
             cs, self.time_base, self.start_pts = probe_stream(self.name, height, self.override, dmx)
             self.info = SourceInfo(self.name, codec_name, width, height, fps, None, cs)
         if not decoder:
@@ -731,12 +746,14 @@ def _sleep_until(t: float) -> None:
 
 def make_sources(names, backend: str, gpu: int = 0, colorspace: str | None = None, loop: int = 1,
                  realtime: bool = False, latency: str = "native", live: bool | None = None,
-                 live_options: LiveOptions | None = None):
+                 live_options: LiveOptions | None = None, rotate: str = "auto"):
     out = []
     for n in names:
         n = os.fspath(n)
-        if backend == "nvdec":
+        if is_image(n):  # a photo: one frame, read by the image reader (CPU path)
+            out.append(ImageSource(n, loop, rotate))
+        elif backend == "nvdec":
             out.append(NvdecSource(n, gpu, colorspace, loop, realtime, latency, live, live_options))
         else:
-            out.append(PyAVSource(n, colorspace, loop, realtime, live, live_options))
+            out.append(PyAVSource(n, colorspace, loop, realtime, live, live_options, rotate))
     return out

@@ -71,7 +71,7 @@ def test_a_missing_model_is_2_everywhere(command, files, tmp_path, bikes):
 @pytest.mark.parametrize("argv,says", [
     (["run", "NOVIDEO", "--model", "MODEL", "--device", "cpu"], "no such file"),
     (["run", "TXT", "--model", "MODEL", "--device", "cpu"], "is a text file, not a video"),
-    (["run", "EMPTY", "--model", "MODEL", "--device", "cpu"], "is a folder with no video in it"),
+    (["run", "EMPTY", "--model", "MODEL", "--device", "cpu"], "is a folder with no video or image in it"),
     (["validate", "--reference", "MODEL", "--candidate", "MODEL", "--data", "EMPTY"], "no images"),
     (["validate", "--reference", "MODEL", "--candidate", "MODEL", "--data", "NOVIDEO"], "not found"),
     (["quantize", "MODEL", "--precision", "int8", "--calib", "NOVIDEO"], "missing.mp4"),
@@ -92,36 +92,6 @@ def test_a_cut_off_video_is_a_bad_source_1(files, test_videos, lite0_onnx, tmp_p
     assert len(errors) == 1 and errors[0].startswith(f"error: {cut}: "), r.output
     assert "[Errno" not in errors[0] and "ffprobe FILE" not in r.output.split("error:")[-1]
     assert f"  fix: check the file: ffprobe {cut} shows what it holds" in r.output
-
-
-def test_a_folder_of_images_as_a_video(photos, tmp_path):
-    """`trtc run photos/`: said to be images, with an ffmpeg line that makes a video of them (run here as
-    written when ffmpeg is installed)."""
-    import shlex
-    import shutil
-    import subprocess
-    import sys
-
-    folder = tmp_path / "photos"
-    folder.mkdir()
-    for p in photos:
-        shutil.copy(p, folder)
-    # lite0.onnx is never opened: the folder is refused before
-    r = subprocess.run([sys.executable, "-m", "toolchain", "run", "photos/", "--model", "lite0.onnx"], cwd=tmp_path,
-                       capture_output=True, text=True,
-                       env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
-    assert r.returncode == 2, r.stderr
-    assert "error: photos/ is a folder of images, and trtc run classifies videos and cameras" in r.stderr
-    fix = r.stderr.split("  fix: make a video of them, one image a second, and run that: ", 1)[1].strip()
-    make, run = fix.split(" && ")
-    assert run == "trtc run photos.mp4 --model lite0.onnx"
-    if shutil.which("ffmpeg") is None:
-        pytest.skip("ffmpeg is not installed: the video-making line was not run")
-    subprocess.run(shlex.split(make), cwd=tmp_path, check=True, capture_output=True)
-    import av
-
-    with av.open(str(tmp_path / "photos.mp4")) as c:
-        assert sum(1 for _ in c.decode(video=0)) == len(photos)
 
 
 def test_top_k_above_the_classes_is_refused(lite0_onnx, bikes):

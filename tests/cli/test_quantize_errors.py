@@ -87,7 +87,7 @@ def test_empty_folder_and_missing_path(orient_copy, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     r = run(["quantize", str(orient_copy), "--precision", "int8", "--calib", str(empty)])
-    assert r.exit_code == 1 and f"no images (jpg/png/bmp/webp) in {empty}" in r.output
+    assert r.exit_code == 1 and f"no images (jpg/png/bmp/webp/gif/tiff) in {empty}" in r.output
     r = run(["quantize", str(orient_copy), "--precision", "int8", "--calib", str(tmp_path / "nope")])
     assert r.exit_code == 2 and "data not found" in r.output and "nope" in r.output
     assert left(tmp_path) == ["empty", "ro.onnx"]

@@ -42,7 +42,7 @@ def test_pushed_nv12_frames_give_what_classify_gives(engine, frames, classified)
     from engines.video import FramePusher
 
     assert len({cs for *_, cs in frames}) == 1
-    with FramePusher(engine, batch=8, top_k=5, on_lag="block", colorspace=frames[0][3]) as p:
+    with FramePusher(engine, batch=8, top_k=5, on_lag="block", colorspace=frames[0][3], format="NV12") as p:
         for i, (nv12, _rgb, pts, _cs) in enumerate(frames):
             assert p.push("bikes", nv12, pts=pts, time=pts / 12800, frame_id=i) is None  # NumPy: read already
         p.close()
@@ -89,7 +89,7 @@ def test_a_wrong_frame_mid_stream_is_refused_and_the_rest_classified(engine, fra
     from engines.errors import UsageProblem
     from engines.video import FramePusher
 
-    with FramePusher(engine, batch=4, top_k=1, on_lag="block") as p:
+    with FramePusher(engine, batch=4, top_k=1, on_lag="block", format="NV12") as p:
         for i in range(10):
             if i == 5:
                 with pytest.raises(UsageProblem, match="even-sized") as e:
@@ -97,3 +97,18 @@ def test_a_wrong_frame_mid_stream_is_refused_and_the_rest_classified(engine, fra
                 print(f"refused: {e.value}")
             p.push("bikes", frames[i][0], frame_id=i)
     assert [q.frame for q in p.results()] == list(range(10))
+
+
+def test_a_greyscale_frame_without_format_is_refused(engine, frames):
+    """A 2-D greyscale picture (a grey bikes.mp4 frame, 270 x 640: a shape that also fits an NV12 surface of a
+    180 x 640 picture) pushed without format= is refused, not read as NV12; pushed as RGB (the grey repeated) it is
+    classified."""
+    from engines.errors import UsageProblem
+    from engines.video import FramePusher
+
+    grey = np.ascontiguousarray(frames[0][1][:270].mean(axis=2).round().astype(np.uint8))
+    with FramePusher(engine, batch=1, top_k=1, on_lag="block") as p:
+        with pytest.raises(UsageProblem, match="NV12 surface .* or a greyscale picture"):
+            p.push("grey", grey)
+        p.push("grey", np.repeat(grey[:, :, None], 3, axis=2), format="RGB")
+    assert [q.source for q in p.results()] == ["grey"]

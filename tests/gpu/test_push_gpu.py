@@ -86,7 +86,7 @@ def test_kernel_reads_pitched_frames_as_the_numpy_reference(host_frames, fmt, dt
 
 def _push_all(pusher, frames, name="bikes"):
     for i, (dev, pts) in enumerate(frames):
-        pusher.push(name, dev, pts=pts, frame_id=i)
+        pusher.push(name, dev, pts=pts, frame_id=i, format="NV12")
 
 
 def test_pushed_device_nv12_gives_what_classify_gives(host_frames, cuda_lite0, classified):
@@ -119,7 +119,7 @@ def test_torch_frames_through_dlpack_on_a_torch_stream(host_frames, cuda_lite0, 
         with torch.cuda.stream(s):
             for i, (nv12, _rgb, pts, _cs) in enumerate(host_frames):
                 t = torch.from_numpy(nv12).pin_memory().to("cuda", non_blocking=True)  # written on s
-                p.push("torch", t, pts=pts, frame_id=i, cuda_stream=s)
+                p.push("torch", t, pts=pts, frame_id=i, cuda_stream=s, format="NV12")
     preds = list(p.results())
     assert [q.indices[0] for q in preds] == [c.indices[0] for c in classified]
 
@@ -206,7 +206,7 @@ def test_release_handle_marks_when_the_frame_may_be_overwritten(host_frames, cud
                     time.sleep(0)
             with stream:
                 buf.set(nv12, stream=stream)
-            h = p.push("ring", buf, frame_id=i, cuda_stream=stream)
+            h = p.push("ring", buf, frame_id=i, cuda_stream=stream, format="NV12")
             assert h is not None and not h.dropped()
         h.synchronize()
     assert [q.indices[0] for q in p.results()] == [c.indices[0] for c in classified[:64]]
@@ -225,7 +225,7 @@ def test_push_many_gives_what_push_gives(host_frames, cuda_lite0, classified):
         for s in range(0, 250, 8):
             part = frames[s:s + 8]
             handles = p.push_many(name, [f for f, _ in part], pts=[t for _, t in part],
-                                  frame_ids=list(range(s, s + len(part))))
+                                  frame_ids=list(range(s, s + len(part))), format="NV12")
             assert len(handles) == len(part)
     with FramePusher(cuda_lite0, batch=32, top_k=1, on_lag="block", colorspace=host_frames[0][3]) as p:
         threads = [threading.Thread(target=many, args=(p, name)) for name in ("a", "b")]
@@ -248,14 +248,14 @@ def test_a_wrong_frame_is_refused_and_other_streams_go_on(host_frames, cuda_lite
 
     good = cp.asarray(host_frames[0][0])
     with FramePusher(cuda_lite0, batch=8, top_k=1, on_lag="block") as p:
-        p.push("a", good)
+        p.push("a", good, format="NV12")
         with pytest.raises(UsageProblem, match="uint8") as e:
             p.push("b", good.astype(cp.float32))
         print(f"refused: {e.value}")
         with pytest.raises(UsageProblem, match="channel order"):
             p.push("b", cp.zeros((272, 640, 3), cp.uint8))
-        p.push("b", good)
-        p.push("a", good)
+        p.push("b", good, format="NV12")
+        p.push("a", good, format="NV12")
     assert sorted(q.source for q in p.results()) == ["a", "a", "b"]
 
 

@@ -50,6 +50,9 @@ def pusher(engine=None, **kw):
 @pytest.mark.parametrize("shape,dtype,fmt,strides,match", [
     ((24, 16), np.float32, None, None, "uint8"),
     ((16, 16, 3), np.uint8, None, None, "channel order is not known"),
+    ((24, 16), np.uint8, None, None, "NV12 surface .* or a greyscale picture"),  # fits NV12 and is a grey picture
+    ((25, 16), np.uint8, None, None, "its format is not known"),  # not even NV12: still no format without format=
+    ((16,), np.uint8, None, None, "fits no frame format"),
     ((25, 16), np.uint8, "NV12", None, "even-sized picture"),
     ((24, 15), np.uint8, "NV12", None, "even-sized picture"),
     ((16, 16, 3), np.uint8, "NV12", None, "2-D"),
@@ -68,7 +71,7 @@ def test_frame_layout_refuses_with_a_fix(shape, dtype, fmt, strides, match):
 
 
 def test_frame_layout_reads_pitch():
-    assert frame_layout((1620, 1920), (2048, 1), np.uint8, None) == ("NV12", 1080, 1920, 2048)
+    assert frame_layout((1620, 1920), (2048, 1), np.uint8, "NV12") == ("NV12", 1080, 1920, 2048)
     assert frame_layout((1080, 1920, 3), (6144, 3, 1), np.uint8, "bgr") == ("BGR", 1080, 1920, 6144)
     assert frame_layout((1080, 1920, 4), (7680, 4, 1), np.uint8, "RGBA") == ("RGBA", 1080, 1920, 7680)
 

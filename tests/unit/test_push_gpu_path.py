@@ -29,6 +29,7 @@ def pusher(engine=None, **kw):
 
     kw.setdefault("batch", 32)
     kw.setdefault("on_lag", "block")
+    kw.setdefault("format", "NV12")
     return FramePusher(engine or push_fake_gpu.ValueEngine(), preprocess=SPEC, top_k=1, **kw)
 
 

@@ -52,7 +52,7 @@ def test_cli_refuses_ray_options_without_ray_and_device_lists_with_it(tmp_path):
     r = CliRunner().invoke(cli, ["run", "--model", str(model)])
     assert r.exit_code == 2 and "no video sources" in r.output
     r = CliRunner().invoke(cli, ["run", str(tmp_path), "--model", str(model)])
-    assert r.exit_code == 2 and "a folder with no video in it" in r.output
+    assert r.exit_code == 2 and "a folder with no video or image in it" in r.output
     (tmp_path / "videos").mkdir()
     (tmp_path / "videos" / "a.mp4").write_bytes(b"")
     r = CliRunner().invoke(cli, ["run", str(tmp_path / "videos"), "--model", str(model)])

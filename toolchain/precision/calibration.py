@@ -227,7 +227,7 @@ def load_data(paths, spec: PreprocessSpec | None, model_shape: list, input_name:
         files = [p] if kind == "image" else sorted(q for q in p.rglob("*")
                                                    if q.suffix.lower() in IMAGE_SUFFIXES and q.is_file())
         if not files:
-            raise QuantizeError(f"no images (jpg/png/bmp/webp) in {p}", f"put {what} images in {p}, or point at "
+            raise QuantizeError(f"no images (jpg/png/bmp/webp/gif/tiff) in {p}", f"put {what} images in {p}, or point at "
                                 "another folder or a video")
         if len(files) > want:
             files = [files[i] for i in np.sort(rng.permutation(len(files))[:want])]

@@ -1,0 +1,122 @@
+"""Rotation metadata on the CPU path: bikes.mp4 stored sideways (or upside down) by Debian's ffmpeg with the
+rotation tag that makes players show it upright, classified by the real Lite0. Each must give the upright clip's
+top-1 on >= 95% of frames. That ffmpeg itself shows each variant upright is checked first (its own decode, with
+its autorotation), so the reference does not share trtc's reading of the display matrix."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from tests.conftest import needs_quant
+
+pytestmark = [needs_quant, pytest.mark.skipif(not shutil.which("ffmpeg"), reason="needs ffmpeg: apt-get install ffmpeg")]
+
+FRAMES = 60
+STRIDE = 2
+# name: (the filter that stores the frames turned, the rotate tag that shows them upright, --rotate)
+VARIANTS = {
+    "tag90": ("transpose=1", "90", "auto"),  # stored turned clockwise, shown turned back
+    "tag180": ("hflip,vflip", "180", "auto"),
+    "tag270": ("transpose=2", "270", "auto"),
+    "untagged-ccw": ("transpose=2", None, "90"),  # no metadata: --rotate 90 (clockwise) makes it upright
+}
+
+
+def _ffmpeg(*args):
+    subprocess.run(["ffmpeg", "-y", "-v", "error", *map(str, args)], check=True, timeout=120)
+
+
+def _ffmpeg_first_frame(path) -> np.ndarray:
+    """The first frame as ffmpeg shows it (autorotation on, its default), RGB."""
+    out = subprocess.run(["ffmpeg", "-v", "error", "-i", str(path), "-frames:v", "1", "-f", "image2pipe",
+                          "-vcodec", "ppm", "-"], capture_output=True, check=True, timeout=60).stdout
+    magic, size, depth, pixels = out.split(b"\n", 3)
+    w, h = map(int, size.split())
+    return np.frombuffer(pixels, np.uint8).reshape(h, w, 3)
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory, bikes):
+    folder = tmp_path_factory.mktemp("rotated")
+    # lossless H.264 in 4:2:0: transpose and flips move whole samples of each plane, so a turned clip holds the
+    # upright one's samples exactly and only the reading of its metadata is under test
+    encode = ["-frames:v", FRAMES, "-c:v", "libx264", "-preset", "ultrafast", "-qp", 0, "-pix_fmt", "yuv420p"]
+    _ffmpeg("-i", bikes, *encode, folder / "upright.mp4")
+    for name, (vf, tag, _) in VARIANTS.items():
+        stored = folder / f"{name}.stored.mp4"
+        _ffmpeg("-i", bikes, "-vf", vf, *encode, stored)
+        if tag is None:
+            stored.rename(folder / f"{name}.mp4")
+        else:
+            _ffmpeg("-i", stored, "-c", "copy", "-metadata:s:v", f"rotate={tag}", folder / f"{name}.mp4")
+    upright = _ffmpeg_first_frame(folder / "upright.mp4").astype(int)
+    for name, (_, tag, _) in VARIANTS.items():
+        shown = _ffmpeg_first_frame(folder / f"{name}.mp4")
+        if tag is not None:  # ffmpeg shows the tagged variants upright: only compression tells them apart
+            assert shown.shape == upright.shape and np.abs(shown - upright).mean() < 2, name
+        else:
+            assert shown.shape == upright.shape[1::-1] + (3,), name
+    return folder
+
+
+def _top1(engine, path, rotate):
+    from engines.video import classify
+
+    run = classify([str(path)], engine, batch=10, top_k=1, stride=STRIDE, decoder="pyav", rotate=rotate)
+    got = {p.frame: p.indices[0] for p in run}
+    assert run.ok and len(got) == FRAMES // STRIDE, (run.problems, len(got))
+    return got, run.stats.rotation.get(str(path))
+
+
+def test_rotated_clips_classified_upright(lite0_onnx, clips):
+    import engines
+
+    engine = engines.open_engine(lite0_onnx[0], device="cpu")
+    try:
+        upright, turn = _top1(engine, clips / "upright.mp4", "auto")
+        assert turn == {"degrees": 0, "mirrored": False, "from": "none"}
+        want = {"tag90": 270, "tag180": 180, "tag270": 90, "untagged-ccw": 90}  # clockwise turns applied
+        for name, (_, tag, rotate) in VARIANTS.items():
+            got, turn = _top1(engine, clips / f"{name}.mp4", rotate)
+            agreement = np.mean([got[f] == upright[f] for f in upright])
+            assert agreement >= 0.95, (name, agreement)
+            assert turn == {"degrees": want[name], "mirrored": False,
+                            "from": "metadata" if tag else "--rotate"}, (name, turn)
+        sideways, turn = _top1(engine, clips / "tag90.mp4", "0")  # --rotate 0: the stored frames as they are
+        assert turn == {"degrees": 0, "mirrored": False, "from": "--rotate"} and np.mean([sideways[f] == upright[f] for f in upright]) < 0.5
+    finally:
+        engine.close()
+
+
+def test_cli_records_the_rotation(lite0_onnx, clips, tmp_path):
+    from click.testing import CliRunner
+
+    from toolchain.cli import cli
+
+    summary = tmp_path / "s.json"
+    r = CliRunner().invoke(cli, ["run", str(clips / "tag270.mp4"), "--model", str(lite0_onnx[0]), "--device", "cpu",
+                                 "--stride", "25", "-o", str(tmp_path / "p.jsonl"), "--summary", str(summary)])
+    assert r.exit_code == 0, r.output
+    by_source = json.loads(summary.read_text())["by_source"][str(clips / "tag270.mp4")]
+    assert by_source["rotation"] == {"degrees": 90, "mirrored": False, "from": "metadata"}
+    r = CliRunner().invoke(cli, ["run", str(clips / "tag270.mp4"), "--model", str(lite0_onnx[0]), "--rotate", "45"])
+    assert r.exit_code == 2 and "--rotate" in r.output
+
+
+def test_the_gpu_path_refuses_a_turned_file_by_name(clips):
+    """NVDEC's frames are not turned yet: a file with rotation metadata is a bad source there, named with its
+    turn and the CPU path as the fix (the check NvdecSource makes when it first opens a file; run here on the CPU,
+    without NVDEC)."""
+    from engines.video.orientation import refuse_turned
+    from engines.video.sources import SourceError
+
+    refuse_turned(str(clips / "upright.mp4"))
+    refuse_turned(str(clips / "untagged-ccw.mp4"))  # no metadata: nothing to say
+    with pytest.raises(SourceError, match="rotate 270 degrees clockwise to show it") as refused:
+        refuse_turned(str(clips / "tag90.mp4"))
+    assert refused.value.fix == "run it on the CPU path: --decoder pyav (or --device cpu)"
