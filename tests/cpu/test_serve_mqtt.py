@@ -99,15 +99,7 @@ def test_a_stop_with_the_broker_down_keeps_the_queue_for_the_next_start(mosquitt
 
     assert len(Spool(tmp_path / "spool")) == 50
     mosquitto.start()
-    again = _sink(mosquitto.port, tmp_path / "spool")  # the next start sends what the spool holds, first
-    again.start()
-    again.publish("door/result", _result(50))
-    try:
-        assert sub.wait_for(lambda m: len(set(_frames(m))) == 51, 30), len(set(_frames(sub.messages)))
-        _in_order_without_gap(_frames(sub.messages), 51)
-    finally:
-        again.stop()
-        sub.close()
+    _next_start_delivers(mosquitto, tmp_path, sub, 51, then=50)
 
 
 def test_a_stop_with_a_full_queue_sends_what_it_can_and_spools_the_rest_in_order(mosquitto, tmp_path):
@@ -124,11 +116,19 @@ def test_a_stop_with_a_full_queue_sends_what_it_can_and_spools_the_rest_in_order
 
     waiting = len(Spool(tmp_path / "spool"))
     assert waiting > 0 and sink.counts["spooled"] == waiting, (waiting, sink.counts)
+    _next_start_delivers(mosquitto, tmp_path, sub, 3000)
+
+
+def _next_start_delivers(mosquitto, tmp_path, sub, n: int, then: int | None = None) -> None:
+    """A new sink on the same spool (the next start of the service) sends what the spool holds first, then frame
+    ``then`` if given: the subscriber ends with frames 0..n-1, in order."""
     again = _sink(mosquitto.port, tmp_path / "spool")
     again.start()
+    if then is not None:
+        again.publish("door/result", _result(then))
     try:
-        assert sub.wait_for(lambda m: len(set(_frames(m))) == 3000, 60), len(set(_frames(sub.messages)))
-        _in_order_without_gap(_frames(sub.messages), 3000)
+        assert sub.wait_for(lambda m: len(set(_frames(m))) == n, 60), len(set(_frames(sub.messages)))
+        _in_order_without_gap(_frames(sub.messages), n)
     finally:
         again.stop()
         sub.close()
