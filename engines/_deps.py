@@ -37,6 +37,7 @@ KNOWN = {
     "ray": ("ray", "ray"),
     "yaml": ("serve", "pyyaml"),
     "paho.mqtt.client": ("serve", "paho-mqtt"),
+    "prometheus_client": ("serve", "prometheus-client"),
 }
 
 
