@@ -543,9 +543,17 @@ def inspect(state: State, artifact, as_json):
               "stdout instead of the table).")
 @click.option("--html", "html_path", type=click.Path(dir_okay=False), help="Write an HTML report with plots here.")
 @click.option("--force", is_flag=True, help="Overwrite existing --json/--html files.")
+@click.option("--layers", is_flag=True, help="Compare every layer of each ONNX candidate with the ONNX reference "
+              "(on --layer-samples of the inputs): the layers that add the most error, the first over "
+              "--layer-threshold, overflow.")
+@click.option("--layer-samples", type=click.IntRange(1, 256), default=16, show_default=True,
+              help="Inputs (spread over the data) the per-layer comparison runs on.")
+@click.option("--top", type=click.IntRange(1), default=10, show_default=True, help="Layers shown by --layers.")
+@click.option("--layer-threshold", type=FiniteFloat(), help="Relative L2 error that marks the first layer over it "
+              "(default by precision: fp16 0.01, int8 0.1).")
 @click.pass_obj
 def validate(state: State, reference, candidates, data, count, device, min_top1_agreement, min_cosine,
-             max_accuracy_drop, json_path, html_path, force):
+             max_accuracy_drop, json_path, html_path, force, layers, layer_samples, top, layer_threshold):
     """Compare candidates with a reference on the same inputs; exit 1 if any candidate fails a threshold.
 
     Metrics per candidate: top-1 agreement (and on decisive samples), top-5 overlap, flips (listed by file or
@@ -557,6 +565,7 @@ def validate(state: State, reference, candidates, data, count, device, min_top1_
       trtc validate --reference lite0.onnx --candidate lite0.int8.onnx --data photos/ --data bikes.mp4
       trtc validate --reference pretrained:efficientnet-lite0 --candidate lite0.onnx --data val/ --html r.html
       trtc validate --reference opencv:lite0.onnx --candidate lite0.onnx --data photos/ --data bikes.mp4
+      trtc validate --reference lite0.onnx --candidate lite0.int8.onnx --data bikes.mp4 --layers
     """
     from ._ui import model_label
     from .outputs import check_output_path
@@ -568,8 +577,15 @@ def validate(state: State, reference, candidates, data, count, device, min_top1_
         check_output_path(html_path, force, suffix=None, option="--html")
     overrides = {k: v for k, v in (("min_top1_agreement", min_top1_agreement), ("min_cosine", min_cosine),
                                    ("max_accuracy_drop", max_accuracy_drop)) if v is not None}
-    report = run_validate(reference, list(candidates), list(data), device=device, count=count,
-                          thresholds=overrides, reporter=state.reporter())
+    if layers:
+        from .layers import validate_layers
+
+        report = validate_layers(reference, list(candidates), list(data), samples=layer_samples, top=top,
+                                 threshold=layer_threshold, device=device, count=count, thresholds=overrides,
+                                 reporter=state.reporter())
+    else:
+        report = run_validate(reference, list(candidates), list(data), device=device, count=count,
+                              thresholds=overrides, reporter=state.reporter())
     d = report.to_dict()
     if json_path and json_path != "-":
         from engines._io import atomic_write_text

@@ -313,7 +313,66 @@ def render_validate(console, report: dict) -> None:
             shown = ", ".join(f"{f['sample']} ({f['reference']} -> {f['candidate']})" for f in c["flips"][:5])
             console.print(f"{escape(model_label(c['model']))}: {len(c['flips'])} flips: {escape(shown)}"
                           + (" ..." if len(c["flips"]) > 5 else ""))
+    for c in report["candidates"]:
+        if c.get("layers"):
+            render_layers(console, c["layers"])
     _warn(report.get("warnings", []))
+
+
+def _fig(v, spec: str = ".4f") -> str:
+    return "overflow" if v is None else format(v, spec)
+
+
+def layer_table(title: str, rows: list[dict], columns: list[tuple[str, str]]):
+    """A table of layers, one row each: ``columns`` are (header, key), the keys ``rank``, ``node``, ``op``,
+    ``tensor`` and ``overflow_text`` shown as they are, the others as figures. `trtc validate --layers` and the
+    accuracy-aware search of `trtc quantize` show their rankings with it."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    t = Table(title=title, title_justify="left")
+    for head, _ in columns:
+        t.add_column(head)
+    for r in rows:
+        cells = []
+        for _, key in columns:
+            v = r.get(key)
+            cells.append(escape(str(v)) if key in ("rank", "node", "op", "tensor", "overflow_text")
+                         else _fig(v, ".3g" if key in ("kl", "max_abs_diff") else ".4f"))
+        t.add_row(*cells)
+    return t
+
+
+def _overflow_text(r: dict) -> str:
+    o, parts = r["overflow"], []
+    if o["nonfinite"]:
+        parts.append(f"{o['nonfinite']} inf/NaN")
+    if o["fp16_saturated"]:
+        parts.append(f"{o['fp16_saturated']} at FP16 max")
+    if r.get("int8") and r["int8"]["clipped"]:
+        parts.append(f"INT8 input clipped {100 * r['int8']['clipped']:.3g}%")
+    return ", ".join(parts) or "-"
+
+
+def render_layers(console, lr: dict) -> None:
+    """The worst layers by error added, the first layer over the threshold and what could not be matched."""
+    from rich.markup import escape
+
+    rows = [{**lr["rows"][i], "rank": f"{k + 1} (#{lr['rows'][i]['index']})", "overflow_text":
+             _overflow_text(lr["rows"][i])} for k, i in enumerate(lr["worst"])]
+    title = (f"{escape(model_label(lr['candidate']))}: worst {len(rows)} of {lr['matched']} layers by the error they "
+             f"add (alone: on the reference's inputs; {lr['samples']} samples, relative L2 vs the reference)")
+    _print(console, layer_table(title, rows, [("rank (#)", "rank"), ("layer", "node"), ("op", "op"),
+                                              ("rel L2", "rel_l2"), ("added", "added"), ("alone", "alone"),
+                                              ("cosine", "cosine"), ("overflow", "overflow_text")]))
+    f = lr["first_over"]
+    console.print(f"first layer over rel. L2 {lr['threshold']:g}: " + (
+        f"#{f['index']} {escape(f['node'])} ({f['op']}, rel L2 {_fig(f['rel_l2'])})" if f else "none"))
+    only = ", ".join(f"{op} {n}" for op, n in lr["candidate_only"].items())
+    console.print(f"matched by {lr['matched_by']}: {lr['matched']} tensors"
+                  + (f"; not matched: {len(lr['unmatched'])} ({escape(', '.join(lr['unmatched'][:5]))}"
+                     f"{' ...' if len(lr['unmatched']) > 5 else ''})" if lr["unmatched"] else "")
+                  + (f"; the candidate's own: {escape(only)}" if only else ""))
 
 
 def render_bench(console, report) -> None:
