@@ -38,6 +38,8 @@ DEFAULT_LAYER_THRESHOLD = {"fp32": 0.001, "fp16": 0.01, "int8": 0.1}
 # ops that do not compute (type changes and quantizers): left out of the alignment by graph position
 PASS_THROUGH = {"Cast", "QuantizeLinear", "DequantizeLinear", "Identity", "Constant"}
 DEFAULT_SAMPLES = 16
+FLOATS = ("float32", "float16", "float64")
+ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64"}
 DEFAULT_TOP = 10
 BATCH = 8
 
@@ -63,6 +65,7 @@ class LayerReport:
     matched: int
     unmatched: list[str]
     candidate_only: dict[str, int]
+    not_compared: list[str]  # matched tensors that are not floating point (shapes, indices)
     threshold: float
     first_over: dict | None  # the first layer (graph order) whose relative L2 error is over the threshold
     worst: list[int]  # row indices, most error added first
@@ -117,7 +120,25 @@ def _by_position(ref, cand) -> dict[str, str]:
             for r, c in zip(a[block.a + k].output, b[block.b + k].output):
                 if r and c:
                     pairs[r] = c
+    _through(ref, cand, pairs)
     return pairs
+
+
+def _through(ref, cand, pairs: dict[str, str]) -> None:
+    """Pair the outputs of the reference's Identity and Cast nodes, left out of the alignment, with the candidate's
+    node of the same type that reads the same tensor (directly, or through a Cast the candidate added)."""
+    readers: dict[str, list] = {}
+    for n in cand.graph.node:
+        for t in n.input:
+            readers.setdefault(t, []).append(n)
+    for n in ref.graph.node:
+        if n.op_type not in ("Identity", "Cast") or n.input[0] not in pairs or n.output[0] in pairs:
+            continue
+        near = readers.get(pairs[n.input[0]], [])
+        near = near + [r for c in near if c.op_type == "Cast" for r in readers.get(c.output[0], [])]
+        same = next((c for c in near if c.op_type == n.op_type), None)
+        if same is not None:
+            pairs[n.output[0]] = same.output[0]
 
 
 def _quantized(cand, back: dict[str, str]) -> dict[str, tuple[str, str | None]]:
@@ -148,9 +169,12 @@ class _Sums:
         self.samples = self.elements = self.nonfinite = self.fp16_saturated = self.clipped = 0
         self.max_abs = 0.0
 
-    def add(self, r: np.ndarray, c: np.ndarray, n: int, clip: float | None = None) -> None:
-        """``r``, ``c``: the first ``n`` samples count (a fixed-batch model's last batch is padded)."""
+    def add(self, r: np.ndarray, c: np.ndarray, n: int, batch: int, scale: float | None = None) -> None:
+        """``r``, ``c``: the first ``n`` of ``batch`` samples count (a fixed-batch model's last batch is padded)."""
         half = c.dtype == np.float16
+        if r.ndim == 0 or r.shape[0] != batch or c.shape != r.shape:  # no batch dimension: one sample per batch
+            n = 1
+            r, c = r.reshape(1, -1), c.reshape(1, -1)
         r = np.asarray(r[:n], np.float64).reshape(n, -1)
         c = np.asarray(c[:n], np.float64).reshape(n, -1)
         bad = ~np.isfinite(c)
@@ -158,8 +182,9 @@ class _Sums:
         if half:
             self.fp16_saturated += int((np.abs(np.where(bad, 0.0, c)) >= FP16_MAX).sum()
                                        + (np.abs(r) > FP16_MAX).sum())
-        if clip is not None:
-            self.clipped += int((np.abs(r) > clip).sum())
+        if scale is not None:  # QuantizeLinear saturates where x / scale rounds beyond [-128, 127]
+            q = r / scale
+            self.clipped += int(((q > 127.5) | (q < -128.5)).sum())
         c = np.where(bad, 0.0, c)
         d = c - r
         self.d2 += float(np.sum(d * d))
@@ -204,7 +229,7 @@ def _scale_of(cand, name: str | None) -> float | None:
     if init is None:
         return None
     s = numpy_helper.to_array(init)
-    return float(s.reshape(-1)[0]) * 127.0 if s.size == 1 else None
+    return float(s.reshape(-1)[0]) if s.size == 1 else None
 
 
 def _isolated(cand, m: Matching, types: dict[str, str]):
@@ -219,7 +244,7 @@ def _isolated(cand, m: Matching, types: dict[str, str]):
     outputs = {o.name for o in model.graph.output}
     back = {c: r for r, c in m.pairs.items()}
     cut = {c: types[c] for c in back if c not in _feeds(cand) and c not in outputs
-           and types.get(c) in ("float32", "float16", "float64")}
+           and types.get(c) in FLOATS}
     taken = all_names(model)
     own = {}
     for n in model.graph.node:
@@ -233,42 +258,47 @@ def _isolated(cand, m: Matching, types: dict[str, str]):
     return suffix.with_outputs(model, list(own.values())), own, {c: (back[c], dt) for c, dt in cut.items()}
 
 
-def _run_pairs(ref, cand, m: Matching, x: np.ndarray, device: str, batch: int, qdq_fusion: bool, types: dict,
-               reporter: Reporter) -> tuple[dict[str, _Sums], dict[str, _Sums], dict[str, _Sums]]:
+def _run_pairs(ref, cand, m: Matching, x: np.ndarray, device: str, batch: int, qdq_fusion: bool,
+               reporter: Reporter) -> tuple[dict[str, _Sums], dict[str, _Sums], dict[str, _Sums], dict[str, str]]:
     """Run both models batch by batch with the matched tensors as extra outputs, and the candidate cut at them
-    (:func:`_isolated`); the running sums of each matched tensor, of each quantized input and of each node's output
-    computed from the reference's inputs (reference tensor -> sums)."""
+    (:func:`_isolated`); the running sums of each matched floating-point tensor, of each quantized input and of each
+    node's output computed from the reference's inputs (reference tensor -> sums), and the candidate's tensor types
+    (as ONNX Runtime gives them: a foreign graph may carry none)."""
     feeds_r, feeds_c = _feeds(ref), _feeds(cand)
     if len(feeds_r) != 1 or len(feeds_c) != 1:
         raise UsageProblem("per-layer parity compares single-input models",
                            "give a classifier with one image input as reference and candidate")
     x_r, x_c = next(iter(feeds_r)), next(iter(feeds_c))
-    names = [t for t in m.pairs if t not in feeds_r]
     qnames = list(m.quantized)
+    every = [m.pairs[t] for t in m.pairs if t not in feeds_r] + [m.quantized[t][0] for t in qnames]
+    s_cand = _ort_session(suffix.with_outputs(cand, every), device, qdq_fusion)
+    types = {o.name: ORT_TYPES.get(o.type, o.type) for o in s_cand.get_outputs()}
+    names = [t for t in m.pairs if t not in feeds_r and types.get(m.pairs[t]) in FLOATS]
     cand_out = [m.pairs[t] for t in names] + [m.quantized[t][0] for t in qnames]
     s_ref = _ort_session(suffix.with_outputs(ref, names), device)
-    s_cand = _ort_session(suffix.with_outputs(cand, cand_out), device, qdq_fusion)
     alone_model, own, cut = _isolated(cand, m, types)
     s_alone = _ort_session(alone_model, device, qdq_fusion)
-    clips = {t: _scale_of(cand, m.quantized[t][1]) for t in qnames}
+    scales = {t: _scale_of(cand, m.quantized[t][1]) for t in qnames}
     sums, qsums, osums = {t: _Sums() for t in names}, {t: _Sums() for t in qnames}, {t: _Sums() for t in own}
-    fixed = isinstance(s_ref.get_inputs()[0].shape[0], int) or isinstance(s_cand.get_inputs()[0].shape[0], int)
+    fixed = next((d for d in (s_ref.get_inputs()[0].shape[0], s_cand.get_inputs()[0].shape[0])
+                  if isinstance(d, int)), None)
+    batch = fixed or batch  # a graph with a fixed batch runs exactly that many (the last batch padded)
     with reporter.phase(f"per-layer parity of {len(names)} tensors on {len(x)} samples", total=len(x)) as bar:
-        for _, n, xb in cal.run_batches(lambda xb: xb, x, batch, fixed):
+        for _, n, xb in cal.run_batches(lambda xb: xb, x, batch, fixed is not None):
             got_r = dict(zip(names, s_ref.run(names, {x_r: xb})))
             got_r.update({t: xb for t in feeds_r})
             got_c = s_cand.run(cand_out, {x_c: xb})
             for t, c in zip(names, got_c[:len(names)]):
-                sums[t].add(got_r[t], c, n)
+                sums[t].add(got_r[t], c, n, len(xb))
             for t, c in zip(qnames, got_c[len(names):]):
-                qsums[t].add(got_r[t], c, n, clips[t])
+                qsums[t].add(got_r[t], c, n, len(xb), scales[t])
             del got_c
             alone = s_alone.run(list(own.values()), {x_c: xb, **{c: got_r[r].astype(dt) for c, (r, dt) in cut.items()}})
             for t, c in zip(own, alone):
-                osums[t].add(got_r[t], c, n)
+                osums[t].add(got_r[t], c, n, len(xb))
             del got_r, alone
             bar.advance(n)
-    return sums, qsums, osums
+    return sums, qsums, osums, types
 
 
 def _num(v: float) -> float | None:
@@ -320,22 +350,6 @@ def _over(row: dict, threshold: float) -> bool:
     return row["rel_l2"] is None or row["rel_l2"] > threshold
 
 
-def _types(model, names: list[str]) -> dict[str, str]:
-    """The element type of each tensor ``model`` computes (onnx shape inference), as numpy names."""
-    import onnx
-
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model)
-    except Exception:  # noqa: BLE001 - a graph shape inference cannot follow: types stay unknown ("?")
-        return {}
-    out = {}
-    for vi in [*inferred.graph.value_info, *inferred.graph.output, *inferred.graph.input]:
-        et = vi.type.tensor_type.elem_type
-        if et:
-            out[vi.name] = onnx.helper.tensor_dtype_to_np_dtype(et).name
-    return {t: out[t] for t in names if t in out}
-
-
 def sample_indices(total: int, samples: int) -> np.ndarray:
     """``samples`` indices spread evenly over ``total`` inputs (every source of the data gets its share)."""
     return np.unique(np.linspace(0, total - 1, min(samples, total)).round().astype(int))
@@ -355,9 +369,8 @@ def layer_parity(reference: str | Path, candidate: str | Path, x: np.ndarray, *,
     if m.unmatched:
         warnings.append(f"{len(m.unmatched)} reference tensor(s) have no counterpart in {Path(candidate).name} "
                         f"(matched by {m.by}): {', '.join(m.unmatched[:8])}{' ...' if len(m.unmatched) > 8 else ''}")
-    types = _types(cand, list(m.pairs.values()))
     try:
-        sums, qsums, osums = _run_pairs(ref, cand, m, x, device, batch, qdq_fusion, types, reporter)
+        sums, qsums, osums, types = _run_pairs(ref, cand, m, x, device, batch, qdq_fusion, reporter)
     except UsageProblem:
         raise
     except Exception as exc:  # ONNX Runtime refused a tensor as an output, or the models do not run on x
@@ -368,6 +381,7 @@ def layer_parity(reference: str | Path, candidate: str | Path, x: np.ndarray, *,
     first = next((r for r in rows if _over(r, threshold)), None)
     return LayerReport(reference=str(reference), candidate=str(candidate), precision=precision, samples=len(x),
                        matched_by=m.by, matched=len(rows), unmatched=m.unmatched, candidate_only=m.candidate_only,
+                       not_compared=[t for t in m.pairs if t not in sums and t not in _feeds(ref)],
                        threshold=threshold, first_over=first, worst=worst, rows=rows,
                        seconds=round(time.perf_counter() - t0, 2), warnings=warnings)
 
