@@ -551,9 +551,15 @@ def inspect(state: State, artifact, as_json):
 @click.option("--top", type=click.IntRange(1), default=10, show_default=True, help="Layers shown by --layers.")
 @click.option("--layer-threshold", type=FiniteFloat(), help="Relative L2 error that marks the first layer over it "
               "(default by precision: fp16 0.01, int8 0.1).")
+@click.option("--fix", is_flag=True, help="For a failing FP16/INT8 candidate that trtc quantize made from the "
+              "reference: find the fewest layers to keep in higher precision for it to pass (implies --layers), write "
+              "that model and print the trtc quantize command that makes it again.")
+@click.option("--fix-output", type=click.Path(dir_okay=False), help="Where --fix writes the model (default: "
+              "CANDIDATE.fixed.onnx).")
 @click.pass_obj
 def validate(state: State, reference, candidates, data, count, device, min_top1_agreement, min_cosine,
-             max_accuracy_drop, json_path, html_path, force, layers, layer_samples, top, layer_threshold):
+             max_accuracy_drop, json_path, html_path, force, layers, layer_samples, top, layer_threshold, fix,
+             fix_output):
     """Compare candidates with a reference on the same inputs; exit 1 if any candidate fails a threshold.
 
     Metrics per candidate: top-1 agreement (and on decisive samples), top-5 overlap, flips (listed by file or
@@ -577,6 +583,9 @@ def validate(state: State, reference, candidates, data, count, device, min_top1_
         check_output_path(html_path, force, suffix=None, option="--html")
     overrides = {k: v for k, v in (("min_top1_agreement", min_top1_agreement), ("min_cosine", min_cosine),
                                    ("max_accuracy_drop", max_accuracy_drop)) if v is not None}
+    if fix:
+        return _validate_fix(state, reference, candidates, data, count, device, overrides, json_path, html_path,
+                             force, layer_samples, top, layer_threshold, fix_output)
     if layers:
         from .layers import validate_layers
 
@@ -613,6 +622,40 @@ def validate(state: State, reference, candidates, data, count, device, min_top1_
             "README: The INT8 graph form)"
             if any(f["metric"].startswith("default_session") for c in failed for f in c["failures"]) else
             "look at the flips in the report; requantize (e.g. --target-agreement) or relax a threshold")
+
+
+def _validate_fix(state: State, reference, candidates, data, count, device, overrides, json_path, html_path, force,
+                  samples, top, threshold, fix_output):
+    """`trtc validate --fix`: the candidate's report with its layers, the search, the model written and its
+    validation; exit 1 unless the written model (or the candidate as it is) passes."""
+    from .fix import fix_candidate
+
+    if len(candidates) != 1:
+        raise UsageProblem("--fix remakes one candidate at a time", "give a single --candidate with --fix")
+    report = fix_candidate(reference, candidates[0], list(data), output=fix_output, samples=samples, top=top,
+                           threshold=threshold, device=device, count=count, thresholds=overrides, force=force,
+                           reporter=state.reporter())
+    d = report.to_dict()
+    from engines._io import atomic_write_text
+
+    if json_path and json_path != "-":
+        atomic_write_text(json_path, json.dumps(d, indent=2, default=str) + "\n")
+    if html_path:
+        from .report_html import validate_html
+
+        atomic_write_text(html_path, validate_html(d["validate"]))
+    if json_path == "-":
+        _emit_json(state, d)
+    else:
+        from .render import render_fix
+
+        render_fix(state.out, d)
+    final = d["fixed"] or d["validate"]
+    if not final["passed"]:
+        failed = final["candidates"][0]
+        raise ParityFailure(f"{failed['model']} fails " + ", ".join(f"{f['metric']} {f['value']:.4g} (threshold "
+                                                                   f"{f['threshold']:.4g})" for f in failed["failures"]),
+                            "validate it on more data, or relax a threshold")
 
 
 def _int_list(ctx, param, value):

@@ -395,13 +395,28 @@ def _onnx_path(spec: str, role: str) -> Path:
     return p
 
 
-def validate_layers(reference: str, candidates: list[str], data: list[str], *, samples: int = DEFAULT_SAMPLES,
-                    top: int = DEFAULT_TOP, threshold: float | None = None, reporter: Reporter | None = None,
-                    **validate_args):
-    """`trtc validate --layers`: :func:`toolchain.validate.validate`, and for each candidate a per-layer comparison
-    with the reference on ``samples`` of the same inputs (spread over the data), in ``result.layers``."""
+def layers_hook(samples: int, top: int, threshold: float | None, device: str, reporter: Reporter, seen=None):
+    """validate()'s per-candidate hook that adds the per-layer comparison on ``samples`` of the inputs (spread over
+    the data) to each result; ``seen``, a list, also gets (inputs, reference logits, result) of each candidate."""
     from engines.manifest import qdq_fusion_ok
 
+    def each(c, ref, x, ref_logits, result) -> None:
+        pick = x[sample_indices(len(x), samples)]
+        fusion = qdq_fusion_ok(c.manifest.precision or {}) if c.manifest is not None else True
+        report = layer_parity(ref.spec, c.spec, pick, precision=c.precision, device=device, threshold=threshold,
+                              top=top, qdq_fusion=fusion, reporter=reporter)
+        result.layers = report.to_dict()
+        if seen is not None:
+            seen.append((x, ref_logits, result))
+
+    return each
+
+
+def validate_layers(reference: str, candidates: list[str], data: list[str], *, samples: int = DEFAULT_SAMPLES,
+                    top: int = DEFAULT_TOP, threshold: float | None = None, reporter: Reporter | None = None,
+                    seen: list | None = None, **validate_args):
+    """`trtc validate --layers`: :func:`toolchain.validate.validate`, and for each candidate a per-layer comparison
+    with the reference on ``samples`` of the same inputs (spread over the data), in ``result.layers``."""
     from .validate import validate
 
     if not 1 <= samples <= 256:
@@ -410,15 +425,7 @@ def validate_layers(reference: str, candidates: list[str], data: list[str], *, s
     for c in candidates:
         _onnx_path(c, "candidate")
     reporter = reporter or Reporter()
-    device = validate_args.get("device", "cpu")
-
-    def each(c, ref, x, ref_logits, result) -> None:
-        pick = x[sample_indices(len(x), samples)]
-        fusion = qdq_fusion_ok(c.manifest.precision or {}) if c.manifest is not None else True
-        report = layer_parity(ref.spec, c.spec, pick, precision=c.precision, device=device, threshold=threshold,
-                              top=top, qdq_fusion=fusion, reporter=reporter)
-        result.layers = report.to_dict()
-
+    each = layers_hook(samples, top, threshold, validate_args.get("device", "cpu"), reporter, seen)
     return validate(reference, candidates, data, reporter=reporter, each=each, **validate_args)
 
 

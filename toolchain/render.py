@@ -358,11 +358,11 @@ def render_layers(console, lr: dict) -> None:
     """The worst layers by error added, the first layer over the threshold and what could not be matched."""
     from rich.markup import escape
 
-    rows = [{**lr["rows"][i], "rank": f"{k + 1} (#{lr['rows'][i]['index']})", "overflow_text":
-             _overflow_text(lr["rows"][i])} for k, i in enumerate(lr["worst"])]
+    rows = [{**lr["rows"][i], "rank": str(lr["rows"][i]["index"]), "overflow_text": _overflow_text(lr["rows"][i])}
+            for i in lr["worst"]]
     title = (f"{escape(model_label(lr['candidate']))}: worst {len(rows)} of {lr['matched']} layers by the error they "
              f"add (alone: on the reference's inputs; {lr['samples']} samples, relative L2 vs the reference)")
-    _print(console, layer_table(title, rows, [("rank (#)", "rank"), ("layer", "node"), ("op", "op"),
+    _print(console, layer_table(title, rows, [("layer", "node"), ("#", "rank"), ("op", "op"),
                                               ("rel L2", "rel_l2"), ("added", "added"), ("alone", "alone"),
                                               ("cosine", "cosine"), ("overflow", "overflow_text")]))
     f = lr["first_over"]
@@ -628,3 +628,20 @@ def render_bench_video(console, report) -> None:
         console.print(f"GPU memory over {m['loops']} passes: {m['used_mb_after_first']:.0f} MB after the first, "
                       f"{m['used_mb_at_end']:.0f} MB at the end (growth {m['growth_mb']:+.0f} MB)")
     _warn(report.warnings)
+
+
+def render_fix(console, report: dict) -> None:
+    """`trtc validate --fix`: the candidate as it is (with its layers), what the search kept, the command that makes
+    the fixed model and that model's validation."""
+    from rich.markup import escape
+
+    render_validate(console, report["validate"])
+    if report["output"] is None:
+        console.print(f"{escape(model_label(report['candidate']))} passes as it is: nothing to fix")
+        return
+    tries = ", ".join(f"{t['kept']} -> {100 * t['top1_agreement']:.1f}%{' pass' if t['passed'] else ''}"
+                      for t in report["trail"])
+    console.print(f"kept in higher precision: {len(report['kept'])} of {report['ranked']} layers "
+                  f"({escape(', '.join(report['kept']))}); tried (kept -> top-1): {tries}")
+    console.print(f"wrote {escape(report['output'])}; it is made again by:\n  {escape(report['command'])}")
+    render_validate(console, report["fixed"])
