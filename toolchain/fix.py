@@ -102,7 +102,8 @@ def command_line(parent: str, output: str, args: dict) -> str:
     parts = ["trtc quantize", q(parent), "--precision", args["precision"]]
     parts += [f"--calib {q(c)}" for c in args.get("calib", [])]
     parts += [f"--check {q(c)}" for c in args.get("check", [])]
-    for opt, key, default in (("--calib-count", "calib_count", None), ("--calib-method", "calib_method", "percentile"),
+    for opt, key, default in (("--calib-count", "calib_count", None), ("--check-count", "check_count", None),
+                              ("--calib-method", "calib_method", "percentile"),
                               ("--percentile", "percentile", 99.99), ("--high-precision", "high_precision", "fp16"),
                               ("--target", "target", "any")):
         if key in args and args[key] != default:
@@ -212,8 +213,8 @@ def fix_candidate(reference: str, candidate: str, data: list[str], *, output: st
                            "use the FP32 model, or relax a threshold (--min-top1-agreement, --min-cosine)")
     report.kept = order[:k]
     args["keep_fp32"] = args["keep_fp32"] + report.kept
-    if args["precision"] == "fp16":
-        args["check"] = list(data)
+    if args["precision"] == "fp16":  # FP16 calibrates on nothing: its own check runs on validate's data
+        args.update(check=list(data), check_count=count)
     quantize_onnx(reference, out, calib_cache=calib_cache, force=True, device=device, reporter=reporter, **args)
     report.output, report.command = str(out), command_line(reference, str(out), args)
     report.fixed = validate(reference, [str(out)], data, reporter=reporter, **vargs).to_dict()

@@ -639,9 +639,9 @@ def render_fix(console, report: dict) -> None:
     if report["output"] is None:
         console.print(f"{escape(model_label(report['candidate']))} passes as it is: nothing to fix")
         return
-    tries = ", ".join(f"{t['kept']} -> {100 * t['top1_agreement']:.1f}%{' pass' if t['passed'] else ''}"
-                      for t in report["trail"])
+    tries = "; ".join(f"{t['kept']} {'pass' if t['passed'] else 'fail'} (top-1 {100 * t['top1_agreement']:.1f}%, "
+                      f"cosine {t['cosine']:.6f})" for t in report["trail"])
     console.print(f"kept in higher precision: {len(report['kept'])} of {report['ranked']} layers "
-                  f"({escape(', '.join(report['kept']))}); tried (kept -> top-1): {tries}")
+                  f"({escape(', '.join(report['kept']))}); tried: {tries}")
     console.print(f"wrote {escape(report['output'])}; it is made again by:\n  {escape(report['command'])}")
     render_validate(console, report["fixed"])
