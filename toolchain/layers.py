@@ -170,30 +170,31 @@ class _Sums:
         self.max_abs = 0.0
 
     def add(self, r: np.ndarray, c: np.ndarray, n: int, batch: int, scale: float | None = None) -> None:
-        """``r``, ``c``: the first ``n`` of ``batch`` samples count (a fixed-batch model's last batch is padded)."""
-        half = c.dtype == np.float16
+        """``r``, ``c``: the first ``n`` of ``batch`` samples count (a fixed-batch model's last batch is padded).
+        Elementwise work in float32, each sample's sums by BLAS dot products, added up in float64."""
         if r.ndim == 0 or r.shape[0] != batch or c.shape != r.shape:  # no batch dimension: one sample per batch
-            n = 1
-            r, c = r.reshape(1, -1), c.reshape(1, -1)
-        r = np.asarray(r[:n], np.float64).reshape(n, -1)
-        c = np.asarray(c[:n], np.float64).reshape(n, -1)
-        bad = ~np.isfinite(c)
-        self.nonfinite += int(bad.sum())
+            n, r, c = 1, r.reshape(1, -1), c.reshape(1, -1)
+        r = np.ascontiguousarray(r[:n], np.float32).reshape(n, -1)
+        half = c.dtype == np.float16
         if half:
-            self.fp16_saturated += int((np.abs(np.where(bad, 0.0, c)) >= FP16_MAX).sum()
-                                       + (np.abs(r) > FP16_MAX).sum())
+            self.fp16_saturated += int(np.count_nonzero(np.abs(c[:n]) >= FP16_MAX) +
+                                       np.count_nonzero(np.abs(r) > FP16_MAX))
+        c = np.ascontiguousarray(c[:n], np.float32).reshape(n, -1)
+        if not np.isfinite(c).all():
+            bad = ~np.isfinite(c)
+            self.nonfinite += int(bad.sum())
+            self.fp16_saturated -= int(np.count_nonzero(bad & (np.abs(c) >= FP16_MAX))) if half else 0
+            c = np.where(bad, np.float32(0), c)
         if scale is not None:  # QuantizeLinear saturates where x / scale rounds beyond [-128, 127]
-            q = r / scale
-            self.clipped += int(((q > 127.5) | (q < -128.5)).sum())
-        c = np.where(bad, 0.0, c)
+            self.clipped += int(np.count_nonzero(r > np.float64(127.5 * scale)) +
+                                np.count_nonzero(r < np.float64(-128.5 * scale)))
         d = c - r
-        self.d2 += float(np.sum(d * d))
-        self.r2 += float(np.sum(r * r))
-        self.max_abs = max(self.max_abs, float(np.max(np.abs(d))) if d.size else 0.0)
-        nr, nc = np.linalg.norm(r, axis=1), np.linalg.norm(c, axis=1)
-        dot = np.sum(r * c, axis=1)
-        both = (nr > 0) & (nc > 0)
-        self.cos += float(np.sum(np.where(both, dot / np.where(both, nr * nc, 1.0), (nr == 0) & (nc == 0))))
+        for i in range(n):
+            rr, cc = float(np.dot(r[i], r[i])), float(np.dot(c[i], c[i]))
+            self.d2 += float(np.dot(d[i], d[i]))
+            self.r2 += rr
+            self.cos += float(np.dot(r[i], c[i])) / np.sqrt(rr * cc) if rr > 0 and cc > 0 else float(rr == cc)
+        self.max_abs = max(self.max_abs, float(max(d.max(), -d.min()))) if d.size else self.max_abs
         self.samples += n
         self.elements += r.size
 
