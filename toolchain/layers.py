@@ -41,7 +41,7 @@ DEFAULT_SAMPLES = 16
 FLOATS = ("float32", "float16", "float64")
 ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64"}
 DEFAULT_TOP = 10
-BATCH = 8
+BATCH = 4  # inputs per run: each run holds every matched tensor of this many inputs (Lite0: about 1.1 GB peak)
 
 
 @dataclass

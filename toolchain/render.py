@@ -176,7 +176,19 @@ def render_quantize(console, report) -> None:
     t.add_row("time", ", ".join(f"{k[:-2]} {v:.1f} s" for k, v in tm.items()))
     t.add_row("manifest", escape(report.manifest))
     _print(console, t)
+    if report.search and report.search.get("ranking"):
+        _print(console, _search_ranking(report))
     _warn(report.warnings)
+
+
+def _search_ranking(report):
+    """The accuracy-aware search's per-layer ranking, in the table `trtc validate --layers` shows its layers with."""
+    kept = set(report.recipe.get("kept_layers", []))
+    rows = [{"node": r["layer"], "rank": str(i), "kl": r["kl"], "op": "kept" if r["layer"] in kept else "INT8"}
+            for i, r in enumerate(report.search["ranking"], 1)]
+    return layer_table(f"INT8 cost per layer, costliest first (KL divergence from the parent when only that layer is "
+                       f"INT8, {report.search['tune_samples']} tuning samples)",
+                       rows, [("layer", "node"), ("rank", "rank"), ("KL", "kl"), ("now", "op")])
 
 
 def render_build(console, report) -> None:

@@ -17,7 +17,7 @@ import shlex
 import numpy as np
 import pytest
 
-from tests.conftest import needs_export, needs_quant
+from tests.conftest import LITE0_INT8_T97, needs_export, needs_quant, quantize_cli_once
 
 # the figures here and the library's come from ONNX Runtime on the same inputs, but with every tensor an output (the
 # Q and Cast outputs too) ONNX Runtime fuses less: plain INT8 Lite0's logits error was 0.1789 unmarked and in the
@@ -170,7 +170,7 @@ def _same_call_from_the_command(report: dict, made: tuple, monkeypatch) -> None:
 @needs_export
 @needs_quant
 def test_plain_int8_lite0_layers_and_fix_through_the_cli(lite0_onnx, lite0_int8_plain, lite0_int8, bikes,
-                                                         cli_cache_env, tmp_path, monkeypatch):
+                                                         cli_cache_env, tmp_path, tmp_path_factory, monkeypatch):
     """Plain INT8 Lite0 fails validate's gate; --layers names where it loses (checked against numpy), --fix keeps
     no more layers out of INT8 than the accuracy-aware search does for 97%, its model passes validate, and the
     printed command asks quantize for that model."""
@@ -203,8 +203,11 @@ def test_plain_int8_lite0_layers_and_fix_through_the_cli(lite0_onnx, lite0_int8_
 
     after = report["fixed"]["candidates"][0]
     assert report["fixed"]["passed"] and after["metrics"]["top1_agreement"] >= 0.95, after
-    # no more layers kept than the accuracy-aware search keeps for 97% (46 of 50 when this was written)
+    # no more layers kept than the accuracy-aware search keeps for 97% (46 of 50 when this was written), which shows
+    # its own ranking in the same table
     assert 1 <= len(report["kept"]) <= lite0_int8.layers["kept"], (report["kept"], lite0_int8.layers)
+    searched = quantize_cli_once(tmp_path_factory, lite0_onnx, bikes, cli_cache_env["XDG_CACHE_HOME"], LITE0_INT8_T97)
+    assert "INT8 cost per layer" in searched[3] and lite0_int8.search["ranking"][0]["layer"] in searched[3]
     assert report["kept"] == [row["node"] for row in worst][:len(report["kept"])]  # in the report's order
     assert any(t["passed"] and t["kept"] == len(report["kept"]) for t in report["trail"])
     assert not any(t["passed"] and t["kept"] < len(report["kept"]) for t in report["trail"])
