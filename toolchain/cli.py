@@ -596,16 +596,7 @@ def validate(state: State, reference, candidates, data, count, device, min_top1_
         report = run_validate(reference, list(candidates), list(data), device=device, count=count,
                               thresholds=overrides, reporter=state.reporter())
     d = report.to_dict()
-    if json_path and json_path != "-":
-        from engines._io import atomic_write_text
-
-        atomic_write_text(json_path, json.dumps(d, indent=2, default=str) + "\n")
-    if html_path:
-        from engines._io import atomic_write_text
-
-        from .report_html import validate_html
-
-        atomic_write_text(html_path, validate_html(d))
+    _write_reports(json_path, html_path, d, d)
     if json_path == "-":
         _emit_json(state, d)
     else:
@@ -621,7 +612,20 @@ def validate(state: State, reference, candidates, data, count, device, min_top1_
             "a default ONNX Runtime session computes it wrong: requantize it with this trtc (FP32-scale Q/DQ, "
             "README: The INT8 graph form)"
             if any(f["metric"].startswith("default_session") for c in failed for f in c["failures"]) else
-            "look at the flips in the report; requantize (e.g. --target-agreement) or relax a threshold")
+            "look at the flips in the report (and where it parts per layer: --layers); remake a model that trtc "
+            "quantize made with --fix, requantize (e.g. --target-agreement) or relax a threshold")
+
+
+def _write_reports(json_path, html_path, d: dict, validate_report: dict) -> None:
+    """--json (a file; '-' is printed by the caller) and --html (validate's page of ``validate_report``)."""
+    from engines._io import atomic_write_text
+
+    if json_path and json_path != "-":
+        atomic_write_text(json_path, json.dumps(d, indent=2, default=str) + "\n")
+    if html_path:
+        from .report_html import validate_html
+
+        atomic_write_text(html_path, validate_html(validate_report))
 
 
 def _validate_fix(state: State, reference, candidates, data, count, device, overrides, json_path, html_path, force,
@@ -636,14 +640,7 @@ def _validate_fix(state: State, reference, candidates, data, count, device, over
                            threshold=threshold, device=device, count=count, thresholds=overrides, force=force,
                            reporter=state.reporter())
     d = report.to_dict()
-    from engines._io import atomic_write_text
-
-    if json_path and json_path != "-":
-        atomic_write_text(json_path, json.dumps(d, indent=2, default=str) + "\n")
-    if html_path:
-        from .report_html import validate_html
-
-        atomic_write_text(html_path, validate_html(d["validate"]))
+    _write_reports(json_path, html_path, d, d["validate"])
     if json_path == "-":
         _emit_json(state, d)
     else:
