@@ -556,9 +556,23 @@ def inspect(state: State, artifact, as_json):
               "stdout instead of the table).")
 @click.option("--html", "html_path", type=click.Path(dir_okay=False), help="Write an HTML report with plots here.")
 @click.option("--force", is_flag=True, help="Overwrite existing --json/--html files.")
+@click.option("--layers", is_flag=True, help="Compare every layer of each ONNX candidate with the ONNX reference "
+              "(on --layer-samples of the inputs): the layers that add the most error, the first over "
+              "--layer-threshold, overflow.")
+@click.option("--layer-samples", type=click.IntRange(1, 256), default=16, show_default=True,
+              help="Inputs (spread over the data) the per-layer comparison runs on.")
+@click.option("--top", type=click.IntRange(1), default=10, show_default=True, help="Layers shown by --layers.")
+@click.option("--layer-threshold", type=FiniteFloat(), help="Relative L2 error that marks the first layer over it "
+              "(default by precision: fp16 0.01, int8 0.1).")
+@click.option("--fix", is_flag=True, help="For a failing FP16/INT8 candidate that trtc quantize made from the "
+              "reference: find the fewest layers to keep in higher precision for it to pass (implies --layers), write "
+              "that model and print the trtc quantize command that makes it again.")
+@click.option("--fix-output", type=click.Path(dir_okay=False), help="Where --fix writes the model (default: "
+              "CANDIDATE.fixed.onnx).")
 @click.pass_obj
 def validate(state: State, reference, candidates, data, count, device, min_top1_agreement, min_cosine,
-             max_accuracy_drop, json_path, html_path, force):
+             max_accuracy_drop, json_path, html_path, force, layers, layer_samples, top, layer_threshold, fix,
+             fix_output):
     """Compare candidates with a reference on the same inputs; exit 1 if any candidate fails a threshold.
 
     Metrics per candidate: top-1 agreement (and on decisive samples), top-5 overlap, flips (listed by file or
@@ -570,6 +584,7 @@ def validate(state: State, reference, candidates, data, count, device, min_top1_
       trtc validate --reference lite0.onnx --candidate lite0.int8.onnx --data photos/ --data bikes.mp4
       trtc validate --reference pretrained:efficientnet-lite0 --candidate lite0.onnx --data val/ --html r.html
       trtc validate --reference opencv:lite0.onnx --candidate lite0.onnx --data photos/ --data bikes.mp4
+      trtc validate --reference lite0.onnx --candidate lite0.int8.onnx --data bikes.mp4 --layers
     """
     from ._ui import model_label
     from .outputs import check_output_path
@@ -581,19 +596,20 @@ def validate(state: State, reference, candidates, data, count, device, min_top1_
         check_output_path(html_path, force, suffix=None, option="--html")
     overrides = {k: v for k, v in (("min_top1_agreement", min_top1_agreement), ("min_cosine", min_cosine),
                                    ("max_accuracy_drop", max_accuracy_drop)) if v is not None}
-    report = run_validate(reference, list(candidates), list(data), device=device, count=count,
-                          thresholds=overrides, reporter=state.reporter())
+    if fix:
+        return _validate_fix(state, reference, candidates, data, count, device, overrides, json_path, html_path,
+                             force, layer_samples, top, layer_threshold, fix_output)
+    if layers:
+        from .layers import validate_layers
+
+        report = validate_layers(reference, list(candidates), list(data), samples=layer_samples, top=top,
+                                 threshold=layer_threshold, device=device, count=count, thresholds=overrides,
+                                 reporter=state.reporter())
+    else:
+        report = run_validate(reference, list(candidates), list(data), device=device, count=count,
+                              thresholds=overrides, reporter=state.reporter())
     d = report.to_dict()
-    if json_path and json_path != "-":
-        from engines._io import atomic_write_text
-
-        atomic_write_text(json_path, json.dumps(d, indent=2, default=str) + "\n")
-    if html_path:
-        from engines._io import atomic_write_text
-
-        from .report_html import validate_html
-
-        atomic_write_text(html_path, validate_html(d))
+    _write_reports(json_path, html_path, d, d)
     if json_path == "-":
         _emit_json(state, d)
     else:
@@ -609,7 +625,47 @@ def validate(state: State, reference, candidates, data, count, device, min_top1_
             "a default ONNX Runtime session computes it wrong: requantize it with this trtc (FP32-scale Q/DQ, "
             "README: The INT8 graph form)"
             if any(f["metric"].startswith("default_session") for c in failed for f in c["failures"]) else
-            "look at the flips in the report; requantize (e.g. --target-agreement) or relax a threshold")
+            "look at the flips in the report (and where it parts per layer: --layers); remake a model that trtc "
+            "quantize made with --fix, requantize (e.g. --target-agreement) or relax a threshold")
+
+
+def _write_reports(json_path, html_path, d: dict, validate_report: dict) -> None:
+    """--json (a file; '-' is printed by the caller) and --html (validate's page of ``validate_report``)."""
+    from engines._io import atomic_write_text
+
+    if json_path and json_path != "-":
+        atomic_write_text(json_path, json.dumps(d, indent=2, default=str) + "\n")
+    if html_path:
+        from .report_html import validate_html
+
+        atomic_write_text(html_path, validate_html(validate_report))
+
+
+def _validate_fix(state: State, reference, candidates, data, count, device, overrides, json_path, html_path, force,
+                  samples, top, threshold, fix_output):
+    """`trtc validate --fix`: the candidate's report with its layers, the search, the model written and its
+    validation; exit 1 unless the written model (or the candidate as it is) passes."""
+    from .fix import fix_candidate
+
+    if len(candidates) != 1:
+        raise UsageProblem("--fix remakes one candidate at a time", "give a single --candidate with --fix")
+    report = fix_candidate(reference, candidates[0], list(data), output=fix_output, samples=samples, top=top,
+                           threshold=threshold, device=device, count=count, thresholds=overrides, force=force,
+                           reporter=state.reporter())
+    d = report.to_dict()
+    _write_reports(json_path, html_path, d, d["validate"])
+    if json_path == "-":
+        _emit_json(state, d)
+    else:
+        from .render import render_fix
+
+        render_fix(state.out, d)
+    final = d["fixed"] or d["validate"]
+    if not final["passed"]:
+        failed = final["candidates"][0]
+        raise ParityFailure(f"{failed['model']} fails " + ", ".join(f"{f['metric']} {f['value']:.4g} (threshold "
+                                                                   f"{f['threshold']:.4g})" for f in failed["failures"]),
+                            "validate it on more data, or relax a threshold")
 
 
 def _int_list(ctx, param, value):

@@ -443,31 +443,59 @@ def _convert_fp16(parent, keep_ops, keep_names, recipe: dict, warnings, reporter
                       layers={"converted": res.converted_nodes, "kept": len(res.kept), "casts": res.casts_added})
 
 
-def _convert_int8(parent: _Parent, data: _Data, parent_session, keep_ops, keep_names, recipe: dict, *, calib_method,
-                  percentile, calib_cache, random_calib, high_precision, target, bias_correction, target_agreement,
-                  device, warnings, timings, reporter) -> _Converted:
-    """Calibrate the activation ranges, choose the layers kept out of INT8 (the FP32 keep-list, and with a
-    target agreement the search's), insert Q/DQ and compute the rest in FP16 (or FP32)."""
+@dataclass
+class Int8Setup:
+    """What the INT8 pass works with: the prepared parent, its quantizable layers, the calibrated ranges, the layers
+    kept out of INT8 by the keep-list, and ``builder(keep_names)``, whose ``build(exclude)`` makes a variant."""
+    prepared: object  # onnx.ModelProto
+    layers: list
+    stats: object  # calibration.Stats
+    calibration: dict
+    excluded: set
+    fusion: bool
+    fp16_scales: bool
+    builder: object
+
+
+def int8_setup(parent: _Parent, calib_set, keep_ops, keep_names, recipe: dict, *, calib_method, percentile,
+               calib_cache, random_calib, high_precision, target, bias_correction, device, reporter) -> Int8Setup:
+    """Calibrate the activation ranges (or read them from the cache) and prepare the builder of Q/DQ variants."""
     # the graph form (README, "The INT8 graph form"): Q/DQ in FP32 with FP32 scales and Casts to the FP16 rest
     # runs right everywhere; FP16 scales (Q/DQ inside the FP16 graph) only where ONNX Runtime's QDQ fusion is
     # off, so only for --target tensorrt
     fp16_scales = high_precision == "fp16" and target == "tensorrt"
     prepared, layers = _int8_layers(parent.model, fp16_scales)
     tensors = int8_pass.activation_tensors(layers)
-    stats, calibration = _ranges(prepared, parent.src, parent.sha, tensors, data.calib, calib_method, percentile,
+    stats, calibration = _ranges(prepared, parent.src, parent.sha, tensors, calib_set, calib_method, percentile,
                                  parent.run_batch, device, calib_cache, random_calib, reporter)
     recipe.update(_int8_recipe(high_precision, calib_method, percentile, bias_correction, target, fp16_scales))
     # nodes on the FP32 keep-list are not quantized either
     excluded = {l.name for l in layers if prepared.graph.node[l.index].op_type in keep_ops
                 or prepared.graph.node[l.index].name in keep_names}
-    build = _qdq_builder(prepared, layers, stats, keep_ops, keep_names, fp16_scales, bias_correction,
-                         high_precision)
-    fusion = qdq_fusion_ok(recipe | {"mode": "int8"})
+
+    def builder(names: set[str]):
+        return _qdq_builder(prepared, layers, stats, keep_ops, names, fp16_scales, bias_correction, high_precision)
+
+    return Int8Setup(prepared=prepared, layers=layers, stats=stats, calibration=calibration, excluded=excluded,
+                     fusion=qdq_fusion_ok(recipe | {"mode": "int8"}), fp16_scales=fp16_scales, builder=builder)
+
+
+def _convert_int8(parent: _Parent, data: _Data, parent_session, keep_ops, keep_names, recipe: dict, *, calib_method,
+                  percentile, calib_cache, random_calib, high_precision, target, bias_correction, target_agreement,
+                  device, warnings, timings, reporter) -> _Converted:
+    """Calibrate the activation ranges, choose the layers kept out of INT8 (the FP32 keep-list, and with a
+    target agreement the search's), insert Q/DQ and compute the rest in FP16 (or FP32)."""
+    st = int8_setup(parent, data.calib, keep_ops, keep_names, recipe, calib_method=calib_method,
+                    percentile=percentile, calib_cache=calib_cache, random_calib=random_calib,
+                    high_precision=high_precision, target=target, bias_correction=bias_correction, device=device,
+                    reporter=reporter)
+    layers, calibration, excluded = st.layers, st.calibration, st.excluded
+    build = st.builder(keep_names)
     search = None
     if target_agreement is not None:
         t1 = time.perf_counter()
-        excluded, search = _search(prepared, layers, stats, build, excluded, data.tune, parent_session,
-                                   target_agreement, parent.run_batch, device, fusion, reporter)
+        excluded, search = _search(st.prepared, layers, st.stats, build, excluded, data.tune, parent_session,
+                                   target_agreement, parent.run_batch, device, st.fusion, reporter)
         _warn_if_coarse(search, len(data.tune), target_agreement, len(excluded), warnings)
         timings["search_s"] = time.perf_counter() - t1
     with reporter.phase("inserting Q/DQ"):
@@ -641,39 +669,55 @@ def _search(prepared, layers, stats, build, excluded, tune_set, parent_session, 
     def with_top(k: int) -> set[str]:
         return set(excluded) | set(order[:k])
 
-    results = {0: base}
-    lo, hi = 0, None
+    def passes(kept: set[str]) -> tuple[bool, float]:
+        got = agreement(set(excluded) | kept)
+        trail.append({"kept": len(set(excluded) | kept), "agreement": got})
+        return got >= target, got
+
     with reporter.phase(f"searching for the fewest layers to keep for {target:.1%} agreement") as bar:
-        k = 1
-        while k <= len(order):  # grow until the target holds ...
-            results[k] = agreement(with_top(k))
-            trail.append({"kept": len(with_top(k)), "agreement": results[k]})
-            bar.advance()
-            if results[k] >= target:
-                hi = k
-                break
-            lo = k
-            k = min(len(order), k * 2) if k < len(order) else len(order) + 1
-        if hi is None:
-            best = max(results, key=results.get)
-            raise QuantizeError(f"top-1 agreement {results[best]:.1%} on {len(tune_set)} tuning samples does not "
-                                f"reach --target-agreement {target:.1%} even with {len(with_top(best))} of "
-                                f"{len(layers)} layers kept out of INT8",
-                                "lower --target-agreement, or use --precision fp16")
-        while hi - lo > 1:  # ... then bisect between the last miss and the first hit
-            mid = (lo + hi) // 2
-            results[mid] = agreement(with_top(mid))
-            trail.append({"kept": len(with_top(mid)), "agreement": results[mid]})
-            bar.advance()
-            if results[mid] >= target:
-                hi = mid
-            else:
-                lo = mid
+        hi, tried = fewest_kept(order, passes, bar.advance)
+    results = {0: base, **{k: v for k, (_, v) in tried.items()}}
+    if hi is None:
+        best = max(results, key=results.get)
+        raise QuantizeError(f"top-1 agreement {results[best]:.1%} on {len(tune_set)} tuning samples does not "
+                            f"reach --target-agreement {target:.1%} even with {len(with_top(best))} of "
+                            f"{len(layers)} layers kept out of INT8",
+                            "lower --target-agreement, or use --precision fp16")
     chosen = with_top(hi)
     reasons = {n: f"INT8 cost (KL {c:.2e}) among the top {hi}" for c, n in cost[:hi]}
     return chosen, {"target": target, "tune_samples": len(tune_set), "reached": results[hi], "trail": trail,
                     "ranking": [{"layer": n, "kl": c} for c, n in cost[:max(hi, 10)]], "reasons": reasons,
                     "resolution": tuning_resolution(len(tune_set), target)}
+
+
+def fewest_kept(order: list[str], passes, advance=lambda: None) -> tuple[int | None, dict[int, tuple[bool, float]]]:
+    """The smallest k for which ``passes(set(order[:k]))`` holds, for an ``order`` whose first layers matter most
+    (more kept layers pass more): k doubles until it holds, then bisects between the last miss and the first hit.
+    ``passes(kept) -> (ok, figure)``. Returns k (None when all of ``order`` kept still fails) and what each k tried
+    gave, in the order tried. The accuracy-aware search and ``trtc validate --fix`` both search with it."""
+    tried: dict[int, tuple[bool, float]] = {}
+
+    def ok(k: int) -> bool:
+        tried[k] = passes(set(order[:k]))
+        advance()
+        return tried[k][0]
+
+    lo, hi, k = 0, None, 1
+    while k <= len(order):  # grow until it holds ...
+        if ok(k):
+            hi = k
+            break
+        lo = k
+        k = min(len(order), k * 2) if k < len(order) else len(order) + 1
+    if hi is None:
+        return None, tried
+    while hi - lo > 1:  # ... then bisect between the last miss and the first hit
+        mid = (lo + hi) // 2
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi, tried
 
 
 COST_GROUP = 8  # layers whose boundary tensors one run of the parent gives (memory: 8 tensors x the tuning set)

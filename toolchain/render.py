@@ -176,7 +176,19 @@ def render_quantize(console, report) -> None:
     t.add_row("time", ", ".join(f"{k[:-2]} {v:.1f} s" for k, v in tm.items()))
     t.add_row("manifest", escape(report.manifest))
     _print(console, t)
+    if report.search and report.search.get("ranking"):
+        _print(console, _search_ranking(report))
     _warn(report.warnings)
+
+
+def _search_ranking(report):
+    """The accuracy-aware search's per-layer ranking, in the table `trtc validate --layers` shows its layers with."""
+    kept = set(report.recipe.get("kept_layers", []))
+    rows = [{"node": r["layer"], "rank": str(i), "kl": r["kl"], "op": "kept" if r["layer"] in kept else "INT8"}
+            for i, r in enumerate(report.search["ranking"], 1)]
+    return layer_table(f"INT8 cost per layer, costliest first (KL divergence from the parent when only that layer is "
+                       f"INT8, {report.search['tune_samples']} tuning samples)",
+                       rows, [("layer", "node"), ("rank", "rank"), ("KL", "kl"), ("now", "op")])
 
 
 def render_build(console, report) -> None:
@@ -313,7 +325,66 @@ def render_validate(console, report: dict) -> None:
             shown = ", ".join(f"{f['sample']} ({f['reference']} -> {f['candidate']})" for f in c["flips"][:5])
             console.print(f"{escape(model_label(c['model']))}: {len(c['flips'])} flips: {escape(shown)}"
                           + (" ..." if len(c["flips"]) > 5 else ""))
+    for c in report["candidates"]:
+        if c.get("layers"):
+            render_layers(console, c["layers"])
     _warn(report.get("warnings", []))
+
+
+def _fig(v, spec: str = ".4f") -> str:
+    return "overflow" if v is None else format(v, spec)
+
+
+def layer_table(title: str, rows: list[dict], columns: list[tuple[str, str]]):
+    """A table of layers, one row each: ``columns`` are (header, key), the keys ``rank``, ``node``, ``op``,
+    ``tensor`` and ``overflow_text`` shown as they are, the others as figures. `trtc validate --layers` and the
+    accuracy-aware search of `trtc quantize` show their rankings with it."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    t = Table(title=title, title_justify="left")
+    for head, _ in columns:
+        t.add_column(head)
+    for r in rows:
+        cells = []
+        for _, key in columns:
+            v = r.get(key)
+            cells.append(escape(str(v)) if key in ("rank", "node", "op", "tensor", "overflow_text")
+                         else _fig(v, ".3g" if key in ("kl", "max_abs_diff") else ".4f"))
+        t.add_row(*cells)
+    return t
+
+
+def _overflow_text(r: dict) -> str:
+    o, parts = r["overflow"], []
+    if o["nonfinite"]:
+        parts.append(f"{o['nonfinite']} inf/NaN")
+    if o["fp16_saturated"]:
+        parts.append(f"{o['fp16_saturated']} at FP16 max")
+    if r.get("int8") and r["int8"]["clipped"]:
+        parts.append(f"INT8 input clipped {100 * r['int8']['clipped']:.3g}%")
+    return ", ".join(parts) or "-"
+
+
+def render_layers(console, lr: dict) -> None:
+    """The worst layers by error added, the first layer over the threshold and what could not be matched."""
+    from rich.markup import escape
+
+    rows = [{**lr["rows"][i], "rank": str(lr["rows"][i]["index"]), "overflow_text": _overflow_text(lr["rows"][i])}
+            for i in lr["worst"]]
+    title = (f"{escape(model_label(lr['candidate']))}: worst {len(rows)} of {lr['matched']} layers by the error they "
+             f"add (alone: on the reference's inputs; {lr['samples']} samples, relative L2 vs the reference)")
+    _print(console, layer_table(title, rows, [("layer", "node"), ("#", "rank"), ("op", "op"),
+                                              ("rel L2", "rel_l2"), ("added", "added"), ("alone", "alone"),
+                                              ("cosine", "cosine"), ("overflow", "overflow_text")]))
+    f = lr["first_over"]
+    console.print(f"first layer over rel. L2 {lr['threshold']:g}: " + (
+        f"#{f['index']} {escape(f['node'])} ({f['op']}, rel L2 {_fig(f['rel_l2'])})" if f else "none"))
+    only = ", ".join(f"{op} {n}" for op, n in lr["candidate_only"].items())
+    console.print(f"matched by {lr['matched_by']}: {lr['matched']} tensors"
+                  + (f"; not matched: {len(lr['unmatched'])} ({escape(', '.join(lr['unmatched'][:5]))}"
+                     f"{' ...' if len(lr['unmatched']) > 5 else ''})" if lr["unmatched"] else "")
+                  + (f"; the candidate's own: {escape(only)}" if only else ""))
 
 
 def render_bench(console, report) -> None:
@@ -569,3 +640,20 @@ def render_bench_video(console, report) -> None:
         console.print(f"GPU memory over {m['loops']} passes: {m['used_mb_after_first']:.0f} MB after the first, "
                       f"{m['used_mb_at_end']:.0f} MB at the end (growth {m['growth_mb']:+.0f} MB)")
     _warn(report.warnings)
+
+
+def render_fix(console, report: dict) -> None:
+    """`trtc validate --fix`: the candidate as it is (with its layers), what the search kept, the command that makes
+    the fixed model and that model's validation."""
+    from rich.markup import escape
+
+    render_validate(console, report["validate"])
+    if report["output"] is None:
+        console.print(f"{escape(model_label(report['candidate']))} passes as it is: nothing to fix")
+        return
+    tries = "; ".join(f"{t['kept']} {'pass' if t['passed'] else 'fail'} (top-1 {100 * t['top1_agreement']:.1f}%, "
+                      f"cosine {t['cosine']:.6f})" for t in report["trail"])
+    console.print(f"kept in higher precision: {len(report['kept'])} of {report['ranked']} layers "
+                  f"({escape(', '.join(report['kept']))}); tried: {tries}")
+    console.print(f"wrote {escape(report['output'])}; it is made again by:\n  {escape(report['command'])}")
+    render_validate(console, report["fixed"])

@@ -4,6 +4,7 @@ plotting library, no network): flips per class, and the reference's vs the candi
 from __future__ import annotations
 
 import html
+import math
 
 
 def _svg_bars(items: list[tuple[str, int]], width: int = 640, bar_h: int = 18) -> str:
@@ -57,6 +58,66 @@ def _svg_scatter(points: list[list[float]], size: int = 340) -> str:
             f'aria-label="confidence scatter">{"".join(parts)}{dots}</svg>')
 
 
+def _svg_depth(lr: dict, width: int = 760, height: int = 300) -> str:
+    """Relative L2 error of each layer along the network's depth (log scale): the error of its output (blue) and
+    the error it makes on the reference's inputs (orange); the worst layers ringed in red with their rank."""
+    rows = lr["rows"]
+    left, right, top, bottom = 56, 16, 24, 44
+    inner_w, inner_h = width - left - right, height - top - bottom
+    vals = [v for r in rows for v in (r["rel_l2"], r.get("alone")) if v is not None and v > 0]
+    lo = math.floor(math.log10(min(vals))) if vals else -6
+    hi = max(lo + 1, math.ceil(math.log10(max(vals))) if vals else 0)
+    overflow_y = top - 8
+
+    def x(i: int) -> float:
+        return left + inner_w * (i / max(1, len(rows) - 1))
+
+    def y(v) -> float:
+        if v is None:
+            return overflow_y
+        return top + inner_h * (hi - math.log10(max(v, 10.0 ** lo))) / (hi - lo)
+
+    parts = [f'<line x1="{left}" y1="{top + inner_h}" x2="{left + inner_w}" y2="{top + inner_h}" stroke="black"/>',
+             f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + inner_h}" stroke="black"/>']
+    for e in range(lo, hi + 1):
+        parts.append(f'<line x1="{left - 5}" y1="{y(10.0 ** e):.1f}" x2="{left}" y2="{y(10.0 ** e):.1f}" '
+                     f'stroke="black"/><text x="{left - 8}" y="{y(10.0 ** e) + 3:.1f}" text-anchor="end" '
+                     f'font-size="10">1e{e}</text>')
+    step = max(1, len(rows) // 8)
+    for i in range(0, len(rows), step):
+        parts.append(f'<text x="{x(i):.1f}" y="{top + inner_h + 14}" text-anchor="middle" font-size="10">{i}</text>')
+    pts = " ".join(f"{x(i):.1f},{y(r['rel_l2']):.1f}" for i, r in enumerate(rows))
+    parts.append(f'<polyline points="{pts}" fill="none" stroke="#1f77b4" stroke-width="1.5"/>')
+    parts.extend(f'<circle cx="{x(i):.1f}" cy="{y(r["alone"]):.1f}" r="2.2" fill="#ff7f0e"/>'
+                 for i, r in enumerate(rows) if r.get("alone") is not None)
+    for rank, i in enumerate(lr["worst"], 1):
+        r = rows[i]
+        cy = y(r.get("alone") if r.get("alone") is not None else r["rel_l2"])
+        parts.append(f'<circle cx="{x(i):.1f}" cy="{cy:.1f}" r="5" fill="none" stroke="#d62728" stroke-width="2">'
+                     f'<title>{rank}: {html.escape(r["node"])} ({r["op"]})</title></circle>'
+                     f'<text x="{x(i):.1f}" y="{max(10.0, cy - 8):.1f}" text-anchor="middle" font-size="9" '
+                     f'fill="#d62728">{rank}</text>')
+    parts.append(f'<text x="{left + inner_w / 2:.0f}" y="{height - 6}" text-anchor="middle" font-size="11">layer '
+                 f'(graph order); blue: output error, orange dots: error on the reference\'s inputs</text>')
+    return (f'<svg width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
+            f'aria-label="error along depth">{"".join(parts)}</svg>')
+
+
+def _layers_html(lr: dict) -> str:
+    f = lr["first_over"]
+    first = (f"first layer over relative L2 {lr['threshold']:g}: #{f['index']} {html.escape(f['node'])} ({f['op']})"
+             if f else f"no layer over relative L2 {lr['threshold']:g}")
+    head = "".join(f"<th>{h}</th>" for h in ("rank", "#", "layer", "op", "rel L2", "added", "alone", "cosine"))
+    body = "".join(
+        f"<tr><td>{k}</td><td>{lr['rows'][i]['index']}</td><td>{html.escape(lr['rows'][i]['node'])}</td>"
+        f"<td>{lr['rows'][i]['op']}</td>"
+        + "".join(f"<td>{'overflow' if lr['rows'][i].get(key) is None else format(lr['rows'][i][key], '.4f')}</td>"
+                  for key in ("rel_l2", "added", "alone", "cosine")) + "</tr>"
+        for k, i in enumerate(lr["worst"], 1))
+    return (f"<h3>Per layer ({lr['matched']} layers matched by {lr['matched_by']}, {lr['samples']} samples)</h3>"
+            f"{_svg_depth(lr)}<p>{html.escape(first)}</p><table><tr>{head}</tr>{body}</table>")
+
+
 def validate_html(report: dict) -> str:
     ref = report["reference"]
     data = report["data"]
@@ -83,7 +144,8 @@ def validate_html(report: dict) -> str:
             f"<h2>{html.escape(c['model'])} ({c['precision']}): {html.escape(verdict)}</h2><table>{table}</table>"
             f"<h3>Flips per reference class</h3>{_svg_bars(list(c['per_class_flips'].items())[:25])}"
             f"<h3>Confidence in the reference's top-1 class</h3>{_svg_scatter(c['confidence'])}"
-            f"<details><summary>{len(c['flips'])} flipped samples</summary><ul>{flips}</ul></details>")
+            f"<details><summary>{len(c['flips'])} flipped samples</summary><ul>{flips}</ul></details>"
+            + (_layers_html(c["layers"]) if c.get("layers") else ""))
     style = ("body{font-family:sans-serif;max-width:900px;margin:2em auto}th{text-align:left;padding-right:1em}"
              "code{background:#eee}")
     return f"<!doctype html><html><head><meta charset='utf-8'><title>trtc validate</title><style>{style}</style>" \

@@ -59,6 +59,7 @@ class CandidateResult:
     confidence: list[list[float]] = field(default_factory=list)  # per sample: [reference, candidate] probability
     # of the reference's top-1 class (rounded; for the HTML report's scatter plot)
     default_session: dict | None = None  # ONNX: the same in a default ONNX Runtime session? (see README)
+    layers: dict | None = None  # per-layer parity (toolchain.layers), when asked for
 
 
 @dataclass
@@ -224,8 +225,10 @@ def judge(metrics: dict, thresholds: dict) -> list[dict]:
 
 def validate(reference: str, candidates: list[str], data: list[str], *, device: str = "cpu",
              count: int = 512, seed: int = 0, thresholds: dict | None = None,
-             reporter: Reporter | None = None) -> ValidateReport:
-    """Run the reference and each candidate on the same inputs and judge each candidate.
+             reporter: Reporter | None = None, each=None) -> ValidateReport:
+    """Run the reference and each candidate on the same inputs and judge each candidate. ``each(candidate, reference,
+    x, ref_logits, result)``, when given, is called after each candidate is judged, with the inputs both ran on (the
+    per-layer comparison of toolchain.layers adds to the result there).
 
     The steps: check the arguments, read the models and their manifests (each model's preprocessing contract),
     load the data once per contract, run the reference, then run and judge each candidate."""
@@ -256,8 +259,12 @@ def validate(reference: str, candidates: list[str], data: list[str], *, device: 
         ref_logits = _run_checked(runner, ref, x, bar, _data_from(ref, contract, ref, cands), ref, cands)
     probabilities = parity.looks_like_probabilities(ref_logits)
     chance = _chance_problem(ref_logits, dataset.labels, warnings)
-    results = [_candidate(c, ref, cands, ref_logits, datasets, contract, dataset, label_names, thresholds,
-                          probabilities, chance, device, warnings, reporter) for c in cands]
+    results = []
+    for c in cands:
+        results.append(_candidate(c, ref, cands, ref_logits, datasets, contract, dataset, label_names, thresholds,
+                                  probabilities, chance, device, warnings, reporter))
+        if each is not None:
+            each(c, ref, x, ref_logits, results[-1])
     return ValidateReport(schema=SCHEMA, reference={"model": ref.spec, "kind": ref.kind, "precision": ref.precision},
                           data={"sources": dataset.sources, "samples": len(x), "labelled": dataset.labels is not None,
                                 "skipped": dataset.skipped, "device": device},

@@ -1,5 +1,6 @@
 """The validate HTML report as a browser draws it: headless Chromium renders a real report (the MNIST CNN against
-an INT8 version calibrated on random inputs, so that it flips digits, on 1000 real digits) and one with extreme values (a six-digit count on the longest bar, a long
+an INT8 version calibrated on random inputs, so that it flips digits, on 1000 real digits, with the per-layer
+comparison of --layers) and one with extreme values (a six-digit count on the longest bar, a long
 class name); every text element of every SVG must lie inside its SVG, the scatter must have its tick labels, and
 the screenshot must show the bars and the dots. Skipped, with the reason, where Chromium is not installed
 (`apt-get install -y chromium`; CI installs it)."""
@@ -59,8 +60,8 @@ def _geometry(page):
 
 @pytest.fixture(scope="module")
 def real_report(mnist, tmp_path_factory):
+    from toolchain.layers import validate_layers
     from toolchain.quantize import quantize_onnx
-    from toolchain.validate import validate
 
     model, npz, x, labels = mnist
     d = tmp_path_factory.mktemp("html")
@@ -69,7 +70,7 @@ def real_report(mnist, tmp_path_factory):
     # calibrated on random inputs on purpose: ranges that do not fit the digits make the flips the chart shows
     q = quantize_onnx(model, d / "mnist.int8.onnx", precision="int8", calib=["random"], calib_count=16,
                       calib_cache=False)
-    return validate(str(model), [q.output], [str(data)]).to_dict()
+    return validate_layers(str(model), [q.output], [str(data)], samples=8, top=3).to_dict()  # with --layers
 
 
 def _extreme(report: dict) -> dict:
@@ -104,6 +105,8 @@ def test_report_renders_in_chromium_with_nothing_clipped(which, real_report, tmp
     ticks = [t["text"] for t in texts if t["label"] == "confidence scatter"]
     assert ticks.count("0.5") == 2 and ticks.count("1") == 2 and "reference confidence" in ticks
     assert all(t["width"] > 0 for t in texts)
+    depth = [t["text"] for t in texts if t["label"] == "error along depth"]  # --layers: the worst ranked 1..3
+    assert {"1", "2", "3"} <= set(depth) and any(t.startswith("1e") for t in depth), depth
 
     shot = tmp_path / "shot.png"
     r = _chromium(f"--screenshot={shot}", "--window-size=1000,2400", page.as_uri())
