@@ -10,7 +10,8 @@ from __future__ import annotations
 import platform
 import sys
 
-from engines._deps import TESTED, dist_version, install_tested, is_installed, is_tested, tested_range, untested_message
+from engines import _deps
+from engines._deps import dist_version, install_tested, is_installed, is_tested, tested_range, untested_message
 
 PACKAGES = [
     # (shown name, module, distributions that provide it)
@@ -104,7 +105,7 @@ def packages() -> dict:
 def _tested(module: str, info: dict) -> None:
     """``tested`` (whether the installed release is one trtc is tested with) and ``tested_range`` for the packages
     of engines._deps.TESTED; an untested release leads the note, with the line that installs a tested one."""
-    if module not in TESTED or not info.get("version"):
+    if module not in _deps.TESTED or not info.get("version"):
         return
     info["tested_range"] = tested_range(module)
     info["tested"] = is_tested(module, info["version"])

@@ -70,7 +70,7 @@ def test_an_untested_release_is_warned_about_once_at_import(monkeypatch, caplog)
     warnings = [r.getMessage() for r in caplog.records]
     assert warnings == ["timm 9.0.0 is outside the releases this trtc is tested with (1.0 to 1.0.x); it may work; "
                         'if something fails: pip install "timm>=1.0,<1.1"'], warnings
-    assert _deps.untested_imports() == [("timm", "9.0.0")]
+    assert ("timm", "9.0.0") in _deps.untested_imports()
 
 
 def test_an_unexpected_error_under_an_untested_release_names_the_release_before_calling_it_a_bug(monkeypatch):
@@ -85,6 +85,8 @@ def test_an_unexpected_error_under_an_untested_release_names_the_release_before_
         raise AttributeError("module 'onnxruntime' has no attribute 'InferenceSession'")
 
     monkeypatch.setitem(sys.modules, "onnxruntime", fake)
+    # only ONNX Runtime's range counts here (.ci/latest runs this under untested releases of other packages too)
+    monkeypatch.setattr(_deps, "TESTED", {"onnxruntime": _deps.TESTED["onnxruntime"]})
     monkeypatch.setattr("toolchain.doctor.diagnose", broken)
     r = CliRunner().invoke(cli_module.cli, ["doctor", "--json"])
     assert r.exit_code == 1
