@@ -7,9 +7,11 @@ Heavy modules are imported inside the commands, so `trtc --help` is instant.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import json
+import logging
 import os
 import shlex
 import sys
@@ -1011,7 +1013,29 @@ def main() -> None:
 
     install()
     keep_stdout_for_results()
-    cli(prog_name="trtc")
+    try:
+        cli(prog_name="trtc")
+    except SystemExit as exc:
+        _end_without_readers(exc.code)
+        raise
+
+
+def _end_without_readers(code) -> None:
+    """A stopped run may leave a source's reader inside FFmpeg (an RTSP open cannot be interrupted before its own
+    timeout). Python's exit handlers and finalization must not run under it (PyAV's interrupt callback would take the
+    interpreter lock of an interpreter that is gone: a crash on stop): then the process ends here with ``os._exit``,
+    once stdout, stderr and the log handlers are flushed (-o and --summary were written whole before)."""
+    live = sys.modules.get("engines.video.live")
+    if live is None or not live.readers_running(live.JOIN_S):
+        return
+    if isinstance(code, str):
+        print(code, file=sys.stderr)
+    status = code if isinstance(code, int) else (0 if code is None else 1)
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(status)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..preprocess import preprocess_yuv
 from .hub import EVENT, Closed, FrameHub
-from .live import LagStats
+from .live import LagStats, join_readers, reader_started
 from .sources import SourceError
 
 
@@ -81,6 +81,7 @@ def cpu_pipeline(srcs, engine, spec, batch, stride, topk, max_wait_ms, stats, re
     start = time.perf_counter()
     for t in threads:
         t.start()
+        reader_started(t)
     left: dict = {}  # frames taken from the hub but not run when the caller stopped iterating
     try:
         for item in infer_and_collect(hub, engine, batch, topk, max_wait_ms, stats, counts, start, make_prediction,
@@ -96,8 +97,9 @@ def cpu_pipeline(srcs, engine, spec, batch, stride, topk, max_wait_ms, stats, re
         stop.set()
         for name, n in hub.close().items():
             left[name] = left.get(name, 0) + n
-        for t in threads:  # each notices the stop after its current frame (a network read: its read timeout)
-            t.join(timeout=0.5)
+        # each notices the stop after its current frame or interrupted read (WATCH_SLICE); one inside an FFmpeg open
+        # may run on until the open's timeout (the CLI then ends the process without finalizing under it)
+        join_readers(threads)
         stats.seconds = time.perf_counter() - start
         stats.per_source = dict(counts)
         for src in srcs:

@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 
 from ..errors import first_line
@@ -39,6 +41,36 @@ WATCH_SLICE = 0.5
 # a source that keeps going past --max-lag: a warning line at most this often (seconds); each event is still a line
 LAG_WARN_EVERY = 60.0
 AVERROR_EXIT = 1414092869  # FFmpeg's "Immediate exit requested": PyAV's read timeout interrupted the read
+# seconds a pipeline that stops waits, in all, for its reader threads: a read ends within WATCH_SLICE; an open
+# (FFmpeg's RTSP handshake) cannot be interrupted before its own timeout
+JOIN_S = 1.0
+
+_readers_lock = threading.Lock()  # owns _readers
+_readers: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()
+
+
+def reader_started(thread: threading.Thread) -> None:
+    """Note a source's reader thread (it may be inside FFmpeg or NVDEC): :func:`readers_running` waits for it."""
+    with _readers_lock:
+        _readers.add(thread)
+
+
+def join_readers(threads, timeout: float = JOIN_S) -> list[str]:
+    """Wait for ``threads`` (their stop already asked for) at most ``timeout`` s in all; the names of those still
+    running."""
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    return [t.name for t in threads if t.is_alive()]
+
+
+def readers_running(timeout: float = 0.0) -> list[str]:
+    """The reader threads of this process still running after waiting at most ``timeout`` s for them: threads that
+    may be inside native code (an FFmpeg open cannot be interrupted), under which the interpreter must not finalize
+    (a process that ends then ends with ``os._exit``, after flushing its outputs)."""
+    with _readers_lock:
+        threads = [t for t in _readers if t.is_alive()]
+    return join_readers(threads, timeout)
 
 
 def scheme(name: str) -> str | None:
