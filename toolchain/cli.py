@@ -43,9 +43,11 @@ class State:
 
 
 def _fail(ctx: click.Context, reason: str, fix: str | None, code: int) -> None:
-    click.echo(f"error: {reason}", err=True)
+    from engines.video.credentials import redact  # no camera's user info in a message
+
+    click.echo(f"error: {redact(reason)}", err=True)
     if fix:
-        click.echo(f"  fix: {fix}", err=True)
+        click.echo(f"  fix: {redact(fix)}", err=True)
     ctx.exit(code)
 
 
@@ -791,11 +793,15 @@ def bench(state: State, models, batches, device, warmup, iterations, duration, v
               help="Network sources: how long a connection may take to give its first frame.")
 @click.option("--read-timeout", type=FiniteFloat(0, above=True), default=10.0, show_default=True, metavar="SECONDS",
               help="Network sources: how long a connected stream may go without a frame before it counts as lost.")
+@click.option("--credentials", "credentials", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Camera user names and passwords, netrc format ('machine HOST login USER password PASSWORD' per "
+              "host), for rtsp:// URLs without them; also TRTC_RTSP_USER[_HOST] / TRTC_RTSP_PASSWORD[_HOST]. No "
+              "output shows them (docs/LIVE.md).")
 @click.pass_obj
 def run(state: State, sources, model, engine, device, batch, top_k, stride, output, decoder, colorspace, scores,
         max_wait_ms, loop, realtime, with_latency, decode_latency, summary_path, force, resume, ray_address, ray_actors,
         ray_streams, ray_keep, ray_stop, live, reconnect_for, reconnect_attempts, on_lag, max_lag, rtsp_transport,
-        open_timeout, read_timeout):
+        open_timeout, read_timeout, credentials):
     """Classify the frames of video SOURCES (files, or URLs such as rtsp://) and print one JSON line per frame:
     source, frame index, pts, time in seconds, and the top-k labels with scores.
 
@@ -817,6 +823,7 @@ def run(state: State, sources, model, engine, device, batch, top_k, stride, outp
       trtc run /archive/ --ray auto --model resnet50.fp16.onnx -o archive.jsonl --resume
       trtc run @jobs.txt --ray auto --ray-keep r50 --model resnet50.fp16.onnx -o a.jsonl   (then: --ray-stop r50)
       trtc run rtsp://cam1/stream rtsp://cam2/stream --model lite0.onnx --reconnect-for 600 -o live.jsonl
+      trtc run door=rtsp://10.0.0.7/stream --credentials cams.netrc --model lite0.onnx -o live.jsonl
     """
     from .outputs import check_output_path
     from .run import is_ray_address, run_video
@@ -855,7 +862,7 @@ def run(state: State, sources, model, engine, device, batch, top_k, stride, outp
                         scores=scores, max_wait_ms=max_wait_ms, loop=loop, realtime=realtime,
                         latency=decode_latency, with_latency=with_latency, force=force, resume=resume,
                         reporter=state.reporter(), ray=ray_address, ray_actors=ray_actors, ray_streams=ray_streams,
-                        ray_keep=ray_keep, live=live, live_options=live_options)
+                        ray_keep=ray_keep, live=live, live_options=live_options, credentials=credentials)
     if summary_path:
         from engines._io import atomic_write_text
 

@@ -198,7 +198,7 @@ def run_video(sources, model, *, device: str = "auto", batch: int | None = None,
               with_latency: bool = False, force: bool = False, resume: bool = False, reporter: Reporter | None = None,
               stream=None, ray: str | None = None, ray_actors: int | None = None,
               ray_streams: int | None = None, ray_keep: str | None = None, live: bool = False,
-              live_options=None) -> RunSummary:
+              live_options=None, credentials=None) -> RunSummary:
     """Classify ``sources`` with ``model``; predictions go to ``output`` (a .jsonl path) or ``stream``.
 
     With ``output``, every complete line is kept whatever happens (a source fails, Ctrl-C): the lines go to a
@@ -217,12 +217,16 @@ def run_video(sources, model, *, device: str = "auto", batch: int | None = None,
 
     Live sources (network URLs; every source with ``live``) reconnect as ``live_options``
     (:class:`engines.video.LiveOptions`) say; their outages and recoveries are written as event lines
-    (``{"event": "disconnected", ...}``) among the predictions, and they cannot be resumed.
+    (``{"event": "disconnected", ...}``) among the predictions, and they cannot be resumed. ``NAME=URL`` names a
+    source; a URL's user info never reaches an output (its name there is ``rtsp://***@host/...``); ``credentials``
+    (a netrc-format file) and the TRTC_RTSP_USER/TRTC_RTSP_PASSWORD variables give RTSP URLs without user info theirs
+    (:mod:`engines.video.credentials`).
     """
     reporter = reporter or Reporter()
     started_at = time.time()
     if ray_keep is not None and ray is None:
         raise UsageProblem("--ray-keep goes with --ray on a running cluster", f"add --ray auto --ray-keep {ray_keep}")
+    sources = _addresses(sources, credentials)
     sources, out_path, live_sources = _check_request(sources, model, device, output, resume, live, ray)
     with contextlib.ExitStack() as held:
         if out_path is not None:
@@ -294,9 +298,27 @@ def _run_video(sources, model, out_path, live_sources, started_at, *, device, ba
         closer()
 
 
+def _addresses(sources, credentials) -> list:
+    """Each source as the run names it (:func:`engines.video.credentials.source_address`): user info hidden, NAME=URL
+    named, credentials for RTSP URLs without them from the environment or the ``credentials`` file."""
+    from engines.video.credentials import read_credentials, source_address
+
+    table = read_credentials(credentials) if credentials else None
+    out = [source_address(s, table) for s in sources]
+    names = [str(s) for s in out]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice and len({url_of(s) for s in out}) == len(out):  # two addresses under one name
+        raise UsageProblem(f"two sources are named {twice[0]}", "give each camera its own NAME=rtsp://... name")
+    return out
+
+
+def url_of(source) -> str:
+    return getattr(source, "url", source)
+
+
 def _check_request(sources, model, device, output, resume, live, ray):
     """(sources, the output path or None, the live sources), each refused here with its fix when wrong."""
-    sources = [os.fspath(s) for s in sources]
+    sources = [s if isinstance(s, str) else os.fspath(s) for s in sources]  # an Address keeps its url
     if not str(device).strip():
         raise UsageProblem("--device is empty", "use auto, cpu, cuda:N, a list such as cuda:0,cuda:1, or cuda:all")
     _refuse_non_model(model)
@@ -645,6 +667,8 @@ def _by_source(summary: "RunSummary", outages: dict, decoded: dict) -> dict:
     out = {}
     for src in summary.sources:
         status = problems.get(src) or ("interrupted" if summary.interrupted else "ok")
+        if status.startswith(f"{src}: auth_failed:"):  # the server refused the credentials or the client: its own
+            status = "auth_failed"  # status (the reason is in problems)
         out[src] = {"received": decoded.get(src), "classified": summary.per_source.get(src, 0),
                     "dropped": {"queue": summary.dropped.get(src, 0), "lag": summary.lagged.get(src, 0)},
                     "missing": summary.missing.get(src, 0), "damaged": summary.damaged.get(src, 0),
@@ -810,7 +834,7 @@ def _refuse_writing_over_inputs(out_path: Path, model, sources: list[str]) -> No
 
     model_path = Path(split_engine(os.fspath(model))[1])
     inputs = [(model_path, "the model"), (manifest_path(model_path), "the model's manifest")]
-    inputs += [(Path(s), "a source video") for s in sources if "://" not in s]
+    inputs += [(Path(s), "a source video") for s in sources if "://" not in url_of(s)]
     target = out_path.resolve()
     for path, what in inputs:
         if path.exists() and path.resolve() == target:
@@ -820,7 +844,9 @@ def _refuse_writing_over_inputs(out_path: Path, model, sources: list[str]) -> No
 
 def _no_batch(sources: list[str], model) -> list[str]:
     for s in sources:
-        if "://" not in s and not s.startswith("@") and Path(s).is_dir():
+        if "://" in url_of(s):
+            continue
+        if not s.startswith("@") and Path(s).is_dir():
             _refuse_folder(s, model)
         if s.startswith("@"):
             raise UsageProblem(f"{s} is a list of videos (a batch)",

@@ -31,6 +31,7 @@ import weakref
 from dataclasses import dataclass, field
 
 from ..errors import first_line
+from .credentials import has_credentials, scrub, url_of
 from .source_base import SourceError
 
 NETWORK_SCHEMES = ("rtsp", "rtsps", "rtmp", "rtmps", "srt", "udp", "rtp", "tcp", "http", "https", "hls", "mms")
@@ -74,7 +75,7 @@ def readers_running(timeout: float = 0.0) -> list[str]:
 
 
 def scheme(name: str) -> str | None:
-    head, sep, _ = str(name).partition("://")
+    head, sep, _ = str(url_of(name)).partition("://")
     return head.lower() if sep and head.isascii() and head.replace("+", "").replace("-", "").isalnum() else None
 
 
@@ -186,6 +187,8 @@ class SourceEvent:
         if self.event == "caught_up":
             return f"{self.source}: caught up ({self.extra['lag_s']:.1f} s behind) after skipping " \
                    f"{self.extra['skipped']} frame(s)"
+        if self.event == "auth_failed":
+            return f"{self.source}: the server refused the credentials or this client, not retrying: {self.reason}"
         if self.event == "gave_up":
             return f"{self.source}: gave up reconnecting after {self.outage_s:.1f} s ({self.attempts} attempt(s))"
         return f"{self.source}: {self.event}" + (f": {self.reason}" if self.reason else "")
@@ -405,11 +408,22 @@ def open_url(av, name: str, options: LiveOptions, liveness: Liveness | None = No
     else:
         timeout = (max(0.05, liveness.deadline() - liveness.clock()) / 2, options.watch_slice)
     try:
-        return av.open(name, options=options.av_options(name), timeout=timeout)
+        return av.open(url_of(name), options=options.av_options(name), timeout=timeout)
     except Exception as exc:  # noqa: BLE001 - av.error.*, OSError
         reason, fix = network_error(name, exc, options, opening=True, elapsed=time.monotonic() - t0,
                                     limit=timeout[0])
-        raise SourceError(name, f"cannot connect: {reason}", fix) from exc
+        err = SourceError(name, f"cannot connect: {reason}", fix)
+        err.final = refused(name, exc)
+        raise err from exc
+
+
+def refused(name: str, exc: BaseException) -> bool:
+    """Whether the server refused this client for good: credentials it rejects (401 when they were given) or no
+    access at all (403). Retrying would change nothing, and on many cameras locks the account."""
+    low = first_line(exc).lower()
+    if "403" in low or "forbidden" in low:
+        return True
+    return ("401" in low or "unauthorized" in low) and has_credentials(name)
 
 
 def network_error(name: str, exc: BaseException, options: LiveOptions, opening: bool,
@@ -419,9 +433,9 @@ def network_error(name: str, exc: BaseException, options: LiveOptions, opening: 
     that came when the timeout ran out (``elapsed``, seconds the attempt took) is a timeout whatever FFmpeg says:
     its RTSP client reports a server that never answers as "Invalid data". ``limit``: the timeout the demuxer was
     given, where it is not the option's own."""
-    text = first_line(exc)
+    text = scrub(name, first_line(exc))  # FFmpeg's text names the URL it was given: no credentials out
     low = text.lower()
-    host = str(name).split("://", 1)[-1].split("/", 1)[0].rsplit("@", 1)[-1]
+    host = str(url_of(name)).split("://", 1)[-1].split("/", 1)[0].rsplit("@", 1)[-1]
     limit = limit or (options.open_timeout if opening else options.read_timeout)
     if isinstance(exc, ConnectionRefusedError) or "connection refused" in low:
         return (f"nothing accepts connections at {host} (connection refused)",
@@ -434,9 +448,17 @@ def network_error(name: str, exc: BaseException, options: LiveOptions, opening: 
                 f"check the address and the network, or allow longer with --{'open' if opening else 'read'}-timeout")
     if "404" in low or "not found" in low:
         return (f"the server at {host} has no stream at this path (404)", "check the path part of the URL")
+    if "403" in low or "forbidden" in low:
+        return (f"the server at {host} refuses this client (403 Forbidden)",
+                "check the camera's access rules for this user and address")
+    if ("401" in low or "unauthorized" in low) and has_credentials(name):
+        return (f"the server at {host} refused the user name and password given (401)",
+                "check them (in the URL, TRTC_RTSP_USER/TRTC_RTSP_PASSWORD or --credentials FILE); trtc does not "
+                "retry refused credentials, so that the camera does not lock the account")
     if "401" in low or "unauthorized" in low:
         return (f"the server at {host} asks for a user name and password (401)",
-                "put them in the URL: rtsp://USER:PASSWORD@host/path")
+                "give them: in the URL (rtsp://USER:PASSWORD@host/path), or TRTC_RTSP_USER and TRTC_RTSP_PASSWORD, "
+                "or --credentials FILE (docs/LIVE.md)")
     if "no route" in low or "unreachable" in low or "name or service not known" in low or "resolve" in low:
         return f"cannot reach {host} [{text}]", "check the host name and the network route to it"
     if "end of file" in low or isinstance(exc, EOFError):
@@ -494,12 +516,17 @@ class LiveSource:
         self.lagged += 1
         return False
 
-    def _lost(self, lv: Liveness, reason: str, fix: str | None) -> None:
+    def _lost(self, lv: Liveness, reason: str, fix: str | None, final: bool = False) -> None:
         """The attempt or the connection failed: say so once (``disconnected`` when frames stopped,
         ``connect_failed`` at a never-connected source's first failure; nothing for later failed attempts), then
-        wait for the next attempt; raise SourceError when the source is given up on (or the run stops)."""
+        wait for the next attempt; raise SourceError when the source is given up on (or the run stops). ``final``:
+        the server refused the credentials or the client (:func:`refused`): an ``auth_failed`` event, and the source
+        is given up at once."""
         if self.stop is not None and self.stop.is_set():
             raise SourceError(self.name, f"stopped while reconnecting ({reason})")
+        if final:
+            self._event("auth_failed", reason=reason)
+            raise SourceError(self.name, f"auth_failed: {reason}; not retried", fix)
         was_live, first = lv.live, not lv.ever and lv.failures == 0
         delay = lv.lost()
         if was_live:

@@ -234,7 +234,7 @@ def run_fed(src, nvc, stream_ptr: int, on_frame) -> None:
         except SourceError as exc:
             if lv is None:
                 raise
-            src._lost(lv, exc.detail, exc.fix)
+            src._lost(lv, exc.detail, exc.fix, getattr(exc, "final", False))
             continue
         reason, fix = "the stream ended: the server closed it", "check the camera or server"
         try:

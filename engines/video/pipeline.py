@@ -236,7 +236,7 @@ def _check_arguments(sources, stride, buffers, max_wait_ms, colorspace) -> list[
     """The caller's arguments that need no engine: refused here, once, before any source starts."""
     if isinstance(sources, (str, bytes)) or not hasattr(sources, "__iter__"):
         sources = [sources]
-    sources = [str(s) for s in sources]
+    sources = [s if isinstance(s, str) else str(s) for s in sources]  # an Address keeps its url
     if not sources:
         raise UsageProblem("no video sources given")
     if stride < 1:

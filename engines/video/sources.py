@@ -19,6 +19,7 @@ from ..errors import TrtcError, first_line
 import numpy as np
 
 from ..preprocess import ColorSpace, YuvPlanes
+from .credentials import scrub, url_of
 from .live import (LagClock, LiveOptions, LiveSource, Liveness, NoFrames, is_network, network_error, open_url,
                    watched_packets)
 from .source_base import (DETAIL_CHARS, MAX_REJECTED_PACKETS, SourceError, SourceInfo, Timeline,  # noqa: F401
@@ -29,7 +30,7 @@ log = logging.getLogger("trtc")
 
 
 def is_url(name: str) -> bool:
-    return "://" in name
+    return "://" in url_of(name)
 
 
 def check_exists(name: str) -> None:
@@ -123,7 +124,7 @@ class PyAVSource(LiveSource):
 
     def __init__(self, name: str, colorspace: str | None = None, loop: int = 1, realtime: bool = False,
                  live: bool | None = None, options: LiveOptions | None = None):
-        self.name = str(name)
+        self.name = name if isinstance(name, str) else str(name)  # an Address keeps its url for the open
         self.override = colorspace
         self.loop = max(1, int(loop))
         self.realtime = realtime
@@ -209,7 +210,7 @@ class PyAVSource(LiveSource):
             try:
                 container, stream = self._open(lv)
             except SourceError as exc:
-                self._lost(lv, exc.detail, exc.fix)
+                self._lost(lv, exc.detail, exc.fix, getattr(exc, "final", False))
                 continue
             clock = Timeline(stream, live=True)
             lags = LagClock()  # a new connection: the stream's times start again
@@ -279,7 +280,7 @@ def _decode(container, stream, name, skipped: list, packets=None):
                 yield from stream.codec_context.decode(None)
             except Exception:  # noqa: BLE001 - a decoder that cannot even flush has nothing more to give
                 pass
-            raise SourceError(name, f"stopped while reading: {first_line(exc, DETAIL_CHARS)}") from exc
+            raise SourceError(name, f"stopped while reading: {scrub(name, first_line(exc, DETAIL_CHARS))}") from exc
         try:
             frames = packet.decode()
         except Exception as exc:  # noqa: BLE001 - av.error.InvalidDataError and friends
@@ -360,7 +361,7 @@ class NvdecSource(LiveSource):
     def __init__(self, name: str, gpu: int = 0, colorspace: str | None = None, loop: int = 1,
                  realtime: bool = False, latency: str = "native", live: bool | None = None,
                  options: LiveOptions | None = None):
-        self.name = str(name)
+        self.name = name if isinstance(name, str) else str(name)  # an Address keeps its url
         self.gpu = gpu
         self.override = colorspace
         self.loop = max(1, int(loop))
