@@ -206,8 +206,8 @@ class Liveness:
     runs from the last frame (from the first attempt for a source that never gave one), so ``outage_s`` is the
     time without frames and ``reconnect_for`` counts from the last frame. :meth:`deadline` is when the watchdog
     declares the current connection lost: ``open_timeout`` after the attempt began until its first frame, then
-    ``read_timeout`` after the last frame, and for a source that had frames never past the moment it is to be
-    given up (a source's first connection gets its whole ``open_timeout``)."""
+    ``read_timeout`` after the last frame, and never past the moment it is to be given up, whether it had frames or
+    not (with ``reconnect_for`` 0 the one attempt gets its whole ``open_timeout``)."""
 
     def __init__(self, options: LiveOptions, clock=time.monotonic):
         self.o = options
@@ -244,17 +244,17 @@ class Liveness:
         if self.live:
             return self.last_frame + self.o.read_timeout
         due = self.attempt_start + self.o.open_timeout
-        if self.ever and self.outage_start is not None:  # a source that had frames: not past its give-up moment
-            return min(due, self.outage_start + self.o.reconnect_for)
-        return due  # a first connection gets its whole open_timeout
+        if self.outage_start is not None and self.o.reconnect_for > 0:  # never past the moment it is given up,
+            return min(due, self.outage_start + self.o.reconnect_for)  # whether it ever connected or not
+        return due  # --reconnect-for 0: its one attempt gets its whole open_timeout
 
     def timeout_reason(self) -> tuple[str, str]:
-        """(reason, fix) for a connection the watchdog declared lost."""
+        """(reason, fix) for a connection the watchdog declared lost, with the time it actually waited."""
         if self.live:
             return (f"no frame for {self.o.read_timeout:g} s",
                     "check the camera and the network, or allow longer with --read-timeout")
-        return (f"no frame within {self.o.open_timeout:g} s of connecting",
-                "check the camera and the network, or allow longer with --open-timeout")
+        return (f"no frame within {self.clock() - self.attempt_start:.1f} s of connecting (--open-timeout "
+                f"{self.o.open_timeout:g})", "check the camera and the network, or allow longer with --open-timeout")
 
     def lost(self) -> float | None:
         """The attempt or connection failed: the delay before the next attempt, or None to give up."""
@@ -399,14 +399,16 @@ def open_url(av, name: str, options: LiveOptions, liveness: Liveness | None = No
     SourceError in words (:func:`network_error`), a silent server included.
 
     ``liveness``: a watched live source (:func:`watched_packets`). Its reads time out after
-    ``options.watch_slice`` s, and the open ends by the attempt's deadline (:meth:`Liveness.deadline`): PyAV
-    bounds its two steps (the handshake, then reading the first packets to learn the stream) each by its open
-    timeout, so each gets half of the time left."""
+    ``options.watch_slice`` s, and the open is given the time left to the attempt (:meth:`Liveness.deadline`).
+    PyAV bounds each of the open's two steps (the handshake, then reading the first packets to learn the stream)
+    by that time from the step's own start: a silent server (the handshake) times out at the deadline; a server
+    that answers at once and then sends nothing, at the deadline plus the handshake's time. (Halving the time
+    between the two steps, as before, made --open-timeout 10 give up after 5 s.)"""
     t0 = time.monotonic()
     if liveness is None:
         timeout = (options.open_timeout, options.read_timeout)
     else:
-        timeout = (max(0.05, liveness.deadline() - liveness.clock()) / 2, options.watch_slice)
+        timeout = (max(0.05, liveness.deadline() - liveness.clock()), options.watch_slice)
     try:
         return av.open(url_of(name), options=options.av_options(name), timeout=timeout)
     except Exception as exc:  # noqa: BLE001 - av.error.*, OSError
@@ -444,7 +446,9 @@ def network_error(name: str, exc: BaseException, options: LiveOptions, opening: 
     if timed_out or "immediate exit requested" in low or "timed out" in low or isinstance(exc, TimeoutError):
         t = options.open_timeout if opening else options.read_timeout
         what = "no answer to the connection" if opening else "no data"
-        return (f"{what} within {t:g} s [{text}]",
+        waited = f"{elapsed:.1f} s (--{'open' if opening else 'read'}-timeout {t:g})" if elapsed is not None \
+            else f"{t:g} s"
+        return (f"{what} within {waited} [{text}]",
                 f"check the address and the network, or allow longer with --{'open' if opening else 'read'}-timeout")
     if "404" in low or "not found" in low:
         return (f"the server at {host} has no stream at this path (404)", "check the path part of the URL")

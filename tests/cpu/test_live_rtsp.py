@@ -7,6 +7,7 @@ Every case is bounded in time (timeouts on every wait; the servers are killed in
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -144,10 +145,38 @@ def test_silent_server_times_out_and_never_hangs(rtsp, lite0_onnx, tmp_path):
     assert proc.returncode == 1
     assert time.monotonic() - t0 < 30
     (problem,) = json.loads((tmp_path / "s.json").read_text())["problems"]
-    assert "no answer to the connection within 1 s" in problem["reason"] and "gave up after" in problem["reason"]
+    assert "no answer to the connection within 1." in problem["reason"] and "gave up after" in problem["reason"]
     assert "--reconnect-attempts (now 1)" in problem["reason"]  # the fix names the option that ended it
     assert [json.loads(line)["event"] for line in stdout.splitlines()] == ["connect_failed", "gave_up"]
     assert stderr.count("cannot connect (retrying quietly)") == 1, stderr  # a warning at once, then quiet
+
+
+def test_open_timeout_and_reconnect_for_fire_at_their_values(rtsp, orientation_model, tmp_path):
+    """A server that accepts and never answers: --open-timeout 5 and 10 end the attempt at 5 and 10 s (+-1 s;
+    the message says how long it waited), and a camera that never connected is given up at --reconnect-for
+    (9 s, with 4 s attempts), not after the attempt that runs past it. Three processes at once (mostly waiting)."""
+    runs = {}
+    with rtsp.start(silent=True) as srv:
+        for name, opts in (("open5", ["--open-timeout", "5", "--reconnect-for", "0"]),
+                           ("open10", ["--open-timeout", "10", "--reconnect-for", "0"]),
+                           ("for9", ["--open-timeout", "4", "--reconnect-for", "9"])):
+            runs[name] = _trtc("-q", "run", srv.url, "--model", orientation_model, "--device", "cpu", *opts,
+                               "--summary", tmp_path / f"{name}.json")
+        try:
+            done = {name: p.communicate(timeout=60) for name, p in runs.items()}
+        finally:
+            for p in runs.values():
+                p.kill()
+    for name, seconds in (("open5", 5), ("open10", 10), ("for9", 9)):
+        assert runs[name].returncode == 1, done[name][1]
+        events = [json.loads(line) for line in done[name][0].splitlines()]
+        gave_up = events[-1]
+        assert gave_up["event"] == "gave_up" and abs(gave_up["outage_s"] - seconds) <= 1, (name, events)
+        if name != "for9":
+            m = re.search(r"no answer to the connection within ([\d.]+) s \(--open-timeout (\d+)\)",
+                          gave_up["reason"])
+            assert m and abs(float(m.group(1)) - seconds) <= 1 and int(m.group(2)) == seconds, gave_up
+    assert json.loads(done["for9"][0].splitlines()[-1])["attempts"] >= 2
 
 
 def test_three_cameras_one_dead_the_others_unaffected(rtsp, engine):

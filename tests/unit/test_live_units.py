@@ -73,6 +73,25 @@ def test_a_connection_counts_from_its_first_frame_and_the_outage_from_the_last()
     assert delay is None and lv.outage_s() == 15.0 and not lv.live
 
 
+def test_a_camera_that_never_connected_is_given_up_at_reconnect_for_not_past_it():
+    """Its attempts' deadlines never pass the give-up moment (first attempt + reconnect_for), as for a camera that
+    had frames; with reconnect_for 0 (no reconnecting) its one attempt gets its whole open_timeout."""
+    clock = Clock()
+    lv = Liveness(LiveOptions(open_timeout=10, reconnect_for=25), clock)
+    ends = []
+    while True:
+        lv.opening()
+        clock.t = lv.deadline()  # each attempt times out
+        ends.append(clock.t)
+        delay = lv.lost()
+        if delay is None:
+            break
+        clock.t += delay
+    assert ends[0] == 10 and max(ends) == 25 and lv.outage_s() == 25
+    lv = Liveness(LiveOptions(open_timeout=10, reconnect_for=0), Clock())
+    assert lv.deadline() == 10
+
+
 def test_watchdog_resumes_interrupted_reads_and_fires_at_the_deadline():
     """watched_packets: a read that PyAV's short timeout interrupts is resumed with a fresh demuxer while the
     deadline is ahead; past it NoFrames says which timeout, whatever the demuxer does."""
@@ -213,7 +232,7 @@ def test_network_errors_are_said_in_words_with_a_fix():
     assert "nothing accepts connections at cam:554" in reason and "running" in fix
     reason, fix = network_error("rtsp://u:p@cam/s", OSError("Invalid data found when processing input"), o, True,
                                 elapsed=3.1)
-    assert reason.startswith("no answer to the connection within 3 s") and "--open-timeout" in fix
+    assert reason.startswith("no answer to the connection within 3.1 s (--open-timeout 3)") and "--open-timeout" in fix
     reason, _ = network_error("rtsp://cam/s", OSError("Server returned 401 Unauthorized"), o, True, elapsed=0.1)
     assert "user name and password" in reason and "u:p" not in reason
 
