@@ -305,10 +305,11 @@ class LagClock:
     def reset(self) -> None:
         self.offset = None
 
-    def captured(self, t: float | None, received: float) -> float:
-        """The capture time of a frame with stream time ``t`` received at ``received`` (Unix seconds)."""
+    def captured(self, t: float | None, received: float) -> float | None:
+        """The capture time of a frame with stream time ``t`` received at ``received`` (Unix seconds); None for a
+        frame without a stream time (its capture time is unknown: it has no lag, and sets no anchor)."""
         if t is None:
-            return received if self.offset is None else max(self.offset, received - 3600.0)
+            return None
         off = received - t
         if self.offset is None or off < self.offset:
             self.offset = off
@@ -492,6 +493,17 @@ class LiveSource:
         back = lv.frame()
         if back is not None:
             self._event("reconnected", outage_s=back[0], attempts=back[1])
+
+    def _keep_frame(self, captured: float | None, received: float) -> bool:
+        """:meth:`_keep` for a frame captured at ``captured`` (None: unknown) and decoded at ``received``. A frame of
+        unknown capture time neither starts nor ends a skip: it is skipped while one runs, else kept."""
+        if captured is not None:
+            return self._keep(received - captured)
+        if getattr(self, "_skipping", None) is None or self.options.max_lag is None or self.options.policy == "block":
+            return True
+        self._skipping += 1
+        self.lagged += 1
+        return False
 
     def _keep(self, lag: float) -> bool:
         """Whether a decoded frame ``lag`` s after its capture is passed on; decided before any preprocessing. Past

@@ -154,7 +154,7 @@ class _Feed:
                 src._frame_arrived(lv)
                 received = time.time()
                 src.captured = self.lags.captured(t, received)  # read by on_frame for the lag of the result
-                if not src._keep(received - src.captured):  # decoded, not preprocessed
+                if not src._keep_frame(src.captured, received):  # decoded, not preprocessed
                     del frame
                     index += 1
                     continue

@@ -228,7 +228,7 @@ class PyAVSource(LiveSource):
                     self.captured = lags.captured(t, received)
                     if frame.is_corrupt:
                         self.damaged += 1
-                    elif self._keep(received - self.captured):  # before any conversion or preprocessing
+                    elif self._keep_frame(self.captured, received):  # before any conversion or preprocessing
                         yield index, pts, t, host_planes(frame), received
                     index += 1
                     if self.stop is not None and self.stop.is_set():

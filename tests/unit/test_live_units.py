@@ -384,6 +384,36 @@ def test_frames_past_max_lag_are_skipped_with_one_lagging_and_one_caught_up_even
     assert src._keep(100.0) and src.lagged == 4
 
 
+def test_a_frame_without_stream_time_has_no_lag_and_never_starts_or_ends_a_skip():
+    """28 s of frames on time, then one without a stream time (no pts, no frame rate): it used to get the
+    connection's anchor as its capture time, so its lag came out as the whole 28 s since the stream began (a false
+    ``lagging`` event at the end of a live run). Its capture time is unknown: no lag, no event; during a skip it is
+    skipped with the others and the skip goes on."""
+    from engines.video.live import LagClock, LiveSource
+
+    class Src(LiveSource):
+        name, decoded, stop, lagged = "cam", 0, None, 0
+        options = LiveOptions(max_lag=1.0)
+
+        def __init__(self):
+            self.events = []
+            self.on_event = self.events.append
+
+    src, clock = Src(), LagClock()
+    start = 1_800_000_000.0
+    for i in range(281):  # stream time i / 10, decoded 50 ms later
+        assert src._keep_frame(clock.captured(i / 10, start + i / 10 + 0.05), start + i / 10 + 0.05)
+    received = start + 28.15
+    captured = clock.captured(None, received)
+    kept = src._keep_frame(captured, received)
+    assert src.events == [] and kept and captured is None  # no lagging event, no lag
+    assert src._keep_frame(clock.captured(28.1, start + 30.0), start + 30.0) is False  # 1.85 s behind: a skip
+    assert src._keep_frame(clock.captured(None, start + 30.05), start + 30.05) is False  # skipped with it
+    assert [e.event for e in src.events] == ["lagging"] and src.lagged == 2
+    assert src._keep_frame(clock.captured(30.1, start + 30.2), start + 30.2)  # back under half: caught up
+    assert [e.event for e in src.events] == ["lagging", "caught_up"] and src.events[1].extra["skipped"] == 2
+
+
 def test_ray_reruns_a_live_source_as_a_new_connection_with_frame_numbers_going_on():
     """A live source whose Ray actor failed is handed to another actor without ``done`` (which a live source
     refuses) and its new connection's frames, numbered from 0 there, reach the caller numbered on from the last
