@@ -52,8 +52,10 @@ class RunSummary:
     missing: dict = field(default_factory=dict)  # live sources: frames their timestamps say never arrived
     damaged: dict = field(default_factory=dict)  # packets or frames the decoder could not read
     lagged: dict = field(default_factory=dict)  # live sources: frames skipped for being past --max-lag
+    cut: dict = field(default_factory=dict)  # live sources: frames made up from data trtc's read timeout cut short
     lag_s: dict = field(default_factory=dict)  # live sources: capture -> result, seconds: p50, p99, max, frames
-    # each source: received (decoded), classified, dropped by reason (queue: inference lagged; lag: past --max-lag),
+    # each source: received (decoded), classified, dropped by reason (queue: inference lagged; lag: past --max-lag;
+    # cut: made up from data trtc's own read timeout cut short),
     # missing, damaged, lag_s, outages (disconnected events) and status ("ok", "interrupted" or its problem)
     by_source: dict = field(default_factory=dict)
     events: int = 0  # live sources' event records (disconnected, reconnected, gave_up) written with the lines
@@ -645,7 +647,9 @@ def _summary(model, device, sources, run, lines: _Lines, prior: _Prior, interrup
                       # the frames of a source with a problem: all it gave, also those still in flight then
                       problems=[{"source": p.source, "reason": plain_reason(p.source, p.reason),
                                  "frames": per_source.get(p.source, p.frames)} for p in run.problems]
-                      + _lost_at_stop(lines.last_event, run.problems, per_source),
+                      + _lost_at_stop(lines.last_event, run.problems, per_source)
+                      + _damaged_live(live_sources, stats.get("damaged") or {}, lines.last_event, run.problems,
+                                      per_source),
                       output=str(lines.out_path) if lines.out_path else None, latency_ms=lat,
                       interrupted=interrupted, last_frame={s: lines.last.get(s) for s in sources},
                       resumed_lines=prior.lines, ray=_ray_summary(ray_info, run, prior.complete),
@@ -655,6 +659,7 @@ def _summary(model, device, sources, run, lines: _Lines, prior: _Prior, interrup
                       missing=dict(stats.get("missing") or {}),
                       damaged=dict(stats.get("damaged") or {}), events=lines.events,
                       lagged=dict(stats.get("lagged") or {}), lag_s=dict(stats.get("lag_s") or {}),
+                      cut=dict(stats.get("cut") or {}),
                       signal=stop_signal() if interrupted else None, live=live_sources,
                       write_error=None if lines.error is None else {
                           "reason": lines.error.strerror or type(lines.error).__name__,
@@ -670,7 +675,8 @@ def _by_source(summary: "RunSummary", outages: dict, decoded: dict) -> dict:
         if status.startswith(f"{src}: auth_failed:"):  # the server refused the credentials or the client: its own
             status = "auth_failed"  # status (the reason is in problems)
         out[src] = {"received": decoded.get(src), "classified": summary.per_source.get(src, 0),
-                    "dropped": {"queue": summary.dropped.get(src, 0), "lag": summary.lagged.get(src, 0)},
+                    "dropped": {"queue": summary.dropped.get(src, 0), "lag": summary.lagged.get(src, 0),
+                                "cut": summary.cut.get(src, 0)},
                     "missing": summary.missing.get(src, 0), "damaged": summary.damaged.get(src, 0),
                     "lag_s": summary.lag_s.get(src, {}), "outages": outages.get(src, 0), "status": status}
     return out
@@ -689,6 +695,17 @@ def _lost_at_stop(last_event: dict, problems, per_source: dict) -> list[dict]:
         out.append({"source": source, "frames": per_source.get(source, ev.frames),
                     "reason": f"{what}: {ev.reason}; no frame for {without:.1f} s when the run ended"})
     return out
+
+
+def _damaged_live(live_sources, damaged: dict, last_event: dict, problems, per_source: dict) -> list[dict]:
+    """The live sources that lost frames or packets to damage in the stream (said while the run went on by
+    ``damaged`` events) and have no other problem: problems too, with the count."""
+    reported = {p.source for p in problems} | {s for s, ev in last_event.items()
+                                               if ev.event in ("disconnected", "connect_failed")}
+    return [{"source": s, "frames": per_source.get(s, 0),
+             "reason": f"damaged: {damaged[s]} frame(s) or packet(s) of the stream could not be decoded (not "
+                       "classified; see the damaged events)"}
+            for s in live_sources if damaged.get(s) and s not in reported]
 
 
 def _timing(started_at: float, ready_at: float, lines: _Lines) -> dict:

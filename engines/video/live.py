@@ -41,6 +41,8 @@ TRANSPORTS = ("tcp", "udp")
 WATCH_SLICE = 0.5
 # a source that keeps going past --max-lag: a warning line at most this often (seconds); each event is still a line
 LAG_WARN_EVERY = 60.0
+# a live stream's damage: a damaged event at most this often per source (seconds), with the frames lost since the last
+DAMAGE_EVERY = 10.0
 AVERROR_EXIT = 1414092869  # FFmpeg's "Immediate exit requested": PyAV's read timeout interrupted the read
 # seconds a pipeline that stops waits, in all, for its reader threads: a read ends within WATCH_SLICE; an open
 # (FFmpeg's RTSP handshake) cannot be interrupted before its own timeout
@@ -187,6 +189,10 @@ class SourceEvent:
         if self.event == "caught_up":
             return f"{self.source}: caught up ({self.extra['lag_s']:.1f} s behind) after skipping " \
                    f"{self.extra['skipped']} frame(s)"
+        if self.event == "damaged":
+            since = time.strftime("%H:%M:%S", time.localtime(self.extra["since"]))
+            return f"{self.source}: {self.extra['lost']} frame(s) or packet(s) lost to damage in the stream since " \
+                   f"{since} ({self.extra['total']} in all); the run goes on"
         if self.event == "auth_failed":
             return f"{self.source}: the server refused the credentials or this client, not retrying: {self.reason}"
         if self.event == "gave_up":
@@ -493,6 +499,27 @@ class LiveSource:
         back = lv.frame()
         if back is not None:
             self._event("reconnected", outage_s=back[0], attempts=back[1])
+
+    def _damage(self, n: int = 1) -> None:
+        """``n`` more frames or packets of this live stream lost to damage (already counted in ``damaged``): a
+        ``damaged`` event at once, then at most one every DAMAGE_EVERY s with those lost since the last (``lost``;
+        ``since``: the wall time of the first of them; ``total``: the source's count so far); its stderr line a
+        warning at most once a minute (else info, shown at -v), as for lagging."""
+        now = time.monotonic()
+        self._damage_lost = getattr(self, "_damage_lost", 0) + n
+        if getattr(self, "_damage_since", None) is None:
+            self._damage_since = time.time()
+        said = getattr(self, "_damage_said", None)
+        if said is not None and now - said < DAMAGE_EVERY:
+            return
+        warned = getattr(self, "_damage_warned", None)
+        loud = warned is None or now - warned >= LAG_WARN_EVERY
+        if loud:
+            self._damage_warned = now
+        self._damage_said = now
+        self._event("damaged", extra={"lost": self._damage_lost, "since": round(self._damage_since, 3),
+                                      "total": self.damaged}, loud=loud)
+        self._damage_lost, self._damage_since = 0, None
 
     def _keep_frame(self, captured: float | None, received: float) -> bool:
         """:meth:`_keep` for a frame captured at ``captured`` (None: unknown) and decoded at ``received``. A frame of

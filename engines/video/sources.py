@@ -135,6 +135,7 @@ class PyAVSource(LiveSource):
         self.missing = 0  # live: frames the stream's timestamps say were sent but never arrived
         self.damaged = 0  # frames the decoder flagged as damaged (not classified)
         self.lagged = 0  # live: frames decoded but skipped because they were past --max-lag
+        self.cut = 0  # live: frames left out because trtc's read timeout cut their data short (not damage)
         self.captured: float | None = None  # live: the capture time (Unix s) of the frame last passed on
         self.stop: threading.Event | None = None
         self.on_event = None  # callable(SourceEvent), set by the pipeline
@@ -215,10 +216,11 @@ class PyAVSource(LiveSource):
             clock = Timeline(stream, live=True)
             lags = LagClock()  # a new connection: the stream's times start again
             skipped: list = []
+            cut = [False]  # since a packet an interrupted read cut short, until a whole key frame
             reason, fix = "the stream ended: the server closed it", "check the camera or server"
             try:
                 for frame in _decode(container, stream, self.name, skipped,
-                                     watched_packets(container, stream, lv, self.stop)):
+                                     watched_packets(container, stream, lv, self.stop), cut):
                     self._frame_arrived(lv)
                     if clock.first:
                         self.info.colorspace = _colorspace_from_av(frame, frame.height, self.override)
@@ -226,8 +228,15 @@ class PyAVSource(LiveSource):
                     self.decoded += 1
                     received = time.time()
                     self.captured = lags.captured(t, received)
-                    if frame.is_corrupt:
+                    if skipped:  # packets the decoder refused: damage, said while the run goes on
+                        self.damaged += len(skipped)
+                        self._damage(len(skipped))
+                        skipped.clear()
+                    if frame.is_corrupt and cut[0]:  # made up where trtc's own read timeout cut the data
+                        self.cut += 1
+                    elif frame.is_corrupt:
                         self.damaged += 1
+                        self._damage(1)
                     elif self._keep_frame(self.captured, received):  # before any conversion or preprocessing
                         yield index, pts, t, host_planes(frame), received
                     index += 1
@@ -259,13 +268,14 @@ def _cut_transport_stream(name: str, container) -> bool:
     return all(size % n for n in (188, 192, 204))
 
 
-def _decode(container, stream, name, skipped: list, packets=None):
+def _decode(container, stream, name, skipped: list, packets=None, cut: list | None = None):
     """Frames of one stream; a packet the decoder rejects is skipped and counted (``skipped``), as NVDEC does
     with corrupt pictures; the demuxer failing (file cut off, connection lost) ends the source with an error.
     ``packets``: (packet, interrupted) pairs to decode instead of the container's own
     (:func:`~engines.video.live.watched_packets`); a refused packet that an interrupted read handed back is not
-    counted, being cut short by trtc's own watchdog rather than damaged in the stream. Its :class:`NoFrames`
-    passes through."""
+    counted, being cut short by trtc's own watchdog rather than damaged in the stream. ``cut``: a one-item list set
+    True at such a packet and False at the next whole key frame (the frames between may be made up from the cut
+    data). Its :class:`NoFrames` passes through."""
     if packets is None:
         packets = ((p, False) for p in container.demux(stream))
     while True:
@@ -281,6 +291,8 @@ def _decode(container, stream, name, skipped: list, packets=None):
             except Exception:  # noqa: BLE001 - a decoder that cannot even flush has nothing more to give
                 pass
             raise SourceError(name, f"stopped while reading: {scrub(name, first_line(exc, DETAIL_CHARS))}") from exc
+        if cut is not None and (interrupted or packet.is_keyframe):
+            cut[0] = interrupted
         try:
             frames = packet.decode()
         except Exception as exc:  # noqa: BLE001 - av.error.InvalidDataError and friends

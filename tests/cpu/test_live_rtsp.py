@@ -7,6 +7,7 @@ Every case is bounded in time (timeouts on every wait; the servers are killed in
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -479,6 +480,49 @@ def test_bandwidth_below_the_bitrate_is_lag_reported_and_bounded(rtsp, engine):
     print(f"throttled: {s.lagged[proxy.url()]} skipped; lag of results {lag}")
     assert s.lagged[proxy.url()] == events[1][1].extra["skipped"] > 0
     assert lag["max"] < 1.0 + 1.0
+
+
+def test_damage_is_said_while_the_run_goes_on_and_a_throttled_link_is_not_damage(rtsp, orientation_model,
+                                                                                  tmp_path):
+    """Two cameras in one `trtc run`: one whose RTP payloads get bytes flipped for 8 s, one throttled to 3 KB/s for
+    8 s (a link so thin that trtc's own read timeout interrupts reads in the middle of a picture). The damaged one:
+    a damaged event and a warning while the run goes on (results after it), listed in problems with its count. The
+    throttled one: no damage anywhere (the frames made up from a packet the read timeout cut short are counted as
+    cut, not damaged)."""
+    from tests.faultproxy import Fault, FaultProxy
+
+    out, summary = tmp_path / "live.jsonl", tmp_path / "s.json"
+    with rtsp.start(pattern=True) as srv, \
+            FaultProxy(("127.0.0.1", srv.port), [Fault("corrupt", 2, 8, rate=0.05, flips=4)], lifetime=90,
+                       path=srv.path, seed=7) as bad, \
+            FaultProxy(("127.0.0.1", srv.port), [Fault("throttle", 2, 8, rate=3_000)], lifetime=90,
+                       path=srv.path) as thin:
+        proc = _trtc("run", f"bad={bad.url()}", f"thin={thin.url()}", "--model", orientation_model, "--device", "cpu",
+                     "--stride", "3", "--top-k", "1", "--max-lag", "30", "-o", out, "--summary", summary,
+                     env={**os.environ, "TRTC_CPU_THREADS": "1", "PYTHONPATH": str(ROOT)})
+        try:
+            _wait_for(lambda: '"damaged"' in _tmp_text(out), 40, proc)
+            _wait_for(lambda: thin.elapsed() > 12, 40, proc)  # both faults over, the thin link drained
+            _wait_for(lambda: _tmp_text(out).split('"damaged"', 1)[1].count('"source": "bad"') >= 5, 40, proc)
+            proc.send_signal(signal.SIGTERM)
+            stdout, stderr = proc.communicate(timeout=30)
+        finally:
+            proc.kill()
+    assert proc.returncode == 143, stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    damaged = [r for r in records if r.get("event") == "damaged"]
+    assert damaged and {r["source"] for r in damaged} == {"bad"}, damaged
+    assert damaged[0]["lost"] >= 1 and damaged[0]["total"] >= damaged[0]["lost"] and damaged[0]["since"] > 0
+    last_bad = max(r["received"] for r in records if r.get("source") == "bad" and "frame" in r)
+    assert last_bad > damaged[0]["received"]  # said while the run went on
+    assert "lost to damage in the stream" in stderr and "the run goes on" in stderr
+    report = json.loads(summary.read_text())
+    problems = {p["source"]: p["reason"] for p in report["problems"]}
+    assert "bad" in problems and problems["bad"].startswith("damaged:") and report["by_source"]["bad"]["damaged"] > 0
+    thin_entry = report["by_source"]["thin"]
+    print(f"throttled: {thin_entry}")
+    assert thin_entry["damaged"] == 0 and "thin" not in problems and thin_entry["status"] == "interrupted"
+    assert thin_entry["classified"] > 0
 
 
 def test_resume_refuses_live_sources(lite0_onnx, tmp_path):
