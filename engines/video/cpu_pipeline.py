@@ -19,7 +19,7 @@ from .sources import SourceError
 def decode_stage(src, spec, stride, dtype, hub: FrameHub, stop: threading.Event, report_problem, counts,
                  skip_to: int = -1) -> None:
     """One source: decode with PyAV, preprocess on the host, hand over (name, index, pts, t, x, received, at,
-    captured); ``captured``: a live source's capture time (Unix s, :class:`~engines.video.live.LagClock`), else None.
+    captured); ``captured``: a live source's :class:`~engines.video.live.Capture`, else None.
     Its own thread. Frames up to ``skip_to`` (a resumed run's last classified frame) are decoded, not classified."""
     src.stop = stop
     src.on_event = hub.event
@@ -162,7 +162,7 @@ def _run(chunk, engine, topk, stats, counts, start, make_prediction, pending: li
             lag = stats.lag.get(name)
             if lag is None:
                 lag = stats.lag[name] = LagStats()
-            lag.add(now - captured)
+            lag.add_capture(now, captured)
         try:
             yield make_prediction(name, index, pts, t, i_row, s_row, (now - received) * 1000.0, None, received)
         except GeneratorExit:  # the caller has prediction n and left: the rest were not delivered

@@ -242,11 +242,11 @@ class GpuBatches:
         if errors:
             raise errors[0]
 
-    def _lag(self, name: str, captured: float) -> None:
+    def _lag(self, name: str, captured) -> None:
         lag = self.stats.lag.get(name)
         if lag is None:
             lag = self.stats.lag[name] = LagStats()
-        lag.add(time.time() - captured)
+        lag.add_capture(time.time(), captured)
 
     def _warm_up(self, slots: list, stream) -> None:
         """Run the batch once before the clock starts, unless the engine's last pipeline ran this batch size too.

@@ -29,6 +29,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from ..errors import first_line
 from .credentials import has_credentials, scrub, url_of
@@ -298,33 +299,62 @@ class Liveness:
         return not stop.wait(seconds)
 
 
+class Capture(NamedTuple):
+    """A live frame's capture on its connection's :class:`LagClock`: its stream time ``t``; ``at``, the capture time
+    (Unix s) by the anchor when it was decoded; ``final``, whether that anchor was settled then."""
+
+    clock: "LagClock"
+    t: float
+    at: float
+    final: bool
+
+
 class LagClock:
     """When a live stream's frames were captured, on the wall clock: the stream's own time (pts x time base)
     anchored at the wall clock by the smallest (received - stream time) seen on this connection, so delay that
     builds up before decoding (a stall, a link thinner than the stream, a reader that cannot keep up) shows as
     lag, while the fixed delay of the path to the first frame does not. (RTCP sender reports' NTP times are not
-    read: PyAV does not hand them out.) :meth:`reset` at every connection: RTSP restarts timestamps."""
+    read: PyAV does not hand them out.) A new clock at every connection: RTSP restarts timestamps.
+
+    A connection's first frames come in a burst (those read while the stream was probed), late: the anchor is the
+    smallest (received - stream time) over the first SETTLE_S s of stream time, **applied back** to those frames
+    (:meth:`LagStats.add_capture` holds their results until then), and the smallest so far after that. The reader
+    thread writes the anchor, the results' thread reads it: one lock."""
+
+    SETTLE_S = 5.0
 
     def __init__(self):
-        self.offset: float | None = None  # capture wall time = offset + stream time
+        self._lock = threading.Lock()  # owns offset, first_t, settled
+        self.offset: float | None = None  # the smallest (received - stream time) so far
+        self.first_t: float | None = None
+        self.settled: float | None = None  # the anchor at the end of the first SETTLE_S s of stream time
 
-    def reset(self) -> None:
-        self.offset = None
-
-    def captured(self, t: float | None, received: float) -> float | None:
-        """The capture time of a frame with stream time ``t`` received at ``received`` (Unix seconds); None for a
+    def captured(self, t: float | None, received: float) -> Capture | None:
+        """The capture of a frame with stream time ``t`` received at ``received`` (Unix seconds); None for a
         frame without a stream time (its capture time is unknown: it has no lag, and sets no anchor)."""
         if t is None:
             return None
-        off = received - t
-        if self.offset is None or off < self.offset:
-            self.offset = off
-        return self.offset + t
+        with self._lock:
+            off = received - t
+            if self.offset is None or off < self.offset:
+                self.offset = off
+            if self.first_t is None:
+                self.first_t = t
+            final = self.settled is not None
+            if not final and t - self.first_t >= self.SETTLE_S:
+                self.settled = self.offset
+            return Capture(self, t, self.offset + t, final)
+
+    def anchor(self) -> tuple[float | None, bool]:
+        """(the anchor for the frames of the first window, whether it is settled)."""
+        with self._lock:
+            return (self.settled, True) if self.settled is not None else (self.offset, False)
 
 
 class LagStats:
     """Lag of one source's results (seconds from capture to result): p50, p99 and max in fixed memory (a
-    histogram of 10 ms bins up to 120 s; larger lags fall in the last bin and still set ``max``)."""
+    histogram of 10 ms bins up to 120 s; larger lags fall in the last bin and still set ``max``). The results of a
+    connection's first frames wait (as result - stream time, to the millisecond) until its anchor is settled."""
 
     BIN = 0.01
     BINS = 12000
@@ -335,12 +365,36 @@ class LagStats:
         self.counts = np.zeros(self.BINS, np.int64)
         self.n = 0
         self.max = 0.0
+        self.waiting: dict = {}  # LagClock -> {round((result - t) x 1000): results}
 
-    def add(self, lag: float) -> None:
+    def add(self, lag: float, n: int = 1) -> None:
         lag = max(0.0, lag)
-        self.counts[min(int(lag / self.BIN), self.BINS - 1)] += 1
-        self.n += 1
+        self.counts[min(int(lag / self.BIN), self.BINS - 1)] += n
+        self.n += n
         self.max = max(self.max, lag)
+
+    def add_capture(self, result: float, cap: Capture) -> None:
+        """A result at ``result`` (Unix s) of the frame captured as ``cap``."""
+        if cap.final:
+            self.add(result - cap.at)
+            return
+        anchor, settled = cap.clock.anchor()
+        if settled:
+            self._settle(cap.clock)
+            self.add(result - (anchor + cap.t))
+            return
+        for clock in [c for c in self.waiting if c is not cap.clock]:  # an earlier connection: its anchor is final
+            self._settle(clock)
+        held = self.waiting.setdefault(cap.clock, {})
+        key = round((result - cap.t) * 1000)
+        held[key] = held.get(key, 0) + 1
+
+    def _settle(self, clock: LagClock) -> None:
+        held = self.waiting.pop(clock, None)
+        if held:
+            anchor = clock.anchor()[0]
+            for key, n in held.items():
+                self.add(key / 1000 - anchor, n)
 
     def quantile(self, q: float) -> float:
         """The upper edge of the bin holding quantile ``q`` (so within 10 ms above the true value, capped by max)."""
@@ -350,6 +404,8 @@ class LagStats:
         return min((k + 1) * self.BIN, self.max)
 
     def to_dict(self) -> dict:
+        for clock in list(self.waiting):  # a connection still in its first window: the anchor it has now
+            self._settle(clock)
         if not self.n:
             return {}
         return {"p50": round(self.quantile(0.5), 3), "p99": round(self.quantile(0.99), 3), "max": round(self.max, 3),
@@ -521,11 +577,11 @@ class LiveSource:
                                       "total": self.damaged}, loud=loud)
         self._damage_lost, self._damage_since = 0, None
 
-    def _keep_frame(self, captured: float | None, received: float) -> bool:
-        """:meth:`_keep` for a frame captured at ``captured`` (None: unknown) and decoded at ``received``. A frame of
+    def _keep_frame(self, captured: Capture | None, received: float) -> bool:
+        """:meth:`_keep` for a frame captured as ``captured`` (None: unknown) and decoded at ``received``. A frame of
         unknown capture time neither starts nor ends a skip: it is skipped while one runs, else kept."""
         if captured is not None:
-            return self._keep(received - captured)
+            return self._keep(received - captured.at)
         if getattr(self, "_skipping", None) is None or self.options.max_lag is None or self.options.policy == "block":
             return True
         self._skipping += 1

@@ -136,7 +136,7 @@ class PyAVSource(LiveSource):
         self.damaged = 0  # frames the decoder flagged as damaged (not classified)
         self.lagged = 0  # live: frames decoded but skipped because they were past --max-lag
         self.cut = 0  # live: frames left out because trtc's read timeout cut their data short (not damage)
-        self.captured: float | None = None  # live: the capture time (Unix s) of the frame last passed on
+        self.captured = None  # live: the Capture (engines.video.live) of the frame last passed on
         self.stop: threading.Event | None = None
         self.on_event = None  # callable(SourceEvent), set by the pipeline
 
@@ -390,7 +390,7 @@ class NvdecSource(LiveSource):
         self.missing = 0  # live: frames the stream's timestamps say never arrived
         self.damaged = 0  # packets NVDEC refused (skipped)
         self.lagged = 0  # live: frames decoded but skipped because they were past --max-lag
-        self.captured: float | None = None  # live: the capture time (Unix s) of the frame last passed on
+        self.captured = None  # live: the Capture (engines.video.live) of the frame last passed on
         self.stop: threading.Event | None = None
         self.on_event = None  # callable(SourceEvent), set by the pipeline
 

@@ -340,12 +340,31 @@ def test_lag_is_capture_to_now_anchored_at_the_quickest_frame_and_restarts_per_c
     from engines.video.live import LagClock
 
     lc = LagClock()
-    assert lc.captured(10.0, 1000.5) == 1000.5  # the first frame anchors: stream time 10 s = 1000.5
-    assert lc.captured(10.04, 1000.6) == pytest.approx(1000.54)  # 60 ms late: lag 0.06 s
-    assert lc.captured(11.0, 1005.0) == pytest.approx(1001.5)  # after a stall: 3.5 s behind live
-    assert lc.captured(12.0, 1001.9) == pytest.approx(1001.9)  # a quicker frame moves the anchor (never a negative lag)
-    lc.reset()
-    assert lc.captured(0.0, 2000.0) == 2000.0  # a new connection's timestamps start again
+    assert lc.captured(10.0, 1000.5).at == 1000.5  # the first frame anchors: stream time 10 s = 1000.5
+    assert lc.captured(10.04, 1000.6).at == pytest.approx(1000.54)  # 60 ms late: lag 0.06 s
+    assert lc.captured(11.0, 1005.0).at == pytest.approx(1001.5)  # after a stall: 3.5 s behind live
+    assert lc.captured(12.0, 1001.9).at == pytest.approx(1001.9)  # a quicker frame moves the anchor (no negative lag)
+    assert LagClock().captured(0.0, 2000.0).at == 2000.0  # a new connection's timestamps start again
+
+
+def test_the_anchor_of_the_first_window_is_applied_back_to_its_frames():
+    """A connection's first frames come late in a burst: their results wait until the anchor is settled (the
+    quickest frame of the first SETTLE_S s), then count with it, so the burst's delay is in the figures."""
+    from engines.video.live import LagClock, LagStats
+
+    lc, st = LagClock(), LagStats()
+    for i in range(10):  # stream times 0 .. 0.9 s all decoded at 1000.9 (a burst), classified 50 ms later
+        st.add_capture(1000.95, lc.captured(i / 10, 1000.9))
+    for i in range(10, 80):  # then on time: decoded at 1000 + t, classified 50 ms later
+        st.add_capture(1000.05 + i / 10, lc.captured(i / 10, 1000.0 + i / 10))
+    d = st.to_dict()
+    assert d["frames"] == 80 and d["max"] == pytest.approx(0.95)  # stream time 0: captured at 1000.0, result 1000.95
+    assert d["p50"] == pytest.approx(0.05, abs=0.011)
+    other = LagClock()  # a connection stopped within its first window: the anchor it has
+    st2 = LagStats()
+    st2.add_capture(5.5, other.captured(0.0, 5.0))
+    st2.add_capture(5.6, other.captured(0.5, 5.1))
+    assert st2.to_dict()["max"] == pytest.approx(0.9)
 
 
 def test_lag_stats_quantiles_within_a_bin_and_max_exact():
