@@ -881,6 +881,8 @@ def run(state: State, sources, model, engine, device, batch, top_k, stride, outp
         elif summary.output:
             click.echo(f"{what}: {summary.output} keeps every frame classified ({where}); continue with the "
                        "same command and --resume", err=True)
+        elif output and output != "-":  # nothing classified yet: no file was made (it would hold nothing)
+            click.echo(f"{what}: no line was written yet, so {output} was not created ({where})", err=True)
         else:
             click.echo(f"{what}: the lines printed above are complete ({where})", err=True)
         from ._signals import exit_code

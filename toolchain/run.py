@@ -649,7 +649,9 @@ def _summary(model, device, sources, run, lines: _Lines, prior: _Prior, interrup
                                  "frames": per_source.get(p.source, p.frames)} for p in run.problems]
                       + _lost_at_stop(lines.last_event, run.problems, per_source)
                       + _damaged_live(live_sources, stats.get("damaged") or {}, lines.last_event, run.problems,
-                                      per_source),
+                                      per_source)
+                      + _connecting_at_stop(live_sources if interrupted else [], stats.get("decoded") or {},
+                                            lines.last_event, run.problems, stats["seconds"]),
                       output=str(lines.out_path) if lines.out_path else None, latency_ms=lat,
                       interrupted=interrupted, last_frame={s: lines.last.get(s) for s in sources},
                       resumed_lines=prior.lines, ray=_ray_summary(ray_info, run, prior.complete),
@@ -695,6 +697,15 @@ def _lost_at_stop(last_event: dict, problems, per_source: dict) -> list[dict]:
         out.append({"source": source, "frames": per_source.get(source, ev.frames),
                     "reason": f"{what}: {ev.reason}; no frame for {without:.1f} s when the run ended"})
     return out
+
+
+def _connecting_at_stop(live_sources, decoded: dict, last_event: dict, problems, seconds: float) -> list[dict]:
+    """The live sources still in their first connection attempt when a stop signal ended the run (no frame, no
+    event yet): problems, "never connected", as those that had failed an attempt already."""
+    reported = {p.source for p in problems} | set(last_event)
+    return [{"source": s, "frames": 0,
+             "reason": f"never connected: no frame in the {seconds:.1f} s before the run ended (still connecting)"}
+            for s in live_sources if not decoded.get(s) and s not in reported]
 
 
 def _damaged_live(live_sources, damaged: dict, last_event: dict, problems, per_source: dict) -> list[dict]:

@@ -515,6 +515,9 @@ def network_error(name: str, exc: BaseException, options: LiveOptions, opening: 
                 f"check the address and the network, or allow longer with --{'open' if opening else 'read'}-timeout")
     if "404" in low or "not found" in low:
         return (f"the server at {host} has no stream at this path (404)", "check the path part of the URL")
+    if "protocol not supported" in low and options.transport == "udp" and scheme(name) in ("rtsp", "rtsps"):
+        return (f"the server at {host} does not send RTP over UDP [{text}]",
+                "use --rtsp-transport tcp (RTP inside the RTSP connection, what most cameras and NVRs offer)")
     if "403" in low or "forbidden" in low:
         return (f"the server at {host} refuses this client (403 Forbidden)",
                 "check the camera's access rules for this user and address")

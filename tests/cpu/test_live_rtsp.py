@@ -579,6 +579,45 @@ def test_summary_lag_is_the_lines_lag_from_the_first_frame(rtsp, orientation_mod
         assert abs(got[k] - want[k]) <= 0.05, (k, got, want)
 
 
+def test_udp_against_a_tcp_only_server_says_to_use_tcp_in_a_short_table_row(rtsp, orientation_model, tmp_path):
+    """gst-rtsp-server here offers RTP over TCP only: --rtsp-transport udp fails with FFmpeg's "Protocol not
+    supported", which trtc says as such, with --rtsp-transport tcp as the fix. The problem (about 400 characters with
+    its fix) is whole in the warning, the error line and --summary, and a few lines in the stdout table (it used to
+    wrap into 35)."""
+    with rtsp.start(pattern=True) as srv:
+        proc = _trtc("run", srv.url, "--model", orientation_model, "--device", "cpu", "--rtsp-transport", "udp",
+                     "--reconnect-for", "0", "-o", tmp_path / "o.jsonl", "--summary", tmp_path / "s.json")
+        stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 1, stderr
+    (problem,) = json.loads((tmp_path / "s.json").read_text())["problems"]
+    assert "does not send RTP over UDP" in problem["reason"] and "--rtsp-transport tcp" in problem["reason"]
+    assert len(problem["reason"]) > 300
+    assert "fix: use --rtsp-transport tcp" in stderr
+    table = [line for line in stdout.splitlines() if line.startswith(("│", "┃"))]
+    assert 2 <= len(table) <= 8, stdout  # the header, then the row's few lines
+
+
+def test_sigterm_in_the_first_second_with_o_says_no_file_and_lists_the_camera(rtsp, orientation_model, tmp_path):
+    """SIGTERM while the only camera is still in its first attempt (a server that never answers): no line was
+    written, so -o is not created and the message says so (not "the lines printed above"); the camera is a problem,
+    never connected; exit 143."""
+    out, summary = tmp_path / "o.jsonl", tmp_path / "s.json"
+    with rtsp.start(silent=True) as srv:
+        proc = _trtc("run", srv.url, "--model", orientation_model, "--device", "cpu", "-o", out, "--summary", summary)
+        try:
+            _wait_for(lambda: list(tmp_path.glob(".o.jsonl.*.tmp")), 30, proc)  # the run is under way
+            time.sleep(0.5)
+            proc.send_signal(signal.SIGTERM)
+            stdout, stderr = proc.communicate(timeout=30)
+        finally:
+            proc.kill()
+    assert proc.returncode == 143, stderr
+    assert not out.exists() and not list(tmp_path.glob(".o.jsonl.*"))
+    assert f"no line was written yet, so {out} was not created" in stderr and "printed above" not in stderr
+    (problem,) = json.loads(summary.read_text())["problems"]
+    assert problem["source"] == srv.url and problem["reason"].startswith("never connected: no frame in the")
+
+
 def test_resume_refuses_live_sources(lite0_onnx, tmp_path):
     from click.testing import CliRunner
 
