@@ -214,7 +214,7 @@ class Liveness:
     time without frames and ``reconnect_for`` counts from the last frame. :meth:`deadline` is when the watchdog
     declares the current connection lost: ``open_timeout`` after the attempt began until its first frame, then
     ``read_timeout`` after the last frame, and never past the moment it is to be given up, whether it had frames or
-    not (with ``reconnect_for`` 0 the one attempt gets its whole ``open_timeout``)."""
+    not (but a source's first attempt gets its whole ``open_timeout``)."""
 
     def __init__(self, options: LiveOptions, clock=time.monotonic):
         self.o = options
@@ -251,9 +251,11 @@ class Liveness:
         if self.live:
             return self.last_frame + self.o.read_timeout
         due = self.attempt_start + self.o.open_timeout
-        if self.outage_start is not None and self.o.reconnect_for > 0:  # never past the moment it is given up,
-            return min(due, self.outage_start + self.o.reconnect_for)  # whether it ever connected or not
-        return due  # --reconnect-for 0: its one attempt gets its whole open_timeout
+        if not self.ever and self.failures == 0:
+            return due  # a source's first attempt gets its whole open_timeout
+        if self.outage_start is not None:  # then never past the moment it is given up, whether it ever connected
+            return min(due, self.outage_start + self.o.reconnect_for)
+        return due
 
     def timeout_reason(self) -> tuple[str, str]:
         """(reason, fix) for a connection the watchdog declared lost, with the time it actually waited."""

@@ -286,6 +286,8 @@ def _decode(container, stream, name, skipped: list, packets=None, cut: list | No
         except NoFrames:
             raise
         except Exception as exc:  # noqa: BLE001 - av.error.*, OSError (network)
+            if cut is not None:  # the connection broke off: what the decoder makes of its last data is no damage
+                cut[0] = True
             try:  # the frames the decoder still holds (reordering, threads) were read whole: give them out
                 yield from stream.codec_context.decode(None)
             except Exception:  # noqa: BLE001 - a decoder that cannot even flush has nothing more to give

@@ -107,7 +107,8 @@ def test_unreachable_port_is_a_failure_with_a_fix(rtsp, lite0_onnx, tmp_path):
     assert "nothing accepts connections at 127.0.0.1" in problem["reason"] and "gave up after" in problem["reason"]
     assert "never connected" in problem["reason"]
     entry = json.loads((tmp_path / "s.json").read_text())["by_source"][url]
-    assert entry == {"received": 0, "classified": 0, "dropped": {"queue": 0, "lag": 0}, "missing": 0, "damaged": 0,
+    assert entry == {"received": 0, "classified": 0, "dropped": {"queue": 0, "lag": 0, "cut": 0}, "missing": 0,
+                     "damaged": 0,
                      "lag_s": {}, "outages": 0, "status": problem["reason"]}
     # -q: the status column says what happened, then the one error line the run ends with; no warning repeats it
     named = [line for line in stderr.splitlines() if url in line]

@@ -88,8 +88,8 @@ def test_a_camera_that_never_connected_is_given_up_at_reconnect_for_not_past_it(
             break
         clock.t += delay
     assert ends[0] == 10 and max(ends) == 25 and lv.outage_s() == 25
-    lv = Liveness(LiveOptions(open_timeout=10, reconnect_for=0), Clock())
-    assert lv.deadline() == 10
+    lv = Liveness(LiveOptions(open_timeout=10, reconnect_for=2), Clock())
+    assert lv.deadline() == 10  # a first attempt gets its whole open_timeout, whatever reconnect_for says
 
 
 def test_watchdog_resumes_interrupted_reads_and_fires_at_the_deadline():
