@@ -24,7 +24,7 @@ from urllib.parse import quote, unquote, urlsplit
 
 from ..errors import UsageProblem
 
-_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^/@\s'\"]*@")
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^/\s'\"]*@")  # to the last @ before the path
 _NAME = re.compile(r"([A-Za-z0-9_][A-Za-z0-9_.\-]*)=([A-Za-z][A-Za-z0-9+.\-]*://.*)", re.S)
 CREDENTIAL_SCHEMES = ("rtsp", "rtsps")
 

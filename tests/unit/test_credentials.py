@@ -28,6 +28,7 @@ def test_a_name_names_a_url_and_plain_sources_stay_plain():
     assert source_address("rtsp://cam/live") == "rtsp://cam/live" and type(source_address("rtsp://cam/live")) is str
     assert type(source_address("clip=1.mp4")) is str  # a file name with '=' is a file
     assert redact("a rtsp://u:p@h/x b http://x@y/z") == "a rtsp://***@h/x b http://***@y/z"
+    assert redact("'rtsp://u:p@ss@h/x@y'") == "'rtsp://***@h/x@y'"  # an unencoded @ in the password
 
 
 def test_credentials_come_per_host_from_the_environment_then_the_file_then_for_every_host(tmp_path):
