@@ -48,6 +48,8 @@ AVERROR_EXIT = 1414092869  # FFmpeg's "Immediate exit requested": PyAV's read ti
 # seconds a pipeline that stops waits, in all, for its reader threads: a read ends within WATCH_SLICE; an open
 # (FFmpeg's RTSP handshake) cannot be interrupted before its own timeout
 JOIN_S = 1.0
+# seconds the attempt made at the moment a source is given up still gets (to hear a 401 or a refusal, not a timeout)
+LAST_TRY_S = 0.5
 
 _readers_lock = threading.Lock()  # owns _readers
 _readers: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()
@@ -253,8 +255,9 @@ class Liveness:
         due = self.attempt_start + self.o.open_timeout
         if not self.ever and self.failures == 0:
             return due  # a source's first attempt gets its whole open_timeout
-        if self.outage_start is not None:  # then never past the moment it is given up, whether it ever connected
-            return min(due, self.outage_start + self.o.reconnect_for)
+        if self.outage_start is not None:  # then never past the moment it is given up, whether it ever connected;
+            give_up = self.outage_start + self.o.reconnect_for  # the attempt made at that moment gets LAST_TRY_S
+            return min(due, max(give_up, self.attempt_start + LAST_TRY_S))
         return due
 
     def timeout_reason(self) -> tuple[str, str]:

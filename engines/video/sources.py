@@ -217,6 +217,7 @@ class PyAVSource(LiveSource):
             lags = LagClock()  # a new connection: the stream's times start again
             skipped: list = []
             cut = [False]  # since a packet an interrupted read cut short, until a whole key frame
+            held = [0]  # damage not yet counted: until a whole frame shows that the stream goes on
             reason, fix = "the stream ended: the server closed it", "check the camera or server"
             try:
                 for frame in _decode(container, stream, self.name, skipped,
@@ -228,32 +229,50 @@ class PyAVSource(LiveSource):
                     self.decoded += 1
                     received = time.time()
                     self.captured = lags.captured(t, received)
-                    if skipped:  # packets the decoder refused: damage, said while the run goes on
-                        self.damaged += len(skipped)
-                        self._damage(len(skipped))
-                        skipped.clear()
-                    if frame.is_corrupt and cut[0]:  # made up where trtc's own read timeout cut the data
-                        self.cut += 1
-                    elif frame.is_corrupt:
-                        self.damaged += 1
-                        self._damage(1)
-                    elif self._keep_frame(self.captured, received):  # before any conversion or preprocessing
+                    if self._whole(frame, skipped, cut, held) and self._keep_frame(self.captured, received):
+                        # (decided before any conversion or preprocessing)
                         yield index, pts, t, host_planes(frame), received
                     index += 1
                     if self.stop is not None and self.stop.is_set():
                         return
-            except NoFrames as exc:
+            except NoFrames as exc:  # the stream went on sending nothing usable: what is held was damage
                 reason, fix = exc.reason, exc.fix
+                held[0], skipped[:] = held[0] + len(skipped), []
+                self._count_damage(held)
             except SourceError as exc:
                 cause = exc.__cause__ or exc
                 reason, fix = network_error(self.name, cause, self.options, opening=False)
             finally:
                 container.close()
                 self.missing += clock.missing
-                self.damaged += len(skipped)
+                self.cut += held[0] + len(skipped)  # the connection broke off or ended there: not the stream's damage
             if self.stop is not None and self.stop.is_set():
                 return
             self._lost(lv, reason, fix)
+
+
+    def _whole(self, frame, skipped: list, cut: list, held: list) -> bool:
+        """Whether a live ``frame`` is whole (not made up by the decoder). Packets the decoder refused (``skipped``)
+        and frames it made up are held (``held[0]``) until a whole frame shows that the stream goes on: then they are
+        damage, counted and said while the run goes on (:meth:`_damage`); if the connection breaks off or ends first,
+        they were cut by it (``cut``, as the frames made up from data trtc's own read timeout cut short, while
+        ``cut[0]``)."""
+        held[0] += len(skipped)
+        skipped.clear()
+        if frame.is_corrupt:
+            if cut[0]:
+                self.cut += 1
+            else:
+                held[0] += 1
+            return False
+        self._count_damage(held)
+        return True
+
+    def _count_damage(self, held: list) -> None:
+        if held[0]:
+            self.damaged += held[0]
+            self._damage(held[0])
+            held[0] = 0
 
 
 def _cut_transport_stream(name: str, container) -> bool:
