@@ -48,8 +48,6 @@ AVERROR_EXIT = 1414092869  # FFmpeg's "Immediate exit requested": PyAV's read ti
 # seconds a pipeline that stops waits, in all, for its reader threads: a read ends within WATCH_SLICE; an open
 # (FFmpeg's RTSP handshake) cannot be interrupted before its own timeout
 JOIN_S = 1.0
-# seconds the attempt made at the moment a source is given up still gets (to hear a 401 or a refusal, not a timeout)
-LAST_TRY_S = 0.5
 
 _readers_lock = threading.Lock()  # owns _readers
 _readers: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()
@@ -255,10 +253,14 @@ class Liveness:
         due = self.attempt_start + self.o.open_timeout
         if not self.ever and self.failures == 0:
             return due  # a source's first attempt gets its whole open_timeout
-        if self.outage_start is not None:  # then never past the moment it is given up, whether it ever connected;
-            give_up = self.outage_start + self.o.reconnect_for  # the attempt made at that moment gets LAST_TRY_S
-            return min(due, max(give_up, self.attempt_start + LAST_TRY_S))
+        if self.outage_start is not None:  # then never past the moment it is given up, whether it ever connected
+            return min(due, self.outage_start + self.o.reconnect_for)
         return due
+
+    def squeezed(self) -> bool:
+        """Whether the current attempt had less than a second (or its open_timeout) before the give-up moment: its
+        failure says little (a timeout of a few milliseconds), the one before it says why the source is given up."""
+        return not self.live and self.deadline() - self.attempt_start < min(1.0, self.o.open_timeout)
 
     def timeout_reason(self) -> tuple[str, str]:
         """(reason, fix) for a connection the watchdog declared lost, with the time it actually waited."""
@@ -634,8 +636,11 @@ class LiveSource:
         if final:
             self._event("auth_failed", reason=reason)
             raise SourceError(self.name, f"auth_failed: {reason}; not retried", fix)
-        was_live, first = lv.live, not lv.ever and lv.failures == 0
+        was_live, first, squeezed = lv.live, not lv.ever and lv.failures == 0, lv.squeezed()
+        before, self._failure = getattr(self, "_failure", None), (reason, fix)
         delay = lv.lost()
+        if delay is None and squeezed and before is not None:  # the last try had no time: the one before says why
+            reason, fix = before
         if was_live:
             self._event("disconnected", reason=reason, outage_s=lv.outage_s())
         elif first:
