@@ -92,6 +92,34 @@ def test_a_camera_that_never_connected_is_given_up_at_reconnect_for_not_past_it(
     assert lv.deadline() == 10  # a first attempt gets its whole open_timeout, whatever reconnect_for says
 
 
+def test_a_last_try_squeezed_by_the_give_up_reports_the_failure_before_it():
+    """The attempt made just before the give-up moment has a few milliseconds and times out: the source is given up
+    with the reason of the attempt before it (a 401 here), not with that timeout."""
+    from engines.video.live import LiveSource
+    from engines.video.source_base import SourceError
+
+    class Src(LiveSource):
+        name, decoded, stop, lagged = "cam", 0, None, 0
+        options = LiveOptions(open_timeout=3, reconnect_for=2, backoff_first=0.01, backoff_max=0.01)
+
+        def __init__(self):
+            self.events = []
+            self.on_event = self.events.append
+
+    clock, src = Clock(), Src()
+    lv = Liveness(src.options, clock)
+    lv.opening()
+    clock.t = 0.1
+    src._lost(lv, "the server asks for a user name and password (401)", "give them")
+    clock.t = 1.995
+    lv.opening()
+    assert lv.squeezed()
+    clock.t = 2.0
+    with pytest.raises(SourceError, match=r"never connected: the server asks for a user name and password \(401\)"):
+        src._lost(lv, "no answer to the connection within 0.0 s", "allow longer")
+    assert [e.event for e in src.events] == ["connect_failed", "gave_up"] and "401" in src.events[1].reason
+
+
 def test_watchdog_resumes_interrupted_reads_and_fires_at_the_deadline():
     """watched_packets: a read that PyAV's short timeout interrupts is resumed with a fresh demuxer while the
     deadline is ahead; past it NoFrames says which timeout, whatever the demuxer does."""
