@@ -492,10 +492,20 @@ def open_url(av, name: str, options: LiveOptions, liveness: Liveness | None = No
 def refused(name: str, exc: BaseException) -> bool:
     """Whether the server refused this client for good: credentials it rejects (401 when they were given) or no
     access at all (403). Retrying would change nothing, and on many cameras locks the account."""
-    low = first_line(exc).lower()
-    if "403" in low or "forbidden" in low:
-        return True
-    return ("401" in low or "unauthorized" in low) and has_credentials(name)
+    status = http_status(first_line(exc))
+    return status == 403 or (status == 401 and has_credentials(name))
+
+
+def http_status(text: str) -> int | None:
+    """The RTSP/HTTP status (401, 403 or 404) an FFmpeg error text reports ("Server returned 401 Unauthorized"),
+    read without the quoted URL that follows it (a port such as 48403 is no status)."""
+    import re
+
+    low = re.sub(r"'[^']*'", "", str(text)).lower()
+    for code, word in ((401, "unauthorized"), (403, "forbidden"), (404, "not found")):
+        if re.search(rf"\b{code}\b", low) or word in low:
+            return code
+    return None
 
 
 def network_error(name: str, exc: BaseException, options: LiveOptions, opening: bool,
@@ -520,19 +530,20 @@ def network_error(name: str, exc: BaseException, options: LiveOptions, opening: 
             else f"{t:g} s"
         return (f"{what} within {waited} [{text}]",
                 f"check the address and the network, or allow longer with --{'open' if opening else 'read'}-timeout")
-    if "404" in low or "not found" in low:
+    status = http_status(text)
+    if status == 404:
         return (f"the server at {host} has no stream at this path (404)", "check the path part of the URL")
     if "protocol not supported" in low and options.transport == "udp" and scheme(name) in ("rtsp", "rtsps"):
         return (f"the server at {host} does not send RTP over UDP [{text}]",
                 "use --rtsp-transport tcp (RTP inside the RTSP connection, what most cameras and NVRs offer)")
-    if "403" in low or "forbidden" in low:
+    if status == 403:
         return (f"the server at {host} refuses this client (403 Forbidden)",
                 "check the camera's access rules for this user and address")
-    if ("401" in low or "unauthorized" in low) and has_credentials(name):
+    if status == 401 and has_credentials(name):
         return (f"the server at {host} refused the user name and password given (401)",
                 "check them (in the URL, TRTC_RTSP_USER/TRTC_RTSP_PASSWORD or --credentials FILE); trtc does not "
                 "retry refused credentials, so that the camera does not lock the account")
-    if "401" in low or "unauthorized" in low:
+    if status == 401:
         return (f"the server at {host} asks for a user name and password (401)",
                 "give them: in the URL (rtsp://USER:PASSWORD@host/path), or TRTC_RTSP_USER and TRTC_RTSP_PASSWORD, "
                 "or --credentials FILE (docs/LIVE.md)")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from engines.video.hub import EVENT, FRAME, FrameHub
-from engines.video.live import LiveOptions, Liveness, network_error
+from engines.video.live import LiveOptions, Liveness, network_error, refused
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -263,6 +263,15 @@ def test_network_errors_are_said_in_words_with_a_fix():
     assert reason.startswith("no answer to the connection within 3.1 s (--open-timeout 3)") and "--open-timeout" in fix
     reason, _ = network_error("rtsp://cam/s", OSError("Server returned 401 Unauthorized"), o, True, elapsed=0.1)
     assert "user name and password" in reason and "u:p" not in reason
+    # a port that holds 401, 403 or 404 is no status: a closed port is neither refused credentials nor final
+    refused_port = OSError("[Errno 111] Connection refused: 'rtsp://u:p@127.0.0.1:48403/cam'")
+    assert not refused("rtsp://u:p@127.0.0.1:48403/cam", refused_port)
+    reason, _ = network_error("rtsp://127.0.0.1:40404/cam", OSError("Input/output error: 'rtsp://127.0.0.1:40404/cam'"),
+                              o, False)
+    assert "404" not in reason.split("[")[0]
+    assert refused("rtsp://u:p@cam/s", OSError("Server returned 401 Unauthorized (authorization failed)"))
+    assert refused("rtsp://cam/s", OSError("Server returned 403 Forbidden (access denied): 'rtsp://cam/s'"))
+    assert not refused("rtsp://cam/s", OSError("Server returned 401 Unauthorized: 'rtsp://cam/s'"))
 
 
 def test_stdout_keeps_only_results_when_a_native_library_prints(tmp_path):
