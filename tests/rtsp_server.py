@@ -9,7 +9,9 @@ It listens on 127.0.0.1 only and serves one stream (``Server.url``), with RTP ca
   stream ends with the file);
 - ``--pattern``: a live test pattern (H.264, 640x360, 30 fps, key frame every 30 frames) that never ends (with
   aio-rtsp-toolkit: a 10 s clip of a moving pattern, encoded once by PyAV's libx264, played in a loop).
-``--silent`` instead accepts TCP connections and never answers (a server that hangs).
+``--silent`` instead accepts TCP connections and never answers (a server that hangs); ``--status "403 Forbidden"``
+answers every request with that status. ``--auth basic|digest --user U --password P``: gst-rtsp-server plays only
+for that user (401 without or with other credentials).
 ``TRTC_TEST_RTSP=aio`` picks aio-rtsp-toolkit's server where gst-rtsp-server runs too (to try the GPU machine's
 server on a CPU machine).
 
@@ -126,10 +128,17 @@ class Server:
         self.kill()
 
 
-def start(port: int | None = None, file: str | None = None, pattern: bool = False, silent: bool = False) -> Server:
+def start(port: int | None = None, file: str | None = None, pattern: bool = False, silent: bool = False,
+          auth: tuple | None = None, status: str | None = None) -> Server:
+    """``auth``: (basic or digest, user, password): gst-rtsp-server plays only for that user (401 otherwise).
+    ``status``: a stub that answers every request with it (e.g. "403 Forbidden")."""
     args = (["--file", str(file)] if file else []) + (["--pattern"] if pattern else []) + (["--silent"] if silent
                                                                                               else [])
-    if not silent and backend() == "aio":
+    if auth:
+        args += ["--auth", auth[0], "--user", auth[1], "--password", auth[2]]
+    if status:
+        args += ["--status", status]
+    if not (silent or status) and backend() == "aio":
         args.append("--aio")
     return Server(port or free_port(), args).start()
 
@@ -194,7 +203,55 @@ def _silent(port: int) -> None:
         held.append(conn)
 
 
-def _serve(port: int, launch: str) -> None:
+def _auth(server, factory, method: str, user: str, password: str):
+    """Only ``user`` with ``password`` may play (``method``: basic or digest authentication)."""
+    from gi.repository import GstRtsp, GstRtspServer
+
+    auth = GstRtspServer.RTSPAuth()
+    token = GstRtspServer.RTSPToken()
+    token.set_string("media.factory.role", "viewer")
+    if method == "digest":
+        auth.add_digest(user, password, token)
+    else:
+        auth.add_basic(GstRtspServer.RTSPAuth.make_basic(user, password), token)
+    auth.set_supported_methods(GstRtsp.RTSPAuthMethod.DIGEST if method == "digest" else GstRtsp.RTSPAuthMethod.BASIC)
+    server.set_auth(auth)
+    permissions = GstRtspServer.RTSPPermissions()
+    permissions.add_permission_for_role("viewer", "media.factory.access", True)
+    permissions.add_permission_for_role("viewer", "media.factory.construct", True)
+    factory.set_permissions(permissions)
+
+
+def _status(port: int, status: str) -> None:
+    """Answer every RTSP request with ``status`` (e.g. "403 Forbidden"): a camera that refuses this client."""
+    import threading
+
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("127.0.0.1", port))
+    srv.listen(16)
+    print("ready", flush=True)
+
+    def answer(conn):
+        with conn:
+            data = b""
+            while True:
+                chunk = conn.recv(4096)
+                if not chunk:
+                    return
+                data += chunk
+                while b"\r\n\r\n" in data:
+                    head, data = data.split(b"\r\n\r\n", 1)
+                    cseq = next((line.split(b":", 1)[1].strip() for line in head.split(b"\r\n")
+                                 if line.lower().startswith(b"cseq:")), b"1")
+                    conn.sendall(b"RTSP/1.0 " + status.encode() + b"\r\nCSeq: " + cseq + b"\r\n\r\n")
+
+    while True:
+        conn, _ = srv.accept()
+        threading.Thread(target=answer, args=(conn,), daemon=True).start()
+
+
+def _serve(port: int, launch: str, auth: tuple | None = None) -> None:
     import gi
 
     gi.require_version("Gst", "1.0")
@@ -210,6 +267,8 @@ def _serve(port: int, launch: str) -> None:
     factory.set_launch(launch)
     factory.set_shared(False)  # each client its own pipeline: a file from its first frame
     factory.set_protocols(GstRtsp.RTSPLowerTrans.TCP)  # RTP inside the RTSP connection: loopback TCP only
+    if auth:
+        _auth(server, factory, *auth)
     server.get_mount_points().add_factory("/cam", factory)
     if server.attach(None) == 0:
         sys.exit(f"cannot listen on 127.0.0.1:{port}")
@@ -224,18 +283,25 @@ def main() -> None:
     ap.add_argument("--pattern", action="store_true")
     ap.add_argument("--silent", action="store_true")
     ap.add_argument("--aio", action="store_true", help="aio-rtsp-toolkit's server instead of gst-rtsp-server")
+    ap.add_argument("--status", help='answer every request with this status, e.g. "403 Forbidden"')
+    ap.add_argument("--auth", choices=("basic", "digest"), help="play only for --user with --password")
+    ap.add_argument("--user", default="cam")
+    ap.add_argument("--password", default="")
     a = ap.parse_args()
+    auth = (a.auth, a.user, a.password) if a.auth else None
     if a.silent:
         _silent(a.port)
+    elif a.status:
+        _status(a.port, a.status)
     elif a.aio:
         _serve_aio(a.port, a.file or pattern_clip())
     elif a.file:
         _serve(a.port, f"( filesrc location={a.file} ! qtdemux ! h264parse ! "
-                       "rtph264pay name=pay0 pt=96 config-interval=1 )")
+                       "rtph264pay name=pay0 pt=96 config-interval=1 )", auth)
     else:
         _serve(a.port, "( videotestsrc is-live=true pattern=ball ! video/x-raw,width=640,height=360,framerate=30/1 ! "
                        "x264enc tune=zerolatency speed-preset=ultrafast key-int-max=30 ! "
-                       "rtph264pay name=pay0 pt=96 config-interval=1 )")
+                       "rtph264pay name=pay0 pt=96 config-interval=1 )", auth)
 
 
 if __name__ == "__main__":

@@ -82,6 +82,18 @@ class _PlainFormatter(logging.Formatter):
         return f"{record.levelname.lower()}: {record.message}"
 
 
+def _no_user_info(record: logging.LogRecord) -> bool:
+    """Every log line without a URL's user info (``rtsp://***@host``): a camera's password never reaches a log, even
+    where a message quotes a library's text that names the URL it was given."""
+    from engines.video.credentials import redact
+
+    message = record.getMessage()
+    clean = redact(message)
+    if clean != message:
+        record.msg, record.args = clean, None
+    return True
+
+
 def setup_logging(console, verbosity: int) -> None:
     """-q: errors only; default: warnings; -v: info; -vv: debug. Everything on stderr.
 
@@ -96,6 +108,7 @@ def setup_logging(console, verbosity: int) -> None:
     else:
         handler = logging.StreamHandler(console.file)
         handler.setFormatter(_PlainFormatter())
+    handler.addFilter(_no_user_info)
     logger.handlers[:] = [handler]
     logger.setLevel(level)
     logger.propagate = False

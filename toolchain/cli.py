@@ -7,9 +7,11 @@ Heavy modules are imported inside the commands, so `trtc --help` is instant.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import json
+import logging
 import os
 import shlex
 import sys
@@ -41,9 +43,11 @@ class State:
 
 
 def _fail(ctx: click.Context, reason: str, fix: str | None, code: int) -> None:
-    click.echo(f"error: {reason}", err=True)
+    from engines.video.credentials import redact  # no camera's user info in a message
+
+    click.echo(f"error: {redact(reason)}", err=True)
     if fix:
-        click.echo(f"  fix: {fix}", err=True)
+        click.echo(f"  fix: {redact(fix)}", err=True)
     ctx.exit(code)
 
 
@@ -863,11 +867,15 @@ def bench(state: State, models, batches, device, warmup, iterations, duration, v
               help="Network sources: how long a connection may take to give its first frame.")
 @click.option("--read-timeout", type=FiniteFloat(0, above=True), default=10.0, show_default=True, metavar="SECONDS",
               help="Network sources: how long a connected stream may go without a frame before it counts as lost.")
+@click.option("--credentials", "credentials", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Camera user names and passwords, netrc format ('machine HOST login USER password PASSWORD' per "
+              "host), for rtsp:// URLs without them; also TRTC_RTSP_USER[_HOST] / TRTC_RTSP_PASSWORD[_HOST]. No "
+              "output shows them (docs/LIVE.md).")
 @click.pass_obj
 def run(state: State, sources, model, engine, device, batch, top_k, stride, output, decoder, colorspace, scores,
         rotate, max_wait_ms, loop, realtime, with_latency, decode_latency, summary_path, force, resume, ray_address, ray_actors,
         ray_streams, ray_keep, ray_stop, live, reconnect_for, reconnect_attempts, on_lag, max_lag, rtsp_transport,
-        open_timeout, read_timeout):
+        open_timeout, read_timeout, credentials):
     """Classify the frames of video SOURCES (files, or URLs such as rtsp://) and print one JSON line per frame:
     source, frame index, pts, time in seconds, and the top-k labels with scores. Images and folders of images are
     sources too (CPU path): one line per image, its path as the source, frame 0.
@@ -890,6 +898,7 @@ def run(state: State, sources, model, engine, device, batch, top_k, stride, outp
       trtc run /archive/ --ray auto --model resnet50.fp16.onnx -o archive.jsonl --resume
       trtc run @jobs.txt --ray auto --ray-keep r50 --model resnet50.fp16.onnx -o a.jsonl   (then: --ray-stop r50)
       trtc run rtsp://cam1/stream rtsp://cam2/stream --model lite0.onnx --reconnect-for 600 -o live.jsonl
+      trtc run door=rtsp://10.0.0.7/stream --credentials cams.netrc --model lite0.onnx -o live.jsonl
     """
     from .outputs import check_output_path
     from .run import is_ray_address, run_video
@@ -928,7 +937,8 @@ def run(state: State, sources, model, engine, device, batch, top_k, stride, outp
                         scores=scores, max_wait_ms=max_wait_ms, loop=loop, realtime=realtime,
                         latency=decode_latency, with_latency=with_latency, force=force, resume=resume,
                         reporter=state.reporter(), ray=ray_address, ray_actors=ray_actors, ray_streams=ray_streams,
-                        ray_keep=ray_keep, live=live, live_options=live_options, rotate=rotate)
+                        ray_keep=ray_keep, live=live, live_options=live_options, credentials=credentials,
+                        rotate=rotate)
     if summary_path:
         from engines._io import atomic_write_text
 
@@ -947,6 +957,8 @@ def run(state: State, sources, model, engine, device, batch, top_k, stride, outp
         elif summary.output:
             click.echo(f"{what}: {summary.output} keeps every frame classified ({where}); continue with the "
                        "same command and --resume", err=True)
+        elif output and output != "-":  # nothing classified yet: no file was made (it would hold nothing)
+            click.echo(f"{what}: no line was written yet, so {output} was not created ({where})", err=True)
         else:
             click.echo(f"{what}: the lines printed above are complete ({where})", err=True)
         from ._signals import exit_code
@@ -1086,7 +1098,29 @@ def main() -> None:
 
     install()
     keep_stdout_for_results()
-    cli(prog_name="trtc")
+    try:
+        cli(prog_name="trtc")
+    except SystemExit as exc:
+        _end_without_readers(exc.code)
+        raise
+
+
+def _end_without_readers(code) -> None:
+    """A stopped run may leave a source's reader inside FFmpeg (an RTSP open cannot be interrupted before its own
+    timeout). Python's exit handlers and finalization must not run under it (PyAV's interrupt callback would take the
+    interpreter lock of an interpreter that is gone: a crash on stop): then the process ends here with ``os._exit``,
+    once stdout, stderr and the log handlers are flushed (-o and --summary were written whole before)."""
+    live = sys.modules.get("engines.video.live")
+    if live is None or not live.readers_running(live.JOIN_S):
+        return
+    if isinstance(code, str):
+        print(code, file=sys.stderr)
+    status = code if isinstance(code, int) else (0 if code is None else 1)
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(status)
 
 
 if __name__ == "__main__":

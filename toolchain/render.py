@@ -511,6 +511,22 @@ def _dropped_cell(queue: int, lag: int) -> str:
     return f"{queue + lag} ({lag} past --max-lag)"
 
 
+STATUS_CHARS = 120  # a table's status cell: the problem's first words; the whole text is said beside the table
+
+
+def _brief(reason: str, limit: int = STATUS_CHARS) -> str:
+    """A problem as a table cell: without its fix, and cut between words after about ``limit`` characters (a 400
+    character problem wrapped into 35 lines of the table); the whole text is in the warning, the error line and
+    --summary."""
+    import re
+
+    reason = re.sub(r" \(fix: .*\)$", "", reason, flags=re.S)
+    if len(reason) <= limit:
+        return reason
+    cut = reason.rfind(" ", 0, limit)
+    return reason[:cut if cut > limit // 2 else limit].rstrip(" ;,:") + " ..."
+
+
 def render_run(console, summary) -> None:
     from rich.markup import escape
     from rich.table import Table
@@ -549,7 +565,7 @@ def render_run(console, summary) -> None:
                       "[red]stopped: -o not written[/]" if write_error else "[green]ok[/]")
         else:  # what happened, without the source's name again (it is in the first column)
             reason = p["reason"][len(src) + 2:] if p["reason"].startswith(f"{src}: ") else p["reason"]
-            status = f"[red]{escape(reason)}[/]"
+            status = f"[red]{escape(_brief(reason))}[/]"
         notes = [f"{n} {what}" for n, what in ((missing.get(src), "missing in the stream"),
                                                 (damaged.get(src), "damaged")) if n]
         if notes:

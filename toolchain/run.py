@@ -52,8 +52,10 @@ class RunSummary:
     missing: dict = field(default_factory=dict)  # live sources: frames their timestamps say never arrived
     damaged: dict = field(default_factory=dict)  # packets or frames the decoder could not read
     lagged: dict = field(default_factory=dict)  # live sources: frames skipped for being past --max-lag
+    cut: dict = field(default_factory=dict)  # live sources: frames made up from data trtc's read timeout cut short
     lag_s: dict = field(default_factory=dict)  # live sources: capture -> result, seconds: p50, p99, max, frames
-    # each source: received (decoded), classified, dropped by reason (queue: inference lagged; lag: past --max-lag),
+    # each source: received (decoded), classified, dropped by reason (queue: inference lagged; lag: past --max-lag;
+    # cut: made up from data trtc's own read timeout cut short),
     # missing, damaged, lag_s, outages (disconnected events) and status ("ok", "interrupted" or its problem)
     by_source: dict = field(default_factory=dict)
     events: int = 0  # live sources' event records (disconnected, reconnected, gave_up) written with the lines
@@ -202,7 +204,7 @@ def run_video(sources, model, *, device: str = "auto", batch: int | None = None,
               with_latency: bool = False, force: bool = False, resume: bool = False, reporter: Reporter | None = None,
               stream=None, ray: str | None = None, ray_actors: int | None = None,
               ray_streams: int | None = None, ray_keep: str | None = None, live: bool = False,
-              live_options=None, rotate: str = "auto") -> RunSummary:
+              live_options=None, credentials=None, rotate: str = "auto") -> RunSummary:
     """Classify ``sources`` with ``model``; predictions go to ``output`` (a .jsonl path) or ``stream``.
 
     With ``output``, every complete line is kept whatever happens (a source fails, Ctrl-C): the lines go to a
@@ -221,7 +223,10 @@ def run_video(sources, model, *, device: str = "auto", batch: int | None = None,
 
     Live sources (network URLs; every source with ``live``) reconnect as ``live_options``
     (:class:`engines.video.LiveOptions`) say; their outages and recoveries are written as event lines
-    (``{"event": "disconnected", ...}``) among the predictions, and they cannot be resumed.
+    (``{"event": "disconnected", ...}``) among the predictions, and they cannot be resumed. ``NAME=URL`` names a
+    source; a URL's user info never reaches an output (its name there is ``rtsp://***@host/...``); ``credentials``
+    (a netrc-format file) and the TRTC_RTSP_USER/TRTC_RTSP_PASSWORD variables give RTSP URLs without user info theirs
+    (:mod:`engines.video.credentials`).
 
     ``rotate``: "auto" turns frames as each video's rotation metadata says, "0".."270" clockwise instead
     (:func:`engines.video.classify`); each source's ``by_source[...]["rotation"]`` says what was applied.
@@ -230,6 +235,7 @@ def run_video(sources, model, *, device: str = "auto", batch: int | None = None,
     started_at = time.time()
     if ray_keep is not None and ray is None:
         raise UsageProblem("--ray-keep goes with --ray on a running cluster", f"add --ray auto --ray-keep {ray_keep}")
+    sources = _addresses(sources, credentials)
     sources, out_path, live_sources = _check_request(sources, model, device, output, resume, live, ray)
     with contextlib.ExitStack() as held:
         if out_path is not None:
@@ -303,9 +309,27 @@ def _run_video(sources, model, out_path, live_sources, started_at, *, device, ba
         closer()
 
 
+def _addresses(sources, credentials) -> list:
+    """Each source as the run names it (:func:`engines.video.credentials.source_address`): user info hidden, NAME=URL
+    named, credentials for RTSP URLs without them from the environment or the ``credentials`` file."""
+    from engines.video.credentials import read_credentials, source_address
+
+    table = read_credentials(credentials) if credentials else None
+    out = [source_address(s, table) for s in sources]
+    names = [str(s) for s in out]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice and len({url_of(s) for s in out}) == len(out):  # two addresses under one name
+        raise UsageProblem(f"two sources are named {twice[0]}", "give each camera its own NAME=rtsp://... name")
+    return out
+
+
+def url_of(source) -> str:
+    return getattr(source, "url", source)
+
+
 def _check_request(sources, model, device, output, resume, live, ray):
     """(sources, the output path or None, the live sources), each refused here with its fix when wrong."""
-    sources = [os.fspath(s) for s in sources]
+    sources = [s if isinstance(s, str) else os.fspath(s) for s in sources]  # an Address keeps its url
     if not str(device).strip():
         raise UsageProblem("--device is empty", "use auto, cpu, cuda:N, a list such as cuda:0,cuda:1, or cuda:all")
     _refuse_non_model(model)
@@ -632,7 +656,11 @@ def _summary(model, device, sources, run, lines: _Lines, prior: _Prior, interrup
                       # the frames of a source with a problem: all it gave, also those still in flight then
                       problems=[{"source": p.source, "reason": plain_reason(p.source, p.reason),
                                  "frames": per_source.get(p.source, p.frames)} for p in run.problems]
-                      + _lost_at_stop(lines.last_event, run.problems, per_source),
+                      + _lost_at_stop(lines.last_event, run.problems, per_source)
+                      + _damaged_live(live_sources, stats.get("damaged") or {}, lines.last_event, run.problems,
+                                      per_source)
+                      + _connecting_at_stop(live_sources if interrupted else [], stats.get("decoded") or {},
+                                            lines.last_event, run.problems, stats["seconds"]),
                       output=str(lines.out_path) if lines.out_path else None, latency_ms=lat,
                       interrupted=interrupted, last_frame={s: lines.last.get(s) for s in sources},
                       resumed_lines=prior.lines, ray=_ray_summary(ray_info, run, prior.complete),
@@ -642,6 +670,7 @@ def _summary(model, device, sources, run, lines: _Lines, prior: _Prior, interrup
                       missing=dict(stats.get("missing") or {}),
                       damaged=dict(stats.get("damaged") or {}), events=lines.events,
                       lagged=dict(stats.get("lagged") or {}), lag_s=dict(stats.get("lag_s") or {}),
+                      cut=dict(stats.get("cut") or {}),
                       signal=stop_signal() if interrupted else None, live=live_sources,
                       write_error=None if lines.error is None else {
                           "reason": lines.error.strerror or type(lines.error).__name__,
@@ -654,8 +683,11 @@ def _by_source(summary: "RunSummary", outages: dict, decoded: dict) -> dict:
     out = {}
     for src in summary.sources:
         status = problems.get(src) or ("interrupted" if summary.interrupted else "ok")
+        if status.startswith(f"{src}: auth_failed:"):  # the server refused the credentials or the client: its own
+            status = "auth_failed"  # status (the reason is in problems)
         out[src] = {"received": decoded.get(src), "classified": summary.per_source.get(src, 0),
-                    "dropped": {"queue": summary.dropped.get(src, 0), "lag": summary.lagged.get(src, 0)},
+                    "dropped": {"queue": summary.dropped.get(src, 0), "lag": summary.lagged.get(src, 0),
+                                "cut": summary.cut.get(src, 0)},
                     "missing": summary.missing.get(src, 0), "damaged": summary.damaged.get(src, 0),
                     "lag_s": summary.lag_s.get(src, {}), "outages": outages.get(src, 0), "status": status}
     return out
@@ -674,6 +706,26 @@ def _lost_at_stop(last_event: dict, problems, per_source: dict) -> list[dict]:
         out.append({"source": source, "frames": per_source.get(source, ev.frames),
                     "reason": f"{what}: {ev.reason}; no frame for {without:.1f} s when the run ended"})
     return out
+
+
+def _connecting_at_stop(live_sources, decoded: dict, last_event: dict, problems, seconds: float) -> list[dict]:
+    """The live sources still in their first connection attempt when a stop signal ended the run (no frame, no
+    event yet): problems, "never connected", as those that had failed an attempt already."""
+    reported = {p.source for p in problems} | set(last_event)
+    return [{"source": s, "frames": 0,
+             "reason": f"never connected: no frame in the {seconds:.1f} s before the run ended (still connecting)"}
+            for s in live_sources if not decoded.get(s) and s not in reported]
+
+
+def _damaged_live(live_sources, damaged: dict, last_event: dict, problems, per_source: dict) -> list[dict]:
+    """The live sources that lost frames or packets to damage in the stream (said while the run went on by
+    ``damaged`` events) and have no other problem: problems too, with the count."""
+    reported = {p.source for p in problems} | {s for s, ev in last_event.items()
+                                               if ev.event in ("disconnected", "connect_failed")}
+    return [{"source": s, "frames": per_source.get(s, 0),
+             "reason": f"damaged: {damaged[s]} frame(s) or packet(s) of the stream could not be decoded (not "
+                       "classified; see the damaged events)"}
+            for s in live_sources if damaged.get(s) and s not in reported]
 
 
 def _timing(started_at: float, ready_at: float, lines: _Lines) -> dict:
@@ -819,7 +871,7 @@ def _refuse_writing_over_inputs(out_path: Path, model, sources: list[str]) -> No
 
     model_path = Path(split_engine(os.fspath(model))[1])
     inputs = [(model_path, "the model"), (manifest_path(model_path), "the model's manifest")]
-    inputs += [(Path(s), "a source video") for s in sources if "://" not in s]
+    inputs += [(Path(s), "a source video") for s in sources if "://" not in url_of(s)]
     target = out_path.resolve()
     for path, what in inputs:
         if path.exists() and path.resolve() == target:
@@ -833,7 +885,10 @@ def _no_batch(sources: list[str], model) -> list[str]:
 
     out = []
     for s in sources:
-        if "://" not in s and not s.startswith("@") and Path(s).is_dir():
+        if "://" in url_of(s):  # a network source (NAME=URL too)
+            out.append(s)
+            continue
+        if not s.startswith("@") and Path(s).is_dir():
             out.extend(_folder_images(s))
             continue
         if s.startswith("@"):

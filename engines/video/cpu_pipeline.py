@@ -12,14 +12,14 @@ import numpy as np
 
 from ..preprocess import preprocess_yuv
 from .hub import EVENT, Closed, FrameHub
-from .live import LagStats
+from .live import LagStats, join_readers, reader_started
 from .sources import SourceError
 
 
 def decode_stage(src, spec, stride, dtype, hub: FrameHub, stop: threading.Event, report_problem, counts,
                  skip_to: int = -1) -> None:
     """One source: decode with PyAV, preprocess on the host, hand over (name, index, pts, t, x, received, at,
-    captured); ``captured``: a live source's capture time (Unix s, :class:`~engines.video.live.LagClock`), else None.
+    captured); ``captured``: a live source's :class:`~engines.video.live.Capture`, else None.
     Its own thread. Frames up to ``skip_to`` (a resumed run's last classified frame) are decoded, not classified."""
     src.stop = stop
     src.on_event = hub.event
@@ -80,6 +80,7 @@ def cpu_pipeline(srcs, engine, spec, batch, stride, topk, max_wait_ms, stats, re
     start = time.perf_counter()
     for t in threads:
         t.start()
+        reader_started(t)
     left: dict = {}  # frames taken from the hub but not run when the caller stopped iterating
     try:
         for item in infer_and_collect(hub, engine, batch, topk, max_wait_ms, stats, counts, start, make_prediction,
@@ -95,8 +96,9 @@ def cpu_pipeline(srcs, engine, spec, batch, stride, topk, max_wait_ms, stats, re
         stop.set()
         for name, n in hub.close().items():
             left[name] = left.get(name, 0) + n
-        for t in threads:  # each notices the stop after its current frame (a network read: its read timeout)
-            t.join(timeout=0.5)
+        # each notices the stop after its current frame or interrupted read (WATCH_SLICE); one inside an FFmpeg open
+        # may run on until the open's timeout (the CLI then ends the process without finalizing under it)
+        join_readers(threads)
         stats.seconds = time.perf_counter() - start
         stats.per_source = dict(counts)
         for src in srcs:
@@ -174,7 +176,7 @@ def _run(chunk, engine, topk, stats, counts, start, make_prediction, pending: li
             lag = stats.lag.get(name)
             if lag is None:
                 lag = stats.lag[name] = LagStats()
-            lag.add(now - captured)
+            lag.add_capture(now, captured)
         try:
             yield make_prediction(name, index, pts, t, i_row, s_row, (now - received) * 1000.0, None, received)
         except GeneratorExit:  # the caller has prediction n and left: the rest were not delivered

@@ -43,7 +43,7 @@ from ..topk import unpack
 from .assembler import InputBuffer, SlotAssembler, Stopped
 from .bitstream import Auditor, file_damage
 from .decoders import DECODERS
-from .live import LagStats
+from .live import LagStats, reader_started
 from .native_out import TAP
 from .sources import BatchUnavailable, SourceError, surface_format
 
@@ -242,11 +242,11 @@ class GpuBatches:
         if errors:
             raise errors[0]
 
-    def _lag(self, name: str, captured: float) -> None:
+    def _lag(self, name: str, captured) -> None:
         lag = self.stats.lag.get(name)
         if lag is None:
             lag = self.stats.lag[name] = LagStats()
-        lag.add(time.time() - captured)
+        lag.add_capture(time.time(), captured)
 
     def _warm_up(self, slots: list, stream) -> None:
         """Run the batch once before the clock starts, unless the engine's last pipeline ran this batch size too.
@@ -452,6 +452,7 @@ class GpuPipeline(GpuBatches):
                                     name=f"trtc-nvdec-{i}") for i, s in enumerate(self.srcs)]
         for t in threads:
             t.start()
+            reader_started(t)
         threads.append(self.start_inference())
         try:
             yield from self.collect_stage(self.results, self.errors, self.start)

@@ -25,10 +25,14 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
+import weakref
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from ..errors import first_line
+from .credentials import has_credentials, scrub, url_of
 from .source_base import SourceError
 
 NETWORK_SCHEMES = ("rtsp", "rtsps", "rtmp", "rtmps", "srt", "udp", "rtp", "tcp", "http", "https", "hls", "mms")
@@ -38,11 +42,43 @@ TRANSPORTS = ("tcp", "udp")
 WATCH_SLICE = 0.5
 # a source that keeps going past --max-lag: a warning line at most this often (seconds); each event is still a line
 LAG_WARN_EVERY = 60.0
+# a live stream's damage: a damaged event at most this often per source (seconds), with the frames lost since the last
+DAMAGE_EVERY = 10.0
 AVERROR_EXIT = 1414092869  # FFmpeg's "Immediate exit requested": PyAV's read timeout interrupted the read
+# seconds a pipeline that stops waits, in all, for its reader threads: a read ends within WATCH_SLICE; an open
+# (FFmpeg's RTSP handshake) cannot be interrupted before its own timeout
+JOIN_S = 1.0
+
+_readers_lock = threading.Lock()  # owns _readers
+_readers: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()
+
+
+def reader_started(thread: threading.Thread) -> None:
+    """Note a source's reader thread (it may be inside FFmpeg or NVDEC): :func:`readers_running` waits for it."""
+    with _readers_lock:
+        _readers.add(thread)
+
+
+def join_readers(threads, timeout: float = JOIN_S) -> list[str]:
+    """Wait for ``threads`` (their stop already asked for) at most ``timeout`` s in all; the names of those still
+    running."""
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    return [t.name for t in threads if t.is_alive()]
+
+
+def readers_running(timeout: float = 0.0) -> list[str]:
+    """The reader threads of this process still running after waiting at most ``timeout`` s for them: threads that
+    may be inside native code (an FFmpeg open cannot be interrupted), under which the interpreter must not finalize
+    (a process that ends then ends with ``os._exit``, after flushing its outputs)."""
+    with _readers_lock:
+        threads = [t for t in _readers if t.is_alive()]
+    return join_readers(threads, timeout)
 
 
 def scheme(name: str) -> str | None:
-    head, sep, _ = str(name).partition("://")
+    head, sep, _ = str(url_of(name)).partition("://")
     return head.lower() if sep and head.isascii() and head.replace("+", "").replace("-", "").isalnum() else None
 
 
@@ -154,6 +190,12 @@ class SourceEvent:
         if self.event == "caught_up":
             return f"{self.source}: caught up ({self.extra['lag_s']:.1f} s behind) after skipping " \
                    f"{self.extra['skipped']} frame(s)"
+        if self.event == "damaged":
+            since = time.strftime("%H:%M:%S", time.localtime(self.extra["since"]))
+            return f"{self.source}: {self.extra['lost']} frame(s) or packet(s) lost to damage in the stream since " \
+                   f"{since} ({self.extra['total']} in all); the run goes on"
+        if self.event == "auth_failed":
+            return f"{self.source}: the server refused the credentials or this client, not retrying: {self.reason}"
         if self.event == "gave_up":
             return f"{self.source}: gave up reconnecting after {self.outage_s:.1f} s ({self.attempts} attempt(s))"
         return f"{self.source}: {self.event}" + (f": {self.reason}" if self.reason else "")
@@ -171,8 +213,8 @@ class Liveness:
     runs from the last frame (from the first attempt for a source that never gave one), so ``outage_s`` is the
     time without frames and ``reconnect_for`` counts from the last frame. :meth:`deadline` is when the watchdog
     declares the current connection lost: ``open_timeout`` after the attempt began until its first frame, then
-    ``read_timeout`` after the last frame, and for a source that had frames never past the moment it is to be
-    given up (a source's first connection gets its whole ``open_timeout``)."""
+    ``read_timeout`` after the last frame, and never past the moment it is to be given up, whether it had frames or
+    not (but a source's first attempt gets its whole ``open_timeout``)."""
 
     def __init__(self, options: LiveOptions, clock=time.monotonic):
         self.o = options
@@ -209,17 +251,24 @@ class Liveness:
         if self.live:
             return self.last_frame + self.o.read_timeout
         due = self.attempt_start + self.o.open_timeout
-        if self.ever and self.outage_start is not None:  # a source that had frames: not past its give-up moment
+        if not self.ever and self.failures == 0:
+            return due  # a source's first attempt gets its whole open_timeout
+        if self.outage_start is not None:  # then never past the moment it is given up, whether it ever connected
             return min(due, self.outage_start + self.o.reconnect_for)
-        return due  # a first connection gets its whole open_timeout
+        return due
+
+    def squeezed(self) -> bool:
+        """Whether the current attempt had less than a second (or its open_timeout) before the give-up moment: its
+        failure says little (a timeout of a few milliseconds), the one before it says why the source is given up."""
+        return not self.live and self.deadline() - self.attempt_start < min(1.0, self.o.open_timeout)
 
     def timeout_reason(self) -> tuple[str, str]:
-        """(reason, fix) for a connection the watchdog declared lost."""
+        """(reason, fix) for a connection the watchdog declared lost, with the time it actually waited."""
         if self.live:
             return (f"no frame for {self.o.read_timeout:g} s",
                     "check the camera and the network, or allow longer with --read-timeout")
-        return (f"no frame within {self.o.open_timeout:g} s of connecting",
-                "check the camera and the network, or allow longer with --open-timeout")
+        return (f"no frame within {self.clock() - self.attempt_start:.1f} s of connecting (--open-timeout "
+                f"{self.o.open_timeout:g})", "check the camera and the network, or allow longer with --open-timeout")
 
     def lost(self) -> float | None:
         """The attempt or connection failed: the delay before the next attempt, or None to give up."""
@@ -257,32 +306,62 @@ class Liveness:
         return not stop.wait(seconds)
 
 
+class Capture(NamedTuple):
+    """A live frame's capture on its connection's :class:`LagClock`: its stream time ``t``; ``at``, the capture time
+    (Unix s) by the anchor when it was decoded; ``final``, whether that anchor was settled then."""
+
+    clock: "LagClock"
+    t: float
+    at: float
+    final: bool
+
+
 class LagClock:
     """When a live stream's frames were captured, on the wall clock: the stream's own time (pts x time base)
     anchored at the wall clock by the smallest (received - stream time) seen on this connection, so delay that
     builds up before decoding (a stall, a link thinner than the stream, a reader that cannot keep up) shows as
     lag, while the fixed delay of the path to the first frame does not. (RTCP sender reports' NTP times are not
-    read: PyAV does not hand them out.) :meth:`reset` at every connection: RTSP restarts timestamps."""
+    read: PyAV does not hand them out.) A new clock at every connection: RTSP restarts timestamps.
+
+    A connection's first frames come in a burst (those read while the stream was probed), late: the anchor is the
+    smallest (received - stream time) over the first SETTLE_S s of stream time, **applied back** to those frames
+    (:meth:`LagStats.add_capture` holds their results until then), and the smallest so far after that. The reader
+    thread writes the anchor, the results' thread reads it: one lock."""
+
+    SETTLE_S = 5.0
 
     def __init__(self):
-        self.offset: float | None = None  # capture wall time = offset + stream time
+        self._lock = threading.Lock()  # owns offset, first_t, settled
+        self.offset: float | None = None  # the smallest (received - stream time) so far
+        self.first_t: float | None = None
+        self.settled: float | None = None  # the anchor at the end of the first SETTLE_S s of stream time
 
-    def reset(self) -> None:
-        self.offset = None
-
-    def captured(self, t: float | None, received: float) -> float:
-        """The capture time of a frame with stream time ``t`` received at ``received`` (Unix seconds)."""
+    def captured(self, t: float | None, received: float) -> Capture | None:
+        """The capture of a frame with stream time ``t`` received at ``received`` (Unix seconds); None for a
+        frame without a stream time (its capture time is unknown: it has no lag, and sets no anchor)."""
         if t is None:
-            return received if self.offset is None else max(self.offset, received - 3600.0)
-        off = received - t
-        if self.offset is None or off < self.offset:
-            self.offset = off
-        return self.offset + t
+            return None
+        with self._lock:
+            off = received - t
+            if self.offset is None or off < self.offset:
+                self.offset = off
+            if self.first_t is None:
+                self.first_t = t
+            final = self.settled is not None
+            if not final and t - self.first_t >= self.SETTLE_S:
+                self.settled = self.offset
+            return Capture(self, t, self.offset + t, final)
+
+    def anchor(self) -> tuple[float | None, bool]:
+        """(the anchor for the frames of the first window, whether it is settled)."""
+        with self._lock:
+            return (self.settled, True) if self.settled is not None else (self.offset, False)
 
 
 class LagStats:
     """Lag of one source's results (seconds from capture to result): p50, p99 and max in fixed memory (a
-    histogram of 10 ms bins up to 120 s; larger lags fall in the last bin and still set ``max``)."""
+    histogram of 10 ms bins up to 120 s; larger lags fall in the last bin and still set ``max``). The results of a
+    connection's first frames wait (as result - stream time, to the millisecond) until its anchor is settled."""
 
     BIN = 0.01
     BINS = 12000
@@ -293,12 +372,36 @@ class LagStats:
         self.counts = np.zeros(self.BINS, np.int64)
         self.n = 0
         self.max = 0.0
+        self.waiting: dict = {}  # LagClock -> {round((result - t) x 1000): results}
 
-    def add(self, lag: float) -> None:
+    def add(self, lag: float, n: int = 1) -> None:
         lag = max(0.0, lag)
-        self.counts[min(int(lag / self.BIN), self.BINS - 1)] += 1
-        self.n += 1
+        self.counts[min(int(lag / self.BIN), self.BINS - 1)] += n
+        self.n += n
         self.max = max(self.max, lag)
+
+    def add_capture(self, result: float, cap: Capture) -> None:
+        """A result at ``result`` (Unix s) of the frame captured as ``cap``."""
+        if cap.final:
+            self.add(result - cap.at)
+            return
+        anchor, settled = cap.clock.anchor()
+        if settled:
+            self._settle(cap.clock)
+            self.add(result - (anchor + cap.t))
+            return
+        for clock in [c for c in self.waiting if c is not cap.clock]:  # an earlier connection: its anchor is final
+            self._settle(clock)
+        held = self.waiting.setdefault(cap.clock, {})
+        key = round((result - cap.t) * 1000)
+        held[key] = held.get(key, 0) + 1
+
+    def _settle(self, clock: LagClock) -> None:
+        held = self.waiting.pop(clock, None)
+        if held:
+            anchor = clock.anchor()[0]
+            for key, n in held.items():
+                self.add(key / 1000 - anchor, n)
 
     def quantile(self, q: float) -> float:
         """The upper edge of the bin holding quantile ``q`` (so within 10 ms above the true value, capped by max)."""
@@ -308,6 +411,8 @@ class LagStats:
         return min((k + 1) * self.BIN, self.max)
 
     def to_dict(self) -> dict:
+        for clock in list(self.waiting):  # a connection still in its first window: the anchor it has now
+            self._settle(clock)
         if not self.n:
             return {}
         return {"p50": round(self.quantile(0.5), 3), "p99": round(self.quantile(0.99), 3), "max": round(self.max, 3),
@@ -364,20 +469,43 @@ def open_url(av, name: str, options: LiveOptions, liveness: Liveness | None = No
     SourceError in words (:func:`network_error`), a silent server included.
 
     ``liveness``: a watched live source (:func:`watched_packets`). Its reads time out after
-    ``options.watch_slice`` s, and the open ends by the attempt's deadline (:meth:`Liveness.deadline`): PyAV
-    bounds its two steps (the handshake, then reading the first packets to learn the stream) each by its open
-    timeout, so each gets half of the time left."""
+    ``options.watch_slice`` s, and the open is given the time left to the attempt (:meth:`Liveness.deadline`).
+    PyAV bounds each of the open's two steps (the handshake, then reading the first packets to learn the stream)
+    by that time from the step's own start: a silent server (the handshake) times out at the deadline; a server
+    that answers at once and then sends nothing, at the deadline plus the handshake's time. (Halving the time
+    between the two steps, as before, made --open-timeout 10 give up after 5 s.)"""
     t0 = time.monotonic()
     if liveness is None:
         timeout = (options.open_timeout, options.read_timeout)
     else:
-        timeout = (max(0.05, liveness.deadline() - liveness.clock()) / 2, options.watch_slice)
+        timeout = (max(0.05, liveness.deadline() - liveness.clock()), options.watch_slice)
     try:
-        return av.open(name, options=options.av_options(name), timeout=timeout)
+        return av.open(url_of(name), options=options.av_options(name), timeout=timeout)
     except Exception as exc:  # noqa: BLE001 - av.error.*, OSError
         reason, fix = network_error(name, exc, options, opening=True, elapsed=time.monotonic() - t0,
                                     limit=timeout[0])
-        raise SourceError(name, f"cannot connect: {reason}", fix) from exc
+        err = SourceError(name, f"cannot connect: {reason}", fix)
+        err.final = refused(name, exc)
+        raise err from exc
+
+
+def refused(name: str, exc: BaseException) -> bool:
+    """Whether the server refused this client for good: credentials it rejects (401 when they were given) or no
+    access at all (403). Retrying would change nothing, and on many cameras locks the account."""
+    status = http_status(first_line(exc))
+    return status == 403 or (status == 401 and has_credentials(name))
+
+
+def http_status(text: str) -> int | None:
+    """The RTSP/HTTP status (401, 403 or 404) an FFmpeg error text reports ("Server returned 401 Unauthorized"),
+    read without the quoted URL that follows it (a port such as 48403 is no status)."""
+    import re
+
+    low = re.sub(r"'[^']*'", "", str(text)).lower()
+    for code, word in ((401, "unauthorized"), (403, "forbidden"), (404, "not found")):
+        if re.search(rf"\b{code}\b", low) or word in low:
+            return code
+    return None
 
 
 def network_error(name: str, exc: BaseException, options: LiveOptions, opening: bool,
@@ -387,9 +515,9 @@ def network_error(name: str, exc: BaseException, options: LiveOptions, opening: 
     that came when the timeout ran out (``elapsed``, seconds the attempt took) is a timeout whatever FFmpeg says:
     its RTSP client reports a server that never answers as "Invalid data". ``limit``: the timeout the demuxer was
     given, where it is not the option's own."""
-    text = first_line(exc)
+    text = scrub(name, first_line(exc))  # FFmpeg's text names the URL it was given: no credentials out
     low = text.lower()
-    host = str(name).split("://", 1)[-1].split("/", 1)[0].rsplit("@", 1)[-1]
+    host = str(url_of(name)).split("://", 1)[-1].split("/", 1)[0].rsplit("@", 1)[-1]
     limit = limit or (options.open_timeout if opening else options.read_timeout)
     if isinstance(exc, ConnectionRefusedError) or "connection refused" in low:
         return (f"nothing accepts connections at {host} (connection refused)",
@@ -398,13 +526,27 @@ def network_error(name: str, exc: BaseException, options: LiveOptions, opening: 
     if timed_out or "immediate exit requested" in low or "timed out" in low or isinstance(exc, TimeoutError):
         t = options.open_timeout if opening else options.read_timeout
         what = "no answer to the connection" if opening else "no data"
-        return (f"{what} within {t:g} s [{text}]",
+        waited = f"{elapsed:.1f} s (--{'open' if opening else 'read'}-timeout {t:g})" if elapsed is not None \
+            else f"{t:g} s"
+        return (f"{what} within {waited} [{text}]",
                 f"check the address and the network, or allow longer with --{'open' if opening else 'read'}-timeout")
-    if "404" in low or "not found" in low:
+    status = http_status(text)
+    if status == 404:
         return (f"the server at {host} has no stream at this path (404)", "check the path part of the URL")
-    if "401" in low or "unauthorized" in low:
+    if "protocol not supported" in low and options.transport == "udp" and scheme(name) in ("rtsp", "rtsps"):
+        return (f"the server at {host} does not send RTP over UDP [{text}]",
+                "use --rtsp-transport tcp (RTP inside the RTSP connection, what most cameras and NVRs offer)")
+    if status == 403:
+        return (f"the server at {host} refuses this client (403 Forbidden)",
+                "check the camera's access rules for this user and address")
+    if status == 401 and has_credentials(name):
+        return (f"the server at {host} refused the user name and password given (401)",
+                "check them (in the URL, TRTC_RTSP_USER/TRTC_RTSP_PASSWORD or --credentials FILE); trtc does not "
+                "retry refused credentials, so that the camera does not lock the account")
+    if status == 401:
         return (f"the server at {host} asks for a user name and password (401)",
-                "put them in the URL: rtsp://USER:PASSWORD@host/path")
+                "give them: in the URL (rtsp://USER:PASSWORD@host/path), or TRTC_RTSP_USER and TRTC_RTSP_PASSWORD, "
+                "or --credentials FILE (docs/LIVE.md)")
     if "no route" in low or "unreachable" in low or "name or service not known" in low or "resolve" in low:
         return f"cannot reach {host} [{text}]", "check the host name and the network route to it"
     if "end of file" in low or isinstance(exc, EOFError):
@@ -435,6 +577,38 @@ class LiveSource:
         if back is not None:
             self._event("reconnected", outage_s=back[0], attempts=back[1])
 
+    def _damage(self, n: int = 1) -> None:
+        """``n`` more frames or packets of this live stream lost to damage (already counted in ``damaged``): a
+        ``damaged`` event at once, then at most one every DAMAGE_EVERY s with those lost since the last (``lost``;
+        ``since``: the wall time of the first of them; ``total``: the source's count so far); its stderr line a
+        warning at most once a minute (else info, shown at -v), as for lagging."""
+        now = time.monotonic()
+        self._damage_lost = getattr(self, "_damage_lost", 0) + n
+        if getattr(self, "_damage_since", None) is None:
+            self._damage_since = time.time()
+        said = getattr(self, "_damage_said", None)
+        if said is not None and now - said < DAMAGE_EVERY:
+            return
+        warned = getattr(self, "_damage_warned", None)
+        loud = warned is None or now - warned >= LAG_WARN_EVERY
+        if loud:
+            self._damage_warned = now
+        self._damage_said = now
+        self._event("damaged", extra={"lost": self._damage_lost, "since": round(self._damage_since, 3),
+                                      "total": self.damaged}, loud=loud)
+        self._damage_lost, self._damage_since = 0, None
+
+    def _keep_frame(self, captured: Capture | None, received: float) -> bool:
+        """:meth:`_keep` for a frame captured as ``captured`` (None: unknown) and decoded at ``received``. A frame of
+        unknown capture time neither starts nor ends a skip: it is skipped while one runs, else kept."""
+        if captured is not None:
+            return self._keep(received - captured.at)
+        if getattr(self, "_skipping", None) is None or self.options.max_lag is None or self.options.policy == "block":
+            return True
+        self._skipping += 1
+        self.lagged += 1
+        return False
+
     def _keep(self, lag: float) -> bool:
         """Whether a decoded frame ``lag`` s after its capture is passed on; decided before any preprocessing. Past
         ``options.max_lag`` frames are skipped (counted in ``lagged``) until the lag is back under half the bound:
@@ -462,14 +636,22 @@ class LiveSource:
         self.lagged += 1
         return False
 
-    def _lost(self, lv: Liveness, reason: str, fix: str | None) -> None:
+    def _lost(self, lv: Liveness, reason: str, fix: str | None, final: bool = False) -> None:
         """The attempt or the connection failed: say so once (``disconnected`` when frames stopped,
         ``connect_failed`` at a never-connected source's first failure; nothing for later failed attempts), then
-        wait for the next attempt; raise SourceError when the source is given up on (or the run stops)."""
+        wait for the next attempt; raise SourceError when the source is given up on (or the run stops). ``final``:
+        the server refused the credentials or the client (:func:`refused`): an ``auth_failed`` event, and the source
+        is given up at once."""
         if self.stop is not None and self.stop.is_set():
             raise SourceError(self.name, f"stopped while reconnecting ({reason})")
-        was_live, first = lv.live, not lv.ever and lv.failures == 0
+        if final:
+            self._event("auth_failed", reason=reason)
+            raise SourceError(self.name, f"auth_failed: {reason}; not retried", fix)
+        was_live, first, squeezed = lv.live, not lv.ever and lv.failures == 0, lv.squeezed()
+        before, self._failure = getattr(self, "_failure", None), (reason, fix)
         delay = lv.lost()
+        if delay is None and squeezed and before is not None:  # the last try had no time: the one before says why
+            reason, fix = before
         if was_live:
             self._event("disconnected", reason=reason, outage_s=lv.outage_s())
         elif first:

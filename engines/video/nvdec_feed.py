@@ -133,6 +133,8 @@ class _Feed:
             if interrupted:  # cut short by the watchdog's read timeout, not damaged in the stream
                 return None
             src.damaged += 1
+            if self.lv is not None:  # a live stream's damage is said while the run goes on
+                src._damage(1)
             self.rejected += 1
             if self.rejected >= MAX_REJECTED_PACKETS:
                 raise SourceError(src.name, f"NVDEC refused {self.rejected} packets in a row "
@@ -154,7 +156,7 @@ class _Feed:
                 src._frame_arrived(lv)
                 received = time.time()
                 src.captured = self.lags.captured(t, received)  # read by on_frame for the lag of the result
-                if not src._keep(received - src.captured):  # decoded, not preprocessed
+                if not src._keep_frame(src.captured, received):  # decoded, not preprocessed
                     del frame
                     index += 1
                     continue
@@ -192,6 +194,8 @@ def feed_pass(src, nvc, stream_ptr: int, on_frame, index: int, container, stream
                 continue
             if packet is not None and packet.is_corrupt:  # the demuxer saw the container damaged (e.g. MPEG-TS
                 src.damaged += 1  # continuity errors): NVDEC would conceal it without a word
+                if lv is not None:
+                    src._damage(1)
             # None: end of stream, flush the frames the decoder still holds
             chunks = [(None, None)] if packet is None else annexb.convert(packet)
             for data, pts in chunks:
@@ -234,7 +238,7 @@ def run_fed(src, nvc, stream_ptr: int, on_frame) -> None:
         except SourceError as exc:
             if lv is None:
                 raise
-            src._lost(lv, exc.detail, exc.fix)
+            src._lost(lv, exc.detail, exc.fix, getattr(exc, "final", False))
             continue
         reason, fix = "the stream ended: the server closed it", "check the camera or server"
         try:

@@ -107,6 +107,7 @@ class RunStats:
     missing: dict = field(default_factory=dict)  # live sources: frames the stream's timestamps say never arrived
     damaged: dict = field(default_factory=dict)  # frames or packets the decoder could not read (not classified)
     lagged: dict = field(default_factory=dict)  # live sources: frames skipped because they were past --max-lag
+    cut: dict = field(default_factory=dict)  # live sources: frames made up from data trtc's read timeout cut short
     lag: dict = field(default_factory=dict)  # live sources: LagStats of capture -> result
     rotation: dict = field(default_factory=dict)  # how each source's frames were turned to be shown (CPU path)
 
@@ -123,7 +124,7 @@ class RunStats:
         self.batch_sizes += other.get("batch_sizes") or []
         used = {d for d in (self.decoder.split(",") if self.decoder else []) + [other.get("decoder") or ""] if d}
         self.decoder = ",".join(sorted(used))
-        for field_name in ("decoded", "dropped", "missing", "damaged", "lagged"):
+        for field_name in ("decoded", "dropped", "missing", "damaged", "lagged", "cut"):
             mine = getattr(self, field_name)
             for k, v in (other.get(field_name) or {}).items():
                 k = names.get(k, k)
@@ -142,7 +143,8 @@ class RunStats:
         if rotation is not None:
             self.rotation[src.name] = rotation
         for field_name, n in (("dropped", dropped), ("missing", getattr(src, "missing", 0)),
-                              ("damaged", getattr(src, "damaged", 0)), ("lagged", getattr(src, "lagged", 0))):
+                              ("damaged", getattr(src, "damaged", 0)), ("lagged", getattr(src, "lagged", 0)),
+                              ("cut", getattr(src, "cut", 0))):
             if n:
                 d = getattr(self, field_name)
                 d[src.name] = d.get(src.name, 0) + n
@@ -157,7 +159,8 @@ class RunStats:
                 "fps": round(self.fps, 1), "mean_batch": round(mean_batch, 2), "path": self.path,
                 "decoder": self.decoder,
                 "per_source": self.per_source, "decoded": self.decoded, "dropped": self.dropped,
-                "missing": self.missing, "damaged": self.damaged, "lagged": self.lagged, "rotation": self.rotation,
+                "missing": self.missing, "damaged": self.damaged, "lagged": self.lagged, "cut": self.cut,
+                "rotation": self.rotation,
                 "lag_s": {k: v.to_dict() for k, v in self.lag.items()},
                 "infer_stage": {k: round(v, 3) for k, v in self.infer_stage.items()},
                 "decode_stage": {k: round(v, 3) for k, v in self.decode_stage.items()}}
@@ -255,7 +258,7 @@ def _check_arguments(sources, stride, buffers, max_wait_ms, colorspace) -> list[
     """The caller's arguments that need no engine: refused here, once, before any source starts."""
     if isinstance(sources, (str, bytes)) or not hasattr(sources, "__iter__"):
         sources = [sources]
-    sources = [str(s) for s in sources]
+    sources = [s if isinstance(s, str) else str(s) for s in sources]  # an Address keeps its url
     if not sources:
         raise UsageProblem("no video sources given")
     if stride < 1:

@@ -1,6 +1,7 @@
 """What every video source module shares: the error a source raises, what a source is, its frames' times, and
 the colour space a PyAV stream declares. Nothing here imports another module of this package, so the source
-modules (:mod:`.sources`, :mod:`.live`, :mod:`.nvdec_feed`) all import it and none imports the others in a circle.
+modules (:mod:`.sources`, :mod:`.live`, :mod:`.nvdec_feed`) all import it and none imports the others in a circle
+(:mod:`.credentials`, which it imports, imports none of them).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 from .._deps import require
 from ..errors import TrtcError
 from ..preprocess import ColorSpace
+from .credentials import redact
 
 # AVColorSpace / AVColorRange values (libavutil/pixfmt.h) as PyAV reports them
 _AV_MATRIX = {1: "bt709", 5: "bt601", 6: "bt601", 9: "bt2020", 10: "bt2020"}
@@ -26,6 +28,7 @@ class SourceError(TrtcError):
     """One source cannot be opened or stopped early; ``source`` names it."""
 
     def __init__(self, source: str, reason: str, fix: str | None = None):
+        reason, fix = redact(reason), (redact(fix) if fix else fix)  # no camera's user info in a message
         super().__init__(f"{source}: {reason}", fix)
         self.source = source
         self.detail = reason  # the reason without the source's name

@@ -19,6 +19,7 @@ from ..errors import TrtcError, UsageProblem, first_line
 import numpy as np
 
 from ..preprocess import ColorSpace, YuvPlanes
+from .credentials import scrub, url_of
 from .live import (LagClock, LiveOptions, LiveSource, Liveness, NoFrames, is_network, network_error, open_url,
                    watched_packets)
 from .image_source import ImageSource, is_image
@@ -31,7 +32,7 @@ log = logging.getLogger("trtc")
 
 
 def is_url(name: str) -> bool:
-    return "://" in name
+    return "://" in url_of(name)
 
 
 def check_exists(name: str) -> None:
@@ -125,7 +126,7 @@ class PyAVSource(LiveSource):
 
     def __init__(self, name: str, colorspace: str | None = None, loop: int = 1, realtime: bool = False,
                  live: bool | None = None, options: LiveOptions | None = None, rotate: str = "auto"):
-        self.name = str(name)
+        self.name = name if isinstance(name, str) else str(name)  # an Address keeps its url for the open
         self.override = colorspace
         self.rotate = rotate  # "auto": the stream's display matrix; "0".."270": clockwise, instead of it
         self.turn = Orientation()
@@ -138,7 +139,8 @@ class PyAVSource(LiveSource):
         self.missing = 0  # live: frames the stream's timestamps say were sent but never arrived
         self.damaged = 0  # frames the decoder flagged as damaged (not classified)
         self.lagged = 0  # live: frames decoded but skipped because they were past --max-lag
-        self.captured: float | None = None  # live: the capture time (Unix s) of the frame last passed on
+        self.cut = 0  # live: frames left out because trtc's read timeout cut their data short (not damage)
+        self.captured = None  # live: the Capture (engines.video.live) of the frame last passed on
         self.stop: threading.Event | None = None
         self.on_event = None  # callable(SourceEvent), set by the pipeline
 
@@ -222,15 +224,17 @@ class PyAVSource(LiveSource):
             try:
                 container, stream = self._open(lv)
             except SourceError as exc:
-                self._lost(lv, exc.detail, exc.fix)
+                self._lost(lv, exc.detail, exc.fix, getattr(exc, "final", False))
                 continue
             clock = Timeline(stream, live=True)
             lags = LagClock()  # a new connection: the stream's times start again
             skipped: list = []
+            cut = [False]  # since a packet an interrupted read cut short, until a whole key frame
+            held = [0]  # damage not yet counted: until a whole frame shows that the stream goes on
             reason, fix = "the stream ended: the server closed it", "check the camera or server"
             try:
                 for frame in _decode(container, stream, self.name, skipped,
-                                     watched_packets(container, stream, lv, self.stop)):
+                                     watched_packets(container, stream, lv, self.stop), cut):
                     self._frame_arrived(lv)
                     if clock.first:
                         self.info.colorspace = _colorspace_from_av(frame, frame.height, self.override)
@@ -239,25 +243,50 @@ class PyAVSource(LiveSource):
                     self.decoded += 1
                     received = time.time()
                     self.captured = lags.captured(t, received)
-                    if frame.is_corrupt:
-                        self.damaged += 1
-                    elif self._keep(received - self.captured):  # before any conversion or preprocessing
+                    if self._whole(frame, skipped, cut, held) and self._keep_frame(self.captured, received):
+                        # (decided before any conversion or preprocessing)
                         yield index, pts, t, self.turn.apply(host_planes(frame)), received
                     index += 1
                     if self.stop is not None and self.stop.is_set():
                         return
-            except NoFrames as exc:
+            except NoFrames as exc:  # the stream went on sending nothing usable: what is held was damage
                 reason, fix = exc.reason, exc.fix
+                held[0], skipped[:] = held[0] + len(skipped), []
+                self._count_damage(held)
             except SourceError as exc:
                 cause = exc.__cause__ or exc
                 reason, fix = network_error(self.name, cause, self.options, opening=False)
             finally:
                 container.close()
                 self.missing += clock.missing
-                self.damaged += len(skipped)
+                self.cut += held[0] + len(skipped)  # the connection broke off or ended there: not the stream's damage
             if self.stop is not None and self.stop.is_set():
                 return
             self._lost(lv, reason, fix)
+
+
+    def _whole(self, frame, skipped: list, cut: list, held: list) -> bool:
+        """Whether a live ``frame`` is whole (not made up by the decoder). Packets the decoder refused (``skipped``)
+        and frames it made up are held (``held[0]``) until a whole frame shows that the stream goes on: then they are
+        damage, counted and said while the run goes on (:meth:`_damage`); if the connection breaks off or ends first,
+        they were cut by it (``cut``, as the frames made up from data trtc's own read timeout cut short, while
+        ``cut[0]``)."""
+        held[0] += len(skipped)
+        skipped.clear()
+        if frame.is_corrupt:
+            if cut[0]:
+                self.cut += 1
+            else:
+                held[0] += 1
+            return False
+        self._count_damage(held)
+        return True
+
+    def _count_damage(self, held: list) -> None:
+        if held[0]:
+            self.damaged += held[0]
+            self._damage(held[0])
+            held[0] = 0
 
 
 def _cut_transport_stream(name: str, container) -> bool:
@@ -272,13 +301,14 @@ def _cut_transport_stream(name: str, container) -> bool:
     return all(size % n for n in (188, 192, 204))
 
 
-def _decode(container, stream, name, skipped: list, packets=None):
+def _decode(container, stream, name, skipped: list, packets=None, cut: list | None = None):
     """Frames of one stream; a packet the decoder rejects is skipped and counted (``skipped``), as NVDEC does
     with corrupt pictures; the demuxer failing (file cut off, connection lost) ends the source with an error.
     ``packets``: (packet, interrupted) pairs to decode instead of the container's own
     (:func:`~engines.video.live.watched_packets`); a refused packet that an interrupted read handed back is not
-    counted, being cut short by trtc's own watchdog rather than damaged in the stream. Its :class:`NoFrames`
-    passes through."""
+    counted, being cut short by trtc's own watchdog rather than damaged in the stream. ``cut``: a one-item list set
+    True at such a packet and False at the next whole key frame (the frames between may be made up from the cut
+    data). Its :class:`NoFrames` passes through."""
     if packets is None:
         packets = ((p, False) for p in container.demux(stream))
     while True:
@@ -289,11 +319,15 @@ def _decode(container, stream, name, skipped: list, packets=None):
         except NoFrames:
             raise
         except Exception as exc:  # noqa: BLE001 - av.error.*, OSError (network)
+            if cut is not None:  # the connection broke off: what the decoder makes of its last data is no damage
+                cut[0] = True
             try:  # the frames the decoder still holds (reordering, threads) were read whole: give them out
                 yield from stream.codec_context.decode(None)
             except Exception:  # noqa: BLE001 - a decoder that cannot even flush has nothing more to give
                 pass
-            raise SourceError(name, f"stopped while reading: {first_line(exc, DETAIL_CHARS)}") from exc
+            raise SourceError(name, f"stopped while reading: {scrub(name, first_line(exc, DETAIL_CHARS))}") from exc
+        if cut is not None and (interrupted or packet.is_keyframe):
+            cut[0] = interrupted
         try:
             frames = packet.decode()
         except Exception as exc:  # noqa: BLE001 - av.error.InvalidDataError and friends
@@ -374,7 +408,7 @@ class NvdecSource(LiveSource):
     def __init__(self, name: str, gpu: int = 0, colorspace: str | None = None, loop: int = 1,
                  realtime: bool = False, latency: str = "native", live: bool | None = None,
                  options: LiveOptions | None = None):
-        self.name = str(name)
+        self.name = name if isinstance(name, str) else str(name)  # an Address keeps its url
         self.gpu = gpu
         self.override = colorspace
         self.loop = max(1, int(loop))
@@ -391,7 +425,7 @@ class NvdecSource(LiveSource):
         self.missing = 0  # live: frames the stream's timestamps say never arrived
         self.damaged = 0  # packets NVDEC refused (skipped)
         self.lagged = 0  # live: frames decoded but skipped because they were past --max-lag
-        self.captured: float | None = None  # live: the capture time (Unix s) of the frame last passed on
+        self.captured = None  # live: the Capture (engines.video.live) of the frame last passed on
         self.stop: threading.Event | None = None
         self.on_event = None  # callable(SourceEvent), set by the pipeline
 

@@ -315,7 +315,7 @@ class WorkerPool:
         read them already (e.g. while the workers started); read here otherwise."""
         if isinstance(sources, (str, bytes)) or not hasattr(sources, "__iter__"):
             sources = [sources]
-        sources = [str(s) for s in sources]
+        sources = [s if isinstance(s, str) else str(s) for s in sources]  # an Address keeps its url (pickled)
         if not sources:
             raise UsageProblem("no video sources given")
         if lines not in LINE_MODES:

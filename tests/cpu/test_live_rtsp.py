@@ -7,6 +7,8 @@ Every case is bounded in time (timeouts on every wait; the servers are killed in
 from __future__ import annotations
 
 import json
+import os
+import re
 import signal
 import subprocess
 import sys
@@ -105,7 +107,8 @@ def test_unreachable_port_is_a_failure_with_a_fix(rtsp, lite0_onnx, tmp_path):
     assert "nothing accepts connections at 127.0.0.1" in problem["reason"] and "gave up after" in problem["reason"]
     assert "never connected" in problem["reason"]
     entry = json.loads((tmp_path / "s.json").read_text())["by_source"][url]
-    assert entry == {"received": 0, "classified": 0, "dropped": {"queue": 0, "lag": 0}, "missing": 0, "damaged": 0,
+    assert entry == {"received": 0, "classified": 0, "dropped": {"queue": 0, "lag": 0, "cut": 0}, "missing": 0,
+                     "damaged": 0,
                      "lag_s": {}, "outages": 0, "status": problem["reason"]}
     # -q: the status column says what happened, then the one error line the run ends with; no warning repeats it
     named = [line for line in stderr.splitlines() if url in line]
@@ -144,10 +147,38 @@ def test_silent_server_times_out_and_never_hangs(rtsp, lite0_onnx, tmp_path):
     assert proc.returncode == 1
     assert time.monotonic() - t0 < 30
     (problem,) = json.loads((tmp_path / "s.json").read_text())["problems"]
-    assert "no answer to the connection within 1 s" in problem["reason"] and "gave up after" in problem["reason"]
+    assert "no answer to the connection within 1." in problem["reason"] and "gave up after" in problem["reason"]
     assert "--reconnect-attempts (now 1)" in problem["reason"]  # the fix names the option that ended it
     assert [json.loads(line)["event"] for line in stdout.splitlines()] == ["connect_failed", "gave_up"]
     assert stderr.count("cannot connect (retrying quietly)") == 1, stderr  # a warning at once, then quiet
+
+
+def test_open_timeout_and_reconnect_for_fire_at_their_values(rtsp, orientation_model, tmp_path):
+    """A server that accepts and never answers: --open-timeout 5 and 10 end the attempt at 5 and 10 s (+-1 s;
+    the message says how long it waited), and a camera that never connected is given up at --reconnect-for
+    (9 s, with 4 s attempts), not after the attempt that runs past it. Three processes at once (mostly waiting)."""
+    runs = {}
+    with rtsp.start(silent=True) as srv:
+        for name, opts in (("open5", ["--open-timeout", "5", "--reconnect-for", "0"]),
+                           ("open10", ["--open-timeout", "10", "--reconnect-for", "0"]),
+                           ("for9", ["--open-timeout", "4", "--reconnect-for", "9"])):
+            runs[name] = _trtc("-q", "run", srv.url, "--model", orientation_model, "--device", "cpu", *opts,
+                               "--summary", tmp_path / f"{name}.json")
+        try:
+            done = {name: p.communicate(timeout=60) for name, p in runs.items()}
+        finally:
+            for p in runs.values():
+                p.kill()
+    for name, seconds in (("open5", 5), ("open10", 10), ("for9", 9)):
+        assert runs[name].returncode == 1, done[name][1]
+        events = [json.loads(line) for line in done[name][0].splitlines()]
+        gave_up = events[-1]
+        assert gave_up["event"] == "gave_up" and abs(gave_up["outage_s"] - seconds) <= 1, (name, events)
+        if name != "for9":
+            m = re.search(r"no answer to the connection within ([\d.]+) s \(--open-timeout (\d+)\)",
+                          gave_up["reason"])
+            assert m and abs(float(m.group(1)) - seconds) <= 1 and int(m.group(2)) == seconds, gave_up
+    assert json.loads(done["for9"][0].splitlines()[-1])["attempts"] >= 2
 
 
 def test_three_cameras_one_dead_the_others_unaffected(rtsp, engine):
@@ -450,6 +481,142 @@ def test_bandwidth_below_the_bitrate_is_lag_reported_and_bounded(rtsp, engine):
     print(f"throttled: {s.lagged[proxy.url()]} skipped; lag of results {lag}")
     assert s.lagged[proxy.url()] == events[1][1].extra["skipped"] > 0
     assert lag["max"] < 1.0 + 1.0
+
+
+def test_damage_is_said_while_the_run_goes_on_and_a_throttled_link_is_not_damage(rtsp, orientation_model,
+                                                                                  tmp_path):
+    """Two cameras in one `trtc run`: one whose RTP payloads get bytes flipped for 8 s, one throttled to 3 KB/s for
+    8 s (a link so thin that trtc's own read timeout interrupts reads in the middle of a picture). The damaged one:
+    a damaged event and a warning while the run goes on (results after it), listed in problems with its count. The
+    throttled one: no damage anywhere (the frames made up from a packet the read timeout cut short are counted as
+    cut, not damaged)."""
+    from tests.faultproxy import Fault, FaultProxy
+
+    out, summary = tmp_path / "live.jsonl", tmp_path / "s.json"
+    with rtsp.start(pattern=True) as srv, \
+            FaultProxy(("127.0.0.1", srv.port), [Fault("corrupt", 2, 8, rate=0.05, flips=4)], lifetime=90,
+                       path=srv.path, seed=7) as bad, \
+            FaultProxy(("127.0.0.1", srv.port), [Fault("throttle", 2, 8, rate=3_000)], lifetime=90,
+                       path=srv.path) as thin:
+        proc = _trtc("run", f"bad={bad.url()}", f"thin={thin.url()}", "--model", orientation_model, "--device", "cpu",
+                     "--stride", "3", "--top-k", "1", "--max-lag", "30", "-o", out, "--summary", summary,
+                     env={**os.environ, "TRTC_CPU_THREADS": "1", "PYTHONPATH": str(ROOT)})
+        try:
+            _wait_for(lambda: '"damaged"' in _tmp_text(out), 40, proc)
+            _wait_for(lambda: thin.elapsed() > 12, 40, proc)  # both faults over, the thin link drained
+            _wait_for(lambda: _tmp_text(out).split('"damaged"', 1)[1].count('"source": "bad"') >= 5, 40, proc)
+            proc.send_signal(signal.SIGTERM)
+            stdout, stderr = proc.communicate(timeout=30)
+        finally:
+            proc.kill()
+    assert proc.returncode == 143, stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    damaged = [r for r in records if r.get("event") == "damaged"]
+    assert damaged and {r["source"] for r in damaged} == {"bad"}, damaged
+    assert damaged[0]["lost"] >= 1 and damaged[0]["total"] >= damaged[0]["lost"] and damaged[0]["since"] > 0
+    last_bad = max(r["received"] for r in records if r.get("source") == "bad" and "frame" in r)
+    assert last_bad > damaged[0]["received"]  # said while the run went on
+    assert "lost to damage in the stream" in stderr and "the run goes on" in stderr
+    report = json.loads(summary.read_text())
+    problems = {p["source"]: p["reason"] for p in report["problems"]}
+    assert "bad" in problems and problems["bad"].startswith("damaged:") and report["by_source"]["bad"]["damaged"] > 0
+    thin_entry = report["by_source"]["thin"]
+    print(f"throttled: {thin_entry}")
+    assert thin_entry["damaged"] == 0 and "thin" not in problems and thin_entry["status"] == "interrupted"
+    assert thin_entry["classified"] > 0
+
+
+SETTLE_S = 5.0  # the stream time over which a connection's lag anchor is the smallest (received - time)
+
+
+def _lags_from_lines(records: list[dict]) -> list[float]:
+    """Each result's lag (capture -> result) from the lines alone: result = received + latency_ms; a connection's
+    capture time = anchor + time, the anchor being the smallest (received - time) over the connection's first
+    SETTLE_S s of stream time (applied back to those frames), then the smallest so far."""
+    lags, anchor, first, settled = [], None, None, None
+    for r in records:
+        if r.get("event") in ("disconnected", "reconnected"):
+            anchor = first = settled = None
+            continue
+        if "frame" not in r:
+            continue
+        off = r["received"] - r["time"]
+        anchor = off if anchor is None else min(anchor, off)
+        first = r["time"] if first is None else first
+        if settled is None and r["time"] - first >= SETTLE_S:
+            settled = len(lags) + 1  # the window's lines get the anchor it ends with
+            lags = [x - anchor for x in lags]
+        result = r["received"] + r["latency_ms"] / 1000 - r["time"]
+        lags.append(result - anchor if settled is not None else result)
+    if settled is None:
+        lags = [x - anchor for x in lags]
+    return lags
+
+
+def test_summary_lag_is_the_lines_lag_from_the_first_frame(rtsp, orientation_model, tmp_path):
+    """The summary's lag p50 / p99 / max equal, within 50 ms, what the lines give (each line's result time and
+    stream time; the anchor computed here), the first frames of the connection included: they come in a burst
+    (read while the stream is probed), late, and used to count as about 0."""
+    out, summary = tmp_path / "live.jsonl", tmp_path / "s.json"
+    with rtsp.start(pattern=True) as srv:
+        proc = _trtc("run", srv.url, "--model", orientation_model, "--device", "cpu", "--top-k", "1", "--latency",
+                     "--on-lag", "block", "--max-lag", "0", "-o", out, "--summary", summary,
+                     env={**os.environ, "TRTC_CPU_THREADS": "1", "PYTHONPATH": str(ROOT)})
+        try:
+            _wait_for_lines(out, proc, 240)  # 8 s at 30 fps: past the anchor's window
+            proc.send_signal(signal.SIGTERM)
+            stdout, stderr = proc.communicate(timeout=30)
+        finally:
+            proc.kill()
+    assert proc.returncode == 143, stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    lags = np.sort(_lags_from_lines(records))
+    got = json.loads(summary.read_text())["by_source"][srv.url]["lag_s"]
+    n = len(lags)
+    want = {"p50": lags[int(np.ceil(0.5 * n)) - 1], "p99": lags[int(np.ceil(0.99 * n)) - 1], "max": lags[-1]}
+    print(f"lines: { {k: round(float(v), 3) for k, v in want.items()} }, summary: {got}, first: {lags[:3]}")
+    assert got["frames"] == n
+    for k in ("p50", "p99", "max"):
+        assert abs(got[k] - want[k]) <= 0.05, (k, got, want)
+
+
+def test_udp_against_a_tcp_only_server_says_to_use_tcp_in_a_short_table_row(rtsp, orientation_model, tmp_path):
+    """gst-rtsp-server here offers RTP over TCP only: --rtsp-transport udp fails with FFmpeg's "Protocol not
+    supported", which trtc says as such, with --rtsp-transport tcp as the fix. The problem (about 400 characters with
+    its fix) is whole in the warning, the error line and --summary, and a few lines in the stdout table (it used to
+    wrap into 35)."""
+    with rtsp.start(pattern=True) as srv:
+        proc = _trtc("run", srv.url, "--model", orientation_model, "--device", "cpu", "--rtsp-transport", "udp",
+                     "--reconnect-for", "0", "-o", tmp_path / "o.jsonl", "--summary", tmp_path / "s.json")
+        stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 1, stderr
+    (problem,) = json.loads((tmp_path / "s.json").read_text())["problems"]
+    assert "does not send RTP over UDP" in problem["reason"] and "--rtsp-transport tcp" in problem["reason"]
+    assert len(problem["reason"]) > 300
+    assert "fix: use --rtsp-transport tcp" in stderr
+    table = [line for line in stdout.splitlines() if line.startswith(("│", "┃"))]
+    assert 2 <= len(table) <= 8, stdout  # the header, then the row's few lines
+
+
+def test_sigterm_in_the_first_second_with_o_says_no_file_and_lists_the_camera(rtsp, orientation_model, tmp_path):
+    """SIGTERM while the only camera is still in its first attempt (a server that never answers): no line was
+    written, so -o is not created and the message says so (not "the lines printed above"); the camera is a problem,
+    never connected; exit 143."""
+    out, summary = tmp_path / "o.jsonl", tmp_path / "s.json"
+    with rtsp.start(silent=True) as srv:
+        proc = _trtc("run", srv.url, "--model", orientation_model, "--device", "cpu", "-o", out, "--summary", summary)
+        try:
+            _wait_for(lambda: list(tmp_path.glob(".o.jsonl.*.tmp")), 30, proc)  # the run is under way
+            time.sleep(0.5)
+            proc.send_signal(signal.SIGTERM)
+            stdout, stderr = proc.communicate(timeout=30)
+        finally:
+            proc.kill()
+    assert proc.returncode == 143, stderr
+    assert not out.exists() and not list(tmp_path.glob(".o.jsonl.*"))
+    assert f"no line was written yet, so {out} was not created" in stderr and "printed above" not in stderr
+    (problem,) = json.loads(summary.read_text())["problems"]
+    assert problem["source"] == srv.url and problem["reason"].startswith("never connected: no frame in the")
 
 
 def test_resume_refuses_live_sources(lite0_onnx, tmp_path):

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from engines.video.hub import EVENT, FRAME, FrameHub
-from engines.video.live import LiveOptions, Liveness, network_error
+from engines.video.live import LiveOptions, Liveness, network_error, refused
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -71,6 +71,53 @@ def test_a_connection_counts_from_its_first_frame_and_the_outage_from_the_last()
         clock.t = lv.deadline()
         delay = lv.lost()
     assert delay is None and lv.outage_s() == 15.0 and not lv.live
+
+
+def test_a_camera_that_never_connected_is_given_up_at_reconnect_for_not_past_it():
+    """Its attempts' deadlines never pass the give-up moment (first attempt + reconnect_for), as for a camera that
+    had frames; with reconnect_for 0 (no reconnecting) its one attempt gets its whole open_timeout."""
+    clock = Clock()
+    lv = Liveness(LiveOptions(open_timeout=10, reconnect_for=25), clock)
+    ends = []
+    while True:
+        lv.opening()
+        clock.t = lv.deadline()  # each attempt times out
+        ends.append(clock.t)
+        delay = lv.lost()
+        if delay is None:
+            break
+        clock.t += delay
+    assert ends[0] == 10 and max(ends) == 25 and lv.outage_s() == 25
+    lv = Liveness(LiveOptions(open_timeout=10, reconnect_for=2), Clock())
+    assert lv.deadline() == 10  # a first attempt gets its whole open_timeout, whatever reconnect_for says
+
+
+def test_a_last_try_squeezed_by_the_give_up_reports_the_failure_before_it():
+    """The attempt made just before the give-up moment has a few milliseconds and times out: the source is given up
+    with the reason of the attempt before it (a 401 here), not with that timeout."""
+    from engines.video.live import LiveSource
+    from engines.video.source_base import SourceError
+
+    class Src(LiveSource):
+        name, decoded, stop, lagged = "cam", 0, None, 0
+        options = LiveOptions(open_timeout=3, reconnect_for=2, backoff_first=0.01, backoff_max=0.01)
+
+        def __init__(self):
+            self.events = []
+            self.on_event = self.events.append
+
+    clock, src = Clock(), Src()
+    lv = Liveness(src.options, clock)
+    lv.opening()
+    clock.t = 0.1
+    src._lost(lv, "the server asks for a user name and password (401)", "give them")
+    clock.t = 1.995
+    lv.opening()
+    assert lv.squeezed()
+    clock.t = 2.0
+    with pytest.raises(SourceError, match=r"never connected: the server asks for a user name and password \(401\)"):
+        src._lost(lv, "no answer to the connection within 0.0 s", "allow longer")
+    assert [e.event for e in src.events] == ["connect_failed", "gave_up"] and "401" in src.events[1].reason
 
 
 def test_watchdog_resumes_interrupted_reads_and_fires_at_the_deadline():
@@ -213,9 +260,18 @@ def test_network_errors_are_said_in_words_with_a_fix():
     assert "nothing accepts connections at cam:554" in reason and "running" in fix
     reason, fix = network_error("rtsp://u:p@cam/s", OSError("Invalid data found when processing input"), o, True,
                                 elapsed=3.1)
-    assert reason.startswith("no answer to the connection within 3 s") and "--open-timeout" in fix
+    assert reason.startswith("no answer to the connection within 3.1 s (--open-timeout 3)") and "--open-timeout" in fix
     reason, _ = network_error("rtsp://cam/s", OSError("Server returned 401 Unauthorized"), o, True, elapsed=0.1)
     assert "user name and password" in reason and "u:p" not in reason
+    # a port that holds 401, 403 or 404 is no status: a closed port is neither refused credentials nor final
+    refused_port = OSError("[Errno 111] Connection refused: 'rtsp://u:p@127.0.0.1:48403/cam'")
+    assert not refused("rtsp://u:p@127.0.0.1:48403/cam", refused_port)
+    reason, _ = network_error("rtsp://127.0.0.1:40404/cam", OSError("Input/output error: 'rtsp://127.0.0.1:40404/cam'"),
+                              o, False)
+    assert "404" not in reason.split("[")[0]
+    assert refused("rtsp://u:p@cam/s", OSError("Server returned 401 Unauthorized (authorization failed)"))
+    assert refused("rtsp://cam/s", OSError("Server returned 403 Forbidden (access denied): 'rtsp://cam/s'"))
+    assert not refused("rtsp://cam/s", OSError("Server returned 401 Unauthorized: 'rtsp://cam/s'"))
 
 
 def test_stdout_keeps_only_results_when_a_native_library_prints(tmp_path):
@@ -321,12 +377,31 @@ def test_lag_is_capture_to_now_anchored_at_the_quickest_frame_and_restarts_per_c
     from engines.video.live import LagClock
 
     lc = LagClock()
-    assert lc.captured(10.0, 1000.5) == 1000.5  # the first frame anchors: stream time 10 s = 1000.5
-    assert lc.captured(10.04, 1000.6) == pytest.approx(1000.54)  # 60 ms late: lag 0.06 s
-    assert lc.captured(11.0, 1005.0) == pytest.approx(1001.5)  # after a stall: 3.5 s behind live
-    assert lc.captured(12.0, 1001.9) == pytest.approx(1001.9)  # a quicker frame moves the anchor (never a negative lag)
-    lc.reset()
-    assert lc.captured(0.0, 2000.0) == 2000.0  # a new connection's timestamps start again
+    assert lc.captured(10.0, 1000.5).at == 1000.5  # the first frame anchors: stream time 10 s = 1000.5
+    assert lc.captured(10.04, 1000.6).at == pytest.approx(1000.54)  # 60 ms late: lag 0.06 s
+    assert lc.captured(11.0, 1005.0).at == pytest.approx(1001.5)  # after a stall: 3.5 s behind live
+    assert lc.captured(12.0, 1001.9).at == pytest.approx(1001.9)  # a quicker frame moves the anchor (no negative lag)
+    assert LagClock().captured(0.0, 2000.0).at == 2000.0  # a new connection's timestamps start again
+
+
+def test_the_anchor_of_the_first_window_is_applied_back_to_its_frames():
+    """A connection's first frames come late in a burst: their results wait until the anchor is settled (the
+    quickest frame of the first SETTLE_S s), then count with it, so the burst's delay is in the figures."""
+    from engines.video.live import LagClock, LagStats
+
+    lc, st = LagClock(), LagStats()
+    for i in range(10):  # stream times 0 .. 0.9 s all decoded at 1000.9 (a burst), classified 50 ms later
+        st.add_capture(1000.95, lc.captured(i / 10, 1000.9))
+    for i in range(10, 80):  # then on time: decoded at 1000 + t, classified 50 ms later
+        st.add_capture(1000.05 + i / 10, lc.captured(i / 10, 1000.0 + i / 10))
+    d = st.to_dict()
+    assert d["frames"] == 80 and d["max"] == pytest.approx(0.95)  # stream time 0: captured at 1000.0, result 1000.95
+    assert d["p50"] == pytest.approx(0.05, abs=0.011)
+    other = LagClock()  # a connection stopped within its first window: the anchor it has
+    st2 = LagStats()
+    st2.add_capture(5.5, other.captured(0.0, 5.0))
+    st2.add_capture(5.6, other.captured(0.5, 5.1))
+    assert st2.to_dict()["max"] == pytest.approx(0.9)
 
 
 def test_lag_stats_quantiles_within_a_bin_and_max_exact():
@@ -363,6 +438,36 @@ def test_frames_past_max_lag_are_skipped_with_one_lagging_and_one_caught_up_even
     assert src._keep(100.0)
     src.options = LiveOptions(policy="block")  # a recording keeps every frame
     assert src._keep(100.0) and src.lagged == 4
+
+
+def test_a_frame_without_stream_time_has_no_lag_and_never_starts_or_ends_a_skip():
+    """28 s of frames on time, then one without a stream time (no pts, no frame rate): it used to get the
+    connection's anchor as its capture time, so its lag came out as the whole 28 s since the stream began (a false
+    ``lagging`` event at the end of a live run). Its capture time is unknown: no lag, no event; during a skip it is
+    skipped with the others and the skip goes on."""
+    from engines.video.live import LagClock, LiveSource
+
+    class Src(LiveSource):
+        name, decoded, stop, lagged = "cam", 0, None, 0
+        options = LiveOptions(max_lag=1.0)
+
+        def __init__(self):
+            self.events = []
+            self.on_event = self.events.append
+
+    src, clock = Src(), LagClock()
+    start = 1_800_000_000.0
+    for i in range(281):  # stream time i / 10, decoded 50 ms later
+        assert src._keep_frame(clock.captured(i / 10, start + i / 10 + 0.05), start + i / 10 + 0.05)
+    received = start + 28.15
+    captured = clock.captured(None, received)
+    kept = src._keep_frame(captured, received)
+    assert src.events == [] and kept and captured is None  # no lagging event, no lag
+    assert src._keep_frame(clock.captured(28.1, start + 30.0), start + 30.0) is False  # 1.85 s behind: a skip
+    assert src._keep_frame(clock.captured(None, start + 30.05), start + 30.05) is False  # skipped with it
+    assert [e.event for e in src.events] == ["lagging"] and src.lagged == 2
+    assert src._keep_frame(clock.captured(30.1, start + 30.2), start + 30.2)  # back under half: caught up
+    assert [e.event for e in src.events] == ["lagging", "caught_up"] and src.events[1].extra["skipped"] == 2
 
 
 def test_ray_reruns_a_live_source_as_a_new_connection_with_frame_numbers_going_on():
