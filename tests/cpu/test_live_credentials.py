@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import needs_export
+from tests.cpu.test_live_rtsp import _stopped
 
 pytestmark = needs_export
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,7 +51,7 @@ def test_no_output_holds_a_password_from_a_url_the_environment_or_a_file(locked,
                   orientation_model, "--device", "cpu", "--stride", "10", "--top-k", "1", "-o", out, "--summary",
                   summary], tmp_path, {"TRTC_RTSP_USER_127_0_0_1": USER, "TRTC_RTSP_PASSWORD_127_0_0_1": PASSWORD})
     shown = {f"rtsp://***@127.0.0.1:{port}/cam", "door", from_file}
-    try:
+    with _stopped(proc) as ended:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and proc.poll() is None:
             text = "".join(p.read_text() for p in tmp_path.glob(".live.jsonl.*.tmp"))
@@ -59,10 +59,7 @@ def test_no_output_holds_a_password_from_a_url_the_environment_or_a_file(locked,
             if all(sum(r.get("source") == s and "frame" in r for r in got) >= 2 for s in shown):
                 break
             time.sleep(0.2)
-        proc.send_signal(signal.SIGTERM)
-        stdout, stderr = proc.communicate(timeout=30)
-    finally:
-        proc.kill()
+    stdout, stderr = ended
     assert proc.returncode == 143, stderr
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert {r["source"] for r in records if "frame" in r} == shown  # every good camera classified, by its name

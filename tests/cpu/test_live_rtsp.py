@@ -6,6 +6,7 @@ Every case is bounded in time (timeouts on every wait; the servers are killed in
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -61,17 +62,14 @@ def test_killed_server_reconnects_with_events_and_sigterm_keeps_the_output(rtsp,
     with rtsp.start(pattern=True) as srv:
         proc = _trtc("run", srv.url, "--model", lite0_onnx[0], "--device", "cpu", "-o", out, "--top-k", "1",
                      "--batch", "4", "--summary", tmp_path / "s.json")
-        try:
+        with _stopped(proc) as ended:
             _wait_for_lines(out, proc, 20)
             srv.kill()
             time.sleep(2)
             srv.start()
             _wait_for(lambda: "reconnected" in _tmp_text(out), 30, proc)
             _wait_for_lines(out, proc, 20, after_event="reconnected")
-            proc.send_signal(signal.SIGTERM)
-            stdout, stderr = proc.communicate(timeout=30)
-        finally:
-            proc.kill()
+        stdout, stderr = ended
     assert proc.returncode == 143, stderr
     records = [json.loads(line, parse_constant=_no_nan) for line in out.read_text().splitlines()]
     kinds = [r["event"] for r in records if "event" in r]
@@ -121,13 +119,10 @@ def test_sigterm_keeps_a_camera_that_never_connected_in_the_problems(rtsp, lite0
     "interrupted"."""
     url = f"rtsp://127.0.0.1:{rtsp.free_port()}/cam"
     proc = _trtc("run", url, "--model", lite0_onnx[0], "--device", "cpu", "--summary", tmp_path / "s.json")
-    try:
+    with _stopped(proc, 60) as ended:
         first = json.loads(proc.stdout.readline())  # blocks until the first line: the event
         assert first["event"] == "connect_failed"
-        proc.send_signal(signal.SIGTERM)
-        stdout, stderr = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
+    stdout, stderr = ended
     assert proc.returncode == 143, stderr
     summary = json.loads((tmp_path / "s.json").read_text())
     (problem,) = summary["problems"]
@@ -501,14 +496,11 @@ def test_damage_is_said_while_the_run_goes_on_and_a_throttled_link_is_not_damage
         proc = _trtc("run", f"bad={bad.url()}", f"thin={thin.url()}", "--model", orientation_model, "--device", "cpu",
                      "--stride", "3", "--top-k", "1", "--max-lag", "30", "-o", out, "--summary", summary,
                      env={**os.environ, "TRTC_CPU_THREADS": "1", "PYTHONPATH": str(ROOT)})
-        try:
+        with _stopped(proc) as ended:
             _wait_for(lambda: '"damaged"' in _tmp_text(out), 40, proc)
             _wait_for(lambda: thin.elapsed() > 12, 40, proc)  # both faults over, the thin link drained
             _wait_for(lambda: _tmp_text(out).split('"damaged"', 1)[1].count('"source": "bad"') >= 5, 40, proc)
-            proc.send_signal(signal.SIGTERM)
-            stdout, stderr = proc.communicate(timeout=30)
-        finally:
-            proc.kill()
+        stdout, stderr = ended
     assert proc.returncode == 143, stderr
     records = [json.loads(line) for line in out.read_text().splitlines()]
     damaged = [r for r in records if r.get("event") == "damaged"]
@@ -562,12 +554,9 @@ def test_summary_lag_is_the_lines_lag_from_the_first_frame(rtsp, orientation_mod
         proc = _trtc("run", srv.url, "--model", orientation_model, "--device", "cpu", "--top-k", "1", "--latency",
                      "--on-lag", "block", "--max-lag", "0", "-o", out, "--summary", summary,
                      env={**os.environ, "TRTC_CPU_THREADS": "1", "PYTHONPATH": str(ROOT)})
-        try:
+        with _stopped(proc) as ended:
             _wait_for_lines(out, proc, 240)  # 8 s at 30 fps: past the anchor's window
-            proc.send_signal(signal.SIGTERM)
-            stdout, stderr = proc.communicate(timeout=30)
-        finally:
-            proc.kill()
+        stdout, stderr = ended
     assert proc.returncode == 143, stderr
     records = [json.loads(line) for line in out.read_text().splitlines()]
     lags = np.sort(_lags_from_lines(records))
@@ -605,13 +594,10 @@ def test_sigterm_in_the_first_second_with_o_says_no_file_and_lists_the_camera(rt
     out, summary = tmp_path / "o.jsonl", tmp_path / "s.json"
     with rtsp.start(silent=True) as srv:
         proc = _trtc("run", srv.url, "--model", orientation_model, "--device", "cpu", "-o", out, "--summary", summary)
-        try:
+        with _stopped(proc) as ended:
             _wait_for(lambda: list(tmp_path.glob(".o.jsonl.*.tmp")), 30, proc)  # the run is under way
             time.sleep(0.5)
-            proc.send_signal(signal.SIGTERM)
-            stdout, stderr = proc.communicate(timeout=30)
-        finally:
-            proc.kill()
+        stdout, stderr = ended
     assert proc.returncode == 143, stderr
     assert not out.exists() and not list(tmp_path.glob(".o.jsonl.*"))
     assert f"no line was written yet, so {out} was not created" in stderr and "printed above" not in stderr
@@ -653,6 +639,19 @@ def _tmp_text(out: Path) -> str:
     """What the run has written so far: its temporary file beside ``out`` (renamed onto it at the end)."""
     return "".join(p.read_text() for p in out.parent.glob(f".{out.name}.*.tmp"))
 
+
+
+@contextlib.contextmanager
+def _stopped(proc, timeout: float = 30):
+    """``with _stopped(proc) as ended:``: the body waits for what the test needs; then SIGTERM, and ``ended`` holds
+    the process's (stdout, stderr) once it ended; it is killed however the body or the wait ended."""
+    ended: list = []
+    try:
+        yield ended
+        proc.send_signal(signal.SIGTERM)
+        ended.extend(proc.communicate(timeout=timeout))
+    finally:
+        proc.kill()
 
 def _wait_for(cond, timeout: float, proc) -> None:
     deadline = time.monotonic() + timeout
