@@ -4,9 +4,6 @@ a file of the wrong kind are 2, whatever the command, with one `error:` line tha
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 from click.testing import CliRunner
 
