@@ -217,7 +217,12 @@ class Service:
                             self.metrics.count("dropped", name, n - seen[what], reason=what)
                         seen[what] = n
         for sink in self.sinks:
-            self.metrics.spool_bytes.labels(sink.name).set(sink.spool.bytes())
+            self.metrics.spool_bytes.labels(sink.name).set(sink.spool.bytes)
+            lost, seen = sink.spool.dropped, self._seen.setdefault(f"spool:{sink.name}", {"dropped": 0})
+            if lost > seen["dropped"]:
+                self.metrics.count("spool_dropped", None, lost - seen["dropped"], sink=sink.name)
+                self._service_event("spool_dropped", sink=sink.name, dropped=lost - seen["dropped"], total=lost)
+                seen["dropped"] = lost
 
     # the fleets' consumer threads ----------------------------------------------------------------------------
     def _on_prediction(self, key: tuple, pred) -> None:
