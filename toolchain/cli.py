@@ -998,8 +998,8 @@ def serve(state: State, config, check, as_json):
 
     SIGHUP, or a change of the file, reloads it: added cameras start, removed ones stop, changed ones restart; the
     others keep every frame. A file that does not check is refused whole and the running cameras are kept.
-    SIGTERM stops cleanly (queued messages go to the consumer or to the spool, sent at the next start): exit 0;
-    Ctrl-C: exit 130. A bad file: exit 2.
+    SIGTERM and Ctrl-C stop cleanly (queued messages go to the consumer or to the spool, sent at the next start):
+    exit 0. A bad file: exit 2.
 
     \b
     Examples:
@@ -1022,9 +1022,7 @@ def serve(state: State, config, check, as_json):
                 click.echo(f"  {name}: {cam['url']} model {cam['model']} stride {cam['stride']}"
                            f"{'' if cam['enabled'] else ' (disabled)'}")
         return
-    how = run_service(config)
-    if how == "SIGINT":
-        sys.exit(130)
+    run_service(config)  # until SIGTERM or Ctrl-C: a clean stop, exit 0
 
 
 def _stop_ray_service(state: State, address, name, sources, extra) -> None:
