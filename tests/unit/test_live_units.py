@@ -719,3 +719,15 @@ def test_events_are_said_on_stderr_by_the_callers_thread_never_by_a_reader():
         logger.setLevel(level)
     assert said[-1][2] == "cam: gave up reconnecting after 300.0 s (9 attempt(s))"
     assert isinstance(out[0][1], SourceEvent)
+
+
+def test_a_failed_connection_is_said_once_as_cannot_connect():
+    """The open's reason starts with "cannot connect:", and the event's line starts its sentence with it too: the
+    line said it twice ("cannot connect (retrying quietly): cannot connect: ...")."""
+    from engines.video.live import SourceEvent
+
+    ev = SourceEvent("door", "connect_failed", 0.0, 0, reason="cannot connect: the server at 10.0.0.5:554 refused "
+                                                              "the connection")
+    assert ev.line() == ("door: cannot connect (retrying quietly): the server at 10.0.0.5:554 refused the "
+                         "connection")
+    assert SourceEvent("door", "connect_failed", 0.0, 0, reason="timed out").line().endswith("quietly): timed out")
