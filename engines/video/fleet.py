@@ -36,7 +36,7 @@ from .sources import PyAVSource, SourceError
 
 class SourceFleet:
     def __init__(self, engine, *, batch: int | None = None, top_k: int | None = None, max_wait_ms: float = 100.0,
-                 scores: str = "auto", on_prediction=None, on_event=None, on_problem=None):
+                 scores: str = "auto", on_prediction=None, on_event=None, on_problem=None, on_batch=None):
         check_classifier(engine)
         manifest = _manifest_of(engine)
         self.engine = engine
@@ -52,6 +52,7 @@ class SourceFleet:
         self.on_prediction = on_prediction or (lambda p: None)
         self.on_event = on_event or (lambda e: None)
         self.on_problem = on_problem or (lambda name, reason: None)
+        self.on_batch = on_batch  # callable(seconds, frames) after each inference, in the consumer thread
         self.stats = RunStats(path=f"pyav -> {type(engine).__name__} ({getattr(engine, 'device', 'cpu')})",
                               decoder="pyav")
         self.counts: dict = defaultdict(int)
@@ -152,7 +153,8 @@ class SourceFleet:
     def _consume(self) -> None:
         start = time.perf_counter()
         try:
-            for item in infer_and_collect(self.hub, self.engine, self.batch, self.topk, self.max_wait_ms, self.stats,
+            engine = _Timed(self.engine, self.on_batch) if self.on_batch else self.engine
+            for item in infer_and_collect(self.hub, engine, self.batch, self.topk, self.max_wait_ms, self.stats,
                                           self.counts, start, self._make_prediction):
                 if isinstance(item, tuple):  # (EVENT, SourceEvent)
                     self.on_event(item[1])
@@ -160,6 +162,19 @@ class SourceFleet:
                     self.on_prediction(item)
         except BaseException as exc:  # noqa: BLE001 - the owner reads it (a dead consumer classifies nothing)
             self.error = exc
+
+
+class _Timed:
+    """The engine as the consumer calls it, each ``infer`` timed for ``on_batch(seconds, frames)``."""
+
+    def __init__(self, engine, on_batch):
+        self.engine, self.on_batch = engine, on_batch
+
+    def infer(self, x):
+        t0 = time.perf_counter()
+        out = self.engine.infer(x)
+        self.on_batch(time.perf_counter() - t0, len(x))
+        return out
 
 
 def _named(name: str, url):
@@ -190,7 +205,7 @@ class NvdecFleet:
     classified after its ``removed`` event."""
 
     def __init__(self, engine, *, batch: int | None = None, top_k: int | None = None, max_wait_ms: float = 100.0,
-                 scores: str = "auto", on_prediction=None, on_event=None, on_problem=None):
+                 scores: str = "auto", on_prediction=None, on_event=None, on_problem=None, on_batch=None):
         from .push import FramePusher
 
         self.engine = engine

@@ -140,7 +140,9 @@ def test_serve_keeps_every_frame_across_edits_a_broker_outage_and_a_restart(rtsp
         frames = [x["frame"] for x in lines if "top_k" in x]
         assert distinct == frames[:frames.index(0, 1)], "the spooled messages were not all sent"
         # /metrics counts what the subscriber got from this process (the spool's and its own messages)
-        published = _metric(_get(http, "/metrics")[1], 'trtc_messages_published_total{camera="door",sink="mqtt"}')
+        metrics = _get(http, "/metrics")[1]
+        published = _metric(metrics, 'trtc_messages_published_total{camera="door",sink="mqtt"}')
+        assert _metric(metrics, "trtc_batch_latency_seconds_count") > 0  # every inference timed
         assert published > 0
         _wait("the subscriber to hold every counted message",
               lambda: sum(1 for t, _ in sub.messages[mark:] if t.startswith("trtc/door/")) >= published, 10)

@@ -156,6 +156,8 @@ class Metrics:
         self.lag = pc.Gauge("trtc_lag_seconds", "lag of the last result, capture to result", cam, registry=reg)
         self.up = pc.Gauge("trtc_camera_up", "1 while frames arrive", cam, registry=reg)
         self.spool_bytes = pc.Gauge("trtc_spool_bytes", "bytes in a sink's spool", ("sink",), registry=reg)
+        self.gpu_memory = pc.Gauge("trtc_gpu_memory_used_bytes", "memory in use on the GPU (all processes)",
+                                   ("device",), registry=reg)
         self.lag_hist = pc.Histogram("trtc_end_to_end_lag_seconds", "capture to result", cam, registry=reg,
                                      buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10))
         self.batch_hist = pc.Histogram("trtc_batch_latency_seconds", "one inference batch", registry=reg,

@@ -198,7 +198,7 @@ class Service:
             fleet = open_fleet(engine, top_k=_most_classes(self.config, engine),
                                 on_prediction=lambda p, k=key: self._on_prediction(k, p),
                                 on_event=lambda e, k=key: self._on_event(k, e),
-                                on_problem=self._on_problem)
+                                on_problem=self._on_problem, on_batch=self._on_batch)
             group = self.groups[key] = _Group(engine, fleet)
         return group
 
@@ -220,6 +220,7 @@ class Service:
                         else:
                             self.metrics.count("dropped", name, n - seen[what], reason=what)
                         seen[what] = n
+        self._gpu_memory()
         for sink in self.sinks:
             self.metrics.spool_bytes.labels(sink.name).set(sink.spool.bytes)
             lost, seen = sink.spool.dropped, self._seen.setdefault(f"spool:{sink.name}", {"dropped": 0})
@@ -227,6 +228,18 @@ class Service:
                 self.metrics.count("spool_dropped", None, lost - seen["dropped"], sink=sink.name)
                 self._service_event("spool_dropped", sink=sink.name, dropped=lost - seen["dropped"], total=lost)
                 seen["dropped"] = lost
+
+    def _gpu_memory(self) -> None:
+        """GPU memory in use on each device an engine runs on (the whole device's, all processes: CUDA's view)."""
+        for device in {key[1] for key in self.groups if str(key[1]).startswith("cuda")}:
+            try:
+                import cupy as cp
+
+                with cp.cuda.Device(int(device.partition(":")[2] or 0)):
+                    free, total = cp.cuda.runtime.memGetInfo()
+            except Exception:  # noqa: BLE001 - no CuPy, or the device is gone: the gauge stays as it was
+                continue
+            self.metrics.gpu_memory.labels(device).set(total - free)
 
     # the fleets' consumer threads ----------------------------------------------------------------------------
     def _on_prediction(self, key: tuple, pred) -> None:
@@ -268,6 +281,9 @@ class Service:
         self._publish(name, "event", message)
         if self.files is not None:
             self.files.write(name, json.dumps(message, separators=(",", ":")))
+
+    def _on_batch(self, seconds: float, frames: int) -> None:
+        self.metrics.batch_hist.observe(seconds)
 
     def _on_problem(self, name: str, reason: str) -> None:
         log.warning("%s: %s", name, reason)
