@@ -25,7 +25,7 @@ from tests import mqtt_broker
 from tests.conftest import needs_export
 from tests.cpu.test_serve_mqtt import mosquitto  # noqa: F401 - the broker fixture
 
-pytestmark = needs_export
+pytestmark = [needs_export, pytest.mark.slow]
 READ_TIMEOUT = 2.0
 
 
