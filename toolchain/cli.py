@@ -970,6 +970,48 @@ def run(state: State, sources, model, engine, device, batch, top_k, stride, outp
         sys.exit(1)
 
 
+@cli.command(context_settings=CONTEXT)
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.option("--check", is_flag=True, help="Check the cameras file and exit: 0 when it can run, 2 with every "
+              "problem (its key and line) and the fix.")
+@json_flag
+@click.pass_obj
+def serve(state: State, config, check, as_json):
+    """Run the cameras of CONFIG (a YAML cameras file) until stopped: each camera's results and events go to MQTT,
+    a webhook and/or rotating JSON-lines files, its health to /metrics, /healthz, /readyz, /status and a status
+    page (docs/SERVE.md).
+
+    SIGHUP, or a change of the file, reloads it: added cameras start, removed ones stop, changed ones restart; the
+    others keep every frame. A file that does not check is refused whole and the running cameras are kept.
+    SIGTERM stops cleanly (queued messages go to the consumer or to the spool, sent at the next start): exit 0;
+    Ctrl-C: exit 130. A bad file: exit 2.
+
+    \b
+    Examples:
+      trtc serve cameras.yaml --check
+      trtc serve cameras.yaml
+      systemctl reload trtc      (SIGHUP: re-read cameras.yaml)
+    """
+    from .serve.config import load_config
+    from .serve.service import describe, run_service
+
+    checked = load_config(config)
+    if check:
+        report = describe(checked)
+        if as_json:
+            click.echo(json.dumps(report, indent=2))
+        else:
+            click.echo(f"{config}: {len(report['cameras'])} camera(s), device {report['device']}, "
+                       f"sinks: {', '.join(report['sections']) or 'none'}")
+            for name, cam in report["cameras"].items():
+                click.echo(f"  {name}: {cam['url']} model {cam['model']} stride {cam['stride']}"
+                           f"{'' if cam['enabled'] else ' (disabled)'}")
+        return
+    how = run_service(config)
+    if how == "SIGINT":
+        sys.exit(130)
+
+
 def _stop_ray_service(state: State, address, name, sources, extra) -> None:
     """`trtc run --ray ADDRESS --ray-stop NAME`: end the kept service, say what it held (stdout)."""
     from .run import stop_ray_service

@@ -164,8 +164,7 @@ def _run(chunk, engine, topk, stats, counts, start, make_prediction, pending: li
     out = engine.infer(np.stack([c[4] for c in chunk]))[0]
     idx, sc = topk.host(out)
     now = time.time()
-    stats.batches += 1
-    stats.batch_sizes.append(len(chunk))
+    stats.note_batch(len(chunk))
     rows = list(zip(chunk, idx.tolist(), sc.tolist(), strict=True))
     for n, (item, i_row, s_row) in enumerate(rows):
         name, index, pts, t, _, received, at = item[:7]

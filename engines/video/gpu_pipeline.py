@@ -223,8 +223,7 @@ class GpuBatches:
             idx_h, sc_h = unpack(cp.asnumpy(packed))  # (n, 2k) int32: the only device->host copy
             del out, packed
             now = time.perf_counter()  # the results are on the host
-            self.stats.batches += 1
-            self.stats.batch_sizes.append(len(meta))
+            self.stats.note_batch(len(meta))
             for m, i_row, s_row in zip(meta, idx_h.tolist(), sc_h.tolist(), strict=True):
                 if m is None:  # lost in preprocessing (reported by decode_stage)
                     continue

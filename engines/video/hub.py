@@ -55,14 +55,16 @@ class FrameHub:
         """Queue ``item`` (a frame of source ``name``) by the source's policy. Raises :class:`Closed` when the
         consumer has gone."""
         with self.cond:
-            q = self._queues[name]
-            while len(q) >= self._caps[name] and not self.closed:
+            q = self._queues.get(name)
+            while q is not None and len(q) >= self._caps[name] and not self.closed:
                 if self._policy[name] == "drop-oldest":
                     q.popleft()
                     self.dropped[name] += 1
                     break
                 self.cond.wait(0.5)
-            if self.closed:
+                if self._queues.get(name) is not q:  # the source was removed while it waited
+                    q = None
+            if self.closed or q is None:
                 raise Closed
             q.append((next(self._seq), time.monotonic(), item))
             self.cond.notify_all()
@@ -76,6 +78,19 @@ class FrameHub:
         with self.cond:
             self.live -= 1
             self.cond.notify_all()
+
+    def remove(self, name: str) -> int:
+        """Take source ``name``'s queue out (a source removed while the others go on); its producer gets
+        :class:`Closed` from then on. Returns the frames it lost in the hub: those it still had waiting and those
+        its policy dropped (not classified: counted by the caller); its count starts again at 0."""
+        with self.cond:
+            q = self._queues.pop(name, None)
+            self._caps.pop(name, None)
+            self._policy.pop(name, None)
+            lost = (len(q) if q else 0) + self.dropped.get(name, 0)
+            self.dropped[name] = 0
+            self.cond.notify_all()
+            return lost
 
     def close(self) -> dict:
         """Stop: producers get :class:`Closed`. Returns the frames still waiting, per source (not classified: the

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -91,6 +92,10 @@ class LagFigures(dict):
         return dict(self)
 
 
+BATCH_SIZES_KEPT = 100_000  # batch sizes a run keeps for its mean (the first ones)
+EVENTS_KEPT = 1000  # live sources' events a run keeps in ``run.events`` (the last ones; every one is also yielded)
+
+
 @dataclass
 class RunStats:
     frames: int = 0
@@ -149,6 +154,13 @@ class RunStats:
                 d = getattr(self, field_name)
                 d[src.name] = d.get(src.name, 0) + n
 
+    def note_batch(self, size: int) -> None:
+        """One more batch of ``size`` frames; the sizes of the first BATCH_SIZES_KEPT are kept (a live run of months
+        keeps counts, not a list that grows by one a batch)."""
+        self.batches += 1
+        if len(self.batch_sizes) < BATCH_SIZES_KEPT:
+            self.batch_sizes.append(size)
+
     @property
     def fps(self) -> float:
         return self.frames / self.seconds if self.seconds else 0.0
@@ -173,7 +185,8 @@ class VideoRun:
         self._factory = gen_factory
         self.stats = stats
         self.problems: list[SourceProblem] = problems
-        self.events: list = events if events is not None else []  # live sources' SourceEvents, in order
+        # live sources' SourceEvents, in order: the last EVENTS_KEPT of them
+        self.events = events if events is not None else deque(maxlen=EVENTS_KEPT)
         self._started = False
 
     def __iter__(self):
@@ -328,7 +341,7 @@ def _start(srcs, engine, decoder, spec, batch, stride, topk, labels, buffers, ma
         return Prediction(name, index, pts, t, indices, scores, label_names(labels, indices), latency_ms, decode_ms,
                           received=received)
 
-    event_log: list = []
+    event_log: deque = deque(maxlen=EVENTS_KEPT)
 
     if decoder == "nvdec":
         from .gpu_pipeline import GpuPipeline

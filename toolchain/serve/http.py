@@ -236,7 +236,7 @@ class StatusServer:
                 pass
 
         self.httpd = ThreadingHTTPServer((host, port), Handler)
-        self.port = self.httpd.server_address[1]
+        self.host, self.port = host, self.httpd.server_address[1]
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="trtc-http", daemon=True)
 
     def start(self) -> "StatusServer":

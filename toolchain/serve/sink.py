@@ -26,6 +26,7 @@ from .spool import Spool
 class SpooledSink:
     batch = 1  # messages delivered per call of _deliver
     name = "sink"
+    on_delivered = None  # callable(sink name, [{"topic", "payload"}, ...]) in the sender thread, after each delivery
 
     def __init__(self, spool: Spool, queue_size: int = 10000):
         self.spool = spool
@@ -91,11 +92,13 @@ class SpooledSink:
                     return
                 continue
             # behind what the spool holds, or with no consumer: spooled, so that the order holds
-            if not self._ready() or not self.spool.empty() or not self._deliver([json.loads(r) for r in records]):
+            docs = [json.loads(r) for r in records]
+            if not self._ready() or not self.spool.empty() or not self._deliver(docs):
                 for record in records:
                     self._spool(record)
             else:
                 self._count("published", len(records))
+                self._delivered(docs)
 
     def _take(self) -> list[str]:
         try:
@@ -116,6 +119,10 @@ class SpooledSink:
             except queue.Empty:
                 return
 
+    def _delivered(self, docs: list[dict]) -> None:
+        if self.on_delivered is not None:
+            self.on_delivered(self.name, docs)
+
     def _count(self, key: str, n: int = 1) -> None:
         with self._count_lock:
             self.counts[key] += n
@@ -130,12 +137,13 @@ class SpooledSink:
         if not records:
             return False
         for start in range(0, len(records), self.batch):
-            part = records[start:start + self.batch]
-            if not self._deliver([json.loads(r) for r in part]):
+            part = [json.loads(r) for r in records[start:start + self.batch]]
+            if not self._deliver(part):
                 self.spool.ack(start)
                 self._count("sent_from_spool", start)
                 time.sleep(0.2)
                 return False
+            self._delivered(part)
         self.spool.ack(len(records))
         self._count("sent_from_spool", len(records))
         return True

@@ -1,0 +1,163 @@
+"""Live sources that come and go while one engine classifies them: the stages of the CPU path of
+:func:`engines.video.classify` (a :func:`~engines.video.cpu_pipeline.decode_stage` thread per source, one
+:class:`~engines.video.hub.FrameHub`, :func:`~engines.video.cpu_pipeline.infer_and_collect`) over a set of sources
+that changes while it runs. `trtc serve` runs one per model and device.
+
+    fleet = SourceFleet(engine, on_prediction=print, on_event=print)
+    fleet.add("door", "rtsp://10.0.0.5/stream1", stride=5, options=LiveOptions(read_timeout=5))
+    fleet.remove("door")        # its reader stops; a ``removed`` event follows its last prediction
+    fleet.close()
+
+Sources are decoded with PyAV on the host (as ``classify``'s CPU path does, on any engine). Each source's frames
+stay in order; a source that is removed and added again (a changed camera) numbers its frames from 0 again, and
+every prediction of the old one is delivered before the ``removed`` event that separates them. One thread (the
+fleet's consumer) runs the engine and calls ``on_prediction`` and ``on_event``; only the caller's thread adds and
+removes sources (one lock owns the table of readers).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+
+from ..errors import UsageProblem
+from ..preprocess import PreprocessSpec
+from ..topk import TopK, resolve_k
+from .cpu_pipeline import decode_stage, infer_and_collect
+from .hub import FrameHub
+from .live import LiveOptions, SourceEvent, join_readers, reader_started
+from .pipeline import (Prediction, RunStats, _default_batch, _input_shape, _manifest_of, check_classifier,
+                       label_names, model_classes, model_name)
+from .sources import PyAVSource
+
+
+class SourceFleet:
+    def __init__(self, engine, *, batch: int | None = None, top_k: int | None = None, max_wait_ms: float = 100.0,
+                 scores: str = "auto", on_prediction=None, on_event=None, on_problem=None):
+        check_classifier(engine)
+        manifest = _manifest_of(engine)
+        self.engine = engine
+        self.spec = manifest.preprocess if manifest is not None else PreprocessSpec()
+        self.labels = manifest.labels if manifest is not None else None
+        self.batch = batch or _default_batch(engine, manifest)
+        self.classes = model_classes(engine, manifest)
+        _input_shape(engine, self.spec, "manifest" if manifest is not None else None)
+        # the most classes any source may ask for; each prediction is cut to its source's own top_k
+        self.topk = TopK(resolve_k(top_k, self.classes, model_name(engine)), scores)
+        self.max_wait_ms = max_wait_ms
+        self.dtype = engine.inputs[0].numpy_dtype
+        self.on_prediction = on_prediction or (lambda p: None)
+        self.on_event = on_event or (lambda e: None)
+        self.on_problem = on_problem or (lambda name, reason: None)
+        self.stats = RunStats(path=f"pyav -> {type(engine).__name__} ({getattr(engine, 'device', 'cpu')})",
+                              decoder="pyav")
+        self.counts: dict = defaultdict(int)
+        self.hub = FrameHub()
+        self.hub.open_producer()  # the fleet itself: the hub does not finish while the fleet is open
+        self._lock = threading.Lock()
+        self._readers: dict[str, tuple] = {}  # name -> (thread, stop, source, top_k)
+        self._retiring: dict[str, threading.Thread] = {}  # removed sources' readers that outlived their join
+        self._consumer = threading.Thread(target=self._consume, daemon=True, name="trtc-fleet")
+        self.error: BaseException | None = None
+        self._consumer.start()
+
+    @property
+    def names(self) -> list[str]:
+        with self._lock:
+            return sorted(self._readers)
+
+    def add(self, name: str, url, *, stride: int = 1, top_k: int | None = None, options: LiveOptions | None = None,
+            rotate: str = "auto", queue_frames: int | None = None) -> None:
+        """Start reading ``url`` (a str, or an :class:`~engines.video.credentials.Address` whose ``url`` holds the
+        user info) as source ``name``; its events and predictions carry ``name``."""
+        if stride < 1:
+            raise UsageProblem(f"stride must be at least 1, got {stride}")
+        k = resolve_k(top_k, self.classes, model_name(self.engine))
+        if k > self.topk.k:
+            raise UsageProblem(f"top_k {k} is over the {self.topk.k} this fleet was opened with",
+                               f"open it with top_k={k} or more")
+        options = (options or LiveOptions()).check()
+        src = PyAVSource(_named(name, url), live=True, options=options, rotate=rotate)
+        stop = threading.Event()
+        earlier = self._retiring.pop(name, None)
+        if earlier is not None and join_readers([earlier], 10.0):
+            self._retiring[name] = earlier
+            raise UsageProblem(f"the earlier reader of {name} has not stopped yet (it is inside a network call)",
+                               "try again in a few seconds")
+        with self._lock:
+            if name in self._readers:
+                raise UsageProblem(f"a source named {name} is already running", "remove it first, or give another name")
+            cap = queue_frames or options.queue_frames or max(2, self.batch)
+            self.hub.add(src.name, cap, options.policy)
+            thread = threading.Thread(target=decode_stage, daemon=True, name=f"trtc-decode-{name}",
+                                      args=(src, self.spec, stride, self.dtype, self.hub, stop, self._problem,
+                                            self.counts))
+            self._readers[name] = (thread, stop, src, k)
+        thread.start()
+        reader_started(thread)
+
+    def remove(self, name: str, reason: str = "removed", timeout: float = 10.0) -> bool:
+        """Stop source ``name``: its reader ends (within the source's watch slice, or ``timeout``), its frames still
+        waiting are dropped (counted), and an event ``reason`` follows its last prediction. False if it was not
+        running; raises nothing when the reader outlives ``timeout`` (it is a daemon thread, stopped at its next
+        read)."""
+        with self._lock:
+            entry = self._readers.pop(name, None)
+        if entry is None:
+            return False
+        thread, stop, src, _ = entry
+        stop.set()
+        if join_readers([thread], timeout):
+            self._retiring[name] = thread  # its next read sees the stop; a new source of this name waits for it
+        dropped = self.hub.remove(src.name)
+        self.stats.add_source(src, dropped=dropped)
+        self.hub.event(SourceEvent(src.name, reason, time.time(), src.decoded, extra={"dropped": dropped},
+                                   loud=False))
+        return True
+
+    def top_k_of(self, name: str) -> int | None:
+        with self._lock:
+            entry = self._readers.get(name)
+        return entry[3] if entry else None
+
+    def source(self, name: str):
+        with self._lock:
+            entry = self._readers.get(name)
+        return entry[2] if entry else None
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop every source, then the consumer (frames still waiting are dropped and counted)."""
+        for name in self.names:
+            self.remove(name, reason="stopped", timeout=timeout)
+        self.hub.done("fleet")
+        self._consumer.join(timeout)
+        if self._consumer.is_alive():  # the consumer is inside an inference: the hub's close ends it after
+            self.hub.close()
+
+    def _problem(self, name, reason, frames) -> None:
+        self.on_problem(name, reason)
+
+    def _make_prediction(self, name, index, pts, t, indices, scores, latency_ms, decode_ms, received=None):
+        k = self.top_k_of(name) or self.topk.k
+        return Prediction(name, index, pts, t, indices[:k], scores[:k], label_names(self.labels, indices[:k]),
+                          latency_ms, decode_ms, received=received)
+
+    def _consume(self) -> None:
+        start = time.perf_counter()
+        try:
+            for item in infer_and_collect(self.hub, self.engine, self.batch, self.topk, self.max_wait_ms, self.stats,
+                                          self.counts, start, self._make_prediction):
+                if isinstance(item, tuple):  # (EVENT, SourceEvent)
+                    self.on_event(item[1])
+                else:
+                    self.on_prediction(item)
+        except BaseException as exc:  # noqa: BLE001 - the owner reads it (a dead consumer classifies nothing)
+            self.error = exc
+
+
+def _named(name: str, url):
+    """The source as the fleet names it: ``name``, opened at ``url`` (user info kept for the open only)."""
+    from .credentials import Address
+
+    return Address(name, getattr(url, "url", str(url)))
