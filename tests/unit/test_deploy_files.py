@@ -196,5 +196,13 @@ def test_the_example_cameras_file_is_accepted():
     config = load_config(DEPLOY / "cameras.yaml")
     assert set(config.cameras) == {"door", "dock", "yard"} and not config.cameras["yard"].enabled
     assert config.sections["http"] == {"host": "127.0.0.1", "port": 9108}  # as the container's health check reads
-    assert all(c.model == "/etc/trtc/lite0.fp16.onnx" for c in config.cameras.values())
-    assert (config.sections["spool"]["dir"], config.sections["files"]["dir"]) == ("spool/", "results/")
+    assert all(c.model == "lite0.fp16.onnx" for c in config.cameras.values())  # beside the file: /etc/trtc
+    # what serve writes goes to the state folder of the unit and the container (/etc/trtc is read-only there)
+    assert {config.sections["spool"]["dir"], config.sections["files"]["dir"]} == {"/var/lib/trtc/spool",
+                                                                                  "/var/lib/trtc/results"}
+    from click.testing import CliRunner
+
+    from toolchain.cli import cli
+
+    r = CliRunner().invoke(cli, ["serve", str(DEPLOY / "cameras.yaml"), "--check"])  # the command's own check
+    assert r.exit_code == 0 and "3 camera(s)" in r.output, r.output
