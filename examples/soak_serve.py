@@ -41,6 +41,7 @@ from toolchain._env import checkout_env  # noqa: E402
 
 PREFIX = "soak"
 EXTRA = "extra"  # the camera the edits add and remove
+SERVICE = "service"  # the topic level of serve's own events (started, reloaded, reload_refused, stopped)
 FAULT_EVENTS = ("disconnected", "reconnected")
 LABEL_EVENTS = ("label_start", "label_end")
 EDITS = ("add", "bad", "remove")  # in turn, every --edit-every seconds
@@ -218,6 +219,7 @@ class Soak:
         return None
 
     def stop(self) -> None:
+        self.stop_wall = time.time()
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -225,7 +227,6 @@ class Soak:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        self.stopped_wall = time.time()
         if hasattr(self, "sub"):
             self.sub.settle(quiet=3, timeout=60)
             self.sub.close()
@@ -266,14 +267,15 @@ def events_of(messages) -> list[dict]:
                 body = json.loads(payload)
             except ValueError:
                 body = {}
-            wall = body.get("received") if isinstance(body.get("received"), (int, float)) else arrived
+            wall = next((body[k] for k in ("wall", "received") if isinstance(body.get(k), (int, float))), arrived)
             out.append({"camera": parts[1], "event": body.get("event"), "wall": wall, "arrived": arrived})
     return out
 
 
 def explain(soak: Soak, events: list[dict]) -> tuple[list[dict], list[dict]]:
     """Each fault with the events of its camera it explains (those from its start to --explain-s after its end),
-    and the events that no fault, edit or label change explains."""
+    and the events that no fault, edit, label change or the final stop explains (the service's own events, on
+    ``{prefix}/service/event``, are the edits' and the start's and stop's)."""
     a, used = soak.a, set()
     for f in soak.faults:
         f["events"] = []
@@ -285,7 +287,7 @@ def explain(soak: Soak, events: list[dict]) -> tuple[list[dict], list[dict]]:
         f["detected"] = all(k in kinds for k in FAULT_EVENTS)
     for i, e in enumerate(events):
         by_edit = e["camera"] == EXTRA and any(abs(e["wall"] - x["wall"]) <= a.explain_s for x in soak.edits)
-        if e["event"] in LABEL_EVENTS or by_edit:
+        if e["event"] in LABEL_EVENTS or by_edit or e["camera"] == SERVICE or e["wall"] >= soak.stop_wall - 1:
             used.add(i)
     return soak.faults, [e for i, e in enumerate(events) if i not in used]
 
@@ -305,8 +307,9 @@ def report(soak: Soak) -> dict:
                       "detected": sum(f["detected"] for f in faults if f["camera"] == name),
                       "events": sum(e["camera"] == name and e["event"] not in LABEL_EVENTS for e in events),
                       "label_events": sum(e["camera"] == name and e["event"] in LABEL_EVENTS for e in events)}
-    spool_left = sum(p.stat().st_size for p in (soak.work / "spool").rglob("*") if p.is_file()) \
-        if (soak.work / "spool").exists() else 0
+    from toolchain.serve.spool import Spool
+
+    spool_left = sum(len(Spool(d)) for d in {p.parent for p in (soak.work / "spool").rglob("*.seg")})
     rss = _rss_by_minute(soak.samples)
     flat = None if len(rss) < 3 else abs(rss[-1] - rss[1]) <= 0.10 * rss[1]
     reloads = {r: int(metric(soak.final, "trtc_config_reloads_total", result=r)) for r in ("accepted", "refused")}
@@ -345,7 +348,7 @@ def print_report(rep: dict) -> None:
           f"{rep['reloads']} (expected {rep['reloads_expected']})")
     s = rep["spool"]
     print(f"spool: max {s['max_bytes'] / 1e6:.2f} MB, {int(s['spooled'])} messages spooled, {int(s['dropped'])} "
-          f"dropped, {s['left_on_disk']} bytes left after the stop")
+          f"dropped, {s['left_on_disk']} messages left in it after the stop")
     print(f"RSS (MB) by minute: {rep['rss_mb_by_minute']} (last minute within 10% of the second: "
           f"{'n/a' if rep['rss_flat'] is None else rep['rss_flat']})")
     print(f"serve exit code: {rep['exit_code']}; {'OK' if rep['ok'] else 'NOT OK'}")
