@@ -162,7 +162,8 @@ class Soak:
         a, end, out = self.a, self.a.minutes * 60, []
         names = list(self.cameras)
         for k, t in enumerate(_every(a.fault_every, end - a.fault_s - 5)):
-            out += [(t, "fault", (names[k % len(names)], ("reboot", "hang")[(k // len(names)) % 2]))]
+            # reboot and hang in turn, and each camera meets both over two rounds
+            out += [(t, "fault", (names[k % len(names)], ("reboot", "hang")[(k + k // len(names)) % 2]))]
         out += [(t, "broker", None) for t in _every(a.broker_every, end - 10, first=a.broker_every / 3)]
         out += [(t, "edit", EDITS[k % len(EDITS)]) for k, t in enumerate(_every(a.edit_every, end - 10,
                                                                                  first=a.edit_every * 5 / 6))]
