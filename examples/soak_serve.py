@@ -75,10 +75,15 @@ SERIES = re.compile(r'^(\w+)(?:\{([^}]*)\})?\s+(\S+)$')
 
 
 def scrape(port: int) -> dict:
-    """/metrics as {(name, frozenset of label pairs): value} ({} when it does not answer)."""
+    """/metrics as :func:`parse_metrics` reads it ({} when it does not answer)."""
     code, text = http_get(port, "/metrics")
+    return parse_metrics(text) if code == 200 else {}
+
+
+def parse_metrics(text: str) -> dict:
+    """Prometheus text as {(name, frozenset of (label, value)): value}."""
     out = {}
-    for line in text.splitlines() if code == 200 else []:
+    for line in text.splitlines():
         m = SERIES.match(line)
         if m:
             labels = frozenset(re.findall(r'(\w+)="([^"]*)"', m.group(2) or ""))
@@ -255,7 +260,8 @@ def delivered(messages, camera: str) -> dict:
             except (ValueError, KeyError, TypeError):
                 frames.append(None)
     first = list(dict.fromkeys(f for f in frames if f is not None))
-    return {"messages": len(frames), "distinct": len(first), "repeats": len(frames) - len(first),
+    readable = len(frames) - frames.count(None)
+    return {"messages": len(frames), "distinct": len(first), "repeats": readable - len(first),
             "unreadable": frames.count(None), "out_of_order": sum(1 for x, y in zip(first, first[1:]) if y <= x)}
 
 
