@@ -229,6 +229,7 @@ def cli(ctx: click.Context, verbose: int, quiet: bool, debug: bool):
     validate  reference vs candidates on the same data; exit 1 if one fails a threshold
     bench     latency and throughput across batch sizes, or video pipelines side by side
     run       classify the frames of videos: one JSON line per frame
+    serve     run a cameras file as a service: MQTT, webhook, files, metrics, health
     doctor    what this machine can run, and how to fix what it cannot
     """
     from ._ui import setup_logging
@@ -900,7 +901,6 @@ def run(state: State, sources, model, engine, device, batch, top_k, stride, outp
       trtc run rtsp://cam1/stream rtsp://cam2/stream --model lite0.onnx --reconnect-for 600 -o live.jsonl
       trtc run door=rtsp://10.0.0.7/stream --credentials cams.netrc --model lite0.onnx -o live.jsonl
     """
-    from .outputs import check_output_path
     from .run import is_ray_address, run_video
 
     if ray_address is not None and not is_ray_address(ray_address):  # `--ray clip.mp4`: a source, not an address
@@ -908,25 +908,8 @@ def run(state: State, sources, model, engine, device, batch, top_k, stride, outp
     if ray_stop is not None:
         _stop_ray_service(state, ray_address, ray_stop, sources, model or ray_keep)
         return
-    if not model:
-        raise UsageProblem("Missing option '--model' / '-m'", "trtc run clip.mp4 --model model.onnx")
-    if not sources:
-        raise UsageProblem("no video sources given", "trtc run clip.mp4 --model model.onnx")
-    if ray_address is None and (ray_actors or ray_streams or ray_keep):
-        raise UsageProblem("--ray-actors, --ray-streams and --ray-keep go with --ray", "add --ray auto (or --ray)")
-
-    if summary_path:
-        if output and output != "-" and os.path.abspath(output) == os.path.abspath(summary_path):
-            raise UsageProblem(f"-o and --summary are the same file ({output}): the summary would replace the "
-                               "predictions", "give --summary another file, e.g. summary.json")
-        check_output_path(summary_path, force, suffix=None, option="--summary")
-    if engine != "auto":
-        from engines import split_engine
-
-        if split_engine(model)[0] is not None:
-            raise UsageProblem(f"--engine {engine} and the model's own prefix ({model}) both pick an engine",
-                               "give one of them")
-        model = f"{engine}:{model}"
+    model = _check_run_request(model, sources, engine, ray_address, ray_actors, ray_streams, ray_keep, output,
+                               summary_path, force)
     from engines.video.live import LiveOptions
 
     live_options = LiveOptions(transport=rtsp_transport.lower(), open_timeout=open_timeout, read_timeout=read_timeout,
@@ -939,6 +922,38 @@ def run(state: State, sources, model, engine, device, batch, top_k, stride, outp
                         reporter=state.reporter(), ray=ray_address, ray_actors=ray_actors, ray_streams=ray_streams,
                         ray_keep=ray_keep, live=live, live_options=live_options, credentials=credentials,
                         rotate=rotate)
+    _finish_run(state, summary, output, summary_path)
+
+
+def _check_run_request(model, sources, engine, ray_address, ray_actors, ray_streams, ray_keep, output, summary_path,
+                       force) -> str:
+    """`trtc run`'s options that go together, refused with their fix; the model with its --engine prefix."""
+    from .outputs import check_output_path
+
+    if not model:
+        raise UsageProblem("Missing option '--model' / '-m'", "trtc run clip.mp4 --model model.onnx")
+    if not sources:
+        raise UsageProblem("no video sources given", "trtc run clip.mp4 --model model.onnx")
+    if ray_address is None and (ray_actors or ray_streams or ray_keep):
+        raise UsageProblem("--ray-actors, --ray-streams and --ray-keep go with --ray", "add --ray auto (or --ray)")
+    if summary_path:
+        if output and output != "-" and os.path.abspath(output) == os.path.abspath(summary_path):
+            raise UsageProblem(f"-o and --summary are the same file ({output}): the summary would replace the "
+                               "predictions", "give --summary another file, e.g. summary.json")
+        check_output_path(summary_path, force, suffix=None, option="--summary")
+    if engine != "auto":
+        from engines import split_engine
+
+        if split_engine(model)[0] is not None:
+            raise UsageProblem(f"--engine {engine} and the model's own prefix ({model}) both pick an engine",
+                               "give one of them")
+        model = f"{engine}:{model}"
+    return model
+
+
+def _finish_run(state: State, summary, output, summary_path) -> None:
+    """After `trtc run`: --summary written, the summary shown, and the exit code (130/143 after a stop signal, 1
+    when a source failed or -o could not be written)."""
     if summary_path:
         from engines._io import atomic_write_text
 
@@ -983,8 +998,8 @@ def serve(state: State, config, check, as_json):
 
     SIGHUP, or a change of the file, reloads it: added cameras start, removed ones stop, changed ones restart; the
     others keep every frame. A file that does not check is refused whole and the running cameras are kept.
-    SIGTERM stops cleanly (queued messages go to the consumer or to the spool, sent at the next start): exit 0;
-    Ctrl-C: exit 130. A bad file: exit 2.
+    SIGTERM and Ctrl-C stop cleanly (queued messages go to the consumer or to the spool, sent at the next start):
+    exit 0. A bad file: exit 2.
 
     \b
     Examples:
@@ -1007,9 +1022,7 @@ def serve(state: State, config, check, as_json):
                 click.echo(f"  {name}: {cam['url']} model {cam['model']} stride {cam['stride']}"
                            f"{'' if cam['enabled'] else ' (disabled)'}")
         return
-    how = run_service(config)
-    if how == "SIGINT":
-        sys.exit(130)
+    run_service(config)  # until SIGTERM or Ctrl-C: a clean stop, exit 0
 
 
 def _stop_ray_service(state: State, address, name, sources, extra) -> None:

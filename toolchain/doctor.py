@@ -33,6 +33,9 @@ PACKAGES = [
                              "opencv-contrib-python-headless"]),
     ("timm", "timm", ["timm"]),
     ("ray", "ray", ["ray"]),
+    ("pyyaml", "yaml", ["PyYAML", "pyyaml"]),
+    ("paho-mqtt", "paho.mqtt.client", ["paho-mqtt"]),
+    ("prometheus-client", "prometheus_client", ["prometheus-client", "prometheus_client"]),
 ]
 # the TensorRT flavours: module shown -> engines._trt flavour (imported to read the version: loads the libraries,
 # makes no CUDA call, so it answers on a machine without a GPU too)
@@ -198,17 +201,23 @@ def nvdec_caps() -> dict:
 
 
 def features(pk: dict, gpu: dict) -> list[dict]:
+    """What this machine can run, a row per feature: ok, or the reason and the fix."""
     has = {name: bool(info.get("version")) and not info.get("import_error") for name, info in pk.items()}
-    providers = pk.get("onnxruntime", {}).get("providers", [])
-    have_gpu = bool(gpu.get("devices"))
-    both_ort = bool(pk.get("onnxruntime", {}).get("distributions", {}).get("onnxruntime")) and bool(
-        pk.get("onnxruntime", {}).get("distributions", {}).get("onnxruntime-gpu"))
-    ccs = [d["compute_capability"] for d in gpu.get("devices", [])]
     rows = []
 
     def row(feature, ok, reason, fix):
         rows.append({"feature": feature, "ok": bool(ok), "reason": "" if ok else reason, "fix": "" if ok else fix})
 
+    for group in (_decode_and_onnx_rows, _runtime_rows, _tensorrt_rows):
+        group(row, has, pk, gpu)
+    return rows
+
+
+def _decode_and_onnx_rows(row, has: dict, pk: dict, gpu: dict) -> None:
+    providers = pk.get("onnxruntime", {}).get("providers", [])
+    have_gpu = bool(gpu.get("devices"))
+    both_ort = bool(pk.get("onnxruntime", {}).get("distributions", {}).get("onnxruntime")) and bool(
+        pk.get("onnxruntime", {}).get("distributions", {}).get("onnxruntime-gpu"))
     export_missing = [n for n in ("torch", "torchvision", "onnx", "onnxscript") if not has[n]]
     row("trtc export (PyTorch -> ONNX)", not export_missing, "missing " + ", ".join(export_missing),
         'pip install "trtc[export]"')
@@ -239,6 +248,9 @@ def features(pk: dict, gpu: dict) -> list[dict]:
         "no NVIDIA GPU" if not n_gpus else "this host has 1 GPU" if n_gpus == 1 else "cupy or PyNvVideoCodec not "
         "installed", 'pip install "trtc[gpu]"' if n_gpus >= 2 else "needs a host with two or more NVIDIA GPUs; "
         "trtc run --ray spreads sources over the GPUs of several hosts")
+
+
+def _runtime_rows(row, has: dict, pk: dict, gpu: dict) -> None:
     torch_info = pk.get("torch", {})
     row("Compiled PyTorch engine: quick restarts (torch's bytecode cached)",
         has["torch"] and torch_info.get("bytecode") != "missing",
@@ -263,6 +275,14 @@ def features(pk: dict, gpu: dict) -> list[dict]:
         'pip install "trtc[opencv]"' if not has["opencv (cv2)"] else
         "build OpenCV with CUDA and cuDNN (-D WITH_CUDA=ON -D WITH_CUDNN=ON -D OPENCV_DNN_CUDA=ON); trtc's own "
         "GPU engines do not need it")
+    serve_missing = [n for n in ("pyyaml", "paho-mqtt", "prometheus-client") if not has.get(n)]
+    row("trtc serve (cameras file, MQTT, metrics)", not serve_missing, "missing " + ", ".join(serve_missing),
+        'pip install "trtc[serve]"')
+
+
+def _tensorrt_rows(row, has: dict, pk: dict, gpu: dict) -> None:
+    have_gpu = bool(gpu.get("devices"))
+    ccs = [d["compute_capability"] for d in gpu.get("devices", [])]
     row("TensorRT 10/11 engines (build + run)", has["tensorrt"] and have_gpu,
         "NVIDIA GPU missing" if not have_gpu else "tensorrt not installed",
         'pip install "trtc[trt]" (NVIDIA\'s wheels fetch the libraries from NVIDIA\'s index)' if have_gpu
@@ -280,7 +300,6 @@ def features(pk: dict, gpu: dict) -> list[dict]:
         "tensorrt_rtx not installed" if not has["tensorrt_rtx"] else
         f"RTX runs on compute capability 7.5/8.x/12.x, this GPU is {', '.join(ccs) or 'absent'}",
         'pip install "trtc[rtx]"' if not has["tensorrt_rtx"] else "build with --backend tensorrt on this GPU")
-    return rows
 
 
 def diagnose() -> dict:

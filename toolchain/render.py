@@ -528,9 +528,7 @@ def _brief(reason: str, limit: int = STATUS_CHARS) -> str:
 
 
 def render_run(console, summary) -> None:
-    from rich.markup import escape
-    from rich.table import Table
-
+    """`trtc run`'s summary: one sentence, the table of sources, then what else the run has to say."""
     # one sentence, never broken by rich ("108.7 \nfps"): the terminal may wrap it, the text has no newline
     write_error = getattr(summary, "write_error", None)
     state = ("interrupted after" if summary.interrupted else
@@ -538,6 +536,19 @@ def render_run(console, summary) -> None:
     console.print(f"{state} {summary.frames} frames in {summary.seconds:.2f} s = {summary.fps:.1f} fps on "
                   f"{summary.device} ({summary.decoder}; mean batch {summary.mean_batch:.1f})".strip(),
                   soft_wrap=True, highlight=False)
+    t, shown = _run_table(summary, write_error)
+    if shown:
+        _print(console, t)
+    elif t.caption:
+        console.print(t.caption, soft_wrap=True)
+    _run_footer(console, summary)
+
+
+def _run_table(summary, write_error):
+    """(the table of sources, the sources it shows): a row per source, or only those with a problem in a batch."""
+    from rich.markup import escape
+    from rich.table import Table
+
     t = Table(title_justify="left")
     t.add_column("source")
     t.add_column("frames", justify="right")
@@ -545,8 +556,6 @@ def render_run(console, summary) -> None:
     problems = {p["source"]: p for p in summary.problems}
     last = getattr(summary, "last_frame", {}) or {}
     dropped = getattr(summary, "dropped", {}) or {}
-    missing = getattr(summary, "missing", {}) or {}
-    damaged = getattr(summary, "damaged", {}) or {}
     lagged = getattr(summary, "lagged", {}) or {}
     lag_s = {src: v for src, v in (getattr(summary, "lag_s", {}) or {}).items() if v and v.get("frames")}
     if dropped or lagged:  # queue: inference lagged; lag: past --max-lag (both before preprocessing)
@@ -559,17 +568,6 @@ def render_run(console, summary) -> None:
         shown = [s for s in summary.sources if s in problems]
         t.caption = f"{len(summary.sources) - len(shown)} other source(s) ok" if not summary.interrupted else None
     for src in shown:
-        p = problems.get(src)
-        if p is None:
-            status = ("[yellow]interrupted[/]" if summary.interrupted else
-                      "[red]stopped: -o not written[/]" if write_error else "[green]ok[/]")
-        else:  # what happened, without the source's name again (it is in the first column)
-            reason = p["reason"][len(src) + 2:] if p["reason"].startswith(f"{src}: ") else p["reason"]
-            status = f"[red]{escape(_brief(reason))}[/]"
-        notes = [f"{n} {what}" for n, what in ((missing.get(src), "missing in the stream"),
-                                                (damaged.get(src), "damaged")) if n]
-        if notes:
-            status += f" [dim]({escape(', '.join(notes))})[/]"
         f = last.get(src)
         row = [escape(short_path(src)), str(summary.per_source.get(src, 0)), "-" if f is None else str(f)]
         if dropped or lagged:
@@ -577,11 +575,33 @@ def render_run(console, summary) -> None:
         if lag_s:
             v = lag_s.get(src)
             row.append("-" if v is None else f"{v['p50']:.2f} / {v['p99']:.2f} / {v['max']:.2f} s")
-        t.add_row(*row, status)
-    if shown:
-        _print(console, t)
-    elif t.caption:
-        console.print(t.caption, soft_wrap=True)
+        t.add_row(*row, _run_status(summary, src, problems.get(src), write_error))
+    return t, shown
+
+
+def _run_status(summary, src, problem, write_error) -> str:
+    """A source's status cell: ok, interrupted, or what happened to it (without its name again), with its notes."""
+    from rich.markup import escape
+
+    if problem is None:
+        status = ("[yellow]interrupted[/]" if summary.interrupted else
+                  "[red]stopped: -o not written[/]" if write_error else "[green]ok[/]")
+    else:
+        reason = problem["reason"]
+        reason = reason[len(src) + 2:] if reason.startswith(f"{src}: ") else reason
+        status = f"[red]{escape(_brief(reason))}[/]"
+    missing = (getattr(summary, "missing", {}) or {}).get(src)
+    damaged = (getattr(summary, "damaged", {}) or {}).get(src)
+    notes = [f"{n} {what}" for n, what in ((missing, "missing in the stream"), (damaged, "damaged")) if n]
+    if notes:
+        status += f" [dim]({escape(', '.join(notes))})[/]"
+    return status
+
+
+def _run_footer(console, summary) -> None:
+    """What follows the table: Ray's skips and failures, the latency, where the predictions are."""
+    from rich.markup import escape
+
     ray = getattr(summary, "ray", None) or {}
     if ray.get("skipped"):
         console.print(f"skipped {ray['skipped']} of {ray['sources']} videos: complete in the output already",

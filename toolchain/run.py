@@ -292,7 +292,7 @@ def _run_video(sources, model, out_path, live_sources, started_at, *, device, ba
     _say_what_is_assumed(model)  # once the model opened: a file that is no model gets its error alone
     ready_at = time.time()
     try:
-        lines = _Lines(out_path, prior, stream, with_latency)
+        lines = _Lines(out_path, prior, stream, with_latency, live=bool(live_sources))
         interrupted = _write_lines(run, lines, reporter, sources, device, ray, prior.complete, finished)
         if ray is not None and lines.out_path is not None:  # the videos the output holds complete (--resume skips)
             from engines._io import atomic_write_text
@@ -435,10 +435,15 @@ def _pool_run(model, devices, sources, options, with_latency, reporter):
 class _Lines:
     """Where the lines go: stdout (or ``stream``), or a temporary file beside ``-o`` that starts with the earlier
     run's complete lines (--resume), is fsync'd at least once a second, and is renamed onto ``-o`` at the end - or
-    removed when there is nothing to keep (then ``out_path`` becomes None: no empty file blocks the next command)."""
+    removed when there is nothing to keep (then ``out_path`` becomes None: no empty file blocks the next command).
 
-    def __init__(self, out_path, prior: _Prior, stream, with_latency: bool):
+    A run with live sources (``live``) writes ``-o`` itself instead, a whole line at a time, each flushed as it is
+    written (fsync'd at least once a second): a camera's results can be read (``tail -F``) while the run goes on,
+    which may be for months (docs/CONVENTIONS.md). A failed write cuts it after its last complete line."""
+
+    def __init__(self, out_path, prior: _Prior, stream, with_latency: bool, live: bool = False):
         self.out_path, self.kept_bytes, self.with_latency = out_path, prior.bytes, with_latency
+        self.live = live and out_path is not None
         self.tmp = None
         self.error: OSError | None = None  # the write that failed (-o only); the run stops at it
         self.kept_lines = 0  # after a failed write: the complete lines kept
@@ -453,7 +458,7 @@ class _Lines:
         if out_path is None:
             self.sink = stream or sys.stdout
             return
-        self.tmp = out_path.with_name(f".{out_path.name}.{os.getpid()}.tmp")
+        self.tmp = out_path if self.live else out_path.with_name(f".{out_path.name}.{os.getpid()}.tmp")
         self.sink = self.tmp.open("wb")
         left = prior.bytes
         if left:  # the earlier run's complete lines, in chunks (the file may be large)
@@ -509,6 +514,8 @@ class _Lines:
             return
         try:
             self.sink.write(text.encode())
+            if self.live:  # readable at once: a whole line reaches the file with each write
+                self.sink.flush()
         except OSError as exc:
             self.error = exc
             raise _WriteFailed from exc
@@ -546,7 +553,8 @@ class _Lines:
             return
         self.sink.close()
         if self.written or self.kept_bytes:
-            os.replace(self.tmp, self.out_path)
+            if not self.live:  # a live run wrote -o itself
+                os.replace(self.tmp, self.out_path)
         else:
             self.tmp.unlink(missing_ok=True)
             self.out_path = None
@@ -574,6 +582,8 @@ class _Lines:
         if end == 0:
             self.tmp.unlink(missing_ok=True)
             self.out_path = None
+            return
+        if self.live:
             return
         try:
             os.replace(self.tmp, self.out_path)

@@ -8,8 +8,10 @@ that changes while it runs. `trtc serve` runs one per model and device.
     fleet.remove("door")        # its reader stops; a ``removed`` event follows its last prediction
     fleet.close()
 
-Sources are decoded with PyAV on the host (as ``classify``'s CPU path does, on any engine). Each source's frames
-stay in order; a source that is removed and added again (a changed camera) numbers its frames from 0 again, and
+Sources are decoded with PyAV on the host (as ``classify``'s CPU path does, on any engine). On a GPU engine,
+:class:`NvdecFleet` decodes each source with NVDEC instead and hands its device frames to the stages after the
+decoder of the GPU path (a :class:`~engines.video.push.FramePusher`: the preprocessing kernel into the rotating
+input slots, inference, top-k on the GPU). Each source's frames stay in order; a source that is removed and added again (a changed camera) numbers its frames from 0 again, and
 every prediction of the old one is delivered before the ``removed`` event that separates them. One thread (the
 fleet's consumer) runs the engine and calls ``on_prediction`` and ``on_event``; only the caller's thread adds and
 removes sources (one lock owns the table of readers).
@@ -29,7 +31,7 @@ from .hub import FrameHub
 from .live import LiveOptions, SourceEvent, join_readers, reader_started
 from .pipeline import (Prediction, RunStats, _default_batch, _input_shape, _manifest_of, check_classifier,
                        label_names, model_classes, model_name)
-from .sources import PyAVSource
+from .sources import PyAVSource, SourceError
 
 
 class SourceFleet:
@@ -116,6 +118,10 @@ class SourceFleet:
                                    loud=False))
         return True
 
+    def dropped_of(self, name: str) -> int:
+        """Frames of source ``name`` dropped in the hand-over to inference (its queue was full)."""
+        return self.hub.dropped.get(name, 0)
+
     def top_k_of(self, name: str) -> int | None:
         with self._lock:
             entry = self._readers.get(name)
@@ -161,3 +167,143 @@ def _named(name: str, url):
     from .credentials import Address
 
     return Address(name, getattr(url, "url", str(url)))
+
+
+def open_fleet(engine, **kw):
+    """The fleet for ``engine``: :class:`NvdecFleet` on a GPU engine that takes device arrays where PyNvVideoCodec
+    is installed, else :class:`SourceFleet` (PyAV on the host)."""
+    from .._deps import is_installed
+    from .pipeline import _pick_decoder
+
+    decoder = _pick_decoder(engine, "auto")
+    if decoder == "nvdec" and is_installed("PyNvVideoCodec") and is_installed("cupy"):
+        return NvdecFleet(engine, **kw)
+    return SourceFleet(engine, **kw)
+
+
+class NvdecFleet:
+    """:class:`SourceFleet`'s interface on the GPU path: a reader thread per source decodes with NVDEC
+    (:class:`~engines.video.sources.NvdecSource`, reconnecting as `trtc run`'s live sources do) and pushes each kept
+    frame, NV12 on the device, into one :class:`~engines.video.push.FramePusher`; the next decode on the reader's
+    stream waits for the kernel that read the frame (NVDEC reuses its surfaces). Predictions come from the pusher's
+    result thread, events from the readers' threads. A removed source's frames already pushed may still be
+    classified after its ``removed`` event."""
+
+    def __init__(self, engine, *, batch: int | None = None, top_k: int | None = None, max_wait_ms: float = 100.0,
+                 scores: str = "auto", on_prediction=None, on_event=None, on_problem=None):
+        from .push import FramePusher
+
+        self.engine = engine
+        self.classes = model_classes(engine, _manifest_of(engine))
+        self.on_prediction = on_prediction or (lambda p: None)
+        self.on_event = on_event or (lambda e: None)
+        self.on_problem = on_problem or (lambda name, reason: None)
+        self.pusher = FramePusher(engine, batch=batch, top_k=top_k, scores=scores, max_wait_ms=max_wait_ms,
+                                  format="NV12", callback=self._deliver)
+        self.k = resolve_k(top_k, self.classes, model_name(engine))
+        self._lock = threading.Lock()
+        self._readers: dict[str, tuple] = {}  # name -> (thread, stop, source, top_k)
+        self._skipped: dict = defaultdict(int)  # frames a reader could not hand over (the pusher dropped them)
+
+    @property
+    def error(self):
+        errors = self.pusher._errors
+        return errors[0] if errors else None
+
+    @property
+    def names(self) -> list[str]:
+        with self._lock:
+            return sorted(self._readers)
+
+    def add(self, name: str, url, *, stride: int = 1, top_k: int | None = None, options: LiveOptions | None = None,
+            rotate: str = "auto", queue_frames: int | None = None) -> None:
+        from .sources import NvdecSource
+
+        if stride < 1:
+            raise UsageProblem(f"stride must be at least 1, got {stride}")
+        k = resolve_k(top_k, self.classes, model_name(self.engine))
+        if k > self.k:
+            raise UsageProblem(f"top_k {k} is over the {self.k} this fleet was opened with",
+                               f"open it with top_k={k} or more")
+        if rotate not in ("auto", "0"):
+            raise UsageProblem("a camera's rotate is applied on the CPU path only", "leave rotate out on a GPU")
+        options = (options or LiveOptions()).check()
+        src = NvdecSource(_named(name, url), getattr(self.engine, "device_id", 0), live=True, options=options,
+                          latency="low")
+        stop = threading.Event()
+        with self._lock:
+            if name in self._readers:
+                raise UsageProblem(f"a source named {name} is already running", "remove it first, or give another name")
+            thread = threading.Thread(target=self._read, args=(src, stop, stride), daemon=True,
+                                      name=f"trtc-nvdec-{name}")
+            self._readers[name] = (thread, stop, src, k)
+        thread.start()
+        reader_started(thread)
+
+    def remove(self, name: str, reason: str = "removed", timeout: float = 10.0) -> bool:
+        with self._lock:
+            entry = self._readers.pop(name, None)
+        if entry is None:
+            return False
+        thread, stop, src, _ = entry
+        stop.set()
+        join_readers([thread], timeout)
+        self.on_event(SourceEvent(src.name, reason, time.time(), src.decoded,
+                                  extra={"dropped": self._skipped.pop(name, 0)}, loud=False))
+        return True
+
+    def dropped_of(self, name: str) -> int:
+        return self._skipped.get(name, 0)
+
+    def top_k_of(self, name: str) -> int | None:
+        with self._lock:
+            entry = self._readers.get(name)
+        return entry[3] if entry else None
+
+    def source(self, name: str):
+        with self._lock:
+            entry = self._readers.get(name)
+        return entry[2] if entry else None
+
+    def close(self, timeout: float = 10.0) -> None:
+        for name in self.names:
+            self.remove(name, reason="stopped", timeout=timeout)
+        self.pusher.close(drain=True)
+
+    def _read(self, src, stop: threading.Event, stride: int) -> None:
+        """One source's reader: NVDEC on a stream of its own; every ``stride``-th kept frame pushed."""
+        import cupy as cp
+
+        src.stop, src.on_event = stop, self.on_event
+        stream = cp.cuda.Stream(non_blocking=True)
+
+        def on_frame(index, pts, t, frame, fed_at):
+            if stop.is_set():
+                return False
+            if index % stride:
+                return True
+            with stream:
+                nv12 = cp.from_dlpack(frame)  # ordered after the decode on this stream (DLPack's event)
+            handle = self.pusher.push(src.name, nv12, pts=pts, time=t, frame_id=index,
+                                      colorspace=str(src.info.colorspace) if src.info else None, cuda_stream=stream)
+            event = handle.wait() if handle is not None else None
+            if event is None:
+                self._skipped[src.name] += 1
+            else:
+                stream.wait_event(event)  # the next decode into this surface after the kernel read it
+            return True
+
+        try:
+            src.run(stream.ptr, on_frame)
+        except SourceError as exc:
+            if not stop.is_set():
+                self.on_problem(src.name, str(exc))
+        except Exception as exc:  # noqa: BLE001 - the other sources go on
+            self.on_problem(src.name, f"{type(exc).__name__}: {exc}")
+
+    def _deliver(self, pred) -> None:
+        k = self.top_k_of(pred.source) or self.k
+        if k < len(pred.indices):
+            pred.indices, pred.scores = pred.indices[:k], pred.scores[:k]
+            pred.labels = pred.labels[:k] if pred.labels else pred.labels
+        self.on_prediction(pred)

@@ -178,8 +178,10 @@ class SourceEvent:
 
     def line(self) -> str:
         """The stderr line for this event."""
-        if self.event == "connect_failed":
-            return f"{self.source}: cannot connect (retrying quietly): {self.reason}"
+        if self.event == "connect_failed":  # the reason of a failed open says "cannot connect" already
+            reason = self.reason[len("cannot connect: "):] if self.reason.startswith("cannot connect: ") else \
+                self.reason
+            return f"{self.source}: cannot connect (retrying quietly): {reason}"
         if self.event == "disconnected":
             return f"{self.source}: connection lost after {self.frames} frames: {self.reason}"
         if self.event == "reconnected":

@@ -87,7 +87,7 @@ class Try:
             if self.proc.poll() is not None:
                 return [f"try {self.i} ({self.kind}): ended before its stop, exit {self.proc.returncode}: "
                         f"{self.proc.communicate()[1][-600:]}"]
-            if self.stop_at is None and list(self.tmp.glob(f".{self.out.name}.*.tmp")):
+            if self.stop_at is None and (self.out.exists() or list(self.tmp.glob(f".{self.out.name}.*.tmp"))):
                 self.stop_at = now + self.delay
             if self.stop_at is not None and now >= self.stop_at:
                 self.proc.send_signal(self.sig)

@@ -189,6 +189,40 @@ def test_hub_block_waits_and_loses_nothing_and_takes_sources_in_arrival_order():
     assert FRAME == "frame"
 
 
+def test_hub_remove_takes_one_source_out_while_the_others_go_on():
+    """A camera removed from a running service (engines.video.fleet): its waiting and dropped frames are counted,
+    its producer gets Closed (also one blocked on a full queue), the other source and the order are untouched."""
+    from engines.video.hub import Closed
+
+    hub = FrameHub()
+    hub.open_producer()  # the fleet's own hold: the hub does not finish when its sources do
+    hub.add("door", 2, "drop-oldest")
+    hub.add("dock", 1, "block")
+    for i in range(3):
+        hub.put("door", i)  # one dropped
+    hub.put("dock", "d0")
+    blocked = []
+
+    def producer():
+        try:
+            hub.put("dock", "d1")  # waits: the queue is full
+        except Closed:
+            blocked.append("closed")
+
+    t = threading.Thread(target=producer)
+    t.start()
+    time.sleep(0.2)
+    assert hub.remove("dock") == 1  # d0 waited, nothing dropped
+    t.join(5)
+    assert blocked == ["closed"]
+    with pytest.raises(Closed):
+        hub.put("dock", "late")
+    assert hub.remove("door") == 3 and hub.remove("door") == 0  # two waiting + one dropped; then nothing
+    hub.add("door", 2, "drop-oldest")  # the same name again (a changed camera): a new queue, counts from 0
+    hub.put("door", "new")
+    assert hub.get(time.monotonic() + 1)[1][1] == "new" and hub.dropped["door"] == 0
+
+
 def test_hub_get_returns_none_at_the_deadline():
     hub = FrameHub()
     hub.add("cam", 2, "drop-oldest")
@@ -685,3 +719,15 @@ def test_events_are_said_on_stderr_by_the_callers_thread_never_by_a_reader():
         logger.setLevel(level)
     assert said[-1][2] == "cam: gave up reconnecting after 300.0 s (9 attempt(s))"
     assert isinstance(out[0][1], SourceEvent)
+
+
+def test_a_failed_connection_is_said_once_as_cannot_connect():
+    """The open's reason starts with "cannot connect:", and the event's line starts its sentence with it too: the
+    line said it twice ("cannot connect (retrying quietly): cannot connect: ...")."""
+    from engines.video.live import SourceEvent
+
+    ev = SourceEvent("door", "connect_failed", 0.0, 0, reason="cannot connect: the server at 10.0.0.5:554 refused "
+                                                              "the connection")
+    assert ev.line() == ("door: cannot connect (retrying quietly): the server at 10.0.0.5:554 refused the "
+                         "connection")
+    assert SourceEvent("door", "connect_failed", 0.0, 0, reason="timed out").line().endswith("quietly): timed out")

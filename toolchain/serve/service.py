@@ -7,9 +7,10 @@ them (MQTT, a webhook, rotating files), their health on HTTP.
         service.tick()                # the watchdog's beat; a changed file is reloaded
     service.stop()                    # cameras stop, queues go to the consumer or the spool
 
-The cameras run on the same stages as `trtc run`'s CPU path (:class:`engines.video.fleet.SourceFleet`: the
-sources, the decode stage, the frame hub, inference and top-k), one fleet per model and device, so cameras that
-share a model share its engine and its batches. A reload (:meth:`Service.reload`, on SIGHUP or when the file's
+The cameras run on the same stages as `trtc run` (:mod:`engines.video.fleet`: its live sources, then on the CPU
+the decode stage, the frame hub, inference and top-k; on a GPU, NVDEC and the GPU path's preprocessing kernel,
+slots, inference and top-k), one fleet per model and device, so cameras that share a model share its engine and
+its batches. A reload (:meth:`Service.reload`, on SIGHUP or when the file's
 mtime changes) starts added cameras, stops removed ones (a ``removed`` event) and restarts changed ones alone; the
 others keep every frame. A file that does not check is refused whole: the running set stays.
 
@@ -60,7 +61,10 @@ class Service:
         self.sinks: list = []
         self.files = None
         self.http = None
-        self._labels: dict[tuple, LabelEvents] = {}  # (group key, camera) -> its label events: the consumer's
+        # (group key, camera) -> its label events; fed by a fleet's consumer, closed at a camera's removal event
+        # (on the GPU path from another thread): the lock owns them
+        self._labels: dict[tuple, LabelEvents] = {}
+        self._labels_lock = threading.Lock()
         self._seen: dict[str, dict] = {}  # camera -> source counters already in the metrics (the caller's thread)
         self.notify = _notifier()
 
@@ -188,10 +192,10 @@ class Service:
         group = self.groups.get(key)
         if group is None:
             import engines
-            from engines.video.fleet import SourceFleet
+            from engines.video.fleet import open_fleet
 
             engine = engines.open_engine(key[0], device=key[1])
-            fleet = SourceFleet(engine, top_k=_most_classes(self.config, engine),
+            fleet = open_fleet(engine, top_k=_most_classes(self.config, engine),
                                 on_prediction=lambda p, k=key: self._on_prediction(k, p),
                                 on_event=lambda e, k=key: self._on_event(k, e),
                                 on_problem=self._on_problem)
@@ -207,7 +211,7 @@ class Service:
                 if src is None:
                     continue
                 now = {"received": src.decoded, "lag": src.lagged, "decode": src.damaged,
-                       "queue": group.fleet.hub.dropped.get(name, 0)}
+                       "queue": group.fleet.dropped_of(name)}
                 seen = self._seen.setdefault(name, dict.fromkeys(now, 0))
                 for what, n in now.items():
                     if n > seen[what]:
@@ -217,7 +221,12 @@ class Service:
                             self.metrics.count("dropped", name, n - seen[what], reason=what)
                         seen[what] = n
         for sink in self.sinks:
-            self.metrics.spool_bytes.labels(sink.name).set(sink.spool.bytes())
+            self.metrics.spool_bytes.labels(sink.name).set(sink.spool.bytes)
+            lost, seen = sink.spool.dropped, self._seen.setdefault(f"spool:{sink.name}", {"dropped": 0})
+            if lost > seen["dropped"]:
+                self.metrics.count("spool_dropped", None, lost - seen["dropped"], sink=sink.name)
+                self._service_event("spool_dropped", sink=sink.name, dropped=lost - seen["dropped"], total=lost)
+                seen["dropped"] = lost
 
     # the fleets' consumer threads ----------------------------------------------------------------------------
     def _on_prediction(self, key: tuple, pred) -> None:
@@ -234,17 +243,22 @@ class Service:
             self._publish(name, "result", message)
         if self.files is not None:
             self.files.write(name, json.dumps(message, separators=(",", ":")))
-        events = self._labels_of(key, name)
-        if events is not None and best["score"] is not None:
-            for ev in events.push(pred.frame, pred.time, best["label"] or best["index"], best["score"]):
-                self._label_event(name, pred.frame, ev)
+        if best["score"] is None:
+            return
+        with self._labels_lock:
+            events = self._labels_of(key, name)
+            said = events.push(pred.frame, pred.time, best["label"] or best["index"], best["score"]) if events else []
+        for ev in said:
+            self._label_event(name, pred.frame, ev)
 
     def _on_event(self, key: tuple, ev) -> None:
         name = ev.source
         message = {"camera": name, "frame": ev.frames, "wall": round(ev.received, 3), **ev.to_dict()}
         if ev.event in ("removed", "changed", "stopped"):
-            events = self._labels.pop((key, name), None)
-            for end in (events.close(ev.event) if events is not None else []):
+            with self._labels_lock:
+                events = self._labels.pop((key, name), None)
+                ends = events.close(ev.event) if events is not None else []
+            for end in ends:
                 self._label_event(name, end.get("last_frame"), end)
         else:
             try:
