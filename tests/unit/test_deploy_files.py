@@ -11,7 +11,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import time
 import tomllib
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -177,12 +176,12 @@ def test_the_health_check_passes_while_the_loop_turns_and_fails_when_it_hangs(co
     from toolchain.serve.http import ServiceState, StatusServer
 
     command, url = _healthcheck(container)
-    state = ServiceState(loop_timeout=0.2)
+    state = ServiceState(loop_timeout=60)  # a busy machine may take seconds to start the check's Python
     server = StatusServer(state, port=0).start()
     try:
         ours = [sys.executable] + [c.replace(url, url.replace(":9108", f":{server.port}")) for c in command[1:]]
         assert subprocess.run(ours, capture_output=True, timeout=30).returncode == 0
-        time.sleep(0.3)  # no beat since: the loop hangs
+        state.loop_timeout = 0.0  # the loop's last beat is now too old: it hangs
         assert subprocess.run(ours, capture_output=True, timeout=30).returncode != 0
     finally:
         server.stop()
