@@ -18,7 +18,7 @@ from tests.conftest import _has_gpu, needs_export
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 # the pages whose bash blocks continue README's tour, in the order of README's documentation table
-PAGES = ["CONVENTIONS", "EXPORT", "QUANTIZE", "BUILD", "VALIDATE", "BENCH", "OPENCV", "RUN", "LIVE", "PUSH", "DOCTOR",
+PAGES = ["CONVENTIONS", "EXPORT", "QUANTIZE", "BUILD", "VALIDATE", "BENCH", "OPENCV", "RUN", "LIVE", "PUSH", "SERVE", "DOCTOR",
          "TRAIN-THEN-DEPLOY", "VERIFIED"]
 pytestmark = needs_export
 
