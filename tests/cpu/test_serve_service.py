@@ -117,6 +117,9 @@ def test_serve_keeps_every_frame_across_edits_a_broker_outage_and_a_restart(rtsp
         # the broker goes down mid-run; serve is stopped while it is down (its queue goes to the spool)
         mosquitto.stop()
         time.sleep(1.5)
+        metrics = _get(http, "/metrics")[1]  # what goes to the spool meanwhile is counted, and waits there
+        assert _metric(metrics, 'trtc_messages_spooled_total{camera="door",sink="mqtt"}') > 0
+        assert _metric(metrics, 'trtc_spool_bytes{sink="mqtt"}') > 0
         code, err = _stop(proc)
         assert code == 0, err
         assert not re.search(r"Traceback|internal error", err), err
@@ -143,6 +146,8 @@ def test_serve_keeps_every_frame_across_edits_a_broker_outage_and_a_restart(rtsp
         metrics = _get(http, "/metrics")[1]
         published = _metric(metrics, 'trtc_messages_published_total{camera="door",sink="mqtt"}')
         assert _metric(metrics, "trtc_batch_latency_seconds_count") > 0  # every inference timed
+        _wait("the spool drained", lambda: _metric(_get(http, "/metrics")[1], 'trtc_spool_bytes{sink="mqtt"}') == 0,
+              10)
         assert published > 0
         _wait("the subscriber to hold every counted message",
               lambda: sum(1 for t, _ in sub.messages[mark:] if t.startswith("trtc/door/")) >= published, 10)

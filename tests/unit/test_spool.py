@@ -18,9 +18,12 @@ def test_records_come_back_in_order_across_segments_and_a_restart(tmp_path):
     for i in range(3000):  # about 200 kB: several segments
         spool.put(_rec(i))
     assert len(list(tmp_path.glob("*.seg"))) >= 3
+    sizes = [len(_rec(i)) + 4 for i in range(3000)]  # each record behind its 4-byte length
+    assert spool.waiting_bytes == sum(sizes) == spool.bytes
     got = spool.peek(1000)
     assert [json.loads(r)["frame"] for r in got] == list(range(1000))
     spool.ack(1000)
+    assert spool.waiting_bytes == sum(sizes[1000:])  # what /metrics' trtc_spool_bytes shows
     spool.close()
     again = Spool(tmp_path, max_bytes=1 << 20, segment_bytes=1 << 16)  # a restart: the rest, in order
     frames = []
@@ -32,6 +35,7 @@ def test_records_come_back_in_order_across_segments_and_a_restart(tmp_path):
         again.ack(len(batch))
     assert frames == list(range(1000, 3000))
     assert again.peek(1) == [] and len(list(tmp_path.glob("*.seg"))) == 1
+    assert again.waiting_bytes == 0 < again.bytes  # drained: nothing waits, though the last segment stays
     again.put(_rec(3000))  # and it goes on after being emptied
     assert [json.loads(r)["frame"] for r in again.peek()] == [3000]
 

@@ -72,7 +72,7 @@ class Service:
     def start(self) -> None:
         from .sinks import open_sinks
 
-        self.sinks, self.files = open_sinks(self.config, self._delivered)
+        self.sinks, self.files = open_sinks(self.config, self._delivered, self._spooled)
         self._start_http()
         for cam in self.config.cameras.values():
             self._start_camera(cam)
@@ -222,7 +222,7 @@ class Service:
                         seen[what] = n
         self._gpu_memory()
         for sink in self.sinks:
-            self.metrics.spool_bytes.labels(sink.name).set(sink.spool.bytes)
+            self.metrics.spool_bytes.labels(sink.name).set(sink.spool.waiting_bytes)
             lost, seen = sink.spool.dropped, self._seen.setdefault(f"spool:{sink.name}", {"dropped": 0})
             if lost > seen["dropped"]:
                 self.metrics.count("spool_dropped", None, lost - seen["dropped"], sink=sink.name)
@@ -311,6 +311,11 @@ class Service:
     def _service_event(self, event: str, **extra) -> None:
         self._publish(SERVICE, "event", {"camera": None, "frame": None, "wall": round(time.time(), 3),
                                          "event": event, **extra})
+
+    def _spooled(self, sink: str, doc: dict) -> None:
+        camera = doc.get("payload", {}).get("camera")
+        if camera:
+            self.metrics.count("spooled", camera, sink=sink)
 
     def _delivered(self, sink: str, docs: list[dict]) -> None:
         for doc in docs:

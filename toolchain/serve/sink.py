@@ -27,6 +27,7 @@ class SpooledSink:
     batch = 1  # messages delivered per call of _deliver
     name = "sink"
     on_delivered = None  # callable(sink name, [{"topic", "payload"}, ...]) in the sender thread, after each delivery
+    on_spooled = None  # callable(sink name, {"topic", "payload"}) for each message written to the spool
 
     def __init__(self, spool: Spool, queue_size: int = 10000):
         self.spool = spool
@@ -49,7 +50,7 @@ class SpooledSink:
             self._queue.put_nowait(record)
         except queue.Full:  # the sender is behind (a slow consumer): straight to disk
             self._count("queue_full")
-            self.spool.put(record.encode())
+            self._spool(record)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Deliver what is queued for up to ``timeout`` s, the rest to the spool in order; then close."""
@@ -130,6 +131,8 @@ class SpooledSink:
     def _spool(self, record: str) -> None:
         self.spool.put(record.encode())
         self._count("spooled")
+        if self.on_spooled is not None:
+            self.on_spooled(self.name, json.loads(record))
 
     def _drain_spool(self) -> bool:
         """Send the spool's oldest records; True when some went and more may wait."""

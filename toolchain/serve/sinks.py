@@ -19,8 +19,9 @@ def beside(config: ServeConfig, path: str) -> Path:
     return p if p.is_absolute() else Path(config.path).resolve().parent / p
 
 
-def open_sinks(config: ServeConfig, on_delivered=None) -> tuple[list, object]:
-    """([started network sinks], RotatingLines or None)."""
+def open_sinks(config: ServeConfig, on_delivered=None, on_spooled=None) -> tuple[list, object]:
+    """([started network sinks], RotatingLines or None); ``on_delivered`` / ``on_spooled``: the sinks' hooks
+    (:class:`~toolchain.serve.sink.SpooledSink`)."""
     sections = config.sections
     spool = sections.get("spool", {})
     spool_dir = beside(config, spool.get("dir", "spool"))
@@ -36,7 +37,7 @@ def open_sinks(config: ServeConfig, on_delivered=None) -> tuple[list, object]:
             sinks.append(WebhookSink(hook["url"], spool=Spool(spool_dir / "webhook", max_bytes),
                                      batch=hook.get("batch", 50), timeout=hook.get("timeout", 5.0)))
         for sink in sinks:
-            sink.on_delivered = on_delivered
+            sink.on_delivered, sink.on_spooled = on_delivered, on_spooled
             sink.start()
     except BaseException:
         for sink in sinks:

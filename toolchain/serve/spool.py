@@ -86,6 +86,15 @@ class Spool:
         with self._lock:
             return sum(self._size(s) for s in self._segments())
 
+    @property
+    def waiting_bytes(self) -> int:
+        """Bytes of the records not yet acknowledged (0 once the spool has drained, whatever stays on disk)."""
+        with self._lock:
+            if self._head >= (self._tail_no, self._writer.tell()):
+                return 0
+            seg, offset = self._head
+            return sum(self._size(s) for s in self._segments() if s >= seg) - offset
+
     def __len__(self) -> int:
         return len(self.peek(1 << 30))
 
