@@ -1,0 +1,84 @@
+"""Damage is counted the same for H.264 and HEVC on the CPU path: packets in against frames out.
+
+FFmpeg's HEVC decoder drops a picture it cannot decode without raising and without flagging anything; H.264's
+flags the picture corrupt. Damaged copies of a short clip in each codec (bytes flipped or zeroed inside the MP4's
+media data, a fixed seed; :mod:`tests.damage`) are read by trtc's CPU reader and compared with FFmpeg's own count of
+packets, frames and decoder errors (the ``ffprobe`` program, or an independent PyAV decode without them):
+
+- wherever FFmpeg reports a decoder error, or decodes fewer frames than packets, or trtc gives fewer frames than
+  packets, trtc reports the source as damaged;
+- every packet is then either a classified frame or counted as damaged (exactly);
+- a copy nobody finds damaged gives every frame, with no report.
+
+One copy goes through ``trtc run`` with the real Lite0: exit 1, the source in problems, its ``damaged`` count.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests import damage
+
+pytestmark = pytest.mark.skipif(not __import__("importlib").util.find_spec("av"), reason="needs PyAV")
+
+
+@pytest.fixture(scope="module")
+def damaged(tmp_path_factory, bikes):
+    folder = tmp_path_factory.mktemp("damage")
+    clips = damage.make_clips(Path(bikes), folder)
+    return {codec: [(what, path, damage.reference(path)) for what, path in damage.damaged_copies(clip, folder)]
+            for codec, clip in clips.items()}
+
+
+def _read(path: Path):
+    from engines.video.sources import PyAVSource, SourceError
+
+    src = PyAVSource(str(path))
+    n, problem = 0, None
+    try:
+        for _ in src.frames():
+            n += 1
+    except SourceError as exc:
+        problem = str(exc)
+    return n, src.damaged, problem
+
+
+def test_every_codec_counts_packets_in_against_frames_out(damaged):
+    seen = {"h264": 0, "hevc": 0}
+    silent_drop = 0  # damage only the count of packets against frames shows (no decoder error raised or flagged)
+    for codec, cases in damaged.items():
+        for what, path, ref in cases:
+            n, count, problem = _read(path)
+            if ref.damaged or n < ref.packets:
+                assert problem is not None, f"{what}: FFmpeg {ref}, trtc {n} frames: not reported"
+                assert n + count == ref.packets, f"{what}: {n} classified + {count} damaged != {ref.packets} packets"
+                seen[codec] += 1
+                silent_drop += "gave no frame" in problem and "skipped" not in problem and "damaged frame" not in problem
+            else:
+                assert problem is None and count == 0 and n == ref.packets == ref.frames, (what, problem, n, ref)
+    print(f"damaged copies reported: {seen}; {silent_drop} seen only by counting packets against frames")
+    assert seen["h264"] >= 3 and seen["hevc"] >= 3 and silent_drop >= 1, seen
+
+
+def test_run_reports_a_damaged_hevc_file_as_h264s(damaged, lite0_onnx, tmp_path):
+    """The HEVC copy whose lost pictures only the packet count shows: exit 1, a problem naming it, its count."""
+    from click.testing import CliRunner
+
+    from toolchain.cli import cli
+
+    path = next(p for _w, p, _r in damaged["hevc"] if "gave no frame" in (_read(p)[2] or "")
+                and "skipped" not in _read(p)[2])
+    n, count, _ = _read(path)
+    out, summary = tmp_path / "preds.jsonl", tmp_path / "summary.json"
+    r = CliRunner().invoke(cli, ["run", str(path), "--model", str(lite0_onnx[0]), "--device", "cpu", "--top-k", "1",
+                                 "-o", str(out), "--summary", str(summary)])
+    assert r.exit_code == 1, r.output
+    report = json.loads(summary.read_text())
+    assert [p["source"] for p in report["problems"]] == [str(path)]
+    assert "gave no frame" in report["problems"][0]["reason"]
+    entry = report["by_source"][str(path)]
+    assert entry["damaged"] == count > 0 and entry["classified"] == n == len(out.read_text().splitlines())
+    assert "gave no frame" in entry["status"]
