@@ -40,7 +40,8 @@ def make_clips(bikes: Path, folder: Path) -> dict[str, Path]:
     from tests.clips import encode_clip
 
     out = {}
-    for codec, lib, opts in (("h264", "libx264", {}), ("hevc", "libx265", {"x265-params": "log-level=error:keyint=24"})):
+    x265 = {"x265-params": "log-level=error:keyint=24"}
+    for codec, lib, opts in (("h264", "libx264", {}), ("hevc", "libx265", x265)):
         path = folder / f"clip_{codec}.mp4"
         if not path.exists():
             encode_clip(bikes, path, lib, CLIP_SIZE, frames=CLIP_FRAMES, options=opts)

@@ -24,8 +24,8 @@ from .live import (LagClock, LiveOptions, LiveSource, Liveness, NoFrames, is_net
                    watched_packets)
 from .image_source import ImageSource, is_image
 from .orientation import Orientation, frame_orientation, refuse_turned
-from .source_base import (DETAIL_CHARS, MAX_REJECTED_PACKETS, SourceError, SourceInfo, Timeline,  # noqa: F401
-                          _colorspace_from_av, _synchronize)
+from .source_base import (DETAIL_CHARS, MAX_REJECTED_PACKETS, FramesOut, SourceError, SourceInfo,  # noqa: F401
+                          Timeline, _colorspace_from_av, _synchronize)
 
 log = logging.getLogger("trtc")
 
@@ -313,34 +313,6 @@ def _cut_transport_stream(name: str, container) -> bool:
     return all(size % n for n in (188, 192, 204))
 
 
-# codecs whose every packet (with data, not marked to be discarded) is one picture the decoder gives out after its
-# flush: for these, a packet in without a frame out is damage. Left out: codecs with packets that legitimately give no
-# frame (VP8's hidden alt-ref frames, MPEG-4 part 2's packed B-frames); their damage is what the decoder reports.
-ONE_FRAME_PER_PACKET = frozenset({"h264", "hevc", "av1", "vp9"})
-
-
-class FramesOut:
-    """The frames a decoder gave out for one pass over a file, against the packets it was given: :meth:`lost` is the
-    number of packets that gave no frame (the decoder dropped a picture it could not decode, as FFmpeg's HEVC
-    decoder does without raising or flagging anything)."""
-
-    def __init__(self):
-        self.frames = 0
-        self.interlaced = False
-
-    def add(self, frame) -> None:
-        self.frames += 1
-        if not self.interlaced and getattr(frame, "interlaced_frame", False):
-            self.interlaced = True
-
-    def lost(self, codec: str, packets: int) -> int:
-        if codec not in ONE_FRAME_PER_PACKET:
-            return 0
-        # an interlaced H.264 stream may carry the two fields of a frame in two packets (one frame out)
-        per_frame = 2 if self.interlaced and codec == "h264" else 1
-        return max(0, packets - per_frame * self.frames)
-
-
 def _decode(container, stream, name, skipped: list, packets=None, cut: list | None = None, fed: list | None = None):
     """Frames of one stream; a packet the decoder rejects is skipped and counted (``skipped``), as NVDEC does
     with corrupt pictures; the demuxer failing (file cut off, connection lost) ends the source with an error.
@@ -466,7 +438,8 @@ class NvdecSource(LiveSource):
         self.start_pts = 0  # the container's start time in time_base units (a file's first frame's pts)
         self._stamp = None  # stamp_index's constants: (fps, time_base, fps x time_base, its numerator, denominator)
         self.missing = 0  # live: frames the stream's timestamps say never arrived
-        self.damaged = 0  # packets NVDEC refused (skipped)
+        self.damaged = 0  # packets NVDEC refused (skipped), and packets that gave no frame (``lost``)
+        self.lost = 0  # a file's packets that gave no frame though NVDEC took them (counted in ``damaged`` too)
         self.lagged = 0  # live: frames decoded but skipped because they were past --max-lag
         self.captured = None  # live: the Capture (engines.video.live) of the frame last passed on
         self.stop: threading.Event | None = None
@@ -565,12 +538,15 @@ class NvdecSource(LiveSource):
         fed: dict = {}
         start = time.perf_counter()
         n_packets = 0
+        given = refused = 0  # packets with data NVDEC took / refused in this pass
+        out = FramesOut()
         packets = iter(dmx)
         try:
             rejected = 0  # packets in a row the decoder refused
             while True:
                 packet = self._next_packet(packets)
                 if packet is None:
+                    self._count_lost(out.lost(self.info.codec.lower(), given - refused))
                     break
                 if self.realtime and packet.bsl:
                     _sleep_until(start + n_packets / fps)
@@ -580,17 +556,20 @@ class NvdecSource(LiveSource):
                 now = time.perf_counter()
                 if packet.bsl:
                     fed[packet.pts] = now
+                given += bool(packet.bsl)
                 try:  # a packet the decoder refuses is skipped and counted, as the CPU path does; the stream goes on
                     frames = dec.Decode(packet)
                     rejected = 0
                 except Exception as exc:  # noqa: BLE001 - PyNvVCException
                     rejected += 1
+                    refused += 1
                     self._refused(exc, rejected)
                     continue
                 finally:
                     del packet
                 for i in range(len(frames)):
                     frame = frames[i]
+                    out.frames += 1
                     pts = frame.getPTS()
                     if skip:
                         skip -= 1
@@ -613,6 +592,12 @@ class NvdecSource(LiveSource):
             _synchronize(stream_ptr)
             del packets, dec, dmx
         return index
+
+    def _count_lost(self, lost: int) -> None:
+        """``lost`` packets of a file NVDEC took without giving a frame for them (after its flush): damage, as on the
+        CPU path (NVDEC's parser drops a picture it cannot decode without an error)."""
+        self.lost += lost
+        self.damaged += lost
 
     def _next_packet(self, packets):
         """The demuxer's next packet, or None at the end; the demuxer failing ends the source (the file is cut off or
@@ -730,8 +715,11 @@ class NvdecSource(LiveSource):
         """The SimpleDecoder stopped after ``got`` of ``declared`` frames: the packet loop decodes the rest; a file
         that still ends early is a SourceError (after all its frames). Returns the next index, or None to stop."""
         log.info("%s: SimpleDecoder ended after %d of %d frames; the packet loop goes on", self.name, got, declared)
+        lost = self.lost
         index = self._packet_pass(nvc, stream_ptr, one, index, skip=got)
         if index is not None and index - start < declared:
+            # frames its container declares that never came: damage (those the packet loop counted already aside)
+            self._count_lost(max(0, declared - (index - start) - (self.lost - lost)))
             raise SourceError(self.name, f"ended after {index - start} of the {declared} frames its container "
                               "declares", "the file is probably cut off or damaged: check or re-encode it")
         return index

@@ -46,6 +46,11 @@ def _read(path: Path):
     return n, src.damaged, problem
 
 
+def only_counted(problem: str | None) -> bool:
+    """Damage that only the count of packets against frames shows: no packet refused, no frame flagged."""
+    return bool(problem) and "gave no frame" in problem and "skipped" not in problem and "damaged frame" not in problem
+
+
 def test_every_codec_counts_packets_in_against_frames_out(damaged):
     seen = {"h264": 0, "hevc": 0}
     silent_drop = 0  # damage only the count of packets against frames shows (no decoder error raised or flagged)
@@ -56,7 +61,7 @@ def test_every_codec_counts_packets_in_against_frames_out(damaged):
                 assert problem is not None, f"{what}: FFmpeg {ref}, trtc {n} frames: not reported"
                 assert n + count == ref.packets, f"{what}: {n} classified + {count} damaged != {ref.packets} packets"
                 seen[codec] += 1
-                silent_drop += "gave no frame" in problem and "skipped" not in problem and "damaged frame" not in problem
+                silent_drop += only_counted(problem)
             else:
                 assert problem is None and count == 0 and n == ref.packets == ref.frames, (what, problem, n, ref)
     print(f"damaged copies reported: {seen}; {silent_drop} seen only by counting packets against frames")
@@ -69,8 +74,7 @@ def test_run_reports_a_damaged_hevc_file_as_h264s(damaged, lite0_onnx, tmp_path)
 
     from toolchain.cli import cli
 
-    path = next(p for _w, p, _r in damaged["hevc"] if "gave no frame" in (_read(p)[2] or "")
-                and "skipped" not in _read(p)[2])
+    path = next(p for _w, p, _r in damaged["hevc"] if only_counted(_read(p)[2]))
     n, count, _ = _read(path)
     out, summary = tmp_path / "preds.jsonl", tmp_path / "summary.json"
     r = CliRunner().invoke(cli, ["run", str(path), "--model", str(lite0_onnx[0]), "--device", "cpu", "--top-k", "1",
