@@ -123,3 +123,15 @@ def _pyav_reference(path: Path) -> Reference:
             except av.error.FFmpegError as exc:
                 errors.append(str(exc))
     return Reference(packets, frames, errors)
+
+
+def as_transport_stream(mp4: Path) -> Path | None:
+    """``mp4``'s packets copied into MPEG-TS (read there by the GPU path's packet loop), or None where FFmpeg's
+    muxer refuses the damaged packets (its Annex B filter checks their NAL lengths)."""
+    from tests.clips import remux_ts
+
+    try:
+        return remux_ts(mp4, mp4.with_suffix(".ts"))
+    except Exception:  # noqa: BLE001 - av.error.InvalidDataError: the damage broke the packet's framing
+        mp4.with_suffix(".ts").unlink(missing_ok=True)
+        return None

@@ -1,6 +1,6 @@
 """NVDEC counts damage as the CPU path does: the damaged H.264 and HEVC copies of :mod:`tests.damage` (bytes flipped
 or zeroed inside the MP4's media data, a fixed seed), read by the GPU path through the SimpleDecoder (MP4) and the
-packet loop (the same packets remuxed to MPEG-TS), are reported wherever FFmpeg's own decode (ffprobe, or an
+packet loop (the same packets remuxed to MPEG-TS, where FFmpeg's muxer takes them), are reported wherever FFmpeg's own decode (ffprobe, or an
 independent PyAV decode) reports an error or gives fewer frames than packets, and wherever trtc classifies fewer
 frames than packets. Skipped without an NVIDIA GPU."""
 
@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from tests import damage
-from tests.clips import remux_ts
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not all(importlib.util.find_spec(m) for m in ("cupy", "PyNvVideoCodec", "av")),
@@ -47,7 +46,9 @@ def test_nvdec_reports_what_ffmpeg_and_the_packet_count_report(bikes, cuda_lite0
         assert n == damage.CLIP_FRAMES and not problems, (clip.name, n, problems)
         for what, mp4 in damage.damaged_copies(clip, tmp_path):
             ref = damage.reference(mp4)
-            for path in (mp4, remux_ts(mp4, mp4.with_suffix(".ts"))):
+            for path in (mp4, damage.as_transport_stream(mp4)):
+                if path is None:
+                    continue
                 n, problems, count = _classify(path, cuda_lite0)
                 rows.append((f"{what} ({path.suffix})", ref.packets, ref.frames, len(ref.errors), n, count,
                              bool(problems)))
