@@ -789,7 +789,13 @@ def _codec_name_from_av(name: str) -> str | None:
 
 def describe_unreadable(name: str, decoder_says: str) -> str:
     """Why a demuxer refused a file, in words: PyAV (when installed) tells a file without a video stream or
-    an unreadable container apart; otherwise the demuxer's own message."""
+    an unreadable container apart; otherwise the demuxer's own message. An empty file is said to be one."""
+    if not is_url(name):
+        try:
+            if os.path.getsize(name) == 0:
+                return "is an empty file (0 bytes), not a video"
+        except OSError:
+            pass
     if not is_url(name) and is_installed("av"):
         try:
             av = require("av", "Reading the container")

@@ -86,3 +86,23 @@ def test_run_reports_a_damaged_hevc_file_as_h264s(damaged, lite0_onnx, tmp_path)
     entry = report["by_source"][str(path)]
     assert entry["damaged"] == count > 0 and entry["classified"] == n == len(out.read_text().splitlines())
     assert "gave no frame" in entry["status"]
+
+
+def test_bad_sources_among_good_ones_are_problems_and_the_good_one_runs(damaged, lite0_onnx, tmp_path):
+    """The rule `run --help` states, as the library keeps it: a missing, an empty and a damaged file beside a good
+    one are each a problem with a one-line reason naming the file; the good one gives all its frames."""
+    import engines
+    from engines.video import classify
+
+    good = damaged["h264"][0][1].with_name("clip_h264.mp4")
+    missing, empty = tmp_path / "missing.mp4", tmp_path / "empty.mp4"
+    empty.write_bytes(b"")
+    bad = next(p for _w, p, _r in damaged["hevc"] if only_counted(_read(p)[2]))
+    with engines.open_engine(lite0_onnx[0], device="cpu") as eng:
+        run = classify([str(good), str(missing), str(empty), str(bad)], eng, top_k=1, stride=8)
+        frames = [p.frame for p in run if p.source == str(good)]
+    assert frames == list(range(0, damage.CLIP_FRAMES, 8))
+    reasons = {p.source: p.reason for p in run.problems}
+    assert set(reasons) == {str(missing), str(empty), str(bad)}, reasons
+    assert "no such file" in reasons[str(missing)] and "empty file (0 bytes)" in reasons[str(empty)]
+    assert all("\n" not in r for r in reasons.values())
