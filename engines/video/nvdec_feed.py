@@ -21,7 +21,7 @@ from .._deps import require
 from ..errors import first_line
 from .live import LagClock, Liveness, NoFrames, network_error, open_url, watched_packets
 from .source_base import (DETAIL_CHARS, MAX_REJECTED_PACKETS, FramesOut, SourceError, SourceInfo, Timeline,
-                          _colorspace_from_av, _synchronize)
+                          _colorspace_from_av, _synchronize, count_lost)
 
 # PyAV codec name -> PyNvVideoCodec's cudaVideoCodec member
 AV_TO_NVDEC = {"h264": "H264", "hevc": "HEVC", "av1": "AV1", "vp9": "VP9", "vp8": "VP8", "mpeg2video": "MPEG2",
@@ -215,7 +215,7 @@ def feed_pass(src, nvc, stream_ptr: int, on_frame, index: int, container, stream
                 if lv is None:  # a file read to its end: packets NVDEC took without a frame out are damage
                     lost = FramesOut()
                     lost.frames = feed.frames
-                    src._count_lost(lost.lost(src.info.codec.lower(), feed.given - feed.refused))
+                    count_lost(src, lost.lost(src.info.codec.lower(), feed.given - feed.refused))
                 return index
     finally:
         src.missing += feed.clock.missing

@@ -122,6 +122,7 @@ class FramesOut:
 
     def __init__(self):
         self.frames = 0
+        self.packets = 0  # where the caller counts here the packets it gave the decoder
         self.interlaced = False
 
     def add(self, frame) -> None:
@@ -135,3 +136,10 @@ class FramesOut:
         # an interlaced H.264 stream may carry the two fields of a frame in two packets (one frame out)
         per_frame = 2 if self.interlaced and codec == "h264" else 1
         return max(0, packets - per_frame * self.frames)
+
+
+def count_lost(source, lost: int) -> None:
+    """``lost`` packets of ``source``'s file that NVDEC took without giving a frame for them (after its flush):
+    damage, as on the CPU path (NVDEC's parser drops a picture it cannot decode without an error)."""
+    source.lost += lost
+    source.damaged += lost

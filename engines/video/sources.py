@@ -25,7 +25,7 @@ from .live import (LagClock, LiveOptions, LiveSource, Liveness, NoFrames, is_net
 from .image_source import ImageSource, is_image
 from .orientation import Orientation, frame_orientation, refuse_turned
 from .source_base import (DETAIL_CHARS, MAX_REJECTED_PACKETS, FramesOut, SourceError, SourceInfo,  # noqa: F401
-                          Timeline, _colorspace_from_av, _synchronize)
+                          Timeline, _colorspace_from_av, _synchronize, count_lost)
 
 log = logging.getLogger("trtc")
 
@@ -524,80 +524,9 @@ class NvdecSource(LiveSource):
             return
         index = 0
         for _ in range(self.loop):
-            index = self._packet_pass(nvc, stream_ptr, on_frame, index)
+            index = _packet_pass(self, nvc, stream_ptr, on_frame, index)
             if index is None:
                 return
-
-    def _packet_pass(self, nvc, stream_ptr: int, on_frame, index: int, skip: int = 0):
-        """One pass over the file with the packet loop, frames numbered from ``index``; the first ``skip``
-        frames are decoded but not passed on (a SimpleDecoder pass that ended early resumes here). Returns the
-        next index, or None when ``on_frame`` asked to stop."""
-        low = self.latency in ("low", "zero")
-        dmx, dec = self._open(nvc, stream_ptr)
-        fps = self.info.fps or 30.0
-        fed: dict = {}
-        start = time.perf_counter()
-        n_packets = 0
-        given = refused = 0  # packets with data NVDEC took / refused in this pass
-        out = FramesOut()
-        packets = iter(dmx)
-        try:
-            rejected = 0  # packets in a row the decoder refused
-            while True:
-                packet = self._next_packet(packets)
-                if packet is None:
-                    self._count_lost(out.lost(self.info.codec.lower(), given - refused))
-                    break
-                if self.realtime and packet.bsl:
-                    _sleep_until(start + n_packets / fps)
-                n_packets += 1
-                if low:
-                    packet.decode_flag = nvc.VideoPacketFlag.ENDOFPICTURE
-                now = time.perf_counter()
-                if packet.bsl:
-                    fed[packet.pts] = now
-                given += bool(packet.bsl)
-                try:  # a packet the decoder refuses is skipped and counted, as the CPU path does; the stream goes on
-                    frames = dec.Decode(packet)
-                    rejected = 0
-                except Exception as exc:  # noqa: BLE001 - PyNvVCException
-                    rejected += 1
-                    refused += 1
-                    self._refused(exc, rejected)
-                    continue
-                finally:
-                    del packet
-                for i in range(len(frames)):
-                    frame = frames[i]
-                    out.frames += 1
-                    pts = frame.getPTS()
-                    if skip:
-                        skip -= 1
-                        fed.pop(pts, None)
-                        del frame
-                        continue
-                    self.decoded += 1
-                    go = on_frame(index, pts, self.seconds(pts, index), frame, fed.pop(pts, now))
-                    del frame
-                    index += 1
-                    if go is False:
-                        return None
-                del frames
-                if len(fed) > 64:  # packets whose frames never came out (corrupt data): forget them
-                    for k in sorted(fed)[:-64]:
-                        fed.pop(k, None)
-        finally:
-            # our kernels read the decoder's surfaces on this stream: finish them before the decoder (and its
-            # surface pool) is freed
-            _synchronize(stream_ptr)
-            del packets, dec, dmx
-        return index
-
-    def _count_lost(self, lost: int) -> None:
-        """``lost`` packets of a file NVDEC took without giving a frame for them (after its flush): damage, as on the
-        CPU path (NVDEC's parser drops a picture it cannot decode without an error)."""
-        self.lost += lost
-        self.damaged += lost
 
     def _next_packet(self, packets):
         """The demuxer's next packet, or None at the end; the demuxer failing ends the source (the file is cut off or
@@ -716,13 +645,75 @@ class NvdecSource(LiveSource):
         that still ends early is a SourceError (after all its frames). Returns the next index, or None to stop."""
         log.info("%s: SimpleDecoder ended after %d of %d frames; the packet loop goes on", self.name, got, declared)
         lost = self.lost
-        index = self._packet_pass(nvc, stream_ptr, one, index, skip=got)
+        index = _packet_pass(self, nvc, stream_ptr, one, index, skip=got)
         if index is not None and index - start < declared:
             # frames its container declares that never came: damage (those the packet loop counted already aside)
-            self._count_lost(max(0, declared - (index - start) - (self.lost - lost)))
+            count_lost(self, max(0, declared - (index - start) - (self.lost - lost)))
             raise SourceError(self.name, f"ended after {index - start} of the {declared} frames its container "
                               "declares", "the file is probably cut off or damaged: check or re-encode it")
         return index
+
+
+# ----------------------------------------------------- NvdecSource.run: the packet loop over a file
+def _packet_pass(source: NvdecSource, nvc, stream_ptr: int, on_frame, index: int, skip: int = 0):
+    """One pass over ``source``'s file with the packet loop, frames numbered from ``index``, the first ``skip`` not
+    passed on (a SimpleDecoder pass that ended early resumes here); packets without a frame out are damage
+    (:func:`count_lost`). Returns the next index, or None when ``on_frame`` asked to stop."""
+    low = source.latency in ("low", "zero")
+    dmx, dec = source._open(nvc, stream_ptr)
+    fps = source.info.fps or 30.0
+    fed: dict = {}
+    start = time.perf_counter()
+    n_packets = 0
+    out = FramesOut()  # packets with data NVDEC took, frames it gave out
+    packets = iter(dmx)
+    try:
+        rejected = 0  # packets in a row the decoder refused
+        while True:
+            packet = source._next_packet(packets)
+            if packet is None:
+                count_lost(source, out.lost(source.info.codec.lower(), out.packets))
+                break
+            if source.realtime and packet.bsl:
+                _sleep_until(start + n_packets / fps)
+            n_packets += 1
+            if low:
+                packet.decode_flag = nvc.VideoPacketFlag.ENDOFPICTURE
+            now = time.perf_counter()
+            if packet.bsl:
+                fed[packet.pts] = now
+            try:  # a packet the decoder refuses is skipped and counted, as the CPU path does; the stream goes on
+                frames = dec.Decode(packet)
+                rejected, out.packets = 0, out.packets + bool(packet.bsl)
+            except Exception as exc:  # noqa: BLE001 - PyNvVCException
+                rejected += 1
+                source._refused(exc, rejected)
+                continue
+            finally:
+                del packet
+            out.frames += len(frames)
+            for i in range(len(frames)):
+                frame = frames[i]
+                pts = frame.getPTS()
+                if skip:
+                    skip -= 1
+                    fed.pop(pts, None)
+                    del frame
+                    continue
+                source.decoded += 1
+                go = on_frame(index, pts, source.seconds(pts, index), frame, fed.pop(pts, now))
+                del frame
+                index += 1
+                if go is False:
+                    return None
+            del frames
+            if len(fed) > 64:  # packets whose frames never came out (corrupt data): forget them
+                for k in sorted(fed)[:-64]:
+                    fed.pop(k, None)
+    finally:
+        _synchronize(stream_ptr)  # our kernels' reads of its surfaces finish before the decoder is freed
+        del packets, dec, dmx
+    return index
 
 
 # ----------------------------------------------------- NvdecSource.run_batches: a SimpleDecoder pass over a file
