@@ -26,7 +26,8 @@ from PIL import Image
 
 from tests.conftest import needs_quant
 
-pytestmark = [needs_quant, pytest.mark.skipif(not shutil.which("ffmpeg"), reason="needs ffmpeg: apt-get install ffmpeg")]
+pytestmark = [needs_quant,
+              pytest.mark.skipif(not shutil.which("ffmpeg"), reason="needs ffmpeg: apt-get install ffmpeg")]
 
 CLIP_FRAMES = 6
 SCORE_TOLERANCE = 1e-3

@@ -1,8 +1,8 @@
 """NVDEC counts damage as the CPU path does: the damaged H.264 and HEVC copies of :mod:`tests.damage` (bytes flipped
 or zeroed inside the MP4's media data, a fixed seed), read by the GPU path through the SimpleDecoder (MP4) and the
-packet loop (the same packets remuxed to MPEG-TS, where FFmpeg's muxer takes them), are reported wherever FFmpeg's own decode (ffprobe, or an
-independent PyAV decode) reports an error or gives fewer frames than packets, and wherever trtc classifies fewer
-frames than packets. Skipped without an NVIDIA GPU."""
+packet loop (the same packets remuxed to MPEG-TS, where FFmpeg's muxer takes them), are reported wherever FFmpeg's
+own decode (ffprobe, or an independent PyAV decode) reports an error or gives fewer frames than packets, and
+wherever trtc classifies fewer frames than packets. Skipped without an NVIDIA GPU."""
 
 from __future__ import annotations
 
