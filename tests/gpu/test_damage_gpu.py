@@ -54,8 +54,8 @@ def test_nvdec_reports_what_ffmpeg_and_the_packet_count_report(bikes, cuda_lite0
                              bool(problems)))
                 if (ref.damaged or n < ref.packets) and not problems:
                     unsaid.append(rows[-1])
-                if problems and count == 0:
-                    false.append(rows[-1])  # a damage report without a count
+                if problems and count == 0 and not any("stopped while reading" in x for x in problems):
+                    false.append(rows[-1])  # damage reported without a count (a demuxer's failure has none)
     for row in rows:
         print(row)
     assert not unsaid, f"damage FFmpeg or the packet count shows, not reported by the GPU path: {unsaid}"
