@@ -42,15 +42,21 @@ def _dropping_nvdec(drop_every: int):
               PacketData=PacketData)
 
 
+@pytest.fixture(scope="module")
+def hevc_clip(tmp_path_factory, bikes):
+    from tests.damage import make_clips
+
+    return make_clips(bikes, tmp_path_factory.mktemp("gpu-damage"))["hevc"]
+
+
 @pytest.mark.parametrize("drop_every", [0, 8])
-def test_fed_nvdec_counts_packets_that_gave_no_frame(tmp_path, bikes, monkeypatch, drop_every):
+def test_fed_nvdec_counts_packets_that_gave_no_frame(hevc_clip, monkeypatch, drop_every):
     import av
 
     from engines.video import nvdec_feed
     from engines.video.sources import NvdecSource
-    from tests.damage import make_clips
 
-    clip = make_clips(bikes, tmp_path)["hevc"]
+    clip = hevc_clip
     monkeypatch.setattr(nvdec_feed, "_synchronize", lambda ptr: None)
     src = NvdecSource(str(clip), live=False)
     got = []
