@@ -256,11 +256,12 @@ class Auditor:
         return self._out[0] if self._out else Audit(note="the check failed")
 
 
-def file_damage(printed: int, others: set, audit: Audit | None, counted: int) -> tuple[int, str]:
+def file_damage(printed: int, others: set, audit: Audit | None, counted: int, lost: int = 0) -> tuple[int, str]:
     """What the GPU path says about a file it decoded to the end: (damage to add to the source's count, the
     problem's text, "" for a clean file). The signs, in the order they are trusted:
 
     - ``counted``: packets NVDEC refused or the demuxer flagged corrupt (already in the source's count);
+    - ``lost``: packets NVDEC took but gave no frame for, after its flush (already in the source's count);
     - ``printed``: pictures NVDEC concealed errors in (``native_out``'s count), the source's own only when no other
       source decoded meanwhile (``others`` empty);
     - ``audit``: packets whose bitstream framing is broken (:func:`audit_file`), counted only where neither sign
@@ -268,13 +269,15 @@ def file_damage(printed: int, others: set, audit: Audit | None, counted: int) ->
     add, why = 0, []
     if counted:
         why.append(f"{counted} packet(s) NVDEC refused or the demuxer flagged corrupt (skipped)")
+    if lost:
+        why.append(f"{lost} packet(s) gave no frame (NVDEC dropped the picture)")
     if printed and not others:
         add += printed
         why.append(f"NVDEC concealed errors in {printed} decoded picture(s) (classified)")
     elif printed:
         why.append(f"NVDEC concealed errors in {printed} picture(s) while {len(others)} other source(s) decoded too "
                    "(PyNvVideoCodec does not say whose; this source or another is damaged)")
-    if audit is not None and audit.damaged and not counted and not add:
+    if audit is not None and audit.damaged and not counted and not lost and not add:
         add += audit.damaged
         why.append(audit.reason())
     return add, "; ".join(why)

@@ -398,7 +398,8 @@ class GpuPipeline(GpuBatches):
                 if not batched:
                     src.run(stream.ptr, writer.on_frame)
             ended, watch = watch, None  # ended here, whatever the verdict does
-            self._concealed(src, ended, audit)
+            if not live:
+                self._concealed(src, ended, audit)
         except Stopped:
             return
         except SourceError as exc:
@@ -418,14 +419,14 @@ class GpuPipeline(GpuBatches):
 
     def _concealed(self, src, watch, audit) -> None:
         """A file NVDEC decoded to its end: whatever made it damaged (:func:`file_damage`) is its problem, as the
-        CPU path's decoder errors are."""
-        if watch is None:
-            return
-        printed, others = watch.end()
+        CPU path's decoder errors are. ``watch`` is None where fd 1 could not be tapped (NVDEC's lines are not
+        counted then; the other signs are)."""
+        printed, others = watch.end() if watch is not None else (0, set())
         if self.stop.is_set():
             return
         found = audit.result() if audit is not None else None
-        add, why = file_damage(printed, others, found, src.damaged)
+        lost = getattr(src, "lost", 0)
+        add, why = file_damage(printed, others, found, src.damaged - lost, lost=lost)
         src.damaged += add
         if why:
             self.report_problem(src.name, f"{src.name}: {why}", self.counts[src.name])

@@ -7,6 +7,11 @@ every byte on to where fd 1 pointed before (whole lines; a line without its newl
 lines. A source's count is the lines printed between its :meth:`Tap.begin` and :meth:`Tap.end`; the lines name no
 decoder, so the count is the source's own only when no other source decoded meanwhile, which ``end`` says. When
 the last source ends, fd 1 points where it did before and everything held is passed on.
+
+Where fd 1 went may fail: a reader that went away (``| head -3``: EPIPE) or a full device (ENOSPC). The tap never
+hides that: it keeps the first error (:attr:`Tap.error`) and points fd 1 back where it went at once, so that the next
+write of the process meets the same error itself and the process stops as it would without the tap (141 for a closed
+pipe, 1 for a full device); until the last window ends the pipe is drained, and NVDEC's lines are no longer counted.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ class Tap:
         self._count = 0
         self._synced: dict[bytes, threading.Event] = {}
         self._ids = itertools.count()
+        self.error: OSError | None = None  # the first write to where fd 1 went that failed (kept for good)
 
     def begin(self, name: str) -> Watch | None:
         """Open a window for ``name`` (None where fd 1 cannot be tapped: it is closed)."""
@@ -84,7 +90,7 @@ class Tap:
             os.close(saved)
             return False
         os.dup2(w, 1)
-        reader = threading.Thread(target=self._read, args=(r, saved), daemon=True, name="trtc-fd1")
+        reader = threading.Thread(target=self._read, args=(r, saved, w), daemon=True, name="trtc-fd1")
         reader.start()
         self._fds = (r, w, saved, reader)
         return True
@@ -111,8 +117,8 @@ class Tap:
         os.write(self._fds[1], token)
         done.wait(5)
 
-    def _read(self, r: int, out: int) -> None:
-        held, ended = b"", False
+    def _read(self, r: int, out: int, w: int) -> None:
+        held, ended, failed = b"", False, False
         while not ended:
             data = os.read(r, 65536)
             if not data:
@@ -135,16 +141,38 @@ class Tap:
                     with self._counted:
                         self._count += 1
                 passed.append(line + b"\n")
-            _write_all(out, b"".join(passed))
-        _write_all(out, held)
+            if not failed:
+                failed = self._pass_on(out, b"".join(passed), w)
+        if not failed:
+            self._pass_on(out, held, w)
+
+    def _pass_on(self, out: int, data: bytes, w: int) -> bool:
+        """Write ``data`` where fd 1 went; on an error, keep it and give fd 1 back to that place (the next write
+        there fails as it would have without the tap). True when it failed."""
+        try:
+            _write_all(out, data)
+            return False
+        except OSError as exc:
+            with self._counted:
+                if self.error is None:
+                    self.error = exc
+            try:
+                if _same_file(1, w):  # fd 1 is still our pipe: point it back (dup2 is atomic for other writers)
+                    os.dup2(out, 1)
+            except OSError:
+                pass
+            return True
+
+
+def _same_file(a: int, b: int) -> bool:
+    sa, sb = os.fstat(a), os.fstat(b)
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
 
 
 def _write_all(fd: int, data: bytes) -> None:
+    """All of ``data`` to ``fd``; an OSError (EPIPE, ENOSPC, EIO) is raised to the caller."""
     while data:
-        try:
-            data = data[os.write(fd, data):]
-        except OSError:
-            return  # where fd 1 went is gone (a closed pipe): nothing left to pass on to
+        data = data[os.write(fd, data):]
 
 
 def _flush_stdio() -> None:

@@ -20,8 +20,8 @@ import numpy as np
 from .._deps import require
 from ..errors import first_line
 from .live import LagClock, Liveness, NoFrames, network_error, open_url, watched_packets
-from .source_base import (DETAIL_CHARS, MAX_REJECTED_PACKETS, SourceError, SourceInfo, Timeline, _colorspace_from_av,
-                          _synchronize)
+from .source_base import (DETAIL_CHARS, MAX_REJECTED_PACKETS, FramesOut, SourceError, SourceInfo, Timeline,
+                          _colorspace_from_av, _synchronize, count_lost)
 
 # PyAV codec name -> PyNvVideoCodec's cudaVideoCodec member
 AV_TO_NVDEC = {"h264": "H264", "hevc": "HEVC", "av1": "AV1", "vp9": "VP9", "vp8": "VP8", "mpeg2video": "MPEG2",
@@ -111,6 +111,8 @@ class _Feed:
         self.low = src.latency in ("low", "zero")
         self.fed: dict = {}
         self.rejected = 0
+        self.given = self.refused = 0  # packets with data NVDEC took / refused
+        self.frames = 0  # frames NVDEC gave out
 
     def decode(self, data, pts, interrupted: bool):
         """NVDEC's frames for one Annex B chunk (``data`` None: flush), or None for a packet it refused (skipped
@@ -119,6 +121,7 @@ class _Feed:
         pkt = nvc.PacketData()
         if data is not None:
             pkt.bsl_data, pkt.bsl = int(data.ctypes.data), int(data.size)
+            self.given += 1
             pkt.pts = int(pts) if pts is not None else 0
             if self.low:
                 pkt.decode_flag = nvc.VideoPacketFlag.ENDOFPICTURE
@@ -130,6 +133,7 @@ class _Feed:
             self.rejected = 0
             return frames
         except Exception as exc:  # noqa: BLE001 - a damaged packet: skipped and counted
+            self.refused += data is not None
             if interrupted:  # cut short by the watchdog's read timeout, not damaged in the stream
                 return None
             src.damaged += 1
@@ -148,6 +152,7 @@ class _Feed:
         ``on_frame`` asked to stop. Keeps no reference to a frame."""
         src, lv = self.src, self.lv
         now = time.perf_counter()
+        self.frames += len(frames)
         for i in range(len(frames)):
             frame = frames[i]
             pts, t = self.clock.stamp(_PtsOnly(frame.getPTS(), self.stream.time_base))
@@ -207,6 +212,10 @@ def feed_pass(src, nvc, stream_ptr: int, on_frame, index: int, container, stream
                 if index is None:
                     return None
             if packet is None:
+                if lv is None:  # a file read to its end: packets NVDEC took without a frame out are damage
+                    lost = FramesOut()
+                    lost.frames = feed.frames
+                    count_lost(src, lost.lost(src.info.codec.lower(), feed.given - feed.refused))
                 return index
     finally:
         src.missing += feed.clock.missing

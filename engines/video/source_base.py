@@ -109,3 +109,37 @@ def _synchronize(stream_ptr: int) -> None:
     cp.cuda.runtime.streamSynchronize(stream_ptr)
 
 
+# codecs whose every packet (with data, not marked to be discarded) is one picture the decoder gives out after its
+# flush: for these, a packet in without a frame out is damage. Left out: codecs with packets that legitimately give no
+# frame (VP8's hidden alt-ref frames, MPEG-4 part 2's packed B-frames); their damage is what the decoder reports.
+ONE_FRAME_PER_PACKET = frozenset({"h264", "hevc", "av1", "vp9"})
+
+
+class FramesOut:
+    """The frames a decoder gave out for one pass over a file, against the packets it was given: :meth:`lost` is the
+    number of packets that gave no frame (the decoder dropped a picture it could not decode, as FFmpeg's HEVC
+    decoder does without raising or flagging anything)."""
+
+    def __init__(self):
+        self.frames = 0
+        self.packets = 0  # where the caller counts here the packets it gave the decoder
+        self.interlaced = False
+
+    def add(self, frame) -> None:
+        self.frames += 1
+        if not self.interlaced and getattr(frame, "interlaced_frame", False):
+            self.interlaced = True
+
+    def lost(self, codec: str, packets: int) -> int:
+        if codec not in ONE_FRAME_PER_PACKET:
+            return 0
+        # an interlaced H.264 stream may carry the two fields of a frame in two packets (one frame out)
+        per_frame = 2 if self.interlaced and codec == "h264" else 1
+        return max(0, packets - per_frame * self.frames)
+
+
+def count_lost(source, lost: int) -> None:
+    """``lost`` packets of ``source``'s file that NVDEC took without giving a frame for them (after its flush):
+    damage, as on the CPU path (NVDEC's parser drops a picture it cannot decode without an error)."""
+    source.lost += lost
+    source.damaged += lost

@@ -24,8 +24,8 @@ from .live import (LagClock, LiveOptions, LiveSource, Liveness, NoFrames, is_net
                    watched_packets)
 from .image_source import ImageSource, is_image
 from .orientation import Orientation, frame_orientation, refuse_turned
-from .source_base import (DETAIL_CHARS, MAX_REJECTED_PACKETS, SourceError, SourceInfo, Timeline,  # noqa: F401
-                          _colorspace_from_av, _synchronize)
+from .source_base import (DETAIL_CHARS, MAX_REJECTED_PACKETS, FramesOut, SourceError, SourceInfo,  # noqa: F401
+                          Timeline, _colorspace_from_av, _synchronize, count_lost)
 
 log = logging.getLogger("trtc")
 
@@ -160,7 +160,11 @@ class PyAVSource(LiveSource):
             container.close()
             raise SourceError(self.name, f"has no video stream (only {', '.join(kinds)})", "give a video file")
         stream = container.streams.video[0]
-        stream.thread_type = "AUTO"
+        # slice threads, not frame threads: with frame threads FFmpeg's H.264 decoder flags a picture it concealed
+        # errors in only some of the time (3 of 5 decodes of the same damaged file missed it), and its HEVC decoder
+        # drops pictures that one thread decodes with concealment (39 of 48 frames against 47). Damage must be
+        # counted the same every time; decoding is seldom the CPU path's bottleneck (inference is)
+        stream.thread_type = "SLICE"
         cc = stream.codec_context
         fps = float(stream.average_rate) if stream.average_rate else None
         self.info = SourceInfo(self.name, cc.name, cc.width, cc.height, fps, stream.frames or None,
@@ -177,9 +181,12 @@ class PyAVSource(LiveSource):
             start = time.perf_counter()
             skipped: list = []
             corrupt: list = []  # frames the decoder flagged as damaged (it concealed errors in them)
+            fed = [0]  # packets with data the decoder was given
+            out = FramesOut()
             clock = Timeline(stream, live=False)
             try:
-                for frame in _decode(container, stream, self.name, skipped):
+                for frame in _decode(container, stream, self.name, skipped, fed=fed):
+                    out.add(frame)
                     if clock.first:
                         self.info.colorspace = _colorspace_from_av(frame, frame.height, self.override)
                         self._orient(frame)
@@ -196,8 +203,13 @@ class PyAVSource(LiveSource):
             finally:
                 container.close()
             damage = []
+            lost = out.lost(stream.codec_context.name, fed[0])  # packets that gave no frame, the skipped included
+            self.damaged += max(lost, len(skipped))
             if skipped:
                 damage.append(f"{len(skipped)} corrupt packet(s) skipped ({skipped[0]})")
+            if lost > len(skipped):
+                damage.append(f"{lost - len(skipped)} packet(s) gave no frame ({fed[0]} packets in, {out.frames} "
+                              "frames out)")
             if corrupt:
                 damage.append(f"{len(corrupt)} damaged frame(s) not classified (first: frame {corrupt[0]})")
             if _cut_transport_stream(self.name, container):
@@ -301,14 +313,15 @@ def _cut_transport_stream(name: str, container) -> bool:
     return all(size % n for n in (188, 192, 204))
 
 
-def _decode(container, stream, name, skipped: list, packets=None, cut: list | None = None):
+def _decode(container, stream, name, skipped: list, packets=None, cut: list | None = None, fed: list | None = None):
     """Frames of one stream; a packet the decoder rejects is skipped and counted (``skipped``), as NVDEC does
     with corrupt pictures; the demuxer failing (file cut off, connection lost) ends the source with an error.
     ``packets``: (packet, interrupted) pairs to decode instead of the container's own
     (:func:`~engines.video.live.watched_packets`); a refused packet that an interrupted read handed back is not
     counted, being cut short by trtc's own watchdog rather than damaged in the stream. ``cut``: a one-item list set
     True at such a packet and False at the next whole key frame (the frames between may be made up from the cut
-    data). Its :class:`NoFrames` passes through."""
+    data). Its :class:`NoFrames` passes through. ``fed``: a one-item list counting the packets with data given to
+    the decoder (those not marked to be discarded: an edit list's pre-roll gives no frame by design)."""
     if packets is None:
         packets = ((p, False) for p in container.demux(stream))
     while True:
@@ -328,6 +341,8 @@ def _decode(container, stream, name, skipped: list, packets=None, cut: list | No
             raise SourceError(name, f"stopped while reading: {scrub(name, first_line(exc, DETAIL_CHARS))}") from exc
         if cut is not None and (interrupted or packet.is_keyframe):
             cut[0] = interrupted
+        if fed is not None and packet.size and not packet.is_discard:
+            fed[0] += 1
         try:
             frames = packet.decode()
         except Exception as exc:  # noqa: BLE001 - av.error.InvalidDataError and friends
@@ -423,7 +438,8 @@ class NvdecSource(LiveSource):
         self.start_pts = 0  # the container's start time in time_base units (a file's first frame's pts)
         self._stamp = None  # stamp_index's constants: (fps, time_base, fps x time_base, its numerator, denominator)
         self.missing = 0  # live: frames the stream's timestamps say never arrived
-        self.damaged = 0  # packets NVDEC refused (skipped)
+        self.damaged = 0  # packets NVDEC refused (skipped), and packets that gave no frame (``lost``)
+        self.lost = 0  # a file's packets that gave no frame though NVDEC took them (counted in ``damaged`` too)
         self.lagged = 0  # live: frames decoded but skipped because they were past --max-lag
         self.captured = None  # live: the Capture (engines.video.live) of the frame last passed on
         self.stop: threading.Event | None = None
@@ -508,68 +524,9 @@ class NvdecSource(LiveSource):
             return
         index = 0
         for _ in range(self.loop):
-            index = self._packet_pass(nvc, stream_ptr, on_frame, index)
+            index = _packet_pass(self, nvc, stream_ptr, on_frame, index)
             if index is None:
                 return
-
-    def _packet_pass(self, nvc, stream_ptr: int, on_frame, index: int, skip: int = 0):
-        """One pass over the file with the packet loop, frames numbered from ``index``; the first ``skip``
-        frames are decoded but not passed on (a SimpleDecoder pass that ended early resumes here). Returns the
-        next index, or None when ``on_frame`` asked to stop."""
-        low = self.latency in ("low", "zero")
-        dmx, dec = self._open(nvc, stream_ptr)
-        fps = self.info.fps or 30.0
-        fed: dict = {}
-        start = time.perf_counter()
-        n_packets = 0
-        packets = iter(dmx)
-        try:
-            rejected = 0  # packets in a row the decoder refused
-            while True:
-                packet = self._next_packet(packets)
-                if packet is None:
-                    break
-                if self.realtime and packet.bsl:
-                    _sleep_until(start + n_packets / fps)
-                n_packets += 1
-                if low:
-                    packet.decode_flag = nvc.VideoPacketFlag.ENDOFPICTURE
-                now = time.perf_counter()
-                if packet.bsl:
-                    fed[packet.pts] = now
-                try:  # a packet the decoder refuses is skipped and counted, as the CPU path does; the stream goes on
-                    frames = dec.Decode(packet)
-                    rejected = 0
-                except Exception as exc:  # noqa: BLE001 - PyNvVCException
-                    rejected += 1
-                    self._refused(exc, rejected)
-                    continue
-                finally:
-                    del packet
-                for i in range(len(frames)):
-                    frame = frames[i]
-                    pts = frame.getPTS()
-                    if skip:
-                        skip -= 1
-                        fed.pop(pts, None)
-                        del frame
-                        continue
-                    self.decoded += 1
-                    go = on_frame(index, pts, self.seconds(pts, index), frame, fed.pop(pts, now))
-                    del frame
-                    index += 1
-                    if go is False:
-                        return None
-                del frames
-                if len(fed) > 64:  # packets whose frames never came out (corrupt data): forget them
-                    for k in sorted(fed)[:-64]:
-                        fed.pop(k, None)
-        finally:
-            # our kernels read the decoder's surfaces on this stream: finish them before the decoder (and its
-            # surface pool) is freed
-            _synchronize(stream_ptr)
-            del packets, dec, dmx
-        return index
 
     def _next_packet(self, packets):
         """The demuxer's next packet, or None at the end; the demuxer failing ends the source (the file is cut off or
@@ -687,11 +644,76 @@ class NvdecSource(LiveSource):
         """The SimpleDecoder stopped after ``got`` of ``declared`` frames: the packet loop decodes the rest; a file
         that still ends early is a SourceError (after all its frames). Returns the next index, or None to stop."""
         log.info("%s: SimpleDecoder ended after %d of %d frames; the packet loop goes on", self.name, got, declared)
-        index = self._packet_pass(nvc, stream_ptr, one, index, skip=got)
+        lost = self.lost
+        index = _packet_pass(self, nvc, stream_ptr, one, index, skip=got)
         if index is not None and index - start < declared:
+            # frames its container declares that never came: damage (those the packet loop counted already aside)
+            count_lost(self, max(0, declared - (index - start) - (self.lost - lost)))
             raise SourceError(self.name, f"ended after {index - start} of the {declared} frames its container "
                               "declares", "the file is probably cut off or damaged: check or re-encode it")
         return index
+
+
+# ----------------------------------------------------- NvdecSource.run: the packet loop over a file
+def _packet_pass(source: NvdecSource, nvc, stream_ptr: int, on_frame, index: int, skip: int = 0):
+    """One pass over ``source``'s file with the packet loop, frames numbered from ``index``, the first ``skip`` not
+    passed on (a SimpleDecoder pass that ended early resumes here); packets without a frame out are damage
+    (:func:`count_lost`). Returns the next index, or None when ``on_frame`` asked to stop."""
+    low = source.latency in ("low", "zero")
+    dmx, dec = source._open(nvc, stream_ptr)
+    fps = source.info.fps or 30.0
+    fed: dict = {}
+    start = time.perf_counter()
+    n_packets = 0
+    out = FramesOut()  # packets with data NVDEC took, frames it gave out
+    packets = iter(dmx)
+    try:
+        rejected = 0  # packets in a row the decoder refused
+        while True:
+            packet = source._next_packet(packets)
+            if packet is None:
+                count_lost(source, out.lost(source.info.codec.lower(), out.packets))
+                break
+            if source.realtime and packet.bsl:
+                _sleep_until(start + n_packets / fps)
+            n_packets += 1
+            if low:
+                packet.decode_flag = nvc.VideoPacketFlag.ENDOFPICTURE
+            now = time.perf_counter()
+            if packet.bsl:
+                fed[packet.pts] = now
+            try:  # a packet the decoder refuses is skipped and counted, as the CPU path does; the stream goes on
+                frames = dec.Decode(packet)
+                rejected, out.packets = 0, out.packets + bool(packet.bsl)
+            except Exception as exc:  # noqa: BLE001 - PyNvVCException
+                rejected += 1
+                source._refused(exc, rejected)
+                continue
+            finally:
+                del packet
+            out.frames += len(frames)
+            for i in range(len(frames)):
+                frame = frames[i]
+                pts = frame.getPTS()
+                if skip:
+                    skip -= 1
+                    fed.pop(pts, None)
+                    del frame
+                    continue
+                source.decoded += 1
+                go = on_frame(index, pts, source.seconds(pts, index), frame, fed.pop(pts, now))
+                del frame
+                index += 1
+                if go is False:
+                    return None
+            del frames
+            if len(fed) > 64:  # packets whose frames never came out (corrupt data): forget them
+                for k in sorted(fed)[:-64]:
+                    fed.pop(k, None)
+    finally:
+        _synchronize(stream_ptr)  # our kernels' reads of its surfaces finish before the decoder is freed
+        del packets, dec, dmx
+    return index
 
 
 # ----------------------------------------------------- NvdecSource.run_batches: a SimpleDecoder pass over a file
@@ -758,7 +780,13 @@ def _codec_name_from_av(name: str) -> str | None:
 
 def describe_unreadable(name: str, decoder_says: str) -> str:
     """Why a demuxer refused a file, in words: PyAV (when installed) tells a file without a video stream or
-    an unreadable container apart; otherwise the demuxer's own message."""
+    an unreadable container apart; otherwise the demuxer's own message. An empty file is said to be one."""
+    if not is_url(name):
+        try:
+            if os.path.getsize(name) == 0:
+                return "is an empty file (0 bytes), not a video"
+        except OSError:
+            pass
     if not is_url(name) and is_installed("av"):
         try:
             av = require("av", "Reading the container")

@@ -59,3 +59,49 @@ def test_each_window_counts_the_lines_printed_in_it_and_every_byte_passes_on():
         "before", "Decode Error occurred for picture 3", "python line", "Decode Error occurred for picture 7",
         "no newline yet" + "Decode Error occurred for picture 1", "Decode Error occurred for picture 2", "plain",
         " -- after"], r.stdout
+
+
+FAILING = textwrap.dedent("""
+    import ctypes, errno, json, os, sys, time
+    from engines.video.native_out import TAP
+    libc = ctypes.CDLL(None)
+    where = sys.argv[1]
+    if where == "closed-pipe":  # the reader went away (`| head -3` after its lines)
+        r, w = os.pipe()
+        os.close(r)
+        os.dup2(w, 1)
+    else:  # a full device
+        os.dup2(os.open(where, os.O_WRONLY), 1)
+    out = {}
+    a = TAP.begin("a.mp4")
+    libc.printf(b"Decode Error occurred for picture 3\\n")  # NVDEC's line: the tap cannot pass it on
+    libc.fflush(None)
+    deadline = time.monotonic() + 10
+    while TAP.error is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    out["kept"] = TAP.error.errno if TAP.error is not None else None
+    try:  # the process's next write meets the error itself, as without the tap
+        os.write(1, b'{"frame": 0}\\n')
+        out["next"] = "written"
+    except OSError as exc:
+        out["next"] = exc.errno
+    n, others = a.end()  # the window still ends (the pipe drained, no wait)
+    out["counted"] = n
+    sys.stderr.write(json.dumps(out))
+""")
+
+
+def test_a_failed_stdout_is_kept_and_met_by_the_next_write():
+    """fd 1 a closed pipe, then /dev/full: the tap keeps the error and gives fd 1 back, so that the process's next
+    write fails with EPIPE / ENOSPC as it would without the tap (it used to swallow every OSError: a GPU run went on
+    to the end of its file into a closed pipe, and lines to a full device were lost without a word)."""
+    import errno
+    import os
+
+    cases = [("closed-pipe", errno.EPIPE)] + ([("/dev/full", errno.ENOSPC)] if os.path.exists("/dev/full") else [])
+    for where, code in cases:
+        r = subprocess.run([sys.executable, "-c", FAILING, where], cwd=ROOT, capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 0, r.stderr
+        got = json.loads(r.stderr)
+        assert got == {"kept": code, "next": code, "counted": 1}, (where, got)
