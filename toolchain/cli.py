@@ -881,8 +881,9 @@ def run(state: State, sources, model, engine, device, batch, top_k, stride, outp
     source, frame index, pts, time in seconds, and the top-k labels with scores. Images and folders of images are
     sources too (CPU path): one line per image, its path as the source, frame 0.
 
-    A source that cannot be read (missing, corrupt, cut off, not supported by NVDEC) is reported with its name;
-    the others go on, every result is kept, and the exit code is 1 at the end. Ctrl-C (exit 130) and SIGTERM
+    A source that cannot be read (missing, empty, corrupt, cut off, not supported by NVDEC) is reported with its
+    name; the others go on, every result is kept, and the exit code is 1 at the end. When no source named exists
+    or has any bytes, trtc stops before opening the model (exit 2). Ctrl-C (exit 130) and SIGTERM
     (exit 143) keep every complete line of -o and say how far each source got; --resume goes on from there.
 
     Live sources (rtsp:// and other URLs, or --live) are alive while frames arrive: they reconnect with back-off,

@@ -904,12 +904,10 @@ def _no_batch(sources: list[str], model) -> list[str]:
         if s.startswith("@"):
             raise UsageProblem(f"{s} is a list of videos (a batch)",
                                "run batches with --ray (a local Ray instance by default; pip install 'trtc[ray]')")
-        if "://" not in s and not os.path.exists(s):  # missing input: exit 2, before any model is opened
-            folder = os.path.dirname(s) or "."
-            raise UsageProblem(f"no such file: {s}", f"check the path (ls {folder})")
-        if "://" not in s and os.path.isfile(s) and not is_image(s):
+        if os.path.exists(s) and os.path.isfile(s) and not is_image(s):
             _refuse_non_video(s)
-        out.append(s)
+        out.append(s)  # a missing or empty file among others is a bad source: the run reports it (exit 1)
+    _refuse_nothing_to_read(out)
     seen: set = set()
     twice = [s for s in out if s in seen or seen.add(s)]
     if twice:  # its lines could not be told apart: results are keyed by source and frame
@@ -943,6 +941,22 @@ _NOT_VIDEO = {"text": "a text file", "image": "an image", "numpy": "NumPy data",
               "exported": "a torch.export program", "zip": "a zip archive", "empty": "an empty file (0 bytes)"}
 
 
+def _refuse_nothing_to_read(sources: list[str]) -> None:
+    """When every source named is a missing or empty local file there is nothing to run: exit 2 before the model
+    opens, naming the first. Among readable sources they are bad sources, reported by the run (exit 1)."""
+    def bad(s):
+        return "://" not in url_of(s) and (not os.path.exists(s) or (os.path.isfile(s) and os.path.getsize(s) == 0))
+
+    if not sources or not all(bad(s) for s in sources):
+        return
+    s = sources[0]
+    if not os.path.exists(s):
+        raise UsageProblem(f"no such file: {s}", f"check the path (ls {os.path.dirname(s) or '.'})")
+    raise UsageProblem(f"{s} is an empty file (0 bytes), not a video",
+                       "give a video file or a camera URL (rtsp://...); trtc data copies a sample video "
+                       "(trtc-data/bikes.mp4)")
+
+
 def _refuse_non_video(s: str) -> None:
     """A source file that is plainly no video (a text file, a model, an image) is a mistake on the command line
     (exit 2), said for what it is; a damaged or cut-off video is a bad source, reported by the run (exit 1)."""
@@ -951,6 +965,8 @@ def _refuse_non_video(s: str) -> None:
     kind = sniff(Path(s))
     if Path(s).suffix.lower() in VIDEO_SUFFIXES and kind in ("text", "unknown", "json"):
         return  # a video name over unreadable bytes: a damaged video, judged by the decoder
+    if kind == "empty":
+        return  # among other sources, a bad source the run reports; alone, _refuse_nothing_to_read says so
     if kind in _NOT_VIDEO:
         where = (" (--model takes models)" if kind in ("onnx", "plan", "torchscript", "exported") else
                  " (an image source needs an image suffix: .jpg, .png, .tif, ...)" if kind == "image" else "")

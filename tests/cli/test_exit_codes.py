@@ -4,6 +4,8 @@ a file of the wrong kind are 2, whatever the command, with one `error:` line tha
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from click.testing import CliRunner
 
@@ -89,6 +91,23 @@ def test_a_cut_off_video_is_a_bad_source_1(files, test_videos, lite0_onnx, tmp_p
     assert len(errors) == 1 and errors[0].startswith(f"error: {cut}: "), r.output
     assert "[Errno" not in errors[0] and "ffprobe FILE" not in r.output.split("error:")[-1]
     assert f"  fix: check the file: ffprobe {cut} shows what it holds" in r.output
+
+
+def test_missing_and_empty_files_among_good_ones_are_bad_sources_1(lite0_onnx, bikes, tmp_path):
+    """What `run --help` says: a missing or an empty file among readable sources is reported with its name, the good
+    source's lines are all there, and the exit code is 1 (it was 2 with no line); alone, either is still 2."""
+    empty = tmp_path / "zero.mp4"
+    empty.touch()
+    missing = str(tmp_path / "missing.mp4")
+    r = CliRunner().invoke(cli, ["run", str(bikes), missing, str(empty), "--model", str(lite0_onnx[0]), "--device",
+                                 "cpu", "--stride", "100", "--top-k", "1"])
+    assert r.exit_code == 1, r.output
+    lines = [json.loads(ln) for ln in r.output.splitlines() if ln.startswith("{")]
+    assert [d["frame"] for d in lines if d["source"] == str(bikes)] == [0, 100, 200], r.output
+    assert "no such file" in r.output and "is an empty file (0 bytes)" in r.output
+    for alone, says in ((missing, "no such file"), (str(empty), "is an empty file (0 bytes)")):
+        code, line, text = _invoke(["run", alone, "--model", str(lite0_onnx[0]), "--device", "cpu"])
+        assert code == 2 and says in line, text
 
 
 def test_top_k_above_the_classes_is_refused(lite0_onnx, bikes):
