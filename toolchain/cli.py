@@ -265,19 +265,22 @@ class FiniteFloat(click.ParamType):
         return v
 
 
-def _floats3(ctx, param, value):
+def _per_channel(ctx, param, value):
+    """--mean/--std: one value per channel, three for a colour model or one for a greyscale model (which of the two
+    the model takes is checked against its channels by the preprocessing contract)."""
     if value is None:
         return None
     try:
         vals = tuple(float(v) for v in value.replace(" ", "").split(","))
     except ValueError:
-        raise click.BadParameter("give three comma-separated numbers, e.g. 0.485,0.456,0.406") from None
+        raise click.BadParameter("give three comma-separated numbers, e.g. 0.485,0.456,0.406 (one for a greyscale "
+                                 "model)") from None
     import math
 
     if not all(math.isfinite(v) for v in vals):
         raise click.BadParameter(f"{value!r} holds a number that is not finite")
-    if len(vals) != 3:
-        raise click.BadParameter(f"needs 3 values (one per channel), got {len(vals)}")
+    if len(vals) not in (1, 3):
+        raise click.BadParameter(f"needs 3 values (one per channel), or 1 for a greyscale model, got {len(vals)}")
     return vals
 
 
@@ -326,9 +329,13 @@ def _show(state: State, report, as_json: bool, renderer: str) -> None:
 @click.option("--exporter", type=click.Choice(["auto", "dynamo", "torchscript"]), default="auto", show_default=True,
               help="auto tries dynamo, then falls back to TorchScript.")
 @click.option("--labels", type=click.Path(), help="Class names: a text file (one per line) or a JSON list.")
-@click.option("--mean", callback=_floats3, help="Per-channel mean in [0,1] units, in the model's input channel "
-              "order (after --color BGR's swap), e.g. 0.485,0.456,0.406.")
-@click.option("--std", callback=_floats3, help="Per-channel std in [0,1] units, in the model's input channel order.")
+@click.option("--mean", callback=_per_channel, help="Per-channel mean in [0,1] units, in the model's input channel "
+              "order (after --color BGR's swap), e.g. 0.485,0.456,0.406; one value for a greyscale model.")
+@click.option("--std", callback=_per_channel, help="Per-channel std in [0,1] units, in the model's input channel "
+              "order; one value for a greyscale model.")
+@click.option("--channels", type=click.Choice(["1", "3"]), help="Input channels: 1 for a greyscale model (one plane, "
+              "the BT.601 grey of RGB), 3 for colour. Default: read from the model (its input, or its first "
+              "convolution).")
 @click.option("--color", type=click.Choice(["RGB", "BGR"], case_sensitive=False), help="Channel order of the input.")
 @click.option("--resize", type=click.IntRange(0), help="Short side before the centre crop; 0 stretches to the input.")
 @click.option("--check-data", type=click.Path(), help="Images (file or folder) to compare ONNX Runtime with PyTorch "
@@ -343,7 +350,8 @@ def _show(state: State, report, as_json: bool, renderer: str) -> None:
 @json_flag
 @click.pass_obj
 def export(state: State, source, output, weights, random_weights, num_classes, input_size, batch, opset, exporter,
-           labels, mean, std, color, resize, check_data, check_samples, atol, name, program, force, as_json):
+           labels, mean, std, channels, color, resize, check_data, check_samples, atol, name, program, force,
+           as_json):
     """Export a PyTorch classifier to ONNX, with OUTPUT.json (the manifest) beside it; or adopt an ONNX file made
     elsewhere.
 
@@ -378,7 +386,7 @@ def export(state: State, source, output, weights, random_weights, num_classes, i
                                f"{source}.json beside it and changes nothing else", f"drop {ignored[0]}")
         report = adopt_onnx(source, labels=labels, input_size=input_size, resize=resize, mean=mean, std=std,
                             color=color.upper() if color else None, batch=batch, name=name, force=force,
-                            reporter=state.reporter())
+                            reporter=state.reporter(), channels=int(channels) if channels else None)
         _show(state, report, as_json, "render_adopt")
         return
     if output is None:
@@ -387,7 +395,8 @@ def export(state: State, source, output, weights, random_weights, num_classes, i
                          batch=batch or "1:8:32", opset=opset, exporter=exporter, labels=labels, mean=mean, std=std,
                          color=color.upper() if color else None, resize=resize, check_data=check_data,
                          check_samples=check_samples, atol=atol, force=force, name=name, reporter=state.reporter(),
-                         random_weights=random_weights, program=program)
+                         random_weights=random_weights, program=program,
+                         channels=int(channels) if channels else None)
     _show(state, report, as_json, "render_export")
 
 
@@ -431,8 +440,10 @@ def export(state: State, source, output, weights, random_weights, num_classes, i
               "check: cpu or cuda:N.")
 @click.option("--input-size", callback=_size, help="For an ONNX without manifest: input size N or HxW.")
 @click.option("--resize", type=click.IntRange(0), help="For an ONNX without manifest: short side before the crop.")
-@click.option("--mean", callback=_floats3, help="For an ONNX without manifest: per-channel mean in [0,1] units.")
-@click.option("--std", callback=_floats3, help="For an ONNX without manifest: per-channel std in [0,1] units.")
+@click.option("--mean", callback=_per_channel, help="For an ONNX without manifest: per-channel mean in [0,1] units "
+              "(one value for a greyscale model).")
+@click.option("--std", callback=_per_channel, help="For an ONNX without manifest: per-channel std in [0,1] units "
+              "(one value for a greyscale model).")
 @click.option("--color", type=click.Choice(["RGB", "BGR"], case_sensitive=False), help="For an ONNX without "
               "manifest: channel order.")
 @force_flag

@@ -61,6 +61,25 @@ class LoadedModel:
     labels: list[str] | None = None
 
 
+def input_channels(loaded: LoadedModel) -> int | None:
+    """The channels the model's first 2-D convolution takes (in_channels; weight.shape[1] x groups for a TorchScript
+    module), or the example input of a torch.export program; None where neither says."""
+    module = loaded.module
+    try:
+        if loaded.kind == "exported":
+            example = getattr(module, "example_inputs", None)
+            args = example[0] if example else ()
+            return int(args[0].shape[1]) if args and args[0].dim() == 4 else None
+        for m in module.modules():
+            kind = getattr(m, "original_name", type(m).__name__)
+            weight = getattr(m, "weight", None)
+            if kind == "Conv2d" and weight is not None and weight.dim() == 4:
+                return int(weight.shape[1]) * int(getattr(m, "groups", 1))
+    except Exception:  # noqa: BLE001 - a module that cannot be walked: nothing to read
+        return None
+    return None
+
+
 def parse_source(text: str, use: str | None = None) -> SourceRef:
     """Recognise the form of SOURCE and check that files exist. Imports nothing heavy.
 

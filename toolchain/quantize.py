@@ -99,11 +99,12 @@ def _spec_for(manifest: Manifest | None, dims: list, input_name: str, input_size
         size = (224, 224)
     if resize is None:
         resize = base.resize if base is not None and input_size is None else int(round(min(size) / 0.875))
+    channels = base.channels if base is not None else (dims[1] if len(dims) == 4 and dims[1] in (1, 3) else 3)
     return PreprocessSpec(size=size, resize=resize or None,
                           color=color or (base.color if base else "RGB"),
-                          mean=tuple(mean or (base.mean if base else (0.485, 0.456, 0.406))),
-                          std=tuple(std or (base.std if base else (0.229, 0.224, 0.225))),
-                          input=input_name)
+                          mean=tuple(mean) if mean else (base.mean if base else None),
+                          std=tuple(std) if std else (base.std if base else None),
+                          input=input_name, channels=channels)
 
 
 def _session(model, device: str, qdq_fusion: bool = True):

@@ -99,8 +99,12 @@ def _evenly(total: int, want: int) -> np.ndarray:
 
 def _check_image_shape(spec: PreprocessSpec, model_shape: list, source: Path) -> None:
     dims = model_shape[1:]
-    if len(dims) != 3 or (isinstance(dims[0], int) and dims[0] != 3):
-        raise QuantizeError(f"images and video give 3-channel inputs, but the model input is {model_shape}",
+    if len(dims) != 3 or (isinstance(dims[0], int) and dims[0] != spec.channels):
+        grey = isinstance(dims[0], int) and dims[0] == 1 if len(dims) == 3 else False
+        raise QuantizeError(f"images and video give {spec.channels}-channel inputs (the preprocessing contract's), "
+                            f"but the model input is {model_shape}",
+                            "adopt the model with its channels (trtc export MODEL.onnx --mean M --std S: a greyscale "
+                            "model takes one value each)" if grey else
                             f"pass tensors of the right shape as .npy/.npz instead of {source.name}")
     hw = tuple(dims[1:])
     if all(isinstance(d, int) for d in hw) and hw != tuple(spec.size):
