@@ -154,7 +154,11 @@ def test_a_greyscale_onnx_without_manifest_gets_a_contract_it_can_take(mnist, tm
 
 def test_one_value_mean_needs_a_greyscale_model(digits, lite0_onnx, tmp_path):
     from engines.errors import UsageProblem
+    from engines.manifest import read_manifest
     from toolchain.export import adopt_onnx
+
+    # pretrained:NAME's package documents its preprocessing: nothing assumed
+    assert "assumed" not in read_manifest(lite0_onnx[0]).producer and read_manifest(lite0_onnx[0]).preprocess.channels == 3
 
     model = tmp_path / "m.onnx"
     shutil.copy(digits.model, model)
