@@ -558,6 +558,9 @@ def inspect(state: State, artifact, as_json):
 @cli.command(context_settings=CONTEXT)
 @click.option("--reference", required=True, help="The model to compare against: a PyTorch source (as for export), "
               "an .onnx, a .plan, or opencv:M.onnx (the .onnx through OpenCV dnn).")
+@click.option("--reference-weights", type=click.Path(dir_okay=False), help="Trained weights (state_dict or "
+              "checkpoint) of a --reference built by code: torchvision:ARCH, timm:NAME or file.py:factory (required "
+              "there).")
 @click.option("--candidate", "candidates", multiple=True, required=True, help="A model to judge (repeatable).")
 @click.option("--data", multiple=True, required=True, metavar="PATH", help="Images (class subfolders give labels), "
               "videos (frames sampled evenly) or .npy/.npz (with 'labels'); repeatable.")
@@ -585,9 +588,9 @@ def inspect(state: State, artifact, as_json):
 @click.option("--fix-output", type=click.Path(dir_okay=False), help="Where --fix writes the model (default: "
               "CANDIDATE.fixed.onnx).")
 @click.pass_obj
-def validate(state: State, reference, candidates, data, count, device, min_top1_agreement, min_cosine,
-             max_accuracy_drop, json_path, html_path, force, layers, layer_samples, top, layer_threshold, fix,
-             fix_output):
+def validate(state: State, reference, reference_weights, candidates, data, count, device, min_top1_agreement,
+             min_cosine, max_accuracy_drop, json_path, html_path, force, layers, layer_samples, top, layer_threshold,
+             fix, fix_output):
     """Compare candidates with a reference on the same inputs; exit 1 if any candidate fails a threshold.
 
     Metrics per candidate: top-1 agreement (and on decisive samples), top-5 overlap, flips (listed by file or
@@ -611,6 +614,10 @@ def validate(state: State, reference, candidates, data, count, device, min_top1_
         check_output_path(html_path, force, suffix=None, option="--html")
     overrides = {k: v for k, v in (("min_top1_agreement", min_top1_agreement), ("min_cosine", min_cosine),
                                    ("max_accuracy_drop", max_accuracy_drop)) if v is not None}
+    if reference_weights and (fix or layers):
+        raise UsageProblem(f"--reference-weights is for a PyTorch reference, and --{'fix' if fix else 'layers'} "
+                           "compares with an ONNX reference", "export the reference first (trtc export ARCH --weights "
+                           "FILE -o M.onnx) and give --reference M.onnx")
     if fix:
         return _validate_fix(state, reference, candidates, data, count, device, overrides, json_path, html_path,
                              force, layer_samples, top, layer_threshold, fix_output)
@@ -622,7 +629,7 @@ def validate(state: State, reference, candidates, data, count, device, min_top1_
                                  reporter=state.reporter())
     else:
         report = run_validate(reference, list(candidates), list(data), device=device, count=count,
-                              thresholds=overrides, reporter=state.reporter())
+                              thresholds=overrides, reporter=state.reporter(), reference_weights=reference_weights)
     d = report.to_dict()
     _write_reports(json_path, html_path, d, d)
     if json_path == "-":
