@@ -409,7 +409,8 @@ def export(state: State, source, output, weights, random_weights, num_classes, i
               help="Calibration data (repeatable): an image folder (recursive), a video (frames sampled evenly, "
                    "PyAV) or .npy/.npz tensors. Required for int8; 'random' only for smoke tests.")
 @click.option("--calib-count", type=click.IntRange(1), default=128, show_default=True,
-              help="Samples to calibrate on; the rest of the data is held out for the check.")
+              help="Samples to calibrate on; the rest of the data is held out for the check. Fewer than 32 "
+                   "(asked for, or all the data gives) need --force, and the report says so.")
 @click.option("--calib-method", type=click.Choice(["percentile", "entropy", "minmax"]), default="percentile",
               show_default=True, help="How activation ranges are chosen (README: Calibration methods).")
 @click.option("--percentile", type=FiniteFloat(0, above=True), default=99.99, show_default=True,
