@@ -615,10 +615,7 @@ def validate(state: State, reference, reference_weights, candidates, data, count
         check_output_path(html_path, force, suffix=None, option="--html")
     overrides = {k: v for k, v in (("min_top1_agreement", min_top1_agreement), ("min_cosine", min_cosine),
                                    ("max_accuracy_drop", max_accuracy_drop)) if v is not None}
-    if reference_weights and (fix or layers):
-        raise UsageProblem(f"--reference-weights is for a PyTorch reference, and --{'fix' if fix else 'layers'} "
-                           "compares with an ONNX reference", "export the reference first (trtc export ARCH --weights "
-                           "FILE -o M.onnx) and give --reference M.onnx")
+    _no_reference_weights(reference_weights, fix, layers)
     if fix:
         return _validate_fix(state, reference, candidates, data, count, device, overrides, json_path, html_path,
                              force, layer_samples, top, layer_threshold, fix_output)
@@ -662,6 +659,14 @@ def _write_reports(json_path, html_path, d: dict, validate_report: dict) -> None
         from .report_html import validate_html
 
         atomic_write_text(html_path, validate_html(validate_report))
+
+
+def _no_reference_weights(reference_weights, fix: bool, layers: bool) -> None:
+    """--reference-weights builds a PyTorch reference; --fix and --layers compare with an ONNX one."""
+    if reference_weights and (fix or layers):
+        raise UsageProblem(f"--reference-weights is for a PyTorch reference, and --{'fix' if fix else 'layers'} "
+                           "compares with an ONNX reference", "export the reference first (trtc export ARCH --weights "
+                           "FILE -o M.onnx) and give --reference M.onnx")
 
 
 def _validate_fix(state: State, reference, candidates, data, count, device, overrides, json_path, html_path, force,

@@ -527,13 +527,11 @@ def export_onnx(source: str, output: str | Path, *, weights: str | None = None, 
     ``torchvision:``/``timm:`` sources need ``weights`` (a state_dict or checkpoint file), or ``random_weights=True``
     to export the untrained network on purpose (tests, speed measurements); the manifest records which
     (``model.weights``: file, random, pretrained or source). ``program=True`` also writes the torch.export
-    program beside the ONNX (``model.pt2`` with ``model.pt2.json``, for the compiled PyTorch engine).
-    ``channels``: 1 for a greyscale model (one plane, one mean/std value), 3 for colour; by default read from the
-    model's first convolution. Preprocessing no option gave is listed in the manifest (``producer.assumed``) and
-    in the report's warnings, except for ``pretrained:`` sources (their package documents it).
-
-    The steps: check the options, load the model, read the check images, make the example batch, export, check
-    ONNX Runtime against PyTorch, then write the manifest and move the file into place."""
+    program beside the ONNX (``model.pt2`` with ``model.pt2.json``, for the compiled PyTorch engine). ``channels``:
+    1 (greyscale: one plane, one mean/std value) or 3, by default read from the model's first convolution. What no
+    option gave is listed in ``producer.assumed`` and warned about, except for ``pretrained:`` sources. The steps:
+    check the options, load the model, read the check images, make the example batch, export, check ONNX Runtime
+    against PyTorch, then write the manifest and move the file into place."""
     reporter = reporter or Reporter()
     out = check_output_path(output, force)
     ref = parse_source(source)
@@ -547,14 +545,10 @@ def export_onnx(source: str, output: str | Path, *, weights: str | None = None, 
 
     # before the load (seconds of importing PyTorch): an architecture without weights is refused at once
     origin = weights_origin(ref, weights, random_weights)
-    t0 = time.perf_counter()
-    with reporter.phase(f"loading {ref.text}"):
-        loaded = load_model(ref, weights=weights, num_classes=num_classes)
-    timings["load_s"] = time.perf_counter() - t0
+    loaded = _load(ref, weights, num_classes, reporter, timings)
     spec, assumed = build_spec(loaded, input_size, resize, mean, std, color, channels)
     check_x, check_files, warnings_ = _read_check_images(check_files, spec, data_name)  # before the slow work
-    if assumed:
-        warnings_.append(assumed_warning(assumed))
+    warnings_ += [assumed_warning(assumed)] if assumed else []
     example = _example_input(ref, profile, spec, batch)
     with atomic_path(out) as tmp:
         t0 = time.perf_counter()
@@ -581,6 +575,14 @@ def export_onnx(source: str, output: str | Path, *, weights: str | None = None, 
                         preprocess=spec.to_dict(), check=check, timings={k: round(v, 3) for k, v in timings.items()},
                         predictions=predictions, weights=origin, warnings=warnings_, program=keep.get("report"),
                         assumed=assumed)
+
+
+def _load(ref, weights, num_classes, reporter: Reporter, timings: dict) -> LoadedModel:
+    t0 = time.perf_counter()
+    with reporter.phase(f"loading {ref.text}"):
+        loaded = load_model(ref, weights=weights, num_classes=num_classes)
+    timings["load_s"] = time.perf_counter() - t0
+    return loaded
 
 
 def _check_exporter_options(exporter: str, opset: int | None) -> None:

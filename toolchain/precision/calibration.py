@@ -354,25 +354,8 @@ def collect_stats(model, tensors: list[str], data: np.ndarray, method: str, perc
     """Clip value (see the module docstring for the methods) and per-channel mean of each tensor."""
     if method not in METHODS:
         raise UsageProblem(f"unknown calibration method {method!r}", f"use one of {', '.join(METHODS)}")
-    onnx = require("onnx", "Calibrating", extra="export")
-    require("onnxruntime", "Calibrating", extra="cpu")
-    from engines.ort_session import providers_for, session_options
-
-    import onnxruntime as ort
-
-    from .graph import graph_inputs
-
     reporter = reporter or Reporter()
-    aug = onnx.ModelProto()
-    aug.CopyFrom(model)
-    feed = graph_inputs(aug)[0].name
-    existing = {o.name for o in aug.graph.output}
-    names = [t for t in tensors if t != feed]
-    for t in names:
-        if t not in existing:
-            aug.graph.output.append(onnx.helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT, None))
-    sess = ort.InferenceSession(aug.SerializeToString(), sess_options=session_options(ort),
-                                providers=providers_for(device))
+    sess, feed, names = _stats_session(model, tensors, device)
 
     def batches():
         for start, n, outs in run_batches(lambda xb: sess.run(names, {feed: xb}), data, batch, fixed_batch(sess)):
@@ -413,6 +396,30 @@ def collect_stats(model, tensors: list[str], data: np.ndarray, method: str, perc
     else:
         ranges = {t: entropy_amax(hists[t], amax[t]) for t in tensors}
     return Stats(ranges, means)
+
+
+def _stats_session(model, tensors: list[str], device: str):
+    """An ONNX Runtime session of ``model`` with every tensor of ``tensors`` as an output (but the graph input):
+    (session, the input's name, the output names)."""
+    onnx = require("onnx", "Calibrating", extra="export")
+    require("onnxruntime", "Calibrating", extra="cpu")
+    from engines.ort_session import providers_for, session_options
+
+    import onnxruntime as ort
+
+    from .graph import graph_inputs
+
+    aug = onnx.ModelProto()
+    aug.CopyFrom(model)
+    feed = graph_inputs(aug)[0].name
+    existing = {o.name for o in aug.graph.output}
+    names = [t for t in tensors if t != feed]
+    for t in names:
+        if t not in existing:
+            aug.graph.output.append(onnx.helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT, None))
+    sess = ort.InferenceSession(aug.SerializeToString(), sess_options=session_options(ort),
+                                providers=providers_for(device))
+    return sess, feed, names
 
 
 # ---------------------------------------------------------------- cache
