@@ -24,15 +24,19 @@ DIGITS = 200  # frames of the clip and images of the folder (the first digits of
 STD = 1 / 255  # the model takes 0..255 pixels: (p / 255 - 0) / (1 / 255)
 
 
-def write_digits_clip(x: np.ndarray, path) -> None:
-    """Digits (N, 1, 28, 28) in 0..255 as a lossless H.264 clip (yuv420p, 25 fps), one digit a frame."""
+def write_digits_clip(x: np.ndarray, path, scale: int = 1) -> None:
+    """Digits (N, 1, 28, 28) in 0..255 as a lossless H.264 clip (yuv420p, 25 fps), one digit a frame, each pixel
+    repeated ``scale`` x ``scale`` times (stretched back to 28x28, bilinear half-pixel sampling then reads each
+    block's own value: NVDEC's smallest frame is larger than 28x28)."""
     import av
 
     with av.open(str(path), "w") as out:
         s = out.add_stream("libx264", rate=25)
-        s.width, s.height, s.pix_fmt = 28, 28, "yuv420p"
+        s.width = s.height = 28 * scale
+        s.pix_fmt = "yuv420p"
         s.options = {"qp": "0", "preset": "ultrafast"}
         for n, digit in enumerate(x[:, 0].astype(np.uint8)):
+            digit = np.kron(digit, np.ones((scale, scale), np.uint8))
             frame = av.VideoFrame.from_ndarray(digit, format="gray").reformat(format="yuv420p")
             frame.pts, frame.time_base = n, Fraction(1, 25)
             for p in s.encode(frame):
