@@ -186,7 +186,7 @@ def build_spec(loaded: LoadedModel, input_size=None, resize=None, mean=None, std
         (f"std {','.join(f'{v:g}' for v in spec.std)} ({said if std_d else 'greyscale default'})", bool(std)),
     ) if not given]
     if channels_assumed:
-        assumed.insert(0, "3 input channels (no Conv2d found to read them from)")
+        assumed.insert(0, "3 input channels (no Conv2d taking 1 or 3 found to read them from)")
     return spec, assumed
 
 
@@ -208,14 +208,13 @@ def _channels(loaded: LoadedModel, channels: int | None) -> tuple[int, bool]:
     from .model_source import input_channels
 
     found = input_channels(loaded)
+    if found not in (1, 3):  # none, or a convolution inside the network registered before the stem's
+        found = None
     if channels is not None:
         if found is not None and found != channels:
             raise UsageProblem(f"--channels {channels}, but the model's first convolution takes {found} channels",
                                f"use --channels {found} (or leave it out: it is read from the model)")
         return channels, False
-    if found is not None and found not in (1, 3):
-        raise UsageProblem(f"the model's first convolution takes {found} channels; trtc classifies greyscale "
-                           "(1-channel) and colour (3-channel) images", CLASSIFIER_FIX)
     return (found, False) if found is not None else (3, True)
 
 

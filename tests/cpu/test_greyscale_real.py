@@ -168,6 +168,9 @@ def test_one_value_mean_needs_a_greyscale_model(digits, lite0_onnx, tmp_path):
     shutil.copy(digits.model, model)
     r = CliRunner().invoke(cli, ["export", str(model), "--channels", "3"])
     assert r.exit_code == 2 and "--channels 3 is not the 1 channels the model takes" in r.output, r.output
+    r = CliRunner().invoke(cli, ["export", str(model), "--force", "--std", "0.5", "--resize", "0"])
+    assert r.exit_code == 0 and "grey (1 channel) resize stretch" in r.output, r.output
+    assert "assumed (no option gave them): greyscale mean 0.449" in r.output
     lite = tmp_path / "lite.onnx"
     shutil.copy(lite0_onnx[0], lite)
     with pytest.raises(UsageProblem, match="needs three values"):
