@@ -455,7 +455,8 @@ def _input_shape(engine, spec: PreprocessSpec, origin: str | None) -> tuple[int,
             python = f"in Python, classify(..., preprocess={_suggested_spec(shape)})"
             if origin is None:
                 grey = " (one value each: it is a greyscale model)" if shape[1] == 1 else ""
-                raise UsageProblem(f"{name} has no manifest, so its frames get the default preprocessing "
+                kind = "greyscale" if spec.channels == 1 else "ImageNet"
+                raise UsageProblem(f"{name} has no manifest, so its frames get the {kind} default preprocessing "
                                    f"({makes}), but {takes}", f"adopt it once: trtc export {name} --mean ... --std ..."
                                    f"{grey}, which writes its manifest (preprocessing, labels) beside it; or {python}")
             if origin == "manifest":

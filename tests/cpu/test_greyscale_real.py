@@ -146,6 +146,7 @@ def test_a_greyscale_onnx_without_manifest_gets_a_contract_it_can_take(mnist, tm
         with pytest.raises(UsageProblem) as refused:
             classify([str(tmp_path / "none.mp4")], engine, batch=1)
         fix = refused.value.fix
+        assert "bare.onnx has no manifest, so its frames get the greyscale default preprocessing" in refused.value.reason
         assert "PreprocessSpec(size=(28, 28), channels=1, mean=(M,), std=(S,))" in fix, fix
         assert "trtc export bare.onnx --mean ... --std ... (one value each" in fix, fix
         clip = tmp_path / "d.mp4"
