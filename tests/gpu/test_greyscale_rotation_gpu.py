@@ -5,6 +5,7 @@ rotated clips and on MNIST digits. Skipped without an NVIDIA GPU, CuPy and PyNvV
 from __future__ import annotations
 
 import importlib.util
+import shutil
 
 import numpy as np
 import pytest
@@ -79,6 +80,7 @@ def test_kernel_writes_one_plane_for_a_greyscale_model(test_videos, dtype, layou
     assert (got[5] == 7).all()
 
 
+@pytest.mark.skipif(not shutil.which("ffmpeg"), reason="needs ffmpeg to make the rotated clips: apt-get install ffmpeg")
 def test_gpu_path_classifies_rotated_clips_as_the_cpu_path(clips, lite0_onnx, cpu_lite0):  # noqa: F811
     """The clips the CPU rotation tests make (stored turned with a rotate tag, or untagged with --rotate 90):
     NVDEC + the turning kernel give the CPU path's top-1 on >= 95% of frames and record the same turn (before,
