@@ -7,6 +7,11 @@ frame was resized so its short side is ``resize`` pixels and centre-cropped to `
 computed in one step from source pixels to the cropped output: the GPU kernels of the video runtime do exactly
 this per output pixel, and this numpy code is their test oracle. Calibration, validation and the CPU runtime
 all call :func:`preprocess_rgb`, so there is one definition of the maths.
+
+A greyscale classifier (``channels=1``) sees one plane: the resampled RGB value turned grey by the ITU-R BT.601
+luma weights, ``grey = 0.299 R + 0.587 G + 0.114 B`` (what Pillow's ``convert("L")`` computes, unrounded), then
+normalised with its one mean and std. A greyscale picture (R = G = B) stays exactly its own values. The GPU kernel
+computes the same formula in the same place (after the bilinear blend).
 """
 
 from __future__ import annotations
@@ -22,20 +27,36 @@ from .images import IMAGE_SUFFIXES, load_rgb  # noqa: F401  (the one image reade
 
 
 
+# BT.601 luma weights: RGB -> the one plane of a greyscale model (Pillow's convert("L"), unrounded)
+GREY_WEIGHTS = (0.299, 0.587, 0.114)
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+# a greyscale model's defaults: the mean of ImageNet's three values (what timm gives a one-channel model)
+GREY_MEAN, GREY_STD = (0.449,), (0.226,)
+
+
 @dataclass(frozen=True)
 class PreprocessSpec:
     size: tuple[int, int] = (224, 224)  # model input H, W
     resize: int | None = 256  # short side before the centre crop; None stretches to `size`
-    color: str = "RGB"  # channel order the model expects: RGB or BGR
-    mean: tuple[float, float, float] = (0.485, 0.456, 0.406)  # in [0, 1] units, after /255
-    std: tuple[float, float, float] = (0.229, 0.224, 0.225)
+    color: str = "RGB"  # channel order the model expects: RGB or BGR (a one-channel model: its grey is from RGB)
+    mean: tuple | None = None  # one value per channel, in [0, 1] units, after /255; None: ImageNet's (or GREY_MEAN)
+    std: tuple | None = None
     layout: str = "NCHW"
     interpolation: str = "bilinear"
     dtype: str = "float32"
     input: str | None = None  # the model input this feeds
+    channels: int = 3  # 3 (colour) or 1 (greyscale: one plane, GREY_WEIGHTS of the RGB value)
     extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self):
+        grey = self.channels == 1
+        if self.mean is None:
+            object.__setattr__(self, "mean", GREY_MEAN if grey else IMAGENET_MEAN)
+        if self.std is None:
+            object.__setattr__(self, "std", GREY_STD if grey else IMAGENET_STD)
+        object.__setattr__(self, "mean", tuple(self.mean))
+        object.__setattr__(self, "std", tuple(self.std))
         check_spec(self)
 
     def to_dict(self) -> dict:
@@ -61,10 +82,18 @@ def check_spec(spec: PreprocessSpec) -> None:
         raise UsageProblem(f"input size must be two positive integers (H, W), got {spec.size}", "e.g. --input-size 224")
     if spec.color not in ("RGB", "BGR"):
         raise UsageProblem(f"colour order must be RGB or BGR, got {spec.color!r}", "--color RGB or --color BGR")
+    if spec.channels not in (1, 3) or isinstance(spec.channels, bool):
+        raise UsageProblem(f"--channels must be 1 (greyscale) or 3 (colour), got {spec.channels!r}",
+                           "--channels 1 for a greyscale model, 3 for a colour one")
     for name, vals in (("mean", spec.mean), ("std", spec.std)):
-        if len(vals) != 3:
+        if len(vals) != spec.channels:
+            if spec.channels == 1:
+                raise UsageProblem(f"--{name} needs one value for a greyscale (1-channel) model, got {len(vals)}",
+                                   f"e.g. --{name} {GREY_MEAN[0] if name == 'mean' else GREY_STD[0]}")
             raise UsageProblem(f"--{name} needs three values (one per channel), got {len(vals)}",
-                               f"e.g. --{name} 0.485,0.456,0.406")
+                               f"e.g. --{name} 0.485,0.456,0.406" if name == "mean" else
+                               f"e.g. --{name} 0.229,0.224,0.225; a greyscale model takes one value with "
+                               "--channels 1")
         if any(v > 1.0 for v in vals) or (name == "std" and any(v <= 0 for v in vals)):
             raise UsageProblem(f"--{name} {','.join(map(str, vals))} is not in [0, 1] units",
                                f"give --{name} for pixels scaled to [0, 1] (divide 0-255 values by 255)")
@@ -104,8 +133,14 @@ def sampling_grid(src_h: int, src_w: int, spec: PreprocessSpec):
     return y0, y1, wy, x0, x1, wx
 
 
+def grey_of(rgb: np.ndarray) -> np.ndarray:
+    """(H, W, 3) RGB values -> (H, W, 1) grey by :data:`GREY_WEIGHTS`, in the array's float type."""
+    r, g, b = (rgb[:, :, i:i + 1] for i in range(3))
+    return r * GREY_WEIGHTS[0] + g * GREY_WEIGHTS[1] + b * GREY_WEIGHTS[2]
+
+
 def preprocess_rgb(rgb: np.ndarray, spec: PreprocessSpec) -> np.ndarray:
-    """One RGB uint8 HxWx3 image -> the model input (3, H, W) in ``spec.dtype``."""
+    """One RGB uint8 HxWx3 image -> the model input (C, H, W) in ``spec.dtype`` (C: ``spec.channels``)."""
     if rgb.ndim != 3 or rgb.shape[2] != 3:
         raise UsageProblem(f"expected an HxWx3 RGB image, got an array of shape {rgb.shape}")
     y0, y1, wy, x0, x1, wx = sampling_grid(rgb.shape[0], rgb.shape[1], spec)
@@ -113,7 +148,9 @@ def preprocess_rgb(rgb: np.ndarray, spec: PreprocessSpec) -> np.ndarray:
     top = img[y0][:, x0] * (1 - wx)[None, :, None] + img[y0][:, x1] * wx[None, :, None]
     bot = img[y1][:, x0] * (1 - wx)[None, :, None] + img[y1][:, x1] * wx[None, :, None]
     out = top * (1 - wy)[:, None, None] + bot * wy[:, None, None]  # (H, W, 3) in 0..255, RGB
-    if spec.color == "BGR":
+    if spec.channels == 1:
+        out = grey_of(out)
+    elif spec.color == "BGR":
         out = out[:, :, ::-1]
     # mean/std are given per channel in the model's input order (after any RGB->BGR swap)
     mean = np.asarray(spec.mean, np.float32)
@@ -255,7 +292,7 @@ def yuv_to_rgb(planes: YuvPlanes, colorspace: ColorSpace) -> np.ndarray:
 
 
 def preprocess_yuv(planes: YuvPlanes, spec: PreprocessSpec, colorspace: ColorSpace, dtype=None) -> np.ndarray:
-    """One decoded frame -> the model input (3, H, W): the numpy reference of the GPU kernel.
+    """One decoded frame -> the model input (C, H, W), C = ``spec.channels``: the numpy reference of the GPU kernel.
 
     Reads only the four source neighbours of each output pixel, so it is also fast enough for the CPU pipeline.
     """
@@ -279,7 +316,9 @@ def _blend(rgb_at, grid, spec: PreprocessSpec, dtype=None) -> np.ndarray:
     top = rgb_at(y0, x0) * (1 - wx64) + rgb_at(y0, x1) * wx64
     bot = rgb_at(y1, x0) * (1 - wx64) + rgb_at(y1, x1) * wx64
     out = top * (1 - wy64) + bot * wy64
-    if spec.color == "BGR":
+    if spec.channels == 1:
+        out = grey_of(out)
+    elif spec.color == "BGR":
         out = out[:, :, ::-1]
     mean = np.asarray(spec.mean, np.float64)
     std = np.asarray(spec.std, np.float64)
@@ -294,7 +333,7 @@ PACKED = {"RGB": (0, 1, 2, 3), "BGR": (2, 1, 0, 3), "RGBA": (0, 1, 2, 4), "BGRA"
 
 def preprocess_packed(frame: np.ndarray, fmt: str, spec: PreprocessSpec, dtype=None) -> np.ndarray:
     """One packed uint8 frame (H, W, 3 or 4) in ``fmt`` (RGB, BGR, RGBA, BGRA; any strides) -> the model input
-    (3, H, W): the numpy reference of the GPU kernel's packed variant, and the CPU path's preprocessing of pushed
+    (C, H, W): the numpy reference of the GPU kernel's packed variant, and the CPU path's preprocessing of pushed
     frames. Same maths as :func:`preprocess_yuv` after its colour conversion."""
     r_at, g_at, b_at, step = PACKED[fmt.upper()]
     if frame.ndim != 3 or frame.shape[2] != step or frame.dtype != np.uint8:
@@ -350,6 +389,16 @@ __device__ __forceinline__ float3 trtc_rgb(const SRC_T* __restrict__ src, int r,
 }
 """
 
+# shown pixel (r, c) of a turned frame (transpose: the shown rows are stored columns; the flips are folded into the
+# sampling grid on the host) -> its RGB value
+_FETCH_TURNED = r"""
+__device__ __forceinline__ float3 trtc_at(const SRC_T* __restrict__ src, int r, int c, int transpose, int pitch,
+        long long u_off, long long v_off, int c_pitch, int c_step, int sy, int sx, const float* __restrict__ k) {
+    return transpose ? trtc_rgb(src, c, r, pitch, u_off, v_off, c_pitch, c_step, sy, sx, k)
+                     : trtc_rgb(src, r, c, pitch, u_off, v_off, c_pitch, c_step, sy, sx, k);
+}
+"""
+
 _KERNEL = r"""
 extern "C" __global__ void trtc_preprocess_NAME(SRC_PARAMS,
         const int pitch, const long long u_off, const long long v_off,
@@ -357,24 +406,28 @@ extern "C" __global__ void trtc_preprocess_NAME(SRC_PARAMS,
         const int* __restrict__ y0, const int* __restrict__ y1, const float* __restrict__ wy,
         const int* __restrict__ x0, const int* __restrict__ x1, const float* __restrict__ wx,
         const float* __restrict__ k, OUT_T* __restrict__ out_base, const int out_h, const int out_w, const int bgr,
-        const int nhwc) {
+        const int nhwc, const int grey, const int transpose) {
     unsigned long long sp = 0;
     switch (blockIdx.y) { SRC_CASES }
     const SRC_T* __restrict__ src = (const SRC_T*)sp;
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     int n = out_h * out_w;
     if (idx >= n) return;
-    OUT_T* __restrict__ out = out_base + (long long)blockIdx.y * 3 * n;
+    OUT_T* __restrict__ out = out_base + (long long)blockIdx.y * (grey ? 1 : 3) * n;
     int i = idx / out_w, j = idx - i * out_w;
     int ya = y0[i], yb = y1[i], xa = x0[j], xb = x1[j];
     float fy = wy[i], fx = wx[j];
-    float3 a = trtc_rgb(src, ya, xa, pitch, u_off, v_off, c_pitch, c_step, sy, sx, k);
-    float3 b = trtc_rgb(src, ya, xb, pitch, u_off, v_off, c_pitch, c_step, sy, sx, k);
-    float3 c = trtc_rgb(src, yb, xa, pitch, u_off, v_off, c_pitch, c_step, sy, sx, k);
-    float3 d = trtc_rgb(src, yb, xb, pitch, u_off, v_off, c_pitch, c_step, sy, sx, k);
+    float3 a = trtc_at(src, ya, xa, transpose, pitch, u_off, v_off, c_pitch, c_step, sy, sx, k);
+    float3 b = trtc_at(src, ya, xb, transpose, pitch, u_off, v_off, c_pitch, c_step, sy, sx, k);
+    float3 c = trtc_at(src, yb, xa, transpose, pitch, u_off, v_off, c_pitch, c_step, sy, sx, k);
+    float3 d = trtc_at(src, yb, xb, transpose, pitch, u_off, v_off, c_pitch, c_step, sy, sx, k);
     float r = (a.x * (1.f - fx) + b.x * fx) * (1.f - fy) + (c.x * (1.f - fx) + d.x * fx) * fy;
     float g = (a.y * (1.f - fx) + b.y * fx) * (1.f - fy) + (c.y * (1.f - fx) + d.y * fx) * fy;
     float bl = (a.z * (1.f - fx) + b.z * fx) * (1.f - fy) + (c.z * (1.f - fx) + d.z * fx) * fy;
+    if (grey) {  // one plane: BT.601 luma of the blended RGB (GREY_WEIGHTS); (H, W, 1) and (1, H, W) are one order
+        out[idx] = STORE((GREY_R * r + GREY_G * g + GREY_B * bl) * k[8] + k[11]);
+        return;
+    }
     if (bgr) { float t = r; r = bl; bl = t; }
     if (nhwc) {  // a (H, W, 3) slot: channels_last memory of the (3, H, W) values
         OUT_T* __restrict__ o = out + 3LL * idx;
@@ -395,7 +448,10 @@ def kernel_source(name: str, wide: bool, half: bool, packed: bool = False) -> st
     float16 out)."""
     params = ", ".join(f"const unsigned long long s{i}" for i in range(MAX_FRAMES_PER_LAUNCH))
     cases = " ".join(f"case {i}: sp = s{i}; break;" for i in range(MAX_FRAMES_PER_LAUNCH))
-    body = _HEADER + (_FETCH_PACKED if packed else _FETCH_YUV) + _KERNEL
+    body = _HEADER + (_FETCH_PACKED if packed else _FETCH_YUV) + _FETCH_TURNED + _KERNEL
+    grey = {f"GREY_{ch}": f"{w!r}f" for ch, w in zip("RGB", GREY_WEIGHTS)}
+    for key, value in grey.items():
+        body = body.replace(key, value)
     return (body.replace("SRC_PARAMS", params).replace("SRC_CASES", cases)
             .replace("SRC_T", "unsigned short" if wide else "unsigned char")
             .replace("SCALE", "0.00390625f" if wide else "1.0f")
@@ -424,6 +480,37 @@ _WIDE = ("P016", "P010", "YUV444_16BIT")
 _KERNELS: dict = {}  # variant name -> compiled RawKernel
 
 
+def kernel_grid(height: int, width: int, spec: PreprocessSpec, turn=None) -> tuple:
+    """The kernel's sampling grid (y0, y1 int32, wy float32, x0, x1 int32, wx float32) for a stored frame of
+    ``height`` x ``width`` shown turned by ``turn`` (an :class:`~engines.video.orientation.Orientation`, or None):
+    computed on the shown size, its flips folded into the indices (a flipped axis reads index n - 1 - i), so that the
+    kernel only swaps rows and columns for a transpose."""
+    transpose, flip_rows, flip_cols = _turn_steps(turn)
+    shown_h, shown_w = (width, height) if transpose else (height, width)
+    y0, y1, wy, x0, x1, wx = sampling_grid(shown_h, shown_w, spec)
+    if flip_rows:
+        y0, y1 = shown_h - 1 - y0, shown_h - 1 - y1
+    if flip_cols:
+        x0, x1 = shown_w - 1 - x0, shown_w - 1 - x1
+    return (y0.astype(np.int32), y1.astype(np.int32), wy.astype(np.float32), x0.astype(np.int32),
+            x1.astype(np.int32), wx.astype(np.float32))
+
+
+def kernel_coefficients(spec: PreprocessSpec, colorspace: ColorSpace) -> np.ndarray:
+    """The kernel's 14 float32 constants: the colour conversion's 8 (:meth:`ColorSpace.coefficients`), then
+    1 / (255 std) and -mean / std per output channel (a greyscale model's one value first)."""
+    std = np.resize(np.asarray(spec.std, np.float64), 3)
+    mean = np.resize(np.asarray(spec.mean, np.float64), 3)
+    return np.concatenate([colorspace.coefficients(), 1.0 / (255.0 * std), -mean / std]).astype(np.float32)
+
+
+def _turn_steps(turn) -> tuple[bool, bool, bool]:
+    """(transpose, flip_rows, flip_cols) of an Orientation (engines.video.orientation), or no turn for None."""
+    if turn is None:
+        return (False, False, False)
+    return (bool(turn.transpose), bool(turn.flip_rows), bool(turn.flip_cols))
+
+
 @dataclass(frozen=True)
 class LaunchPlan:
     """Everything a launch needs but the surface and output pointers, for one kind of surface."""
@@ -432,7 +519,7 @@ class LaunchPlan:
     grid_x: int
     mid: tuple
     tail: tuple
-    slot_bytes: int  # bytes of one (3, H, W) output slot
+    slot_bytes: int  # bytes of one (C, H, W) output slot
     # the launch through the CUDA driver with the arguments packed once (engines/_launch.py); None where that is not
     # available, and every launch goes through CuPy
     driver: object = None
@@ -443,8 +530,9 @@ class GpuPreprocessor:
 
     ``plan(fmt, shape, dtype, height, width, colorspace, out_dtype)`` prepares a kind of surface once;
     ``launch(plan, surface_ptrs, out_ptr, stream)`` enqueues ONE kernel on ``stream`` that writes
-    ``len(surface_ptrs)`` (at most :data:`MAX_FRAMES_PER_LAUNCH`) consecutive (3, H, W) slots starting at device
-    address ``out_ptr``; with ``layout="NHWC"`` each slot is (H, W, 3), channels_last memory of the same values (for
+    ``len(surface_ptrs)`` (at most :data:`MAX_FRAMES_PER_LAUNCH`) consecutive (C, H, W) slots (C: ``spec.channels``)
+    starting at device address ``out_ptr``; with ``layout="NHWC"`` each slot is (H, W, C), channels_last memory of
+    the same values (for
     an engine that reads that layout best, ``engine.preferred_layout``). ``pre(surface, fmt, height, width,
     colorspace, out, stream)`` does the same for one CuPy surface and one CuPy slot. Nothing is synchronised per
     launch and nothing crosses to the host: the sampling grid and coefficients are uploaded once per source size and
@@ -497,38 +585,36 @@ class GpuPreprocessor:
 
         return self._cached(_KERNELS, name, make)  # compiled once per process, shared by every preprocessor
 
-    def _grid(self, height: int, width: int):
+    def _grid(self, height: int, width: int, turn=None):
         def make():
-            y0, y1, wy, x0, x1, wx = sampling_grid(height, width, self.spec)
-            return self._upload(y0.astype(np.int32), y1.astype(np.int32), wy.astype(np.float32),
-                                x0.astype(np.int32), x1.astype(np.int32), wx.astype(np.float32))
+            return self._upload(*kernel_grid(height, width, self.spec, turn))
 
-        return self._cached(self._grids, (height, width), make)
+        return self._cached(self._grids, (height, width, *_turn_steps(turn)), make)
 
     def _coefficients(self, colorspace: ColorSpace):
         def make():
-            std = np.asarray(self.spec.std, np.float64)
-            mean = np.asarray(self.spec.mean, np.float64)
-            k = np.concatenate([colorspace.coefficients(), 1.0 / (255.0 * std), -mean / std])
-            return self._upload(k.astype(np.float32))[0]
+            return self._upload(kernel_coefficients(self.spec, colorspace))[0]
 
         return self._cached(self._coeffs, colorspace, make)
 
     def plan(self, fmt: str, shape: tuple, src_dtype, height: int, width: int, colorspace: ColorSpace,
-             out_dtype) -> LaunchPlan:
-        """The launch plan for one kind of surface (computed once, then a dict lookup)."""
+             out_dtype, turn=None) -> LaunchPlan:
+        """The launch plan for one kind of surface (computed once, then a dict lookup). ``turn``: how the stored
+        frame is turned to be shown (an :class:`~engines.video.orientation.Orientation`; None: as stored): the
+        kernel reads the stored surface through it, in the same pass."""
         fmt = fmt.upper()
         if fmt in _WIDE and np.dtype(src_dtype).itemsize == 1 and len(shape) == 2:
             # some decoder versions export 16-bit surfaces as bytes: the same memory read as 16-bit samples
             shape, src_dtype = (shape[0], shape[1] // 2), np.uint16
-        key = (fmt, tuple(shape), np.dtype(src_dtype).char, height, width, colorspace, np.dtype(out_dtype).char)
+        key = (fmt, tuple(shape), np.dtype(src_dtype).char, height, width, colorspace, np.dtype(out_dtype).char,
+               _turn_steps(turn))
         plan = self._plans.get(key)
         if plan is None:
             plan = self._plans[key] = self._make_plan(fmt, tuple(shape), src_dtype, height, width, colorspace,
-                                                      out_dtype)
+                                                      out_dtype, turn)
         return plan
 
-    def _make_plan(self, fmt, shape, src_dtype, height, width, colorspace, out_dtype) -> LaunchPlan:
+    def _make_plan(self, fmt, shape, src_dtype, height, width, colorspace, out_dtype, turn=None) -> LaunchPlan:
         if fmt not in _LAYOUTS:
             raise UsageProblem(f"the GPU preprocessor does not read {fmt} surfaces",
                                "NV12, P016, YUV444, RGB, BGR, RGBA or BGRA")
@@ -541,15 +627,17 @@ class GpuPreprocessor:
         out_h, out_w = self.spec.size
         n = out_h * out_w
         kernel = self._kernel(src_dtype, out_dtype, packed=fmt in PACKED)
-        y0, y1, wy, x0, x1, wx = self._grid(height, width)
+        y0, y1, wy, x0, x1, wx = self._grid(height, width, turn)
         mid = (np.int32(pitch), np.int64(u_off), np.int64(v_off), np.int32(c_pitch), np.int32(c_step),
                np.int32(sy), np.int32(sx), y0, y1, wy, x0, x1, wx, self._coefficients(colorspace))
-        tail = (np.int32(out_h), np.int32(out_w), np.int32(self.spec.color == "BGR"), np.int32(self.layout == "NHWC"))
+        channels = self.spec.channels
+        tail = (np.int32(out_h), np.int32(out_w), np.int32(self.spec.color == "BGR"), np.int32(self.layout == "NHWC"),
+                np.int32(channels == 1), np.int32(_turn_steps(turn)[0]))
         grid_x = (n + 255) // 256
         from ._launch import driver_launch
 
         fast = driver_launch(kernel, grid_x, 256, MAX_FRAMES_PER_LAUNCH, mid, tail)
-        return LaunchPlan(kernel, grid_x, mid, tail, 3 * n * np.dtype(out_dtype).itemsize, fast)
+        return LaunchPlan(kernel, grid_x, mid, tail, channels * n * np.dtype(out_dtype).itemsize, fast)
 
     def launch(self, plan: LaunchPlan, surface_ptrs, out_ptr: int, stream) -> None:
         """Enqueue one kernel on ``stream`` writing ``len(surface_ptrs)`` consecutive slots from ``out_ptr``."""
@@ -564,15 +652,17 @@ class GpuPreprocessor:
         srcs = tuple(np.uint64(p) for p in surface_ptrs) + self._zeros[m:]
         plan.kernel((plan.grid_x, m), (256,), (*srcs, *plan.mid, np.uint64(out_ptr), *plan.tail), stream=stream)
 
-    def __call__(self, surface, fmt: str, height: int, width: int, colorspace: ColorSpace, out, stream=None):
-        """Enqueue one frame -> one (3, H, W) slot ((H, W, 3) with layout NHWC) on ``stream`` (default: the current
-        stream)."""
+    def __call__(self, surface, fmt: str, height: int, width: int, colorspace: ColorSpace, out, stream=None,
+                 turn=None):
+        """Enqueue one frame -> one (C, H, W) slot ((H, W, C) with layout NHWC; C: ``spec.channels``) on ``stream``
+        (default: the current stream), the stored frame turned by ``turn`` (see :meth:`plan`)."""
         if surface.ndim != 2 or not surface.flags.c_contiguous:
             raise UsageProblem(f"expected a packed 2-D surface, got shape {surface.shape}")
         h, w = self.spec.size
-        want = (h, w, 3) if self.layout == "NHWC" else (3, h, w)
+        c = self.spec.channels
+        want = (h, w, c) if self.layout == "NHWC" else (c, h, w)
         if out.shape != want or not out.flags.c_contiguous:
             raise UsageProblem(f"output slot must be a contiguous {want} array, got {out.shape}")
-        plan = self.plan(fmt, surface.shape, surface.dtype, height, width, colorspace, out.dtype)
+        plan = self.plan(fmt, surface.shape, surface.dtype, height, width, colorspace, out.dtype, turn)
         self.launch(plan, [surface.data.ptr], out.data.ptr,
                     stream if stream is not None else self.cp.cuda.get_current_stream())

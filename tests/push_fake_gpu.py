@@ -158,7 +158,7 @@ class RawKernel:
             return
         m = grid[1]
         RawKernel.launches.append(m)
-        RawKernel.layouts.append("NHWC" if int(args[-1]) else "NCHW")  # the kernel's last argument, nhwc
+        RawKernel.layouts.append("NHWC" if int(args[-3]) else "NCHW")  # the kernel's nhwc argument (then grey, transpose)
         _log("launch", stream.ptr if stream is not None else 0, tuple(int(p) for p in args[:m]))
         _spin(COST["call"] * LAUNCH_FACTOR)
         if not RawKernel.reads:

@@ -331,8 +331,9 @@ def _usual(video: str, streams: int, engine, spec, batch: int = 32) -> tuple[int
         q.put(done)
 
     dev = torch.device(f"cuda:{engine.device_id}")
-    mean = torch.tensor(spec.mean, device=dev).view(1, 3, 1, 1)
-    std = torch.tensor(spec.std, device=dev).view(1, 3, 1, 1)
+    c = spec.channels
+    mean, std = (torch.tensor(v, device=dev).view(1, c, 1, 1) for v in (spec.mean, spec.std))
+    grey = torch.tensor([0.299, 0.587, 0.114], device=dev).view(1, 3, 1, 1)  # engines.preprocess.GREY_WEIGHTS
     half = engine.inputs[0].dtype == "float16"
     h, w = spec.size
 
@@ -346,7 +347,9 @@ def _usual(video: str, streams: int, engine, spec, batch: int = 32) -> tuple[int
         s = (spec.resize or min(h, w)) / min(sh, sw)
         x = F.interpolate(x, size=(round(sh * s), round(sw * s)), mode="bilinear", align_corners=False)
         top, left = (x.shape[2] - h) // 2, (x.shape[3] - w) // 2
-        x = ((x[:, :, top:top + h, left:left + w] - mean) / std).contiguous()
+        x = x[:, :, top:top + h, left:left + w]
+        x = (x * grey).sum(1, keepdim=True) if c == 1 else x
+        x = ((x - mean) / std).contiguous()
         x = x.half() if half else x
         out = engine.infer(x, stream=torch.cuda.current_stream().cuda_stream)[0]
         top1 = out[:n].argmax(axis=1)
@@ -763,7 +766,7 @@ def _engine_only(engine, spec, sizes: list[int], batch: int, on_device: bool) ->
     the layout the pipeline writes for the engine, the host waiting once at the end; on the host, a numpy batch of
     each recorded size."""
     dtype = engine.inputs[0].numpy_dtype
-    shape = (3, *spec.size)
+    shape = (spec.channels, *spec.size)
     rng = np.random.default_rng(0)
     if not on_device:
         xs = {b: rng.standard_normal((b, *shape), dtype=np.float32).astype(dtype) for b in set(sizes)}

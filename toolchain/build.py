@@ -609,7 +609,8 @@ def _plan_manifest(parent_m: Manifest | None, network, shapes, be: Backend, gpu,
     else:
         from engines.preprocess import PreprocessSpec
 
-        model, preprocess, labels = {"name": onnx_path.stem, "source": str(onnx_path)}, PreprocessSpec(), None
+        c = first["min"][1] if len(first["min"]) == 4 and first["min"][1] in (1, 3) else 3  # a greyscale input: 1
+        model, preprocess, labels = {"name": onnx_path.stem, "source": str(onnx_path)}, PreprocessSpec(channels=c), None
     builder = {"flavor": be.flavor, "version": be.version, "import": be.import_name,
                "gpu": {k: gpu.get(k) for k in ("name", "compute_capability")} if gpu else None,
                "cuda": gpu.get("cuda") if gpu else None, "driver": gpu.get("driver") if gpu else None,

@@ -266,19 +266,22 @@ class FiniteFloat(click.ParamType):
         return v
 
 
-def _floats3(ctx, param, value):
+def _per_channel(ctx, param, value):
+    """--mean/--std: one value per channel, three for a colour model or one for a greyscale model (which of the two
+    the model takes is checked against its channels by the preprocessing contract)."""
     if value is None:
         return None
     try:
         vals = tuple(float(v) for v in value.replace(" ", "").split(","))
     except ValueError:
-        raise click.BadParameter("give three comma-separated numbers, e.g. 0.485,0.456,0.406") from None
+        raise click.BadParameter("give three comma-separated numbers, e.g. 0.485,0.456,0.406 (one for a greyscale "
+                                 "model)") from None
     import math
 
     if not all(math.isfinite(v) for v in vals):
         raise click.BadParameter(f"{value!r} holds a number that is not finite")
-    if len(vals) != 3:
-        raise click.BadParameter(f"needs 3 values (one per channel), got {len(vals)}")
+    if len(vals) not in (1, 3):
+        raise click.BadParameter(f"needs 3 values (one per channel), or 1 for a greyscale model, got {len(vals)}")
     return vals
 
 
@@ -327,9 +330,13 @@ def _show(state: State, report, as_json: bool, renderer: str) -> None:
 @click.option("--exporter", type=click.Choice(["auto", "dynamo", "torchscript"]), default="auto", show_default=True,
               help="auto tries dynamo, then falls back to TorchScript.")
 @click.option("--labels", type=click.Path(), help="Class names: a text file (one per line) or a JSON list.")
-@click.option("--mean", callback=_floats3, help="Per-channel mean in [0,1] units, in the model's input channel "
-              "order (after --color BGR's swap), e.g. 0.485,0.456,0.406.")
-@click.option("--std", callback=_floats3, help="Per-channel std in [0,1] units, in the model's input channel order.")
+@click.option("--mean", callback=_per_channel, help="Per-channel mean in [0,1] units, in the model's input channel "
+              "order (after --color BGR's swap), e.g. 0.485,0.456,0.406; one value for a greyscale model.")
+@click.option("--std", callback=_per_channel, help="Per-channel std in [0,1] units, in the model's input channel "
+              "order; one value for a greyscale model.")
+@click.option("--channels", type=click.Choice(["1", "3"]), help="Input channels: 1 for a greyscale model (one plane, "
+              "the BT.601 grey of RGB), 3 for colour. Default: read from the model (its input, or its first "
+              "convolution).")
 @click.option("--color", type=click.Choice(["RGB", "BGR"], case_sensitive=False), help="Channel order of the input.")
 @click.option("--resize", type=click.IntRange(0), help="Short side before the centre crop; 0 stretches to the input.")
 @click.option("--check-data", type=click.Path(), help="Images (file or folder) to compare ONNX Runtime with PyTorch "
@@ -344,7 +351,8 @@ def _show(state: State, report, as_json: bool, renderer: str) -> None:
 @json_flag
 @click.pass_obj
 def export(state: State, source, output, weights, random_weights, num_classes, input_size, batch, opset, exporter,
-           labels, mean, std, color, resize, check_data, check_samples, atol, name, program, force, as_json):
+           labels, mean, std, channels, color, resize, check_data, check_samples, atol, name, program, force,
+           as_json):
     """Export a PyTorch classifier to ONNX, with OUTPUT.json (the manifest) beside it; or adopt an ONNX file made
     elsewhere.
 
@@ -379,7 +387,7 @@ def export(state: State, source, output, weights, random_weights, num_classes, i
                                f"{source}.json beside it and changes nothing else", f"drop {ignored[0]}")
         report = adopt_onnx(source, labels=labels, input_size=input_size, resize=resize, mean=mean, std=std,
                             color=color.upper() if color else None, batch=batch, name=name, force=force,
-                            reporter=state.reporter())
+                            reporter=state.reporter(), channels=int(channels) if channels else None)
         _show(state, report, as_json, "render_adopt")
         return
     if output is None:
@@ -388,7 +396,8 @@ def export(state: State, source, output, weights, random_weights, num_classes, i
                          batch=batch or "1:8:32", opset=opset, exporter=exporter, labels=labels, mean=mean, std=std,
                          color=color.upper() if color else None, resize=resize, check_data=check_data,
                          check_samples=check_samples, atol=atol, force=force, name=name, reporter=state.reporter(),
-                         random_weights=random_weights, program=program)
+                         random_weights=random_weights, program=program,
+                         channels=int(channels) if channels else None)
     _show(state, report, as_json, "render_export")
 
 
@@ -401,7 +410,8 @@ def export(state: State, source, output, weights, random_weights, num_classes, i
               help="Calibration data (repeatable): an image folder (recursive), a video (frames sampled evenly, "
                    "PyAV) or .npy/.npz tensors. Required for int8; 'random' only for smoke tests.")
 @click.option("--calib-count", type=click.IntRange(1), default=128, show_default=True,
-              help="Samples to calibrate on; the rest of the data is held out for the check.")
+              help="Samples to calibrate on; the rest of the data is held out for the check. Fewer than 32 "
+                   "(asked for, or all the data gives) need --force, and the report says so.")
 @click.option("--calib-method", type=click.Choice(["percentile", "entropy", "minmax"]), default="percentile",
               show_default=True, help="How activation ranges are chosen (README: Calibration methods).")
 @click.option("--percentile", type=FiniteFloat(0, above=True), default=99.99, show_default=True,
@@ -432,8 +442,10 @@ def export(state: State, source, output, weights, random_weights, num_classes, i
               "check: cpu or cuda:N.")
 @click.option("--input-size", callback=_size, help="For an ONNX without manifest: input size N or HxW.")
 @click.option("--resize", type=click.IntRange(0), help="For an ONNX without manifest: short side before the crop.")
-@click.option("--mean", callback=_floats3, help="For an ONNX without manifest: per-channel mean in [0,1] units.")
-@click.option("--std", callback=_floats3, help="For an ONNX without manifest: per-channel std in [0,1] units.")
+@click.option("--mean", callback=_per_channel, help="For an ONNX without manifest: per-channel mean in [0,1] units "
+              "(one value for a greyscale model).")
+@click.option("--std", callback=_per_channel, help="For an ONNX without manifest: per-channel std in [0,1] units "
+              "(one value for a greyscale model).")
 @click.option("--color", type=click.Choice(["RGB", "BGR"], case_sensitive=False), help="For an ONNX without "
               "manifest: channel order.")
 @force_flag
@@ -548,6 +560,9 @@ def inspect(state: State, artifact, as_json):
 @cli.command(context_settings=CONTEXT)
 @click.option("--reference", required=True, help="The model to compare against: a PyTorch source (as for export), "
               "an .onnx, a .plan, or opencv:M.onnx (the .onnx through OpenCV dnn).")
+@click.option("--reference-weights", type=click.Path(dir_okay=False), help="Trained weights (state_dict or "
+              "checkpoint) of a --reference built by code: torchvision:ARCH, timm:NAME or file.py:factory (required "
+              "there).")
 @click.option("--candidate", "candidates", multiple=True, required=True, help="A model to judge (repeatable).")
 @click.option("--data", multiple=True, required=True, metavar="PATH", help="Images (class subfolders give labels), "
               "videos (frames sampled evenly) or .npy/.npz (with 'labels'); repeatable.")
@@ -575,9 +590,9 @@ def inspect(state: State, artifact, as_json):
 @click.option("--fix-output", type=click.Path(dir_okay=False), help="Where --fix writes the model (default: "
               "CANDIDATE.fixed.onnx).")
 @click.pass_obj
-def validate(state: State, reference, candidates, data, count, device, min_top1_agreement, min_cosine,
-             max_accuracy_drop, json_path, html_path, force, layers, layer_samples, top, layer_threshold, fix,
-             fix_output):
+def validate(state: State, reference, reference_weights, candidates, data, count, device, min_top1_agreement,
+             min_cosine, max_accuracy_drop, json_path, html_path, force, layers, layer_samples, top, layer_threshold,
+             fix, fix_output):
     """Compare candidates with a reference on the same inputs; exit 1 if any candidate fails a threshold.
 
     Metrics per candidate: top-1 agreement (and on decisive samples), top-5 overlap, flips (listed by file or
@@ -601,6 +616,7 @@ def validate(state: State, reference, candidates, data, count, device, min_top1_
         check_output_path(html_path, force, suffix=None, option="--html")
     overrides = {k: v for k, v in (("min_top1_agreement", min_top1_agreement), ("min_cosine", min_cosine),
                                    ("max_accuracy_drop", max_accuracy_drop)) if v is not None}
+    _no_reference_weights(reference_weights, fix, layers)
     if fix:
         return _validate_fix(state, reference, candidates, data, count, device, overrides, json_path, html_path,
                              force, layer_samples, top, layer_threshold, fix_output)
@@ -612,7 +628,7 @@ def validate(state: State, reference, candidates, data, count, device, min_top1_
                                  reporter=state.reporter())
     else:
         report = run_validate(reference, list(candidates), list(data), device=device, count=count,
-                              thresholds=overrides, reporter=state.reporter())
+                              thresholds=overrides, reporter=state.reporter(), reference_weights=reference_weights)
     d = report.to_dict()
     _write_reports(json_path, html_path, d, d)
     if json_path == "-":
@@ -644,6 +660,14 @@ def _write_reports(json_path, html_path, d: dict, validate_report: dict) -> None
         from .report_html import validate_html
 
         atomic_write_text(html_path, validate_html(validate_report))
+
+
+def _no_reference_weights(reference_weights, fix: bool, layers: bool) -> None:
+    """--reference-weights builds a PyTorch reference; --fix and --layers compare with an ONNX one."""
+    if reference_weights and (fix or layers):
+        raise UsageProblem(f"--reference-weights is for a PyTorch reference, and --{'fix' if fix else 'layers'} "
+                           "compares with an ONNX reference", "export the reference first (trtc export ARCH --weights "
+                           "FILE -o M.onnx) and give --reference M.onnx")
 
 
 def _validate_fix(state: State, reference, candidates, data, count, device, overrides, json_path, html_path, force,

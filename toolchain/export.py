@@ -74,6 +74,7 @@ class ExportReport:
     warnings: list[str] = field(default_factory=list)
     weights: str = ""  # where the weights came from: file, random, pretrained or source (see weights_origin)
     program: dict | None = None  # --program: the torch.export program written beside the ONNX (file, manifest, check)
+    assumed: list[str] = field(default_factory=list)  # preprocessing settings no option gave (defaults taken)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -155,14 +156,66 @@ def onnx_labels(path: str | Path, classes: int | None = None) -> tuple[list[str]
     return None, None
 
 
-def build_spec(loaded: LoadedModel, input_size=None, resize=None, mean=None, std=None, color=None) -> PreprocessSpec:
+def build_spec(loaded: LoadedModel, input_size=None, resize=None, mean=None, std=None, color=None,
+               channels: int | None = None) -> tuple[PreprocessSpec, list[str]]:
+    """The preprocessing contract of an exported model, from the options and the source's defaults, and the list
+    of what no option gave (``assumed``: recorded in the manifest and warned about, as adopting an ONNX does),
+    except for ``pretrained:`` sources, whose package documents its preprocessing."""
     d = loaded.defaults
+    said = _defaults_origin(loaded)
+    resize_given = resize is not None
     size = input_size if input_size is not None else d.get("size", 224)
     size = (size, size) if isinstance(size, int) else tuple(size)
     if resize is None:
         resize = d.get("resize", 256) if input_size is None else int(round(min(size) / 0.875))
-    return PreprocessSpec(size=size, resize=resize or None, color=color or d.get("color", "RGB"),
-                          mean=tuple(mean or d.get("mean")), std=tuple(std or d.get("std")), input=INPUT_NAME)
+    channels, channels_assumed = _channels(loaded, channels)
+    grey = channels == 1
+    mean_d, std_d = d.get("mean"), d.get("std")
+    if grey and len(mean_d or ()) != 1:  # a colour default does not fit a greyscale model: the greyscale one
+        mean_d, std_d = None, None
+    spec = PreprocessSpec(size=size, resize=resize or None, color=color or d.get("color", "RGB"),
+                          mean=tuple(mean) if mean else mean_d, std=tuple(std) if std else std_d, input=INPUT_NAME,
+                          channels=channels)
+    if said is None:
+        return spec, []
+    assumed = [what for what, given in (
+        (f"input size {size[0]}x{size[1]} ({said})", input_size is not None),
+        (f"resize {spec.resize or 0} ({said if input_size is None else 'the input size / 0.875'})", resize_given),
+        (f"colour {spec.color}", color is not None or grey),
+        (f"mean {','.join(f'{v:g}' for v in spec.mean)} ({said if mean_d else 'greyscale default'})", bool(mean)),
+        (f"std {','.join(f'{v:g}' for v in spec.std)} ({said if std_d else 'greyscale default'})", bool(std)),
+    ) if not given]
+    if channels_assumed:
+        assumed.insert(0, "3 input channels (no Conv2d taking 1 or 3 found to read them from)")
+    return spec, assumed
+
+
+def _defaults_origin(loaded: LoadedModel) -> str | None:
+    """Where a source's preprocessing defaults come from, as the assumed list says it; None where they are the
+    model's own, documented ones (pretrained:NAME)."""
+    if loaded.source.startswith("pretrained:"):
+        return None
+    if loaded.source.startswith("timm:"):
+        return f"timm's data config for {loaded.name}"
+    if loaded.source.startswith("torchvision:"):
+        return f"torchvision's defaults for {loaded.name}"
+    return "ImageNet default"
+
+
+def _channels(loaded: LoadedModel, channels: int | None) -> tuple[int, bool]:
+    """(the model's input channels, whether they were assumed): ``channels`` (--channels), which must be what the
+    model's first convolution takes where one is found; else that convolution's; else 3, assumed."""
+    from .model_source import input_channels
+
+    found = input_channels(loaded)
+    if found not in (1, 3):  # none, or a convolution inside the network registered before the stem's
+        found = None
+    if channels is not None:
+        if found is not None and found != channels:
+            raise UsageProblem(f"--channels {channels}, but the model's first convolution takes {found} channels",
+                               f"use --channels {found} (or leave it out: it is read from the model)")
+        return channels, False
+    return (found, False) if found is not None else (3, True)
 
 
 @contextlib.contextmanager
@@ -343,7 +396,7 @@ def _check(tmp: Path, loaded: LoadedModel, spec: PreprocessSpec, batch: BatchPro
     if images is not None:
         x = images
     else:
-        x = np.random.default_rng(0).standard_normal((samples, 3, *spec.size), dtype=np.float32)
+        x = np.random.default_rng(0).standard_normal((samples, spec.channels, *spec.size), dtype=np.float32)
     fn = loaded.module.module() if loaded.kind == "exported" else loaded.module
     chunk = max(1, batch.max)
     engine = OnnxRuntimeEngine(tmp, device="cpu")
@@ -467,16 +520,17 @@ def export_onnx(source: str, output: str | Path, *, weights: str | None = None, 
                 mean=None, std=None, color: str | None = None, resize: int | None = None,
                 check_data: str | Path | list | None = None, check_samples: int = 8, atol: float = 1e-3,
                 force: bool = False, name: str | None = None, reporter: Reporter | None = None,
-                random_weights: bool = False, program: bool = False) -> ExportReport:
+                random_weights: bool = False, program: bool = False, channels: int | None = None) -> ExportReport:
     """Export a PyTorch classifier to ONNX with its manifest; see the module docstring.
 
     ``torchvision:``/``timm:`` sources need ``weights`` (a state_dict or checkpoint file), or ``random_weights=True``
     to export the untrained network on purpose (tests, speed measurements); the manifest records which
     (``model.weights``: file, random, pretrained or source). ``program=True`` also writes the torch.export
-    program beside the ONNX (``model.pt2`` with ``model.pt2.json``, for the compiled PyTorch engine).
-
-    The steps: check the options, load the model, read the check images, make the example batch, export, check
-    ONNX Runtime against PyTorch, then write the manifest and move the file into place."""
+    program beside the ONNX (``model.pt2`` with ``model.pt2.json``, for the compiled PyTorch engine). ``channels``:
+    1 (greyscale: one plane, one mean/std value) or 3, by default read from the model's first convolution. What no
+    option gave is listed in ``producer.assumed`` and warned about, except for ``pretrained:`` sources. The steps:
+    check the options, load the model, read the check images, make the example batch, export, check ONNX Runtime
+    against PyTorch, then write the manifest and move the file into place."""
     reporter = reporter or Reporter()
     out = check_output_path(output, force)
     ref = parse_source(source)
@@ -490,12 +544,10 @@ def export_onnx(source: str, output: str | Path, *, weights: str | None = None, 
 
     # before the load (seconds of importing PyTorch): an architecture without weights is refused at once
     origin = weights_origin(ref, weights, random_weights)
-    t0 = time.perf_counter()
-    with reporter.phase(f"loading {ref.text}"):
-        loaded = load_model(ref, weights=weights, num_classes=num_classes)
-    timings["load_s"] = time.perf_counter() - t0
-    spec = build_spec(loaded, input_size, resize, mean, std, color)
+    loaded = _load(ref, weights, num_classes, reporter, timings)
+    spec, assumed = build_spec(loaded, input_size, resize, mean, std, color, channels)
     check_x, check_files, warnings_ = _read_check_images(check_files, spec, data_name)  # before the slow work
+    warnings_ += [assumed_warning(assumed)] if assumed else []
     example = _example_input(ref, profile, spec, batch)
     with atomic_path(out) as tmp:
         t0 = time.perf_counter()
@@ -511,7 +563,7 @@ def export_onnx(source: str, output: str | Path, *, weights: str | None = None, 
         _require_parity(check, atol)
         labels_final = _final_labels(label_list, loaded, num)
         manifest = _export_manifest(tmp, loaded, name, num, origin, spec, in_t, out_t, profile, labels_final, used,
-                                    check, weights)
+                                    check, weights, assumed)
         mpath = write_manifest(out, manifest, hashed_as=tmp)
         keep["report"] = program_out and _write_program(program_out, keep.get("program"), loaded, example, profile,
                                                         manifest, check_x, atol, reporter)  # placed before the ONNX
@@ -520,7 +572,16 @@ def export_onnx(source: str, output: str | Path, *, weights: str | None = None, 
                         opset=manifest.producer["opset"], bytes=size, sha256=manifest.artifact["sha256"],
                         input_shape=list(in_t.shape), num_classes=num, batch=profile.to_dict(),
                         preprocess=spec.to_dict(), check=check, timings={k: round(v, 3) for k, v in timings.items()},
-                        predictions=predictions, weights=origin, warnings=warnings_, program=keep.get("report"))
+                        predictions=predictions, weights=origin, warnings=warnings_, program=keep.get("report"),
+                        assumed=assumed)
+
+
+def _load(ref, weights, num_classes, reporter: Reporter, timings: dict) -> LoadedModel:
+    t0 = time.perf_counter()
+    with reporter.phase(f"loading {ref.text}"):
+        loaded = load_model(ref, weights=weights, num_classes=num_classes)
+    timings["load_s"] = time.perf_counter() - t0
+    return loaded
 
 
 def _check_exporter_options(exporter: str, opset: int | None) -> None:
@@ -536,10 +597,10 @@ def _example_input(ref, profile: BatchProfile, spec: PreprocessSpec, batch):
 
     example_batch = profile.min if not profile.dynamic else max(2, min(profile.opt, profile.max))
     # the largest batch the export runs (the trace's example, the check's smallest batch), before it is made
-    check_input_fits(max(example_batch, profile.min), (3, *spec.size), 4, f"exporting {ref.text}",
+    check_input_fits(max(example_batch, profile.min), (spec.channels, *spec.size), 4, f"exporting {ref.text}",
                      f"--batch 1:8:{profile.max} keeps {profile.max} as the largest batch but traces and checks at 8"
                      if profile.max > 8 else "give a smaller --batch", given=f"--batch {batch}")
-    return torch.from_numpy(np.random.default_rng(1).standard_normal((example_batch, 3, *spec.size),
+    return torch.from_numpy(np.random.default_rng(1).standard_normal((example_batch, spec.channels, *spec.size),
                                                                       dtype=np.float32))
 
 
@@ -560,7 +621,7 @@ def _final_labels(label_list: list[str] | None, loaded: LoadedModel, num: int | 
 
 
 def _export_manifest(tmp: Path, loaded: LoadedModel, name, num, origin, spec, in_t, out_t, profile, labels_final,
-                     used: str, check: ParityCheck, weights) -> Manifest:
+                     used: str, check: ParityCheck, weights, assumed: list[str] | None = None) -> Manifest:
     """The manifest of the exported file (``tmp``, before it is moved into place)."""
     onnx = require("onnx", "Reading ONNX models")
     opset_used = next((o.version for o in onnx.load(str(tmp), load_external_data=False).opset_import
@@ -576,7 +637,7 @@ def _export_manifest(tmp: Path, loaded: LoadedModel, name, num, origin, spec, in
         producer={"tool": "trtc export", "trtc": __version__, "exporter": used, "opset": opset_used,
                   "torch": dist_version("torch"), "onnx": dist_version("onnx"),
                   "onnxruntime": dist_version("onnxruntime", "onnxruntime-gpu"),
-                  "check": asdict(check)},
+                  "check": asdict(check), **({"assumed": list(assumed)} if assumed else {})},
         parent=parent)
 
 
@@ -675,8 +736,15 @@ class AdoptReport:
 def describe_contract(spec: PreprocessSpec) -> str:
     """One line for a preprocessing contract (what a model without a manifest is assumed to take)."""
     resize = f"resize short side {spec.resize}, centre crop" if spec.resize else "stretch to"
-    return (f"{spec.color}, {resize} {spec.size[0]}x{spec.size[1]} ({spec.interpolation}), "
+    colour = "greyscale (1 channel, BT.601 grey of RGB)" if spec.channels == 1 else spec.color
+    return (f"{colour}, {resize} {spec.size[0]}x{spec.size[1]} ({spec.interpolation}), "
             f"mean {','.join(f'{v:g}' for v in spec.mean)}, std {','.join(f'{v:g}' for v in spec.std)}")
+
+
+def assumed_warning(assumed: list[str]) -> str:
+    """The warning for preprocessing no option gave, the same words for an exported and an adopted model."""
+    return (f"assumed (no option gave them): {', '.join(assumed)}; check them against how the model was trained, "
+            "and give --color/--mean/--std/--resize where they differ")
 
 
 def no_manifest_note(model: str | Path, spec: PreprocessSpec, labels: bool = False) -> str:
@@ -697,11 +765,13 @@ def is_adoptable(source: str) -> bool:
 
 def adopt_onnx(model: str | Path, *, labels: str | list[str] | None = None, input_size=None,
                resize: int | None = None, mean=None, std=None, color: str | None = None, batch: str | None = None,
-               name: str | None = None, force: bool = False, reporter: Reporter | None = None) -> AdoptReport:
+               name: str | None = None, force: bool = False, reporter: Reporter | None = None,
+               channels: int | None = None) -> AdoptReport:
     """Adopt an ONNX classifier that trtc did not export: check it, take its labels (``labels``, else its ONNX
     metadata: ``labels``/``classes``/``class_names``/``names``/``character``) and its preprocessing contract
-    (the options; what no option gives is the ImageNet default, listed in ``assumed``), and write ``model.onnx.json``
-    beside it. The model file itself is never written. Afterwards every command treats it as trtc's own.
+    (the options; what no option gives is the ImageNet default, or for a greyscale (1-channel) input the greyscale
+    one, listed in ``assumed``; the channels are read from the input, ``channels`` must agree), and write
+    ``model.onnx.json`` beside it. The model file itself is never written. Afterwards every command treats it as trtc's own.
 
     The steps: check the paths, read and check the graph, settle the preprocessing and the batch profile, run the
     model once, take its labels, then write the manifest."""
@@ -715,9 +785,9 @@ def adopt_onnx(model: str | Path, *, labels: str | list[str] | None = None, inpu
                            said_as("add --force to replace it with one made from these options",
                                    "pass force=True to replace it with one made from these options"))
     proto, feeds, dims = _read_classifier(src)
-    spec, assumed = _adopted_spec(dims, feeds[0].name, input_size, resize, mean, std, color)
+    spec, assumed = _adopted_spec(dims, feeds[0].name, input_size, resize, mean, std, color, channels)
     profile = _adopted_batch(dims, batch)
-    y, ins, outs = _run_once(src, profile, spec.size, reporter)
+    y, ins, outs = _run_once(src, profile, (spec.channels, *spec.size), reporter)
     declared = tuple(outs[0].shape)
     problem = not_a_classifier(src.name, declared if len(declared) == y.ndim else y.shape)
     if problem is not None:
@@ -735,8 +805,7 @@ def adopt_onnx(model: str | Path, *, labels: str | list[str] | None = None, inpu
                   "assumed": assumed, "opset": opset, "producer_name": proto.producer_name,
                   "onnx": dist_version("onnx"), "onnxruntime": dist_version("onnxruntime", "onnxruntime-gpu")})
     if assumed:
-        warnings_.append(f"assumed (no option gave them): {', '.join(assumed)}; check them against how the model was "
-                         "trained, and give --color/--mean/--std/--resize where they differ")
+        warnings_.append(assumed_warning(assumed))
     written = write_manifest(src, manifest)
     return AdoptReport(output=str(src), manifest=str(written), sha256=manifest.artifact["sha256"],
                        input_shape=list(ins[0].shape), num_classes=num, batch=profile.to_dict(),
@@ -748,7 +817,7 @@ _FIX_MODEL = CLASSIFIER_FIX
 
 
 def _read_classifier(src: Path):
-    """The checked ONNX graph, its single input and that input's dims (NCHW with 3 channels)."""
+    """The checked ONNX graph, its single input and that input's dims (NCHW with 1 or 3 channels)."""
     onnx = require("onnx", "Reading ONNX models")
     from .precision import graph as G
 
@@ -762,16 +831,25 @@ def _read_classifier(src: Path):
         raise ExportError(f"{src.name} has {len(feeds)} inputs; trtc adopts single-input image classifiers",
                           _FIX_MODEL)
     dims = G.input_dims(feeds[0])
-    if len(dims) != 4 or dims[1] != 3:
-        raise ExportError(f"{src.name} takes {G.tensor_spec(feeds[0]).shape} inputs, not NCHW images with 3 channels",
-                          _FIX_MODEL)
+    if len(dims) != 4 or dims[1] not in (1, 3):
+        raise ExportError(f"{src.name} takes {G.tensor_spec(feeds[0]).shape} inputs, not NCHW images with 1 "
+                          "(greyscale) or 3 (colour) channels", _FIX_MODEL)
     return proto, feeds, dims
 
 
-def _adopted_spec(dims: list, input_name: str, input_size, resize, mean, std, color):
-    """The preprocessing contract from the options, the model's fixed size and ImageNet defaults, and the list of
-    what was assumed (no option gave it)."""
+def _adopted_spec(dims: list, input_name: str, input_size, resize, mean, std, color, channels=None):
+    """The preprocessing contract from the options, the model's fixed size and channels and the defaults (ImageNet's;
+    a greyscale model's: engines.preprocess.GREY_MEAN/GREY_STD), and the list of what was assumed (no option gave
+    it)."""
     assumed = []
+    fixed_c = dims[1] if isinstance(dims[1], int) and dims[1] > 0 else None
+    if channels is not None and fixed_c is not None and channels != fixed_c:
+        raise UsageProblem(f"--channels {channels} is not the {fixed_c} channels the model takes",
+                           f"use --channels {fixed_c} (or leave it out)")
+    if channels is None and fixed_c is None:
+        assumed.append("3 input channels")
+    channels = channels or fixed_c or 3
+    grey = channels == 1
     hw = tuple(dims[2:4])
     fixed_hw = all(isinstance(d, int) and d > 0 for d in hw)
     if input_size is not None:
@@ -787,15 +865,14 @@ def _adopted_spec(dims: list, input_name: str, input_size, resize, mean, std, co
     if resize is None:
         resize = int(round(min(size) / 0.875))
         assumed.append(f"resize {resize}")
-    if color is None:
+    if color is None and not grey:
         assumed.append("colour RGB")
     if mean is None:
-        assumed.append("ImageNet mean")
+        assumed.append("greyscale mean 0.449" if grey else "ImageNet mean")
     if std is None:
-        assumed.append("ImageNet std")
-    spec = PreprocessSpec(size=size, resize=resize or None, color=color or "RGB",
-                          mean=tuple(mean or (0.485, 0.456, 0.406)), std=tuple(std or (0.229, 0.224, 0.225)),
-                          input=input_name)
+        assumed.append("greyscale std 0.226" if grey else "ImageNet std")
+    spec = PreprocessSpec(size=size, resize=resize or None, color=color or "RGB", mean=tuple(mean) if mean else None,
+                          std=tuple(std) if std else None, input=input_name, channels=channels)
     return spec, assumed
 
 
@@ -812,22 +889,23 @@ def _adopted_batch(dims: list, batch: str | None) -> BatchProfile:
     return BatchProfile(1, 8, 32)
 
 
-def _run_once(src: Path, profile: BatchProfile, size, reporter: Reporter):
-    """One random batch of the smallest size through ONNX Runtime on the CPU: its first output, and the model's
-    inputs and outputs as the engine reads them."""
+def _run_once(src: Path, profile: BatchProfile, shape, reporter: Reporter):
+    """One random batch of the smallest size (``shape``: C, H, W) through ONNX Runtime on the CPU: its first
+    output, and the model's inputs and outputs as the engine reads them."""
     from engines.onnxruntime_engine import OnnxRuntimeEngine
 
     with reporter.phase(f"checking {src.name} in ONNX Runtime"):
         engine = OnnxRuntimeEngine(src, device="cpu")
         try:
-            x = np.random.default_rng(0).standard_normal((profile.min, 3, *size), dtype=np.float32)
+            x = np.random.default_rng(0).standard_normal((profile.min, *shape), dtype=np.float32)
             y = np.asarray(engine.infer(x)[0])
             ins, outs = engine.inputs, engine.outputs
         except Exception as exc:  # noqa: BLE001 - the runtime's own errors, said in one line
             if isinstance(exc, TrtcError):
                 raise
-            raise ExportError(f"ONNX Runtime cannot run {src.name} on {profile.min}x3x{size[0]}x{size[1]} inputs: "
-                              f"{_first_line(exc)}", "give the --input-size and --batch the model takes") from exc
+            dims = "x".join(map(str, (profile.min, *shape)))
+            raise ExportError(f"ONNX Runtime cannot run {src.name} on {dims} inputs: {_first_line(exc)}",
+                              "give the --input-size and --batch the model takes") from exc
         finally:
             engine.close()
     return y, ins, outs

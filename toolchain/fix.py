@@ -131,7 +131,7 @@ def _variants(reference: Path, args: dict, reporter: Reporter, warnings: list[st
 
         return names, make, True, parent.run_batch
     data = q._load_data(parent, "int8", args["calib"], [], False, args["calib_count"], q.DEFAULT_CHECK_COUNT, None, 0,
-                        False, warnings, reporter)
+                        False, warnings, reporter, force=True)  # the recipe of a model already made (and accepted)
     st = q.int8_setup(parent, data.calib, keep_ops, keep_names, {}, calib_method=args["calib_method"],
                       percentile=args.get("percentile", q.cal.DEFAULT_PERCENTILE), calib_cache=calib_cache,
                       random_calib=False, high_precision=args["high_precision"], target=args["target"],

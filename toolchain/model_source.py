@@ -61,6 +61,25 @@ class LoadedModel:
     labels: list[str] | None = None
 
 
+def input_channels(loaded: LoadedModel) -> int | None:
+    """The channels the model's first 2-D convolution takes (in_channels; weight.shape[1] x groups for a TorchScript
+    module), or the example input of a torch.export program; None where neither says."""
+    module = loaded.module
+    try:
+        if loaded.kind == "exported":
+            example = getattr(module, "example_inputs", None)
+            args = example[0] if example else ()
+            return int(args[0].shape[1]) if args and args[0].dim() == 4 else None
+        for m in module.modules():
+            kind = getattr(m, "original_name", type(m).__name__)
+            weight = getattr(m, "weight", None)
+            if kind == "Conv2d" and weight is not None and weight.dim() == 4:
+                return int(weight.shape[1]) * int(getattr(m, "groups", 1))
+    except Exception:  # noqa: BLE001 - a module that cannot be walked: nothing to read
+        return None
+    return None
+
+
 def parse_source(text: str, use: str | None = None) -> SourceRef:
     """Recognise the form of SOURCE and check that files exist. Imports nothing heavy.
 
@@ -115,20 +134,7 @@ def sniff(path: Path) -> str:
     if not head:
         return "empty"
     if head.startswith(b"PK\x03\x04"):
-        try:
-            with zipfile.ZipFile(path) as z:
-                names = z.namelist()
-        except (zipfile.BadZipFile, OSError, ValueError):
-            return "unknown"
-        if any(n.endswith("/constants.pkl") or "/code/" in n for n in names):
-            return "torchscript"
-        if any(n.endswith("/archive_format") for n in names):
-            return "exported"
-        if any(n.endswith("/data.pkl") for n in names):
-            return "checkpoint"
-        if names and all(n.endswith(".npy") for n in names):
-            return "numpy"
-        return "zip"
+        return _sniff_zip(path)
     if head[:1] == b"\x80" and suffix not in VIDEO_SUFFIXES | set(IMAGE_SUFFIXES):
         return "checkpoint"  # a pickle: torch.save before PyTorch 1.6
     if head.startswith(b"\x93NUMPY"):
@@ -162,6 +168,25 @@ def sniff(path: Path) -> str:
     if chars is not None and all(c.isprintable() or c in "\t\n\r" for c in chars):
         return "text"
     return "unknown"
+
+
+def _sniff_zip(path: Path) -> str:
+    """What a zip archive holds, from its member names: torchscript, exported, checkpoint, numpy (.npz), zip or
+    unknown (not readable as a zip)."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            names = z.namelist()
+    except (zipfile.BadZipFile, OSError, ValueError):
+        return "unknown"
+    if any(n.endswith("/constants.pkl") or "/code/" in n for n in names):
+        return "torchscript"
+    if any(n.endswith("/archive_format") for n in names):
+        return "exported"
+    if any(n.endswith("/data.pkl") for n in names):
+        return "checkpoint"
+    if names and all(n.endswith(".npy") for n in names):
+        return "numpy"
+    return "zip"
 
 
 def _use(text: str, use: str | None = None) -> str | None:

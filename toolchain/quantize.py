@@ -54,6 +54,9 @@ RUNTIMES_ALL = ("onnxruntime", "tensorrt", "tensorrt-rtx")
 RUNTIMES_TENSORRT = ("tensorrt", "tensorrt-rtx")  # ONNX Runtime only op by op (session.disable_quant_qdq)
 DEFAULT_CALIB_COUNT = 128
 DEFAULT_CHECK_COUNT = 256
+# the fewest samples INT8 ranges are calibrated on without --force (asked for by --calib-count, or all the data gave);
+# below it, with --force, the report says so
+MIN_CALIB_COUNT = 32
 RUN_BATCH = 16
 
 
@@ -99,11 +102,12 @@ def _spec_for(manifest: Manifest | None, dims: list, input_name: str, input_size
         size = (224, 224)
     if resize is None:
         resize = base.resize if base is not None and input_size is None else int(round(min(size) / 0.875))
+    channels = base.channels if base is not None else (dims[1] if len(dims) == 4 and dims[1] in (1, 3) else 3)
     return PreprocessSpec(size=size, resize=resize or None,
                           color=color or (base.color if base else "RGB"),
-                          mean=tuple(mean or (base.mean if base else (0.485, 0.456, 0.406))),
-                          std=tuple(std or (base.std if base else (0.229, 0.224, 0.225))),
-                          input=input_name)
+                          mean=tuple(mean) if mean else (base.mean if base else None),
+                          std=tuple(std) if std else (base.std if base else None),
+                          input=input_name, channels=channels)
 
 
 def _session(model, device: str, qdq_fusion: bool = True):
@@ -158,7 +162,7 @@ def quantize_onnx(model: str | Path, output: str | Path | None = None, *, precis
     warnings: list[str] = []
     timings: dict[str, float] = {}
     calib, check, random_calib = _checked_options(precision, calib_method, percentile, target, high_precision,
-                                                  target_agreement, calib_count, check_count, calib, check)
+                                                  target_agreement, calib_count, check_count, calib, check, force)
     src = Path(model)
     _refuse_program(src, precision)
     from .model_source import refuse_non_onnx
@@ -169,7 +173,7 @@ def quantize_onnx(model: str | Path, output: str | Path | None = None, *, precis
     t0 = time.perf_counter()
     parent = _read_parent(src, input_size, resize, mean, std, color, warnings)
     data = _load_data(parent, precision, calib, check, random_calib, calib_count, check_count, target_agreement,
-                      seed, allow_random_check, warnings, reporter)
+                      seed, allow_random_check, warnings, reporter, force=force)
     timings["data_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -278,9 +282,9 @@ class _Converted:
 
 
 def _checked_options(precision, calib_method, percentile, target, high_precision, target_agreement, calib_count,
-                     check_count, calib, check) -> tuple[list, list, bool]:
+                     check_count, calib, check, force: bool = False) -> tuple[list, list, bool]:
     """Every option checked before any slow work; returns ``calib`` and ``check`` as lists, and whether the
-    calibration data is ``random``."""
+    calibration data is ``random``. ``force``: a --calib-count below :data:`MIN_CALIB_COUNT` is accepted."""
     if precision not in PRECISIONS:
         raise UsageProblem(f"unknown precision {precision!r}", "use --precision fp16 or --precision int8")
     if calib_method not in cal.METHODS:
@@ -306,10 +310,51 @@ def _checked_options(precision, calib_method, percentile, target, high_precision
                            "--calib random only for a smoke test")
     if random_calib and target_agreement is not None:
         raise UsageProblem("--target-agreement cannot be met on random calibration data", "give real --calib data")
+    if precision == "int8" and not random_calib and calib_count < MIN_CALIB_COUNT and not force:
+        raise UsageProblem(_too_few(f"--calib-count {calib_count} is"), _too_few_fix(calib_count))
     if not random_calib:
         cal.check_sources(calib)
     cal.check_sources(check)
     return calib, check, random_calib
+
+
+def _too_few(what: str) -> str:
+    return (f"{what} below the minimum of {MIN_CALIB_COUNT} calibration samples: INT8 ranges from so few inputs "
+            "do not hold for the inputs the model will see, and a check on the few held out says little")
+
+
+def _too_few_fix(n: int) -> str:
+    return (f"give --calib-count {MIN_CALIB_COUNT} or more (the default is {DEFAULT_CALIB_COUNT}) with enough --calib "
+            f"data, or add --force to calibrate on {n} anyway (the report then says so)")
+
+
+def _calibration_minimum(n: int, calib_count: int, force: bool, warnings: list[str]) -> None:
+    """The one rule for the fewest calibration samples, whether --calib-count asked for fewer than
+    :data:`MIN_CALIB_COUNT` or the data gave fewer: refused without ``force``, said in the report with it."""
+    if n >= MIN_CALIB_COUNT:
+        return
+    if not force:
+        raise QuantizeError(_too_few(f"the calibration data gave {n} sample(s), which is"), _too_few_fix(n))
+    asked = f" (--calib-count {calib_count})" if calib_count < MIN_CALIB_COUNT else ""
+    warnings.append(f"CALIBRATED ON {n} SAMPLE(S){asked}, below the minimum of {MIN_CALIB_COUNT} (accepted by "
+                    "--force): the INT8 ranges may not hold for other inputs; check the model with trtc validate on "
+                    "data it has not seen")
+
+
+def _overlap_warning(calib_set, check_set, check_name: str, warnings: list[str]) -> None:
+    """Check samples that are calibration samples too (the same content: the same file, a copy of it, or the same
+    frame) flatter the INT8 model's agreement: said in the report, with how many."""
+    if calib_set is None or check_set is None or not len(calib_set) or not len(check_set):
+        return
+    import hashlib
+
+    seen = {hashlib.sha1(np.ascontiguousarray(x).tobytes()).digest() for x in calib_set.x}
+    same = [o for x, o in zip(check_set.x, check_set.origins)
+            if hashlib.sha1(np.ascontiguousarray(x).tobytes()).digest() in seen]
+    if same:
+        warnings.append(f"{len(same)} of the {len(check_set)} check samples ({check_name}) are calibration samples "
+                        f"too (the same content, e.g. {same[0]}): the agreement on them flatters the INT8 model; give "
+                        "--check data the calibration did not see")
 
 
 def _output_path(src: Path, output, precision: str, force: bool) -> Path:
@@ -352,14 +397,19 @@ def _read_parent(src: Path, input_size, resize, mean, std, color, warnings: list
 
 
 def _load_data(parent: _Parent, precision, calib, check, random_calib, calib_count, check_count, target_agreement,
-               seed, allow_random_check, warnings, reporter) -> _Data:
-    """Calibration data (INT8), then the check data and the tuning data the search needs."""
+               seed, allow_random_check, warnings, reporter, force: bool = False) -> _Data:
+    """Calibration data (INT8), then the check data and the tuning data the search needs. ``force``: fewer
+    calibration samples than :data:`MIN_CALIB_COUNT` are accepted (and said)."""
     calib_set = held = None
     if precision == "int8":
         calib_set, held = _calibration_data(parent, calib, check, random_calib, calib_count, check_count,
                                             target_agreement, seed, allow_random_check, warnings, reporter)
+        if not random_calib:
+            _calibration_minimum(len(calib_set), calib_count, force, warnings)
     tune_set, check_set, check_name = _check_data(parent, precision, calib, check, held, check_count,
                                                   target_agreement, seed, warnings, reporter)
+    if check:
+        _overlap_warning(calib_set, check_set, check_name, warnings)
     if target_agreement is not None and (tune_set is None or len(tune_set) == 0):
         # the search tunes on calibration-source samples that calibration did not use (--check only reports)
         have = len(calib_set) if calib_set is not None else 0

@@ -36,6 +36,11 @@ def _print(console, table) -> None:
         console.width = old
 
 
+def _colour(preprocess: dict) -> str:
+    """A contract's colour as the tables show it: RGB, BGR, or grey (one channel: BT.601 of RGB)."""
+    return "grey (1 channel)" if preprocess.get("channels", 3) == 1 else preprocess["color"]
+
+
 def _warn(warnings) -> None:
     """A report's warnings go to stderr as log lines after its table (hidden by -q), never onto stdout with the
     results (they mixed into piped tables and were printed even with -q); --json keeps them in the report."""
@@ -84,7 +89,7 @@ def render_export(console, report) -> None:
     t.add_row("classes", str(report.num_classes))
     t.add_row("size", _mb(report.bytes))
     p = report.preprocess
-    t.add_row("preprocess", f"{p['color']} resize {p['resize'] or 'stretch'} crop {p['size'][0]}x{p['size'][1]} "
+    t.add_row("preprocess", f"{_colour(p)} resize {p['resize'] or 'stretch'} crop {p['size'][0]}x{p['size'][1]} "
                             f"mean {p['mean']} std {p['std']}")
     verdict = "[green]pass[/]" if c.passed else "[red]FAIL[/]"
     t.add_row("check vs PyTorch", f"{verdict} on {c.samples} {c.data} inputs (batch sizes {c.batch_sizes}): max abs "
@@ -116,7 +121,7 @@ def render_adopt(console, report) -> None:
     t.add_row("classes", str(report.num_classes))
     t.add_row("labels", escape(f"{report.labels} from {report.labels_from}" if report.labels else "none"))
     p = report.preprocess
-    t.add_row("preprocess", escape(f"{p['color']} resize {p['resize'] or 'stretch'} crop {p['size'][0]}x{p['size'][1]} "
+    t.add_row("preprocess", escape(f"{_colour(p)} resize {p['resize'] or 'stretch'} crop {p['size'][0]}x{p['size'][1]} "
                                    f"({p['interpolation']}) mean {p['mean']} std {p['std']}"))
     t.add_row("manifest", escape(report.manifest))
     _print(console, t)

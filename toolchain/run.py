@@ -194,7 +194,21 @@ def _say_what_is_assumed(model) -> None:
 
     from .export import no_manifest_note
 
-    logging.getLogger("trtc").warning("%s", no_manifest_note(path, PreprocessSpec()))
+    logging.getLogger("trtc").warning("%s", no_manifest_note(path, PreprocessSpec(channels=_onnx_channels(path))))
+
+
+def _onnx_channels(path: Path) -> int:
+    """The channels of an ONNX model's (N, C, H, W) input: 1 for a greyscale model, else 3 (what the run assumes)."""
+    try:
+        from engines._deps import require
+
+        from .precision import graph as G
+
+        onnx = require("onnx", "Reading ONNX models")
+        dims = G.input_dims(G.graph_inputs(onnx.load(str(path), load_external_data=False))[0])
+    except Exception:  # noqa: BLE001 - no onnx, or a file that opening the model reports on
+        return 3
+    return 1 if len(dims) == 4 and dims[1] == 1 else 3
 
 
 def run_video(sources, model, *, device: str = "auto", batch: int | None = None, top_k: int | None = None,

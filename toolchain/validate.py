@@ -42,6 +42,7 @@ class ModelRef:
     kind: str  # pytorch | onnx | plan | opencv (an ONNX file run by OpenCV dnn) | torch (a .pt2, compiled)
     precision: str
     manifest: Manifest | None = None
+    weights: str | None = None  # a PyTorch reference's trained weights (--reference-weights)
 
 
 @dataclass
@@ -161,10 +162,13 @@ class Runner:
         elif ref.kind == "pytorch":
             from .reference import TorchReference
 
-            self.engine = TorchReference(ref.spec, device=device)
+            from .model_source import input_channels
+
+            self.engine = TorchReference(ref.spec, device=device, weights=ref.weights)
             size = self.engine.loaded.defaults.get("size", 224)
             self.fixed, self.batch = False, 32
-            self.shape = (3, *((size, size) if isinstance(size, int) else tuple(size)))
+            channels = input_channels(self.engine.loaded) or 3
+            self.shape = (channels, *((size, size) if isinstance(size, int) else tuple(size)))
             self.fn = self.engine.infer  # returns host arrays: the GPU work is finished when it returns
         else:  # a TensorRT plan: its manifest is checked against this machine first (the reason if it cannot run)
             from engines.tensorrt_engine import TensorRTEngine
@@ -225,16 +229,19 @@ def judge(metrics: dict, thresholds: dict) -> list[dict]:
 
 def validate(reference: str, candidates: list[str], data: list[str], *, device: str = "cpu",
              count: int = 512, seed: int = 0, thresholds: dict | None = None,
-             reporter: Reporter | None = None, each=None) -> ValidateReport:
+             reporter: Reporter | None = None, each=None, reference_weights: str | None = None) -> ValidateReport:
     """Run the reference and each candidate on the same inputs and judge each candidate. ``each(candidate, reference,
     x, ref_logits, result)``, when given, is called after each candidate is judged, with the inputs both ran on (the
-    per-layer comparison of toolchain.layers adds to the result there).
+    per-layer comparison of toolchain.layers adds to the result there). ``reference_weights``: the trained weights
+    (a state_dict or checkpoint) of a reference built by code (torchvision:ARCH, timm:NAME, file.py:factory), which
+    is refused without them: its random weights would make every comparison meaningless.
 
     The steps: check the arguments, read the models and their manifests (each model's preprocessing contract),
     load the data once per contract, run the reference, then run and judge each candidate."""
     reporter = reporter or Reporter()
     _check_arguments(candidates, data, thresholds)
     ref = _classify(reference)
+    ref.weights = _reference_weights(ref, reference_weights)
     cands = [_classify(c) for c in candidates]
     models = [ref, *cands]
     spec_from = _contract_source(ref, cands)
@@ -270,6 +277,29 @@ def validate(reference: str, candidates: list[str], data: list[str], *, device: 
                                 "skipped": dataset.skipped, "device": device},
                           candidates=results, passed=all(r.passed for r in results), warnings=warnings,
                           scores="probabilities" if probabilities else "logits", contracts=len(datasets))
+
+
+def _reference_weights(ref: ModelRef, weights: str | None) -> str | None:
+    """--reference-weights for a PyTorch reference built by code: required there (refused without, by name), and
+    refused for any other reference (which carries its own weights)."""
+    built = None
+    if ref.kind == "pytorch":
+        from .model_source import parse_source
+
+        built = parse_source(ref.spec).kind in ("torchvision", "timm", "pyfile")
+    if weights is None:
+        if built:
+            raise UsageProblem(f"the reference {ref.spec} is built by its code with random weights, which would make "
+                               "the comparison meaningless", "give its trained weights: --reference-weights FILE (a "
+                               "state_dict or checkpoint); or give the trained model as --reference (its fp32 .onnx, "
+                               "or a TorchScript .pt or .pt2 file of it)")
+        return None
+    if not built:
+        raise UsageProblem(f"--reference-weights applies to a reference built by code (torchvision:ARCH, timm:NAME, "
+                           f"file.py:factory), and {ref.spec} carries its own weights", "drop --reference-weights")
+    if not Path(weights).is_file():
+        raise UsageProblem(f"reference weights not found: {weights}", "check the --reference-weights path")
+    return weights
 
 
 def _check_arguments(candidates: list[str], data: list[str], thresholds: dict | None) -> None:
@@ -462,8 +492,8 @@ def _fix(ref: ModelRef, c: ModelRef, ref_classes: int | None = None) -> str:
             return f"{base}: {model_label(c.spec)} was made from {path}, so give --reference {path}"
     if ref.kind == "pytorch" and ref.spec.split(":", 1)[0] in ("torchvision", "timm"):
         head = f"{ref_classes}-class" if ref_classes else "standard"
-        return (f"{base}: {ref.spec} is built with its {head} head and random weights, so give your own model as "
-                "--reference (its fp32 .onnx, or a TorchScript .pt or .pt2 file of it)")
+        return (f"{base}: {ref.spec} is built with its {head} head, so give your own model as --reference (its "
+                "fp32 .onnx, or a TorchScript .pt or .pt2 file of it)")
     return f"{base} (e.g. --reference model.onnx --candidate model.int8.onnx)"
 
 

@@ -291,7 +291,8 @@ class GpuBatches:
         # convolution); the kernel writes it directly
         self.layout = input_layout(self.engine)
         self.pre = GpuPreprocessor(self.spec, layout=self.layout)
-        bufs = [InputBuffer(cp, (3, h, w), dtype, self.batch, self.layout) for _ in range(self.n_buffers)]
+        bufs = [InputBuffer(cp, (self.spec.channels, h, w), dtype, self.batch, self.layout)
+                for _ in range(self.n_buffers)]
         self.slot_arrays = [b.data for b in bufs]  # what the warm-up runs
         self.asm = SlotAssembler(bufs, self.batch)
         self.asm.sources_live = sources
@@ -494,7 +495,7 @@ class _SourceWriter:
         surface = self.pipe.cp.from_dlpack(frame)  # no copy; the decoder writes on this stream, so no wait is added
         info = self.src.info  # pre.plan() caches per kind of surface
         return self.pre.plan(fmt, surface.shape, surface.dtype, info.height, info.width, info.colorspace,
-                             self.out_dtype), surface
+                             self.out_dtype, getattr(self.src, "turn", None)), surface  # turned in the kernel
 
     def on_frames(self, first, frames):  # SimpleDecoder: one batch of one source
         pipe, src = self.pipe, self.src

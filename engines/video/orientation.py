@@ -21,7 +21,6 @@ import numpy as np
 
 from ..errors import UsageProblem
 from ..preprocess import YuvPlanes
-from .source_base import SourceError
 
 ROTATE_CHOICES = ("auto", "0", "90", "180", "270")
 
@@ -130,15 +129,13 @@ def probe_orientation(name: str) -> Orientation:
     return Orientation()
 
 
-def refuse_turned(name: str) -> None:
-    """For the GPU path, whose NVDEC frames are not turned yet: a file stored turned (rotation metadata) is refused
-    by name (a SourceError), as classified as stored it would give other answers than the CPU path's, unsaid."""
-    turn = probe_orientation(name)
-    if not turn.identity:
-        mirror = "mirrored, then " if turn.mirrored else ""
-        raise SourceError(name, f"is stored turned (its rotation metadata says: {mirror}rotate {turn.degrees} "
-                          "degrees clockwise to show it), which the GPU path does not apply yet",
-                          "run it on the CPU path: --decoder pyav (or --device cpu)")
+def file_orientation(name: str, rotate: str = "auto") -> Orientation:
+    """How the GPU path turns a file's NVDEC frames: ``rotate`` "auto" reads the display matrix of the file's first
+    frame (PyAV on the CPU, as the CPU path reads it; a URL or a host without PyAV: no turn), a number replaces it.
+    The preprocessing kernel applies it in the same pass (engines.preprocess.kernel_grid), with no extra copy."""
+    if rotate != "auto":
+        return Orientation.clockwise(int(rotate))
+    return probe_orientation(name)
 
 
 def frame_orientation(frame, rotate: str = "auto") -> Orientation:

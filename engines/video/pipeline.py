@@ -29,7 +29,7 @@ import numpy as np
 
 from .._gpu import device as gpu_device
 from ..errors import TrtcError, UsageProblem
-from ..manifest import classes_of, not_a_classifier
+from ..manifest import CLASSIFIER_FIX, classes_of, not_a_classifier
 from ..preprocess import PreprocessSpec
 from ..topk import TopK, resolve_k
 from .live import LiveOptions
@@ -114,7 +114,7 @@ class RunStats:
     lagged: dict = field(default_factory=dict)  # live sources: frames skipped because they were past --max-lag
     cut: dict = field(default_factory=dict)  # live sources: frames made up from data trtc's read timeout cut short
     lag: dict = field(default_factory=dict)  # live sources: LagStats of capture -> result
-    rotation: dict = field(default_factory=dict)  # how each source's frames were turned to be shown (CPU path)
+    rotation: dict = field(default_factory=dict)  # how each source's frames were turned to be shown
 
     def for_pool(self) -> dict:
         """What a worker process or Ray actor sends back at the end of a job: :meth:`to_dict` with the batch sizes,
@@ -235,15 +235,16 @@ def classify(sources, engine, *, batch: int | None = None, top_k: int | None = N
 
     ``rotate``: "auto" turns each frame as the stream's display matrix (rotation metadata) says; 0, 90, 180 or 270
     turns it clockwise by that instead (:mod:`engines.video.orientation`); ``run.stats.rotation`` says, per source,
-    what was applied. The CPU path (PyAV) applies it; the GPU path (NVDEC) does not yet: it refuses ``rotate``
-    other than "auto" or 0, and reports a file with rotation metadata as a bad source.
+    what was applied. The CPU path (PyAV) turns each decoded frame; the GPU path (NVDEC) turns it inside the
+    preprocessing kernel, in the same pass (a file's matrix is read from its first frame; a live URL is not turned
+    by metadata there, only by a number).
     """
     sources = _check_arguments(sources, stride, buffers, max_wait_ms, colorspace)
     rotate = check_rotate(rotate)
     check_classifier(engine)
     live_options = (live_options or LiveOptions()).check()
     manifest = _manifest_of(engine)
-    spec = preprocess or (manifest.preprocess if manifest is not None else PreprocessSpec())
+    spec = model_spec(engine, manifest, preprocess)
     labels = labels if labels is not None else (manifest.labels if manifest is not None else None)
     batch = batch or _default_batch(engine, manifest)
     _check_batch(engine, manifest, batch)
@@ -289,13 +290,11 @@ def _check_arguments(sources, stride, buffers, max_wait_ms, colorspace) -> list[
 
 
 def _cpu_only(decoder: str, sources, rotate: str) -> None:
-    """What only the CPU path does yet, refused on the GPU path (NVDEC): image sources and ``--rotate``."""
+    """What only the CPU path does yet, refused on the GPU path (NVDEC): image sources. (``rotate`` is applied on
+    both paths: the GPU path's preprocessing kernel turns NVDEC's frames.)"""
     if decoder == "nvdec" and any(is_image(s) for s in sources):
         raise UsageProblem(f"{next(s for s in sources if is_image(s))} is an image: images are classified on the CPU "
                            "path only (PyAV decoding, numpy preprocessing)", "add --decoder pyav (or --device cpu)")
-    if decoder == "nvdec" and rotate not in ("auto", "0"):
-        raise UsageProblem(f"--rotate {rotate} is applied on the CPU path only (PyAV), not by the GPU path's NVDEC "
-                           "decoding", "add --decoder pyav (or --device cpu), or rotate the video with ffmpeg first")
 
 
 def _pick_decoder(engine, decoder: str) -> str:
@@ -430,27 +429,68 @@ def _check_batch(engine, manifest, batch: int) -> None:
                            f"use --batch {manifest.batch.max} or less")
 
 
+def model_channels(engine) -> int | None:
+    """The channels of the model's (N, C, H, W) input where fixed (1 or 3), else None."""
+    shape = engine.inputs[0].shape if engine.inputs else ()
+    c = shape[1] if len(shape) == 4 else None
+    return c if isinstance(c, int) and c in (1, 3) else None
+
+
+def model_spec(engine, manifest, preprocess: PreprocessSpec | None) -> PreprocessSpec:
+    """The preprocessing frames get: ``preprocess``, else the manifest's, else the defaults for the model's channels
+    (ImageNet's for colour; :data:`engines.preprocess.GREY_MEAN`/``GREY_STD`` for a one-channel model)."""
+    if preprocess is not None:
+        return preprocess
+    if manifest is not None:
+        return manifest.preprocess
+    return PreprocessSpec(channels=model_channels(engine) or 3)
+
+
+def _suggested_spec(shape) -> str:
+    """The PreprocessSpec a model of input ``shape`` (N, C, H, W) can take, as Python text."""
+    size = f"size=({shape[2]}, {shape[3]}), " if all(isinstance(d, int) for d in shape[2:]) else ""
+    if shape[1] == 1:
+        return f"PreprocessSpec({size}channels=1, mean=(M,), std=(S,))"
+    return f"PreprocessSpec({size}mean=..., std=...)"
+
+
 def _input_shape(engine, spec: PreprocessSpec, origin: str | None) -> tuple[int, int]:
-    """The model's fixed input H, W must be what the preprocessing makes. ``origin``: where ``spec`` came from
-    ("manifest", "the preprocess argument", or None: no manifest, so the ImageNet defaults)."""
+    """The model's fixed input channels, H and W must be what the preprocessing makes. ``origin``: where ``spec``
+    came from ("manifest", "the preprocess argument", or None: no manifest, so the defaults)."""
     shape = engine.inputs[0].shape
+    if len(shape) == 4 and isinstance(shape[1], int) and shape[1] != spec.channels:
+        _wrong_channels(engine, shape, spec, origin)
     if len(shape) == 4 and all(isinstance(d, int) for d in shape[2:]):
         if tuple(shape[2:]) != tuple(spec.size):
             takes = f"the model takes {shape[2]}x{shape[3]} inputs"
             makes = f"{spec.size[0]}x{spec.size[1]}"
             name = Path(str(getattr(engine, "path", "the model"))).name
-            python = (f"in Python, classify(..., preprocess=PreprocessSpec(size=({shape[2]}, {shape[3]}), mean=..., "
-                      "std=...))")
+            python = f"in Python, classify(..., preprocess={_suggested_spec(shape)})"
             if origin is None:
-                raise UsageProblem(f"{name} has no manifest, so its frames get the ImageNet default preprocessing "
-                                   f"({makes}), but {takes}", "make the model with trtc export, which writes its "
-                                   f"manifest (preprocessing, labels) beside it; or {python}")
+                grey = " (one value each: it is a greyscale model)" if shape[1] == 1 else ""
+                kind = "greyscale" if spec.channels == 1 else "ImageNet"
+                raise UsageProblem(f"{name} has no manifest, so its frames get the {kind} default preprocessing "
+                                   f"({makes}), but {takes}", f"adopt it once: trtc export {name} --mean ... --std ..."
+                                   f"{grey}, which writes its manifest (preprocessing, labels) beside it; or {python}")
             if origin == "manifest":
                 raise UsageProblem(f"{takes}, but its manifest's preprocessing makes {makes}",
                                    "re-create the manifest with the trtc command that made the model; or " + python)
             raise UsageProblem(f"{takes}, but the preprocess argument makes {makes}",
-                               f"give PreprocessSpec(size=({shape[2]}, {shape[3]}), ...)")
+                               f"give {_suggested_spec(shape)}")
     return spec.size
+
+
+def _wrong_channels(engine, shape, spec: PreprocessSpec, origin: str | None) -> None:
+    """A model whose input has other channels than the preprocessing writes: refused with a contract it can take."""
+    name = Path(str(getattr(engine, "path", "the model"))).name
+    takes = f"{name} takes {shape[1]}-channel inputs {tuple(shape)}"
+    if shape[1] not in (1, 3):
+        raise UsageProblem(f"{takes}; trtc classifies greyscale (1-channel) and colour (3-channel) images",
+                           CLASSIFIER_FIX)
+    where = {"manifest": "its manifest's preprocessing", None: "the default preprocessing"}.get(origin, origin)
+    fix = (f"re-create the manifest: trtc export {name} --channels {shape[1]} --mean ... --std ... (it reads the "
+           f"channels from the model); in Python, classify(..., preprocess={_suggested_spec(shape)})")
+    raise UsageProblem(f"{takes}, but {where} makes {spec.channels}-channel inputs", fix)
 
 
 def _problem(problems, lock, source, reason, frames):

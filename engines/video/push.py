@@ -35,7 +35,7 @@ from ..topk import TopK, resolve_k
 from .assembler import Stopped
 from .live import LiveOptions
 from .pipeline import (Prediction, RunStats, SourceProblem, _announce, _check_batch, _default_batch, _input_shape,
-                       _manifest_of, check_classifier, label_names, model_classes, model_name)
+                       _manifest_of, check_classifier, label_names, model_classes, model_name, model_spec)
 
 log = logging.getLogger("trtc")
 
@@ -136,7 +136,7 @@ class FramePusher:
             raise UsageProblem(f"unknown frame format {format!r}", f"use one of {', '.join(FORMATS)}")
         check_classifier(engine)
         manifest = _manifest_of(engine)
-        spec = preprocess or (manifest.preprocess if manifest is not None else PreprocessSpec())
+        spec = model_spec(engine, manifest, preprocess)
         self.labels = labels if labels is not None else (manifest.labels if manifest is not None else None)
         self.batch = batch or _default_batch(engine, manifest)
         _check_batch(engine, manifest, self.batch)

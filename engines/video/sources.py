@@ -23,7 +23,7 @@ from .credentials import scrub, url_of
 from .live import (LagClock, LiveOptions, LiveSource, Liveness, NoFrames, is_network, network_error, open_url,
                    watched_packets)
 from .image_source import ImageSource, is_image
-from .orientation import Orientation, frame_orientation, refuse_turned
+from .orientation import Orientation, file_orientation, frame_orientation
 from .source_base import (DETAIL_CHARS, MAX_REJECTED_PACKETS, FramesOut, SourceError, SourceInfo,  # noqa: F401
                           Timeline, _colorspace_from_av, _synchronize, count_lost)
 
@@ -422,9 +422,11 @@ class NvdecSource(LiveSource):
 
     def __init__(self, name: str, gpu: int = 0, colorspace: str | None = None, loop: int = 1,
                  realtime: bool = False, latency: str = "native", live: bool | None = None,
-                 options: LiveOptions | None = None):
+                 options: LiveOptions | None = None, rotate: str = "auto"):
         self.name = name if isinstance(name, str) else str(name)  # an Address keeps its url
         self.gpu = gpu
+        self.rotate = rotate  # "auto": the file's display matrix; "0".."270": clockwise, instead of it
+        self.turn = Orientation()  # applied by the preprocessing kernel (GpuPreprocessor.plan's turn)
         self.override = colorspace
         self.loop = max(1, int(loop))
         self.realtime = realtime
@@ -488,9 +490,10 @@ class NvdecSource(LiveSource):
         self._check_caps(nvc, codec, chroma, depth, width, height, codec_name)
         fps = float(dmx.FrameRate()) if dmx.FrameRate() else None
         if self.info is None:
-            refuse_turned(self.name)  # NVDEC's frames are not turned yet
+            self.turn = file_orientation(self.name, self.rotate)
             cs, self.time_base, self.start_pts = probe_stream(self.name, height, self.override, dmx)
             self.info = SourceInfo(self.name, codec_name, width, height, fps, None, cs)
+            self.info.rotation = self.turn.to_dict()
         if not decoder:
             return dmx, None
         return dmx, self._core_decoder(nvc, codec, stream_ptr)
@@ -815,7 +818,7 @@ def make_sources(names, backend: str, gpu: int = 0, colorspace: str | None = Non
         if is_image(n):  # a photo: one frame, read by the image reader (CPU path)
             out.append(ImageSource(n, loop, rotate))
         elif backend == "nvdec":
-            out.append(NvdecSource(n, gpu, colorspace, loop, realtime, latency, live, live_options))
+            out.append(NvdecSource(n, gpu, colorspace, loop, realtime, latency, live, live_options, rotate))
         else:
             out.append(PyAVSource(n, colorspace, loop, realtime, live, live_options, rotate))
     return out

@@ -78,9 +78,18 @@ def test_tensor_shape_the_model_cannot_take(mnist_copy, tmp_path):
 
 
 def test_images_for_a_one_channel_model(mnist_copy, tmp_path, photos):
+    """A greyscale (1-channel) ONNX without a manifest reads images as one plane, and says it assumed so; one image
+    is below the calibration minimum: refused, then accepted with --force and said in the report."""
     m, _ = mnist_copy
-    r = run(["quantize", str(m), "--precision", "int8", "--calib", str(photos[0])])
-    assert r.exit_code == 1 and "3-channel" in r.output and ".npy/.npz" in r.output
+    r = run(["quantize", str(m), "--precision", "int8", "--calib", str(photos[0]), "--allow-random-check"])
+    assert r.exit_code == 1 and "gave 1 sample(s), which is below the minimum of 32" in r.output, r.output
+    assert "add --force to calibrate on 1 anyway" in r.output
+    r = run(["quantize", str(m), "--precision", "int8", "--calib", str(photos[0]), "--allow-random-check", "--force",
+             "--json", "-o", str(tmp_path / "g.onnx")])
+    assert r.exit_code == 0, r.output
+    warnings = " ".join(json.loads(r.stdout)["warnings"])
+    assert "has no manifest: assumed greyscale (1 channel, BT.601 grey of RGB)" in warnings
+    assert "CALIBRATED ON 1 SAMPLE(S), below the minimum of 32 (accepted by --force)" in warnings
 
 
 def test_empty_folder_and_missing_path(orient_copy, tmp_path):
@@ -100,7 +109,7 @@ def test_corrupt_image_in_a_folder_is_skipped_and_reported(orient_copy, tmp_path
     (d / "sub" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
     shutil.copy(photos[1], d / "sub" / "c.png")
     r = run(["quantize", str(orient_copy), "--precision", "int8", "--calib", str(d), "--no-calib-cache", "--json",
-             "--allow-random-check"])  # two images leave none to check on: accepted here, this is about the skip
+             "--allow-random-check", "--force"])  # two images: too few, accepted here, this is about the skip
     assert r.exit_code == 0, r.output
     report = json.loads(r.stdout)
     assert report["calibration"]["samples"] == 2
@@ -211,3 +220,33 @@ def test_a_calib_cache_path_holding_another_file_is_not_overwritten(mnist_copy, 
                  "-o", str(tmp_path / "q.int8.onnx")])
         assert r.exit_code == 2 and "is not a trtc calibration cache" in r.output, r.output
         assert other.read_bytes() == content and not (tmp_path / "q.int8.onnx").exists()
+
+
+def test_one_calibration_minimum_and_check_data_that_overlaps_it(mnist_copy, mnist, tmp_path):
+    """--calib-count below the minimum is refused before any data is read (exit 2, the fix names --force); with
+    --force the INT8 model is made and the report says so. Check data whose content is calibration data (a copy of
+    the calibration file under another name) is warned about; check data the calibration did not see is not."""
+    m, _ = mnist_copy
+    _, _, x, labels = mnist
+    calib, copy, other = tmp_path / "calib.npz", tmp_path / "copy.npz", tmp_path / "other.npz"
+    np.savez(calib, x=x[:40], labels=labels[:40])
+    shutil.copy(calib, copy)
+    np.savez(other, x=x[100:140], labels=labels[100:140])
+    base = ["quantize", str(m), "--precision", "int8", "--calib", str(calib), "--no-calib-cache", "--json"]
+    r = run([*base, "--calib-count", "2", "--check", str(other)])
+    assert r.exit_code == 2 and "--calib-count 2 is below the minimum of 32 calibration samples" in r.output
+    assert "add --force to calibrate on 2 anyway" in r.output and left(tmp_path, ("calib.npz", "copy.npz",
+                                                                                   "other.npz")) == ["mnist.onnx"]
+    r = run([*base, "--calib-count", "2", "--check", str(other), "--force", "-o", str(tmp_path / "few.onnx")])
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.stdout)
+    assert report["calibration"]["samples"] == 2
+    assert any(w.startswith("CALIBRATED ON 2 SAMPLE(S) (--calib-count 2), below the minimum of 32")
+               for w in report["warnings"]), report["warnings"]
+    assert not any("calibration samples too" in w for w in report["warnings"])
+    r = run([*base, "--calib-count", "32", "--check", str(copy), "-o", str(tmp_path / "same.onnx")])
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.stdout)
+    assert any(w.startswith(f"32 of the 40 check samples ({copy}) are calibration samples too")
+               for w in report["warnings"]), report["warnings"]
+    assert not any("CALIBRATED ON" in w for w in report["warnings"])

@@ -136,6 +136,30 @@ def test_pyfile_source_and_both_exporters(tmp_path, photos, exporter):
     assert report.exporter == exporter and report.check.passed and report.num_classes == 7
     m = read_manifest(out)
     assert m.preprocess.size == (64, 64) and m.preprocess.resize == 73 and m.labels is None
+    # what no option gave is said and recorded, as adopting an ONNX does (the input size was given)
+    assumed = ["resize 73 (the input size / 0.875)", "colour RGB", "mean 0.485,0.456,0.406 (ImageNet default)",
+               "std 0.229,0.224,0.225 (ImageNet default)"]
+    assert m.producer["assumed"] == report.assumed == assumed
+    assert f"assumed (no option gave them): {', '.join(assumed)};" in " ".join(report.warnings)
+
+
+GREY_NET = NET.replace("Conv2d(3, 8", "Conv2d(1, 8")
+
+
+def test_a_greyscale_pytorch_model_is_exported_with_its_channels(tmp_path):
+    """The channels are read from the first convolution (1), the greyscale defaults fill mean/std (and are said),
+    the ONNX takes (N, 1, H, W), and a --channels that contradicts the model is refused before the export."""
+    src = tmp_path / "grey.py"
+    src.write_text(GREY_NET)
+    out = tmp_path / "g.onnx"
+    report = export_onnx(f"{src}:build", out, exporter="torchscript", input_size=28, resize=0, std=(0.3,),
+                         batch="1", check_samples=1)
+    m = read_manifest(out)
+    assert report.check.passed and m.preprocess.channels == 1 and m.inputs[0].shape == (1, 1, 28, 28)
+    assert m.preprocess.mean == (0.449,) and m.preprocess.std == (0.3,)
+    assert m.producer["assumed"] == ["mean 0.449 (greyscale default)"]
+    r = CliRunner().invoke(cli, ["export", f"{src}:build", "--channels", "3", "-o", str(tmp_path / "x.onnx")])
+    assert r.exit_code == 2 and "--channels 3, but the model's first convolution takes 1 channels" in r.output
 
 
 def test_torchscript_and_exported_program_sources(tmp_path, photos):
@@ -148,6 +172,8 @@ def test_torchscript_and_exported_program_sources(tmp_path, photos):
     torch.jit.trace(model, torch.randn(2, 3, 64, 64)).save(str(scripted))
     r1 = export_onnx(str(scripted), tmp_path / "ts.onnx", input_size=64, check_data=photos)
     assert r1.exporter == "torchscript" and r1.check.passed
+    assert read_manifest(tmp_path / "ts.onnx").producer["assumed"][2:] == [
+        "mean 0.485,0.456,0.406 (ImageNet default)", "std 0.229,0.224,0.225 (ImageNet default)"]
     program = tmp_path / "small.pt2"
     batch = torch.export.Dim("batch", min=1, max=16)
     torch.export.save(torch.export.export(model, (torch.randn(2, 3, 64, 64),), dynamic_shapes=({0: batch},)), program)
@@ -175,6 +201,9 @@ def test_timm_source(tmp_path):
     cfg = timm.data.resolve_data_config({}, model=model)
     assert m.preprocess.size == tuple(cfg["input_size"][1:])  # from timm's data config
     assert m.preprocess.mean == tuple(cfg["mean"])
+    size = cfg["input_size"][1]
+    assert m.producer["assumed"][0] == f"input size {size}x{size} (timm's data config for resnet10t)"
+    assert len(m.producer["assumed"]) == 5 and any("assumed (no option gave them)" in w for w in report.warnings)
 
 
 def test_parity_failure_writes_nothing(tmp_path, monkeypatch):
@@ -201,6 +230,7 @@ def test_random_weights_are_asked_for_and_recorded(tmp_path):
     assert r.exit_code == 0, r.output
     assert "RANDOM (--random-weights: an untrained network)" in r.output
     m = read_manifest(out)
+    assert m.producer["assumed"][-1] == "std 0.229,0.224,0.225 (torchvision's defaults for squeezenet1_1)"
     assert m.model["weights"] == "random" and m.parent is None
     shown = CliRunner().invoke(cli, ["inspect", str(out)])
     assert shown.exit_code == 0 and "RANDOM (--random-weights: an untrained network)" in shown.output, shown.output

@@ -210,3 +210,42 @@ def test_models_that_do_not_classify_the_same_classes_or_sizes_are_a_usage_probl
     (tmp_path / "twin.onnx.json").write_text(json.dumps(meta))
     r = run(["validate", "--reference", str(small), "--candidate", str(twin), *data])
     assert r.exit_code == 0, r.output
+
+
+@needs_export
+def test_a_reference_built_by_code_needs_its_weights(photos, tmp_path):
+    """`--reference net.py:build` builds the network with its initial weights: without --reference-weights it is
+    refused with that fix (it ran random weights, and a trained candidate "failed" against them); with the trained
+    weights the candidate exported from them agrees with it exactly, which the factory's own weights do not."""
+    import torch
+
+    from tests.cpu.test_export_real import NET
+    from toolchain.export import export_onnx
+
+    src = tmp_path / "net.py"
+    src.write_text(NET)
+    ns: dict = {}
+    exec(NET, ns)
+    torch.manual_seed(1)
+    trained = ns["Small"]()  # other weights than build()'s seed-0 ones
+    weights = tmp_path / "trained.pt"
+    torch.save(trained.state_dict(), weights)
+    onnx_path = tmp_path / "m.onnx"
+    export_onnx(f"{src}:build", onnx_path, weights=str(weights), input_size=64, batch="1:4:8", check_samples=2)
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    for p in photos:
+        shutil.copy(p, folder / p.name)
+    args = ["validate", "--reference", f"{src}:build", "--candidate", str(onnx_path), "--data", str(folder)]
+    r = run(args)
+    assert r.exit_code == 2, r.output
+    assert "built by its code with random weights" in r.output and "--reference-weights FILE" in r.output
+    r = run([*args, "--reference-weights", str(weights), "--json", "-"])
+    assert r.exit_code == 0, r.output
+    (cand,) = json.loads(r.stdout)["candidates"]
+    assert cand["metrics"]["max_abs_diff"] < 1e-4 and cand["metrics"]["top1_agreement"] == 1.0
+    r = run([*args, "--reference-weights", str(tmp_path / "missing.pt")])
+    assert r.exit_code == 2 and "reference weights not found" in r.output, r.output
+    r = run(["validate", "--reference", str(onnx_path), "--candidate", str(onnx_path), "--data", str(folder),
+             "--reference-weights", str(weights)])
+    assert r.exit_code == 2 and "drop --reference-weights" in r.output, r.output

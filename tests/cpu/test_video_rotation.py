@@ -108,15 +108,19 @@ def test_cli_records_the_rotation(lite0_onnx, clips, tmp_path):
     assert r.exit_code == 2 and "--rotate" in r.output
 
 
-def test_the_gpu_path_refuses_a_turned_file_by_name(clips):
-    """NVDEC's frames are not turned yet: a file with rotation metadata is a bad source there, named with its
-    turn and the CPU path as the fix (the check NvdecSource makes when it first opens a file; run here on the CPU,
-    without NVDEC)."""
-    from engines.video.orientation import refuse_turned
-    from engines.video.sources import SourceError
+def test_the_gpu_path_turns_a_file_as_the_cpu_path_does(clips):
+    """The GPU path reads a file's turn once, before NVDEC decodes it (file_orientation, what NvdecSource records and
+    hands to the preprocessing kernel): it is the turn the CPU path applies to the same file's frames, and --rotate
+    replaces it. (Run here on the CPU, without NVDEC; tests/gpu/test_greyscale_rotation_gpu.py runs the kernel.)"""
+    import av
 
-    refuse_turned(str(clips / "upright.mp4"))
-    refuse_turned(str(clips / "untagged-ccw.mp4"))  # no metadata: nothing to say
-    with pytest.raises(SourceError, match="rotate 270 degrees clockwise to show it") as refused:
-        refuse_turned(str(clips / "tag90.mp4"))
-    assert refused.value.fix == "run it on the CPU path: --decoder pyav (or --device cpu)"
+    from engines.video.orientation import file_orientation, frame_orientation
+
+    for name, (_, tag, rotate) in VARIANTS.items():
+        path = str(clips / f"{name}.mp4")
+        with av.open(path) as container:
+            cpu_turn = frame_orientation(next(container.decode(video=0)), rotate)
+        assert file_orientation(path, rotate) == cpu_turn, name
+    assert file_orientation(str(clips / "tag90.mp4"), "auto").to_dict() == {"degrees": 270, "mirrored": False,
+                                                                           "from": "metadata"}
+    assert file_orientation(str(clips / "tag90.mp4"), "0").identity

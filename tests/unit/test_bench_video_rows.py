@@ -233,8 +233,8 @@ def test_engine_only_runs_the_batches_the_trtc_run_ran_and_the_limit_is_the_lowe
     engine = types.SimpleNamespace(inputs=[types.SimpleNamespace(numpy_dtype=np.dtype(np.float32))],
                                    infer=lambda x: calls.append(x.shape[0]) or [x[:, :2, 0, 0]])
     monkeypatch.setattr(bv, "_ours", lambda video, n, e, batch, **kw: (43 * n, 0.5, [], sizes * n))
-    spec = types.SimpleNamespace(size=(16, 16))
-    other = types.SimpleNamespace(size=(24, 24))  # the bench's model's; the engine here is a baseline of its own
+    spec = types.SimpleNamespace(size=(16, 16), channels=3)
+    other = types.SimpleNamespace(size=(24, 24), channels=3)  # the bench's model's; the engine here is a baseline of its own
     bench = bv._Bench("clip.mp4", engine, other, 0, 8, 8, 1, Reporter(), on_gpu=False)
     shapes = []
     engine.infer = lambda x: calls.append(x.shape[0]) or shapes.append(x.shape[1:]) or [x[:, :2, 0, 0]]

@@ -103,6 +103,7 @@ def test_fp16_and_int8_build_quantize_first_and_the_fake_tensorrt_reports_their_
     assert m.precision["mode"] == "int8" and m.precision["calibration"] == "percentile"
     assert m.parent["file"] == "mnist.int8.onnx" and m.batch.min == m.batch.max == 1
     assert r8.quantize["check"]["samples"] > 0
+    assert m.preprocess.channels == 1 and read_manifest(tmp_path / "mnist.fp16.plan").preprocess.channels == 1
 
 
 def test_an_engine_is_not_called_fp16_when_its_layers_are_not(monkeypatch, mnist, tmp_path):

@@ -106,7 +106,7 @@ def _expected(plan, ptrs, out_ptr, widths):
 @pytest.mark.parametrize("half", [False, True])
 def test_every_parameter_is_packed_in_the_kernels_declared_order_and_width(monkeypatch, half):
     widths = _declared_params(kernel_source("u8_f16" if half else "u8_f32", False, half))
-    assert len(widths) == 35
+    assert len(widths) == 37
     drv = FakeDriver(widths)
     pre, plan = _plan(monkeypatch, drv, out_dtype=np.float16 if half else np.float32)
     assert plan.driver is not None
@@ -131,7 +131,7 @@ def test_a_smaller_launch_writes_zero_for_the_frames_it_does_not_have(monkeypatc
     second = drv.calls[1]
     assert second["grid"][1] == 2
     assert second["values"] == _expected(plan, [0x5000, 0x6000], 0xA000, widths)
-    assert second["values"][-1] == np.int32(1).tobytes()  # the NHWC flag, the last parameter
+    assert second["values"][-3] == np.int32(1).tobytes()  # the NHWC flag, before the grey and transpose flags
     assert drv.calls[0]["params_at"] == second["params_at"]  # one buffer per thread, rewritten
 
 

@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 from engines.errors import UsageProblem
-from engines.preprocess import (MAX_FRAMES_PER_LAUNCH, PACKED, ColorSpace, PreprocessSpec, _LAYOUTS, kernel_source,
-                                load_rgb, planes_from_surface, preprocess_packed, preprocess_rgb, preprocess_yuv,
+from engines.preprocess import (MAX_FRAMES_PER_LAUNCH, PACKED, ColorSpace, PreprocessSpec, _LAYOUTS, kernel_grid,
+                                kernel_source, load_rgb, planes_from_surface, preprocess_packed, preprocess_rgb, preprocess_yuv,
                                 sampling_grid)
 from tests.conftest import HAS_EXPORT
 
@@ -77,14 +77,15 @@ static uint3_ blockIdx, threadIdx, blockDim;
 _DRIVER = r"""
 extern "C" void run_grid(int gx, int m, const unsigned long long* s, int pitch, long long u_off, long long v_off,
         int c_pitch, int c_step, int sy, int sx, const int* y0, const int* y1, const float* wy, const int* x0,
-        const int* x1, const float* wx, const float* k, float* out, int out_h, int out_w, int bgr, int nhwc) {
+        const int* x1, const float* wx, const float* k, float* out, int out_h, int out_w, int bgr, int nhwc,
+        int grey, int transpose) {
     blockDim.x = 256;
     for (unsigned by = 0; by < (unsigned)m; by++) for (unsigned bx = 0; bx < (unsigned)gx; bx++)
         for (unsigned t = 0; t < 256; t++) {
             blockIdx.x = bx; blockIdx.y = by; threadIdx.x = t;
             trtc_preprocess_NAME(s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], s[9], s[10], s[11], s[12],
                 s[13], s[14], s[15], pitch, u_off, v_off, c_pitch, c_step, sy, sx, y0, y1, wy, x0, x1, wx, k, out,
-                out_h, out_w, bgr, nhwc);
+                out_h, out_w, bgr, nhwc, grey, transpose);
         }
 }
 """
@@ -108,26 +109,33 @@ def host_kernels(tmp_path_factory):
     return out
 
 
-def _run_kernel(fn, frames, fmt, height, width, spec, colorspace=ColorSpace(), nhwc=False):
+def _run_kernel(fn, frames, fmt, height, width, spec, colorspace=ColorSpace(), nhwc=False, turn=None):
     """What GpuPreprocessor.launch passes, with host pointers: ``frames`` are 2-D views (rows, pitch) of uint8.
-    Returns (frames, 3, H, W); with ``nhwc`` the kernel writes (frames, H, W, 3) slots, returned transposed."""
+    Returns (frames, C, H, W); with ``nhwc`` the kernel writes (frames, H, W, C) slots, returned transposed.
+    ``turn``: an Orientation the kernel applies (its grid from kernel_grid, as GpuPreprocessor uploads it)."""
     p = ctypes.c_void_p
     pitch = frames[0].strides[0]
     u_off, v_off, c_pitch, c_step, sy, sx = _LAYOUTS[fmt](height, pitch)
-    y0, y1, wy, x0, x1, wx = sampling_grid(height, width, spec)
+    if turn is None:
+        y0, y1, wy, x0, x1, wx = sampling_grid(height, width, spec)
+    else:
+        y0, y1, wy, x0, x1, wx = kernel_grid(height, width, spec, turn)
     grid = [np.ascontiguousarray(a, t) for a, t in ((y0, np.int32), (y1, np.int32), (wy, np.float32),
                                                      (x0, np.int32), (x1, np.int32), (wx, np.float32))]
-    std, mean = np.asarray(spec.std), np.asarray(spec.mean)
+    std = np.resize(np.asarray(spec.std, np.float64), 3)
+    mean = np.resize(np.asarray(spec.mean, np.float64), 3)
     k = np.concatenate([colorspace.coefficients(), 1.0 / (255.0 * std), -mean / std]).astype(np.float32)
     out_h, out_w = spec.size
-    out = np.full((len(frames), *((out_h, out_w, 3) if nhwc else (3, out_h, out_w))), np.nan, np.float32)
+    c = spec.channels
+    out = np.full((len(frames), *((out_h, out_w, c) if nhwc else (c, out_h, out_w))), np.nan, np.float32)
     ptrs = np.zeros(16, np.uint64)
     ptrs[:len(frames)] = [f.__array_interface__["data"][0] for f in frames]
     fn(ctypes.c_int((out_h * out_w + 255) // 256), ctypes.c_int(len(frames)), p(ptrs.ctypes.data),
        ctypes.c_int(pitch), ctypes.c_longlong(u_off), ctypes.c_longlong(v_off), ctypes.c_int(c_pitch),
        ctypes.c_int(c_step), ctypes.c_int(sy), ctypes.c_int(sx), *[p(a.ctypes.data) for a in grid],
        p(k.ctypes.data), p(out.ctypes.data), ctypes.c_int(out_h), ctypes.c_int(out_w),
-       ctypes.c_int(spec.color == "BGR"), ctypes.c_int(nhwc))
+       ctypes.c_int(spec.color == "BGR"), ctypes.c_int(nhwc), ctypes.c_int(c == 1),
+       ctypes.c_int(bool(turn is not None and turn.transpose)))
     return out.transpose(0, 3, 1, 2) if nhwc else out
 
 
@@ -180,4 +188,75 @@ def test_kernel_source_writes_channels_last_slots_with_the_same_values(host_kern
     assert not np.isnan(channels_last).any()  # every value of every slot written
     np.testing.assert_array_equal(channels_last, planar)
     for g, r in zip(channels_last, refs, strict=True):
+        np.testing.assert_allclose(g, r, atol=5e-5, rtol=0)
+
+
+# ------------------------------------------------------------------- one plane (greyscale) and turned frames
+GREY = PreprocessSpec(size=(48, 64), resize=None, channels=1, mean=(0.449,), std=(0.226,))
+
+
+def _pil_grey(rgb: np.ndarray) -> np.ndarray:
+    """An independent grey: Pillow's convert("L") (ITU-R 601-2 luma, rounded to 8 bits), as floats."""
+    from PIL import Image
+
+    return np.asarray(Image.fromarray(rgb).convert("L"), np.float64)
+
+
+def test_one_plane_reference_is_pillows_luma(photos):
+    """channels=1: one plane, the BT.601 grey of the RGB value, normalised by the one mean/std. Without resampling
+    (size = the photo's), it is Pillow's convert("L") within its 8-bit rounding (0.5 of 255, over std)."""
+    for path in photos:
+        rgb = load_rgb(path)[:64, :96]
+        spec = PreprocessSpec(size=rgb.shape[:2], resize=None, channels=1, mean=(0.449,), std=(0.226,))
+        got = preprocess_rgb(rgb, spec)
+        assert got.shape == (1, *rgb.shape[:2]) and got.dtype == np.float32
+        want = (_pil_grey(rgb) / 255.0 - 0.449) / 0.226
+        np.testing.assert_allclose(got[0], want, atol=0.51 / 255 / 0.226, rtol=0)
+        # the packed and YUV references write the same plane as preprocess_rgb
+        np.testing.assert_allclose(preprocess_packed(_as(rgb, "BGRA"), "BGRA", spec), got, atol=2e-5, rtol=0)
+
+
+def test_a_grey_picture_keeps_its_values():
+    """R = G = B (an MNIST digit read as RGB): the plane is the picture itself, bit for bit after /std."""
+    digit = np.random.default_rng(0).integers(0, 256, (28, 28), dtype=np.uint8)
+    spec = PreprocessSpec(size=(28, 28), resize=None, channels=1, mean=(0.0,), std=(1 / 255,))
+    got = preprocess_rgb(np.repeat(digit[:, :, None], 3, axis=2), spec)
+    np.testing.assert_allclose(got[0], digit, atol=1e-3, rtol=0)
+
+
+@pytest.mark.parametrize("fmt", ["NV12", "RGB"])
+def test_kernel_source_writes_one_plane_for_a_greyscale_model(host_kernels, photos, fmt):
+    """The kernel's grey (one (1, H, W) slot per frame, slots packed one after another) is the numpy reference's."""
+    if fmt == "NV12":
+        rng = np.random.default_rng(7)
+        h, w, pitch = 90, 160, 192
+        frames = [rng.integers(0, 256, (h * 3 // 2, pitch), dtype=np.uint8) for _ in range(3)]
+        refs = [preprocess_yuv(planes_from_surface(f[:, :w], "NV12", h, w), GREY, ColorSpace()) for f in frames]
+    else:
+        images = [load_rgb(path) for path in photos[:3]]
+        h, w = min(i.shape[0] for i in images), min(i.shape[1] for i in images)
+        packed = [_as(np.ascontiguousarray(i[:h, :w]), fmt, pad=8) for i in images]
+        frames = [np.lib.stride_tricks.as_strided(f, (h, f.strides[0]), (f.strides[0], 1)) for f in packed]
+        refs = [preprocess_packed(f, fmt, GREY) for f in packed]
+    got = _run_kernel(host_kernels[fmt != "NV12"], frames, fmt, h, w, GREY)
+    assert got.shape == (3, 1, 48, 64) and not np.isnan(got).any()
+    for g, r in zip(got, refs, strict=True):
+        np.testing.assert_allclose(g, r, atol=5e-5, rtol=0)
+
+
+@pytest.mark.parametrize("degrees,mirrored", [(90, False), (180, False), (270, False), (0, True), (90, True)])
+@pytest.mark.parametrize("spec", [SPECS[1], GREY])
+def test_kernel_source_turns_the_frame_in_the_same_pass(host_kernels, degrees, mirrored, spec):
+    """A stored NV12 frame with a turn (rotation metadata, --rotate): the kernel reads it through the turned
+    sampling grid and gives what the CPU path gives on the turned planes (numpy views: Orientation.apply)."""
+    from engines.video.orientation import _STEPS, Orientation
+
+    turn = Orientation(*_STEPS[(degrees, mirrored)])
+    rng = np.random.default_rng(degrees + mirrored)
+    h, w, pitch = 90, 160, 192
+    frames = [rng.integers(0, 256, (h * 3 // 2, pitch), dtype=np.uint8) for _ in range(2)]
+    cs = ColorSpace("bt601", "limited")
+    refs = [preprocess_yuv(turn.apply(planes_from_surface(f[:, :w], "NV12", h, w)), spec, cs) for f in frames]
+    got = _run_kernel(host_kernels[False], frames, "NV12", h, w, spec, cs, turn=turn)
+    for g, r in zip(got, refs, strict=True):
         np.testing.assert_allclose(g, r, atol=5e-5, rtol=0)

@@ -99,8 +99,12 @@ def _evenly(total: int, want: int) -> np.ndarray:
 
 def _check_image_shape(spec: PreprocessSpec, model_shape: list, source: Path) -> None:
     dims = model_shape[1:]
-    if len(dims) != 3 or (isinstance(dims[0], int) and dims[0] != 3):
-        raise QuantizeError(f"images and video give 3-channel inputs, but the model input is {model_shape}",
+    if len(dims) != 3 or (isinstance(dims[0], int) and dims[0] != spec.channels):
+        grey = isinstance(dims[0], int) and dims[0] == 1 if len(dims) == 3 else False
+        raise QuantizeError(f"images and video give {spec.channels}-channel inputs (the preprocessing contract's), "
+                            f"but the model input is {model_shape}",
+                            "adopt the model with its channels (trtc export MODEL.onnx --mean M --std S: a greyscale "
+                            "model takes one value each)" if grey else
                             f"pass tensors of the right shape as .npy/.npz instead of {source.name}")
     hw = tuple(dims[1:])
     if all(isinstance(d, int) for d in hw) and hw != tuple(spec.size):
@@ -350,25 +354,8 @@ def collect_stats(model, tensors: list[str], data: np.ndarray, method: str, perc
     """Clip value (see the module docstring for the methods) and per-channel mean of each tensor."""
     if method not in METHODS:
         raise UsageProblem(f"unknown calibration method {method!r}", f"use one of {', '.join(METHODS)}")
-    onnx = require("onnx", "Calibrating", extra="export")
-    require("onnxruntime", "Calibrating", extra="cpu")
-    from engines.ort_session import providers_for, session_options
-
-    import onnxruntime as ort
-
-    from .graph import graph_inputs
-
     reporter = reporter or Reporter()
-    aug = onnx.ModelProto()
-    aug.CopyFrom(model)
-    feed = graph_inputs(aug)[0].name
-    existing = {o.name for o in aug.graph.output}
-    names = [t for t in tensors if t != feed]
-    for t in names:
-        if t not in existing:
-            aug.graph.output.append(onnx.helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT, None))
-    sess = ort.InferenceSession(aug.SerializeToString(), sess_options=session_options(ort),
-                                providers=providers_for(device))
+    sess, feed, names = _stats_session(model, tensors, device)
 
     def batches():
         for start, n, outs in run_batches(lambda xb: sess.run(names, {feed: xb}), data, batch, fixed_batch(sess)):
@@ -409,6 +396,30 @@ def collect_stats(model, tensors: list[str], data: np.ndarray, method: str, perc
     else:
         ranges = {t: entropy_amax(hists[t], amax[t]) for t in tensors}
     return Stats(ranges, means)
+
+
+def _stats_session(model, tensors: list[str], device: str):
+    """An ONNX Runtime session of ``model`` with every tensor of ``tensors`` as an output (but the graph input):
+    (session, the input's name, the output names)."""
+    onnx = require("onnx", "Calibrating", extra="export")
+    require("onnxruntime", "Calibrating", extra="cpu")
+    from engines.ort_session import providers_for, session_options
+
+    import onnxruntime as ort
+
+    from .graph import graph_inputs
+
+    aug = onnx.ModelProto()
+    aug.CopyFrom(model)
+    feed = graph_inputs(aug)[0].name
+    existing = {o.name for o in aug.graph.output}
+    names = [t for t in tensors if t != feed]
+    for t in names:
+        if t not in existing:
+            aug.graph.output.append(onnx.helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT, None))
+    sess = ort.InferenceSession(aug.SerializeToString(), sess_options=session_options(ort),
+                                providers=providers_for(device))
+    return sess, feed, names
 
 
 # ---------------------------------------------------------------- cache

@@ -175,80 +175,96 @@ def insert_qdq(model, layers: list[Layer], ranges: dict[str, float], exclude: se
     """Add Q/DQ to ``model`` (in place) for every layer not in ``exclude``. ``fp16_scales``: the scales will be
     stored in FP16 (the rest of the graph goes FP16), so choose them on FP16's grid. ``means`` (per-channel means
     of the layer inputs from calibration) turns on bias correction of Conv and Gemm layers."""
-    onnx = onnx_module()
-    from onnx import helper, numpy_helper
-
     from .graph import prune_initializers
 
     g = model.graph
-    taken = all_names(model)
-    inits = {i.name: i for i in g.initializer}
-    nodes = list(g.node)
-    result = QdqResult()
-    new_nodes, new_inits = [], []
-    weight_error: dict[tuple[str, int | None], np.ndarray] = {}
-    act_dq: dict[str, str] = {}
-    w_dq: dict[tuple[str, int | None], str] = {}
-
-    def q_pair(t: str) -> str:
-        if t not in act_dq:
-            scale = unique(f"{t}_scale", taken)
-            zp = unique(f"{t}_zp", taken)
-            new_inits.append(numpy_helper.from_array(np.asarray(activation_scale(ranges[t], fp16_scales), np.float32), scale))
-            new_inits.append(numpy_helper.from_array(np.asarray(0, np.int8), zp))
-            q_out, dq_out = unique(f"{t}_q", taken), unique(f"{t}_dq", taken)
-            new_nodes.append(helper.make_node("QuantizeLinear", [t, scale, zp], [q_out],
-                                              name=unique(f"QuantizeLinear_{t}", taken)))
-            new_nodes.append(helper.make_node("DequantizeLinear", [q_out, scale, zp], [dq_out],
-                                              name=unique(f"DequantizeLinear_{t}", taken)))
-            act_dq[t] = dq_out
-            result.activations += 1
-        return act_dq[t]
-
-    def w_pair(w: str, axis: int | None) -> str:
-        key = (w, axis)
-        if key not in w_dq:
-            w_float = numpy_helper.to_array(inits[w])
-            q, scale = quantize_weight(w_float, axis, fp16_scales)
-            shape = [1] * q.ndim
-            if axis is not None and scale.ndim == 1:
-                shape[axis] = -1
-            weight_error[key] = q.astype(np.float32) * scale.reshape(shape) - w_float
-            qn, sn, zn = unique(f"{w}_int8", taken), unique(f"{w}_wscale", taken), unique(f"{w}_wzp", taken)
-            new_inits.append(numpy_helper.from_array(q, qn))
-            new_inits.append(numpy_helper.from_array(scale, sn))
-            new_inits.append(numpy_helper.from_array(np.zeros(scale.shape, np.int8), zn))
-            out = unique(f"{w}_dq", taken)
-            kwargs = {"axis": axis} if axis is not None and scale.ndim == 1 else {}
-            new_nodes.append(helper.make_node("DequantizeLinear", [qn, sn, zn], [out],
-                                              name=unique(f"DequantizeLinear_{w}", taken), **kwargs))
-            w_dq[key] = out
-            result.weights += 1
-        return w_dq[key]
-
+    qdq = _QdqWriter(model, ranges, fp16_scales)
     by_index = {layer.index: layer for layer in layers}
-    for idx, n in enumerate(nodes):
+    for idx, n in enumerate(list(g.node)):
         layer = by_index.get(idx)
         if layer is not None:
             if layer.name in exclude:
-                result.excluded.append(layer.name)
+                qdq.result.excluded.append(layer.name)
             else:
-                for slot, t in enumerate(n.input):
-                    if t in layer.activations:
-                        n.input[slot] = q_pair(t)
-                    elif t == layer.weight and slot == 1:
-                        n.input[slot] = w_pair(t, layer.axis)
-                if means is not None and layer.weight and layer.activations and layer.activations[0] in means:
-                    if _correct_bias(n, layer, weight_error[(layer.weight, layer.axis)], means[layer.activations[0]],
-                                     inits, new_inits, taken, onnx, numpy_helper):
-                        result.bias_corrected += 1
-                result.quantized.append(layer.name)
-        new_nodes.append(n)
-    g.initializer.extend(new_inits)
+                qdq.quantize_node(n, layer, means)
+        qdq.new_nodes.append(n)
+    g.initializer.extend(qdq.new_inits)
     del g.node[:]
-    g.node.extend(_topological(new_nodes))
+    g.node.extend(_topological(qdq.new_nodes))
     prune_initializers(model)
-    return result
+    return qdq.result
+
+
+class _QdqWriter:
+    """The Q/DQ nodes and initializers :func:`insert_qdq` adds, each activation and weight quantized once however
+    many layers read it; ``new_nodes`` keeps them in the order they are made, each before the node that reads it."""
+
+    def __init__(self, model, ranges: dict[str, float], fp16_scales: bool):
+        self.onnx = onnx_module()  # the missing-package message before onnx's own import error
+        from onnx import helper, numpy_helper
+
+        self.helper, self.numpy_helper = helper, numpy_helper
+        self.ranges, self.fp16_scales = ranges, fp16_scales
+        self.taken = all_names(model)
+        self.inits = {i.name: i for i in model.graph.initializer}
+        self.result = QdqResult()
+        self.new_nodes: list = []
+        self.new_inits: list = []
+        self.weight_error: dict[tuple[str, int | None], np.ndarray] = {}
+        self.act_dq: dict[str, str] = {}
+        self.w_dq: dict[tuple[str, int | None], str] = {}
+
+    def quantize_node(self, n, layer: Layer, means: dict | None) -> None:
+        """Point ``n``'s activation and weight inputs at their DequantizeLinear outputs; correct its bias."""
+        for slot, t in enumerate(n.input):
+            if t in layer.activations:
+                n.input[slot] = self.q_pair(t)
+            elif t == layer.weight and slot == 1:
+                n.input[slot] = self.w_pair(t, layer.axis)
+        if means is not None and layer.weight and layer.activations and layer.activations[0] in means:
+            if _correct_bias(n, layer, self.weight_error[(layer.weight, layer.axis)], means[layer.activations[0]],
+                             self.inits, self.new_inits, self.taken, self.onnx, self.numpy_helper):
+                self.result.bias_corrected += 1
+        self.result.quantized.append(layer.name)
+
+    def q_pair(self, t: str) -> str:
+        if t not in self.act_dq:
+            helper, numpy_helper, taken = self.helper, self.numpy_helper, self.taken
+            scale = unique(f"{t}_scale", taken)
+            zp = unique(f"{t}_zp", taken)
+            self.new_inits.append(numpy_helper.from_array(
+                np.asarray(activation_scale(self.ranges[t], self.fp16_scales), np.float32), scale))
+            self.new_inits.append(numpy_helper.from_array(np.asarray(0, np.int8), zp))
+            q_out, dq_out = unique(f"{t}_q", taken), unique(f"{t}_dq", taken)
+            self.new_nodes.append(helper.make_node("QuantizeLinear", [t, scale, zp], [q_out],
+                                                   name=unique(f"QuantizeLinear_{t}", taken)))
+            self.new_nodes.append(helper.make_node("DequantizeLinear", [q_out, scale, zp], [dq_out],
+                                                   name=unique(f"DequantizeLinear_{t}", taken)))
+            self.act_dq[t] = dq_out
+            self.result.activations += 1
+        return self.act_dq[t]
+
+    def w_pair(self, w: str, axis: int | None) -> str:
+        key = (w, axis)
+        if key not in self.w_dq:
+            helper, numpy_helper, taken = self.helper, self.numpy_helper, self.taken
+            w_float = numpy_helper.to_array(self.inits[w])
+            q, scale = quantize_weight(w_float, axis, self.fp16_scales)
+            shape = [1] * q.ndim
+            if axis is not None and scale.ndim == 1:
+                shape[axis] = -1
+            self.weight_error[key] = q.astype(np.float32) * scale.reshape(shape) - w_float
+            qn, sn, zn = unique(f"{w}_int8", taken), unique(f"{w}_wscale", taken), unique(f"{w}_wzp", taken)
+            self.new_inits.append(numpy_helper.from_array(q, qn))
+            self.new_inits.append(numpy_helper.from_array(scale, sn))
+            self.new_inits.append(numpy_helper.from_array(np.zeros(scale.shape, np.int8), zn))
+            out = unique(f"{w}_dq", taken)
+            kwargs = {"axis": axis} if axis is not None and scale.ndim == 1 else {}
+            self.new_nodes.append(helper.make_node("DequantizeLinear", [qn, sn, zn], [out],
+                                                   name=unique(f"DequantizeLinear_{w}", taken), **kwargs))
+            self.w_dq[key] = out
+            self.result.weights += 1
+        return self.w_dq[key]
 
 
 def _correct_bias(node, layer: Layer, dw, mean, inits, new_inits, taken, onnx, numpy_helper) -> bool:

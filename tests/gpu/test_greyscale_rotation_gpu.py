@@ -1,0 +1,128 @@
+"""The GPU preprocessing kernel's one plane (greyscale models) and its turn (rotation metadata, --rotate), on real
+NVDEC frames against the numpy reference the CPU path runs, and the GPU path's top-1 against the CPU path's on
+rotated clips and on MNIST digits. Skipped without an NVIDIA GPU, CuPy and PyNvVideoCodec."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+
+import numpy as np
+import pytest
+
+from tests.cpu.test_greyscale_real import adopt_mnist, ort_predictions, write_digits_clip
+from tests.cpu.test_video_rotation import FRAMES, STRIDE, VARIANTS, _top1, clips  # noqa: F401 - clips: a fixture
+from tests.gpu.test_video_gpu import _nvdec_frames
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not all(importlib.util.find_spec(m) for m in ("cupy", "PyNvVideoCodec", "av")),
+                                 reason="needs the gpu extra (cupy, PyNvVideoCodec) and PyAV")]
+
+TURNS = [(d, m) for d in (0, 90, 180, 270) for m in (False, True)]
+
+
+def _host_planes(fmt, host, info):
+    from engines.preprocess import planes_from_surface
+
+    wide = fmt in ("P016", "YUV444_16BIT") and host.dtype == np.uint8
+    return planes_from_surface(host.view(np.uint16) if wide else host, fmt, info.height, info.width)
+
+
+@pytest.mark.parametrize("name", ["bikes", "hevc10_mp4"])
+def test_kernel_turns_real_frames_as_the_cpu_path(test_videos, name):
+    """Each of the eight turns (4 rotations, each mirrored or not) applied by the kernel's index mapping gives what
+    the CPU path computes on the turned planes (Orientation.apply, numpy views), within float32 rounding."""
+    import cupy as cp
+
+    from engines.preprocess import GpuPreprocessor, PreprocessSpec, preprocess_yuv
+    from engines.video.orientation import _STEPS, Orientation
+
+    spec = PreprocessSpec(size=(160, 224), resize=None)  # not square: a transpose must not pass by symmetry
+    pre = GpuPreprocessor(spec)
+    frames = _nvdec_frames(test_videos[name], 2)
+    worst = 0.0
+    for degrees, mirrored in TURNS:
+        turn = Orientation(*_STEPS[(degrees, mirrored)])
+        for fmt, surf, host, info in frames:
+            ref = preprocess_yuv(turn.apply(_host_planes(fmt, host, info)), spec, info.colorspace, np.float32)
+            out = cp.empty((3, 160, 224), np.float32)
+            pre(surf, fmt, info.height, info.width, info.colorspace, out, turn=turn)
+            worst = max(worst, float(np.abs(cp.asnumpy(out) - ref).max()))
+    print(f"{name}: max |turned kernel - numpy| = {worst:.2e}")
+    assert worst < 1e-5
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_kernel_writes_one_plane_for_a_greyscale_model(test_videos, dtype, layout):
+    """channels=1: one (1, H, W) slot per frame, slots packed one after another (5 frames in one launch), each the
+    numpy reference's grey (BT.601 of the RGB value); the slot after them untouched."""
+    import cupy as cp
+
+    from engines.preprocess import GpuPreprocessor, PreprocessSpec, preprocess_yuv
+
+    spec = PreprocessSpec(size=(224, 224), resize=256, channels=1, mean=(0.449,), std=(0.226,))
+    pre = GpuPreprocessor(spec, layout=layout)
+    frames = _nvdec_frames(test_videos["bikes"], 5)
+    fmt, surf0, _, info = frames[0]
+    plan = pre.plan(fmt, surf0.shape, surf0.dtype, info.height, info.width, info.colorspace, np.dtype(dtype))
+    assert plan.slot_bytes == 224 * 224 * np.dtype(dtype).itemsize
+    out = cp.full((6, 1, 224, 224), 7, dtype)
+    cp.cuda.get_current_stream().synchronize()
+    stream = cp.cuda.Stream(non_blocking=True)
+    pre.launch(plan, [f[1].data.ptr for f in frames], out.data.ptr, stream)
+    stream.synchronize()
+    got = cp.asnumpy(out).astype(np.float32)
+    for slot, (fmt, _, host, info) in enumerate(frames):
+        ref = preprocess_yuv(_host_planes(fmt, host, info), spec, info.colorspace, np.float32)
+        assert ref.shape == (1, 224, 224)
+        np.testing.assert_allclose(got[slot], ref, atol=1e-5 if dtype == "float32" else 2e-3, rtol=0)
+    assert (got[5] == 7).all()
+
+
+@pytest.mark.skipif(not shutil.which("ffmpeg"), reason="needs ffmpeg to make the rotated clips: apt-get install ffmpeg")
+def test_gpu_path_classifies_rotated_clips_as_the_cpu_path(clips, lite0_onnx, cpu_lite0):  # noqa: F811
+    """The clips the CPU rotation tests make (stored turned with a rotate tag, or untagged with --rotate 90):
+    NVDEC + the turning kernel give the CPU path's top-1 on >= 95% of frames and record the same turn (before,
+    the GPU path refused these files)."""
+    import engines
+    from engines.video import classify
+
+    with engines.open_engine(lite0_onnx[0], device="cuda:0", tf32=False) as gpu_engine:
+        upright_cpu, _ = _top1(cpu_lite0, clips / "upright.mp4", "auto")
+        for name, (_, _tag, rotate) in VARIANTS.items():
+            path = clips / f"{name}.mp4"
+            cpu, cpu_turn = _top1(cpu_lite0, path, rotate)
+            run = classify([str(path)], gpu_engine, batch=10, top_k=1, stride=STRIDE, decoder="nvdec", rotate=rotate)
+            gpu = {p.frame: p.indices[0] for p in run}
+            assert run.ok and len(gpu) == FRAMES // STRIDE, (name, run.problems)
+            assert run.stats.rotation.get(str(path)) == cpu_turn, (name, run.stats.rotation)
+            agreement = np.mean([gpu[f] == cpu[f] for f in cpu])
+            upright = np.mean([gpu[f] == upright_cpu[f] for f in upright_cpu])
+            print(f"{name}: GPU vs CPU top-1 {agreement:.0%}, GPU vs upright clip {upright:.0%}")
+            assert agreement >= 0.95 and upright >= 0.95, (name, agreement, upright)
+
+
+def test_mnist_on_the_gpu_path_within_a_point_of_onnx_runtime(mnist, tmp_path):
+    """The greyscale MNIST CNN on digits as a video through NVDEC and the one-plane kernel (ORT CUDA): accuracy
+    within 1 point of a plain ONNX Runtime session on the digits' own pixels, and the CPU path's answers."""
+    import engines
+    from engines.video import classify
+
+    n = 200
+    x, labels = mnist[2][:n], mnist[3][:n]
+    model, _ = adopt_mnist(mnist, tmp_path)
+    clip = tmp_path / "digits56.mp4"
+    write_digits_clip(x, clip, scale=2)  # 56x56: within NVDEC's smallest size
+    ref = ort_predictions(model, x)
+    with engines.open_engine(model, device="cuda:0") as gpu_engine:
+        run = classify([str(clip)], gpu_engine, batch=1, top_k=1, decoder="nvdec")
+        gpu = {p.frame: p.indices[0] for p in run}
+    with engines.open_engine(model, device="cpu") as cpu_engine:
+        cpu = {p.frame: p.indices[0] for p in classify([str(clip)], cpu_engine, batch=1, top_k=1, decoder="pyav")}
+    assert run.ok and sorted(gpu) == list(range(n)), run.problems
+    top1 = np.array([gpu[i] for i in range(n)])
+    accuracy, ref_accuracy = float(np.mean(top1 == labels)), float(np.mean(ref == labels))
+    print(f"MNIST on the GPU path: accuracy {accuracy:.1%}, ONNX Runtime on the pixels {ref_accuracy:.1%}")
+    assert abs(accuracy - ref_accuracy) <= 0.01
+    assert np.mean([gpu[i] == cpu[i] for i in range(n)]) >= 0.99
