@@ -1,5 +1,5 @@
-"""The code's shape: no function over 60 lines and no class over 300 lines in engines/, and no import circle among the
-modules of engines/ and toolchain/.
+"""The code's shape: no function over 60 lines and no class over 300 lines in engines/ and toolchain/, and no import
+circle among their modules.
 
 A circle counts every import, those inside functions too: a lazy import only hides a circle until the day its
 function runs first. Sizes are what ``ast`` says (first line of the ``def``/``class`` to its last, decorators aside).
@@ -107,8 +107,8 @@ def circles(base: Path, packages: tuple[str, ...]) -> list[list[str]]:
     return sorted(found)
 
 
-def test_no_function_over_60_lines_and_no_class_over_300_in_engines():
-    offenders = too_long(ROOT / "engines")
+def test_no_function_over_60_lines_and_no_class_over_300_in_engines_or_toolchain():
+    offenders = too_long(ROOT / "engines") + too_long(ROOT / "toolchain")
     assert not offenders, "too long (split them):\n" + "\n".join(offenders)
 
 
