@@ -104,6 +104,13 @@ def _svg_depth(lr: dict, width: int = 760, height: int = 300) -> str:
 
 
 def _layers_html(lr: dict) -> str:
+    if lr.get("kind") == "plan":  # a TensorRT plan's layers: listed, not compared
+        head = "".join(f"<th>{h}</th>" for h in ("#", "layer", "type", "precision", "ONNX nodes"))
+        body = "".join(f"<tr><td>{r['index']}</td><td>{html.escape(r['name'])}</td>"
+                       f"<td>{html.escape(str(r['type'] or '-'))}</td><td>{r['precision'] or '-'}</td>"
+                       f"<td>{html.escape(', '.join(r['onnx_nodes']))}</td></tr>" for r in lr["layers"])
+        return (f"<h3>TensorRT layers ({len(lr['layers'])}, from the engine inspector; listed, not compared)</h3>"
+                f"<table><tr>{head}</tr>{body}</table>")
     f = lr["first_over"]
     first = (f"first layer over relative L2 {lr['threshold']:g}: #{f['index']} {html.escape(f['node'])} ({f['op']})"
              if f else f"no layer over relative L2 {lr['threshold']:g}")
