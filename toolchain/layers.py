@@ -167,6 +167,7 @@ class _Sums:
     def __init__(self):
         self.d2 = self.r2 = self.cos = 0.0
         self.samples = self.elements = self.nonfinite = self.fp16_saturated = self.clipped = 0
+        self.ref_beyond = 0  # reference values beyond FP16's range in an FP16 candidate tensor
         self.max_abs = 0.0
 
     def add(self, r: np.ndarray, c: np.ndarray, n: int, batch: int, scale: float | None = None) -> None:
@@ -177,8 +178,9 @@ class _Sums:
         r = np.ascontiguousarray(r[:n], np.float32).reshape(n, -1)
         half = c.dtype == np.float16
         if half:
-            self.fp16_saturated += int(np.count_nonzero(np.abs(c[:n]) >= FP16_MAX) +
-                                       np.count_nonzero(np.abs(r) > FP16_MAX))
+            beyond = int(np.count_nonzero(np.abs(r) > FP16_MAX))
+            self.ref_beyond += beyond
+            self.fp16_saturated += int(np.count_nonzero(np.abs(c[:n]) >= FP16_MAX)) + beyond
         c = np.ascontiguousarray(c[:n], np.float32).reshape(n, -1)
         if not np.isfinite(c).all():
             bad = ~np.isfinite(c)
@@ -320,6 +322,9 @@ def _rows(ref, m: Matching, sums: dict[str, _Sums], qsums: dict[str, _Sums], osu
         if n.op_type == "Constant":
             continue
         carried = max([err[i] for i in n.input if i and i not in inits and i in err], default=0.0)
+        # the reference's values of an input are beyond its FP16 type: fed to this node on their own, they are inf
+        # already, so its overflow there comes from the layer that made them
+        inherited = any(sums[i].ref_beyond for i in n.input if i in sums)
         for t in n.output:
             if not t or t not in sums:
                 continue
@@ -331,6 +336,7 @@ def _rows(ref, m: Matching, sums: dict[str, _Sums], qsums: dict[str, _Sums], osu
                    "carried": _num(carried), "added": _num(e - carried if np.isfinite(e) else float("inf")),
                    "alone": _num(osums[t].rel_l2()) if t in osums else None,
                    "alone_overflow": osums[t].nonfinite + osums[t].fp16_saturated if t in osums else None,
+                   "overflow_inherited": inherited,
                    "overflow": {"nonfinite": s.nonfinite, "fp16_saturated": s.fp16_saturated},
                    "int8": None}
             if q is not None:
@@ -340,11 +346,12 @@ def _rows(ref, m: Matching, sums: dict[str, _Sums], qsums: dict[str, _Sums], osu
     return rows
 
 
-def _added_key(row: dict) -> tuple[int, float]:
-    """Sort key, most error added first: a layer that overflows on the reference's inputs before any other, then the
-    error it makes on the reference's inputs (``alone``; the rise of error over its inputs' where that is unknown)."""
+def rank_key(row: dict) -> tuple[int, float]:
+    """Sort key, most error added first: a layer that overflows on the reference's inputs before any other (one whose
+    inputs fit its type before one fed values already beyond it), then the error it makes on the reference's inputs
+    (``alone``; the rise of error over its inputs' where that is unknown)."""
     if row["alone_overflow"]:
-        return 1, float(row["alone_overflow"])
+        return (1 if row.get("overflow_inherited") else 2), float(row["alone_overflow"])
     v = row["alone"] if row["alone"] is not None else row["added"]
     return 0, float("inf") if v is None else v
 
@@ -380,7 +387,7 @@ def layer_parity(reference: str | Path, candidate: str | Path, x: np.ndarray, *,
         raise UsageProblem(f"the models cannot run with their layers' tensors as outputs: {first_line(exc)}",
                            "compare the models without --layers, or report the model") from exc
     rows = _rows(ref, m, sums, qsums, osums, types)
-    worst = sorted(range(len(rows)), key=lambda i: _added_key(rows[i]), reverse=True)[:top]
+    worst = sorted(range(len(rows)), key=lambda i: rank_key(rows[i]), reverse=True)[:top]
     first = next((r for r in rows if _over(r, threshold)), None)
     return LayerReport(reference=str(reference), candidate=str(candidate), precision=precision, samples=len(x),
                        matched_by=m.by, matched=len(rows), unmatched=m.unmatched, candidate_only=m.candidate_only,
@@ -389,11 +396,17 @@ def layer_parity(reference: str | Path, candidate: str | Path, x: np.ndarray, *,
                        seconds=round(time.perf_counter() - t0, 2), warnings=warnings)
 
 
+PLAN_SUFFIXES = (".plan", ".engine")
+
+
 def _onnx_path(spec: str, role: str) -> Path:
     p = Path(spec)
+    if role == "candidate" and p.suffix.lower() in PLAN_SUFFIXES and p.is_file():
+        return p  # a TensorRT plan: its layers are listed (toolchain.plan_layers), not compared
     if p.suffix.lower() != ".onnx" or not p.is_file():
         raise UsageProblem(f"--layers compares ONNX models layer by layer, and the {role} {spec} is not an .onnx file "
-                           "(PyTorch modules and TensorRT plans are not compared per layer)",
+                           "(a PyTorch module is compared per layer only as the reference; a TensorRT plan's layers "
+                           "are listed as a candidate)",
                            f"give the {role}'s ONNX file (trtc export writes one; a plan's parent .onnx)")
     return p
 
@@ -404,6 +417,16 @@ def layers_hook(samples: int, top: int, threshold: float | None, device: str, re
     from engines.manifest import qdq_fusion_ok
 
     def each(c, ref, x, ref_logits, result) -> None:
+        if c.kind == "plan":  # what TensorRT made of the network: listed, not compared (toolchain.plan_layers)
+            from engines._gpu import parse_device
+
+            from .plan_layers import plan_layers
+
+            result.layers = {"kind": "plan", "candidate": c.spec,
+                             **plan_layers(c.spec, device=parse_device(device)[1] or 0).to_dict()}
+            if seen is not None:
+                seen.append((x, ref_logits, result))
+            return
         pick = x[sample_indices(len(x), samples)]
         fusion = qdq_fusion_ok(c.manifest.precision or {}) if c.manifest is not None else True
         report = layer_parity(ref.spec, c.spec, pick, precision=c.precision, device=device, threshold=threshold,
