@@ -403,6 +403,15 @@ def _onnx_path(spec: str, role: str) -> Path:
     p = Path(spec)
     if role == "candidate" and p.suffix.lower() in PLAN_SUFFIXES and p.is_file():
         return p  # a TensorRT plan: its layers are listed (toolchain.plan_layers), not compared
+    if role == "reference" and p.suffix.lower() not in (".onnx", *PLAN_SUFFIXES, ".pt2"):
+        from .model_source import parse_source
+
+        if parse_source(spec).kind in ("torchscript", "exported"):
+            raise UsageProblem(f"--layers compares a PyTorch reference module by module, and {spec} is a compiled "
+                               "program (TorchScript or torch.export) whose modules cannot be hooked",
+                               "give the reference as torchvision:ARCH, timm:NAME, pretrained:NAME or file.py:factory, "
+                               "or its ONNX export")
+        return p  # a PyTorch module: compared per module (toolchain.module_parity)
     if p.suffix.lower() != ".onnx" or not p.is_file():
         raise UsageProblem(f"--layers compares ONNX models layer by layer, and the {role} {spec} is not an .onnx file "
                            "(a PyTorch module is compared per layer only as the reference; a TensorRT plan's layers "
@@ -429,8 +438,14 @@ def layers_hook(samples: int, top: int, threshold: float | None, device: str, re
             return
         pick = x[sample_indices(len(x), samples)]
         fusion = qdq_fusion_ok(c.manifest.precision or {}) if c.manifest is not None else True
-        report = layer_parity(ref.spec, c.spec, pick, precision=c.precision, device=device, threshold=threshold,
-                              top=top, qdq_fusion=fusion, reporter=reporter)
+        if ref.kind == "pytorch":  # each module's output against the tensor the export made of it
+            from .module_parity import module_parity
+
+            report = module_parity(ref.spec, c.spec, pick, precision=c.precision, device=device, threshold=threshold,
+                                   top=top, qdq_fusion=fusion, reporter=reporter)
+        else:
+            report = layer_parity(ref.spec, c.spec, pick, precision=c.precision, device=device, threshold=threshold,
+                                  top=top, qdq_fusion=fusion, reporter=reporter)
         result.layers = report.to_dict()
         if seen is not None:
             seen.append((x, ref_logits, result))

@@ -364,7 +364,7 @@ def _overflow_text(r: dict) -> str:
     if r.get("int8") and r["int8"]["clipped"]:
         parts.append(f"INT8 input clipped {100 * r['int8']['clipped']:.3g}%")
     if parts and r.get("overflow_inherited"):
-        parts.append("its input beyond FP16")
+        parts.append("from its input")
     return ", ".join(parts) or "-"
 
 
@@ -402,11 +402,14 @@ def render_layers(console, lr: dict) -> None:
 
     rows = [{**lr["rows"][i], "rank": str(lr["rows"][i]["index"]), "overflow_text": _overflow_text(lr["rows"][i])}
             for i in lr["worst"]]
-    title = (f"{escape(model_label(lr['candidate']))}: worst {len(rows)} of {lr['matched']} layers by the error they "
-             f"add (alone: on the reference's inputs; {lr['samples']} samples, relative L2 vs the reference)")
-    _print(console, layer_table(title, rows, [("layer", "node"), ("#", "rank"), ("op", "op"),
-                                              ("rel L2", "rel_l2"), ("added", "added"), ("alone", "alone"),
-                                              ("cosine", "cosine"), ("overflow", "overflow_text")]))
+    modules = lr["matched_by"] == "module"  # a PyTorch reference: no "alone" (PyTorch is not cut at each layer)
+    title = (f"{escape(model_label(lr['candidate']))}: worst {len(rows)} of {lr['matched']} "
+             + (f"modules by the error they add ({lr['samples']} samples, relative L2 vs the module's output)"
+                if modules else f"layers by the error they add (alone: on the reference's inputs; {lr['samples']} "
+                                "samples, relative L2 vs the reference)"))
+    columns = [("layer", "node"), ("#", "rank"), ("op", "op"), ("rel L2", "rel_l2"), ("added", "added"),
+               ("alone", "alone"), ("cosine", "cosine"), ("overflow", "overflow_text")]
+    _print(console, layer_table(title, rows, [c for c in columns if not (modules and c[1] == "alone")]))
     f = lr["first_over"]
     console.print(f"first layer over rel. L2 {lr['threshold']:g}: " + (
         f"#{f['index']} {escape(f['node'])} ({f['op']}, rel L2 {_fig(f['rel_l2'])})" if f else "none"))
