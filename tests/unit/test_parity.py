@@ -71,3 +71,4 @@ def test_a_sample_with_nan_or_inf_outputs_has_cosine_zero():
     p = compare(ref, cand)
     assert p.cosine == pytest.approx(0.5)  # two of four samples agree exactly, two count 0
     assert compare(ref, np.full_like(ref, np.nan)).cosine == 0.0
+    assert compare(cand, cand.copy()).cosine == 1.0  # two runs of one overflowing model agree
