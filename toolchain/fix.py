@@ -145,7 +145,7 @@ def _variants(reference: Path, args: dict, reporter: Reporter, warnings: list[st
 
 def _ranking(names: list[str], layers: dict) -> list[str]:
     """``names`` (layers that can be kept), the one that makes the most error on the reference's inputs first."""
-    from .layers import rank_key
+    from .layer_stats import rank_key
 
     key = {r["node"]: rank_key(r) for r in layers["rows"]}  # the report's own order of the worst layers
     return sorted((n for n in names if n in key), key=lambda n: key[n], reverse=True)

@@ -170,7 +170,7 @@ def module_parity(reference: str, candidate: str | Path, x: np.ndarray, *, preci
     """Compare each module of the PyTorch ``reference`` (a source as `trtc export` takes it) with the tensor its
     export made of it in ``candidate`` on the inputs ``x``; a toolchain.layers.LayerReport (``matched_by``:
     "module")."""
-    from . import layers as L
+    from . import layer_stats as L
     from .precision import suffix
     from .precision import calibration as cal
     from .reference import TorchReference
@@ -252,7 +252,7 @@ def module_parity(reference: str, candidate: str | Path, x: np.ndarray, *, preci
 
 
 def _rows(model, pairs, sums, modules, types) -> list[dict]:
-    from . import layers as L
+    from . import layer_stats as L
 
     err = {t: s.rel_l2() for t, s in sums.items()}
     near = _ancestors(model, set(sums))
