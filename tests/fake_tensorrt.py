@@ -78,7 +78,7 @@ _VC_MARK = b"|version-compatible"
 
 def make(version: str = "10.13.0", rtx: bool = False, *, unsupported: tuple[str, ...] = (),
          build_fails_with: str | None = None, force_dtype: str | None = None, plan: bytes = b"FAKE-PLAN\x00\x01",
-         engine_io: list | None = None, fail: tuple[str, ...] = (), compute=None):
+         engine_io: list | None = None, fail: tuple[str, ...] = (), compute=None, engine_info: dict | None = None):
     """A fresh fake module. ``unsupported``: ONNX op types the parser rejects; ``build_fails_with``: the error the
     builder logs before returning None; ``force_dtype``: pretend every layer input is this type (to exercise the
     precision check); ``plan``: the bytes build_serialized_network returns; ``engine_io``: [(name, "INPUT" or
@@ -86,7 +86,8 @@ def make(version: str = "10.13.0", rtx: bool = False, *, unsupported: tuple[str,
     I/O tensors whose execution contexts record their calls (and compute nothing); ``fail``: names from
     ``FAILURES`` that report failure the way TensorRT does (False, -1 or None); ``compute``: a function
     {input name: numpy array} -> {output name: numpy array} that execute_async_v3 runs on the bound buffers (host
-    memory behind tests/fake_cupy.py's arrays), so a plan can give real answers (e.g. the ONNX run by ORT on CPU).
+    memory behind tests/fake_cupy.py's arrays), so a plan can give real answers (e.g. the ONNX run by ORT on CPU);
+    ``engine_info``: what the engine's inspector answers to get_engine_information(JSON) (see :func:`inspector_info`).
 
     Strict: the classes are also exposed under TensorRT's names (``IBuilderConfig``, ``ICudaEngine``...), have only
     members the real bindings have (tests/unit/test_trt_real_bindings.py checks that against the real wheels), and
@@ -414,8 +415,33 @@ def make(version: str = "10.13.0", rtx: bool = False, *, unsupported: tuple[str,
 
     io = {name: (mode, dtype, tuple(shape)) for name, mode, dtype, shape in (engine_io or [])}
 
+    class EngineInspector:
+        """TensorRT's IEngineInspector (bound as ``EngineInspector``): the built engine's layers as text."""
+
+        execution_context = None
+
+        def get_engine_information(self, format):  # noqa: A002 - TensorRT's parameter name
+            import json
+
+            calls.append(("EngineInspector.get_engine_information", format.name))
+            if format.name != "JSON":
+                return "\n".join(str(layer.get("Name", layer)) if isinstance(layer, dict) else str(layer)
+                                 for layer in (engine_info or {}).get("Layers", []))
+            return json.dumps(engine_info if engine_info is not None else {"Layers": []})
+
+        def get_layer_information(self, layer_index, format):  # noqa: A002 - TensorRT's parameter names
+            import json
+
+            calls.append(("EngineInspector.get_layer_information", layer_index, format.name))
+            return json.dumps((engine_info or {}).get("Layers", [])[layer_index])
+
     class Engine:
         num_io_tensors = len(io)
+        num_layers = len((engine_info or {}).get("Layers", []))
+
+        def create_engine_inspector(self):
+            calls.append(("engine.create_engine_inspector",))
+            return EngineInspector()
 
         def __init__(self):
             self._contexts = 0
@@ -456,6 +482,7 @@ def make(version: str = "10.13.0", rtx: bool = False, *, unsupported: tuple[str,
         TimingCache
     m.ICudaEngine, m.IExecutionContext, m.ParserError, m.ITensor, m.ILayer = Engine, Context, ParserError, \
         _Tensor, _Layer
+    m.EngineInspector = EngineInspector
     return m
 
 
@@ -465,10 +492,64 @@ def runtime_only(fake, flavor: str = "lean"):
     fake.__spec__ = importlib.machinery.ModuleSpec(fake.__name__, None)
     for name in ("Builder", "OnnxParser", "IBuilderConfig", "INetworkDefinition", "IOptimizationProfile",
                  "ITimingCache", "ParserError", "ITensor", "ILayer", "NetworkDefinitionCreationFlag", "LayerType",
-                 "IProgressMonitor"):
+                 "IProgressMonitor", "EngineInspector"):
         if hasattr(fake, name):
             delattr(fake, name)
     return fake
+
+
+_FUSED_AFTER = {"Relu", "Clip", "Sigmoid", "Mul", "Add", "BatchNormalization"}  # pointwise: fused into a producer
+_FOLDED = {"Constant", "Shape", "Gather", "Unsqueeze", "Concat", "Slice"}  # shape arithmetic: folded at build time
+_KERNEL = {"Conv": "CaskConvolution", "Gemm": "CaskGemmMatrixMultiply", "MatMul": "CaskGemmMatrixMultiply",
+           "ReduceMean": "CaskPooling", "GlobalAveragePool": "CaskPooling", "Softmax": "CaskSoftMaxV2",
+           "Reshape": "NoOp", "Flatten": "NoOp"}
+
+
+def inspector_info(onnx_path, version: str = "10", detailed: bool = True, input_type: str = "FP32") -> dict:
+    """What TensorRT's inspector answers for a plan built from ``onnx_path``, in the form TensorRT ``version`` writes
+    (10: one "Format/Datatype" string; 11: split "Format" and "Datatype"), made up in the documented shape: a
+    reformatting copy of the input first (named and typed as TensorRT names its copies, with no ONNX node), then a
+    layer per computing node, a pointwise node fused into the layer before it (named ``a + b``, Metadata
+    ``[ONNX Layer: a]\x1f[ONNX Layer: b]``), shape arithmetic folded away (no layer). ``detailed=False``: what a
+    plan built without DETAILED profiling verbosity gives (names only). Computing layers take ``input_type``."""
+    import onnx
+
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    word = {"FP32": ("Row major linear FP32", "kLINEAR", "FLOAT"), "FP16": ("Channel major FP16 format", "kHWC8",
+                                                                            "HALF"),
+            "INT8": ("Thirty-two wide channel vectorized row major Int8 format", "kCHW32", "INT8")}
+
+    def tensor(name, kind):
+        text, fmt, dtype = word[kind]
+        return {"Name": name, "Format/Datatype": text} if version.startswith("10") else \
+            {"Name": name, "Format": fmt, "Datatype": dtype}
+
+    first = model.graph.input[0].name
+    constant = {i.name for i in model.graph.initializer}
+    computing = []
+    for n in model.graph.node:  # a node of constants only is folded at build time (as shape arithmetic is)
+        if n.op_type in _FOLDED or all(i in constant for i in n.input if i):
+            constant.update(n.output)
+        else:
+            computing.append(n)
+    layers = [{"Name": f"Reformatting CopyNode for Input Tensor 0 to {computing[0].name}",
+               "LayerType": "Reformat", "Inputs": [tensor(first, "FP32")],
+               "Outputs": [tensor(first + " copy", input_type)], "Metadata": ""}]
+    for n in computing:
+        last = layers[-1]
+        if n.op_type in _FUSED_AFTER and last["LayerType"] != "Reformat" and last["Outputs"] and \
+                last["Outputs"][0]["Name"] in n.input:
+            last["Name"] += f" + {n.name}"
+            last["Metadata"] += f"\x1f[ONNX Layer: {n.name}]"
+            last["Outputs"] = [tensor(n.output[0], input_type)]
+            continue
+        layers.append({"Name": n.name, "LayerType": _KERNEL.get(n.op_type, "PointWiseV2"),
+                       "Inputs": [tensor(n.input[0], input_type)], "Outputs": [tensor(n.output[0], input_type)],
+                       "Metadata": f"[ONNX Layer: {n.name}]"})
+    if not detailed:
+        return {"Layers": [layer["Name"] for layer in layers], "Bindings": [first, model.graph.output[0].name]}
+    io = "Bindings" if version.startswith("10") else "I/O Tensors"
+    return {"Layers": layers, io: [first, model.graph.output[0].name]}
 
 
 def install(monkeypatch, fake, gpu: dict | None = None):

@@ -576,9 +576,10 @@ def inspect(state: State, artifact, as_json):
               "stdout instead of the table).")
 @click.option("--html", "html_path", type=click.Path(dir_okay=False), help="Write an HTML report with plots here.")
 @click.option("--force", is_flag=True, help="Overwrite existing --json/--html files.")
-@click.option("--layers", is_flag=True, help="Compare every layer of each ONNX candidate with the ONNX reference "
-              "(on --layer-samples of the inputs): the layers that add the most error, the first over "
-              "--layer-threshold, overflow.")
+@click.option("--layers", is_flag=True, help="Compare every layer of each ONNX candidate with the ONNX reference, "
+              "or with each module of a PyTorch reference (on --layer-samples of the inputs): the layers that add "
+              "the most error, the first over --layer-threshold, overflow. A TensorRT plan's layers are listed "
+              "(engine inspector), not compared.")
 @click.option("--layer-samples", type=click.IntRange(1, 256), default=16, show_default=True,
               help="Inputs (spread over the data) the per-layer comparison runs on.")
 @click.option("--top", type=click.IntRange(1), default=10, show_default=True, help="Layers shown by --layers.")

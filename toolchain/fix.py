@@ -145,8 +145,10 @@ def _variants(reference: Path, args: dict, reporter: Reporter, warnings: list[st
 
 def _ranking(names: list[str], layers: dict) -> list[str]:
     """``names`` (layers that can be kept), the one that makes the most error on the reference's inputs first."""
-    alone = {r["node"]: (1 if r["alone_overflow"] else 0, r["alone"] or 0.0) for r in layers["rows"]}
-    return sorted((n for n in names if n in alone), key=lambda n: alone[n], reverse=True)
+    from .layer_stats import rank_key
+
+    key = {r["node"]: rank_key(r) for r in layers["rows"]}  # the report's own order of the worst layers
+    return sorted((n for n in names if n in key), key=lambda n: key[n], reverse=True)
 
 
 

@@ -20,26 +20,21 @@ from __future__ import annotations
 import copy
 import difflib
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from engines._deps import require
-
 from ._ui import Reporter
 from .errors import UsageProblem, first_line
+from .layer_stats import (DEFAULT_LAYER_THRESHOLD, FLOATS, ORT_TYPES, LayerReport, _feeds, _num,
+                          _ort_session, _over, _Sums, rank_key)
 from .precision import calibration as cal
 from .precision import suffix
 
-FP16_MAX = 65504.0
-# relative L2 error beyond which a layer is "over the threshold", by the candidate's precision
-DEFAULT_LAYER_THRESHOLD = {"fp32": 0.001, "fp16": 0.01, "int8": 0.1}
 # ops that do not compute (type changes and quantizers): left out of the alignment by graph position
 PASS_THROUGH = {"Cast", "QuantizeLinear", "DequantizeLinear", "Identity", "Constant"}
 DEFAULT_SAMPLES = 16
-FLOATS = ("float32", "float16", "float64")
-ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64"}
 DEFAULT_TOP = 10
 BATCH = 4  # inputs per run: each run holds every matched tensor of this many inputs (Lite0: about 1.1 GB peak)
 
@@ -55,35 +50,8 @@ class Matching:
     candidate_only: dict[str, int]  # op type -> candidate node outputs that stand for no reference tensor
 
 
-@dataclass
-class LayerReport:
-    reference: str
-    candidate: str
-    precision: str
-    samples: int
-    matched_by: str
-    matched: int
-    unmatched: list[str]
-    candidate_only: dict[str, int]
-    not_compared: list[str]  # matched tensors that are not floating point (shapes, indices)
-    threshold: float
-    first_over: dict | None  # the first layer (graph order) whose relative L2 error is over the threshold
-    worst: list[int]  # row indices, most error added first
-    rows: list[dict]  # every layer, in graph order
-    seconds: float
-    warnings: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
 def _computing_nodes(model) -> list:
     return [n for n in model.graph.node if n.op_type != "Constant"]
-
-
-def _feeds(model) -> set[str]:
-    inits = {i.name for i in model.graph.initializer}
-    return {i.name for i in model.graph.input if i.name not in inits}
 
 
 def match_tensors(ref, cand) -> Matching:
@@ -159,60 +127,6 @@ def _quantized(cand, back: dict[str, str]) -> dict[str, tuple[str, str | None]]:
         if src in back and back[src] not in out:
             out[back[src]] = (n.output[0], q.input[1] if len(q.input) > 1 else None)
     return out
-
-
-class _Sums:
-    """Running sums for one reference tensor against its candidate tensor, batch by batch."""
-
-    def __init__(self):
-        self.d2 = self.r2 = self.cos = 0.0
-        self.samples = self.elements = self.nonfinite = self.fp16_saturated = self.clipped = 0
-        self.max_abs = 0.0
-
-    def add(self, r: np.ndarray, c: np.ndarray, n: int, batch: int, scale: float | None = None) -> None:
-        """``r``, ``c``: the first ``n`` of ``batch`` samples count (a fixed-batch model's last batch is padded).
-        Elementwise work in float32, each sample's sums by BLAS dot products, added up in float64."""
-        if r.ndim == 0 or r.shape[0] != batch or c.shape != r.shape:  # no batch dimension: one sample per batch
-            n, r, c = 1, r.reshape(1, -1), c.reshape(1, -1)
-        r = np.ascontiguousarray(r[:n], np.float32).reshape(n, -1)
-        half = c.dtype == np.float16
-        if half:
-            self.fp16_saturated += int(np.count_nonzero(np.abs(c[:n]) >= FP16_MAX) +
-                                       np.count_nonzero(np.abs(r) > FP16_MAX))
-        c = np.ascontiguousarray(c[:n], np.float32).reshape(n, -1)
-        if not np.isfinite(c).all():
-            bad = ~np.isfinite(c)
-            self.nonfinite += int(bad.sum())
-            self.fp16_saturated -= int(np.count_nonzero(bad & (np.abs(c) >= FP16_MAX))) if half else 0
-            c = np.where(bad, np.float32(0), c)
-        if scale is not None:  # QuantizeLinear saturates where x / scale rounds beyond [-128, 127]
-            self.clipped += int(np.count_nonzero(r > np.float64(127.5 * scale)) +
-                                np.count_nonzero(r < np.float64(-128.5 * scale)))
-        d = c - r
-        for i in range(n):
-            rr, cc = float(np.dot(r[i], r[i])), float(np.dot(c[i], c[i]))
-            self.d2 += float(np.dot(d[i], d[i]))
-            self.r2 += rr
-            self.cos += float(np.dot(r[i], c[i])) / np.sqrt(rr * cc) if rr > 0 and cc > 0 else float(rr == cc)
-        self.max_abs = max(self.max_abs, float(max(d.max(), -d.min()))) if d.size else self.max_abs
-        self.samples += n
-        self.elements += r.size
-
-    def rel_l2(self) -> float:
-        if self.nonfinite:
-            return float("inf")
-        return float(np.sqrt(self.d2 / self.r2)) if self.r2 > 0 else float(np.sqrt(self.d2) > 0)
-
-    def cosine(self) -> float:
-        return self.cos / self.samples if self.samples else 1.0
-
-
-def _ort_session(model, device: str, qdq_fusion: bool = True):
-    ort = require("onnxruntime", "Running ONNX models", extra="cpu")
-    from engines.ort_session import providers_for, session_options
-
-    return ort.InferenceSession(model.SerializeToString(), sess_options=session_options(ort, qdq_fusion=qdq_fusion),
-                                providers=providers_for(device))
 
 
 def _load(path) -> object:
@@ -304,11 +218,6 @@ def _run_pairs(ref, cand, m: Matching, x: np.ndarray, device: str, batch: int, q
     return sums, qsums, osums, types
 
 
-def _num(v: float) -> float | None:
-    """A figure for the JSON report: None for an infinite error (the candidate overflowed: see ``overflow``)."""
-    return None if not np.isfinite(v) else round(float(v), 7)
-
-
 def _rows(ref, m: Matching, sums: dict[str, _Sums], qsums: dict[str, _Sums], osums: dict[str, _Sums],
           cand_types: dict) -> list[dict]:
     """One row per output of each computing reference node, in graph order."""
@@ -320,6 +229,9 @@ def _rows(ref, m: Matching, sums: dict[str, _Sums], qsums: dict[str, _Sums], osu
         if n.op_type == "Constant":
             continue
         carried = max([err[i] for i in n.input if i and i not in inits and i in err], default=0.0)
+        # the reference's values of an input are beyond its FP16 type: fed to this node on their own, they are inf
+        # already, so its overflow there comes from the layer that made them
+        inherited = any(sums[i].ref_beyond for i in n.input if i in sums)
         for t in n.output:
             if not t or t not in sums:
                 continue
@@ -331,6 +243,7 @@ def _rows(ref, m: Matching, sums: dict[str, _Sums], qsums: dict[str, _Sums], osu
                    "carried": _num(carried), "added": _num(e - carried if np.isfinite(e) else float("inf")),
                    "alone": _num(osums[t].rel_l2()) if t in osums else None,
                    "alone_overflow": osums[t].nonfinite + osums[t].fp16_saturated if t in osums else None,
+                   "overflow_inherited": inherited,
                    "overflow": {"nonfinite": s.nonfinite, "fp16_saturated": s.fp16_saturated},
                    "int8": None}
             if q is not None:
@@ -338,19 +251,6 @@ def _rows(ref, m: Matching, sums: dict[str, _Sums], qsums: dict[str, _Sums], osu
                                "clipped": round(q.clipped / q.elements, 7) if q.elements else 0.0}
             rows.append(row)
     return rows
-
-
-def _added_key(row: dict) -> tuple[int, float]:
-    """Sort key, most error added first: a layer that overflows on the reference's inputs before any other, then the
-    error it makes on the reference's inputs (``alone``; the rise of error over its inputs' where that is unknown)."""
-    if row["alone_overflow"]:
-        return 1, float(row["alone_overflow"])
-    v = row["alone"] if row["alone"] is not None else row["added"]
-    return 0, float("inf") if v is None else v
-
-
-def _over(row: dict, threshold: float) -> bool:
-    return row["rel_l2"] is None or row["rel_l2"] > threshold
 
 
 def sample_indices(total: int, samples: int) -> np.ndarray:
@@ -380,7 +280,7 @@ def layer_parity(reference: str | Path, candidate: str | Path, x: np.ndarray, *,
         raise UsageProblem(f"the models cannot run with their layers' tensors as outputs: {first_line(exc)}",
                            "compare the models without --layers, or report the model") from exc
     rows = _rows(ref, m, sums, qsums, osums, types)
-    worst = sorted(range(len(rows)), key=lambda i: _added_key(rows[i]), reverse=True)[:top]
+    worst = sorted(range(len(rows)), key=lambda i: rank_key(rows[i]), reverse=True)[:top]
     first = next((r for r in rows if _over(r, threshold)), None)
     return LayerReport(reference=str(reference), candidate=str(candidate), precision=precision, samples=len(x),
                        matched_by=m.by, matched=len(rows), unmatched=m.unmatched, candidate_only=m.candidate_only,
@@ -389,11 +289,26 @@ def layer_parity(reference: str | Path, candidate: str | Path, x: np.ndarray, *,
                        seconds=round(time.perf_counter() - t0, 2), warnings=warnings)
 
 
+PLAN_SUFFIXES = (".plan", ".engine")
+
+
 def _onnx_path(spec: str, role: str) -> Path:
     p = Path(spec)
+    if role == "candidate" and p.suffix.lower() in PLAN_SUFFIXES and p.is_file():
+        return p  # a TensorRT plan: its layers are listed (toolchain.plan_layers), not compared
+    if role == "reference" and p.suffix.lower() not in (".onnx", *PLAN_SUFFIXES, ".pt2"):
+        from .model_source import parse_source
+
+        if parse_source(spec).kind in ("torchscript", "exported"):
+            raise UsageProblem(f"--layers compares a PyTorch reference module by module, and {spec} is a compiled "
+                               "program (TorchScript or torch.export) whose modules cannot be hooked",
+                               "give the reference as torchvision:ARCH, timm:NAME, pretrained:NAME or file.py:factory, "
+                               "or its ONNX export")
+        return p  # a PyTorch module: compared per module (toolchain.module_parity)
     if p.suffix.lower() != ".onnx" or not p.is_file():
         raise UsageProblem(f"--layers compares ONNX models layer by layer, and the {role} {spec} is not an .onnx file "
-                           "(PyTorch modules and TensorRT plans are not compared per layer)",
+                           "(a PyTorch module is compared per layer only as the reference; a TensorRT plan's layers "
+                           "are listed as a candidate)",
                            f"give the {role}'s ONNX file (trtc export writes one; a plan's parent .onnx)")
     return p
 
@@ -404,10 +319,26 @@ def layers_hook(samples: int, top: int, threshold: float | None, device: str, re
     from engines.manifest import qdq_fusion_ok
 
     def each(c, ref, x, ref_logits, result) -> None:
+        if c.kind == "plan":  # what TensorRT made of the network: listed, not compared (toolchain.plan_layers)
+            from engines._gpu import parse_device
+
+            from .plan_layers import plan_layers
+
+            result.layers = {"kind": "plan", "candidate": c.spec,
+                             **plan_layers(c.spec, device=parse_device(device)[1] or 0).to_dict()}
+            if seen is not None:
+                seen.append((x, ref_logits, result))
+            return
         pick = x[sample_indices(len(x), samples)]
         fusion = qdq_fusion_ok(c.manifest.precision or {}) if c.manifest is not None else True
-        report = layer_parity(ref.spec, c.spec, pick, precision=c.precision, device=device, threshold=threshold,
-                              top=top, qdq_fusion=fusion, reporter=reporter)
+        if ref.kind == "pytorch":  # each module's output against the tensor the export made of it
+            from .module_parity import module_parity
+
+            report = module_parity(ref.spec, c.spec, pick, precision=c.precision, device=device, threshold=threshold,
+                                   top=top, qdq_fusion=fusion, reporter=reporter)
+        else:
+            report = layer_parity(ref.spec, c.spec, pick, precision=c.precision, device=device, threshold=threshold,
+                                  top=top, qdq_fusion=fusion, reporter=reporter)
         result.layers = report.to_dict()
         if seen is not None:
             seen.append((x, ref_logits, result))

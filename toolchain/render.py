@@ -368,20 +368,53 @@ def _overflow_text(r: dict) -> str:
         parts.append(f"{o['fp16_saturated']} at FP16 max")
     if r.get("int8") and r["int8"]["clipped"]:
         parts.append(f"INT8 input clipped {100 * r['int8']['clipped']:.3g}%")
+    if parts and r.get("overflow_inherited"):
+        parts.append("from its input")
     return ", ".join(parts) or "-"
+
+
+def render_plan_layers(console, lr: dict) -> None:
+    """A TensorRT plan's layers (toolchain.plan_layers): each with its type, precision and the ONNX nodes it covers."""
+    from collections import Counter
+
+    from rich.markup import escape
+    from rich.table import Table
+
+    t = Table(title=f"{escape(model_label(lr['candidate']))}: {len(lr['layers'])} TensorRT layers ({lr['runtime']}'s "
+                    "engine inspector; listed, not compared: a plan computes only its outputs)", title_justify="left")
+    for col in ("#", "layer", "type", "prec", "ONNX nodes"):
+        t.add_column(col)
+    for r in lr["layers"]:
+        t.add_row(str(r["index"]), escape(r["name"]), escape(str(r["type"] or "-")), r["precision"] or "-",
+                  escape(", ".join(r["onnx_nodes"]) or ("(reformat)" if r["reformat"] else "-")))
+    _print(console, t)
+    counts = Counter(r["precision"] for r in lr["layers"] if r["precision"])
+    covered = lr["onnx_nodes"] - len(lr["not_in_any_layer"])
+    console.print(f"precisions: {', '.join(f'{k} {v}' for k, v in counts.most_common()) or 'unread'}; ONNX nodes in "
+                  f"a layer: {covered} of {lr['onnx_nodes']}"
+                  + (f" (in none: {escape(', '.join(lr['not_in_any_layer'][:5]))}"
+                     f"{' ...' if len(lr['not_in_any_layer']) > 5 else ''})" if lr["not_in_any_layer"] else ""))
+    _warn(lr.get("warnings") or [])
 
 
 def render_layers(console, lr: dict) -> None:
     """The worst layers by error added, the first layer over the threshold and what could not be matched."""
     from rich.markup import escape
 
+    if lr.get("kind") == "plan":
+        render_plan_layers(console, lr)
+        return
+
     rows = [{**lr["rows"][i], "rank": str(lr["rows"][i]["index"]), "overflow_text": _overflow_text(lr["rows"][i])}
             for i in lr["worst"]]
-    title = (f"{escape(model_label(lr['candidate']))}: worst {len(rows)} of {lr['matched']} layers by the error they "
-             f"add (alone: on the reference's inputs; {lr['samples']} samples, relative L2 vs the reference)")
-    _print(console, layer_table(title, rows, [("layer", "node"), ("#", "rank"), ("op", "op"),
-                                              ("rel L2", "rel_l2"), ("added", "added"), ("alone", "alone"),
-                                              ("cosine", "cosine"), ("overflow", "overflow_text")]))
+    modules = lr["matched_by"] == "module"  # a PyTorch reference: no "alone" (PyTorch is not cut at each layer)
+    title = (f"{escape(model_label(lr['candidate']))}: worst {len(rows)} of {lr['matched']} "
+             + (f"modules by the error they add ({lr['samples']} samples, relative L2 vs the module's output)"
+                if modules else f"layers by the error they add (alone: on the reference's inputs; {lr['samples']} "
+                                "samples, relative L2 vs the reference)"))
+    columns = [("layer", "node"), ("#", "rank"), ("op", "op"), ("rel L2", "rel_l2"), ("added", "added"),
+               ("alone", "alone"), ("cosine", "cosine"), ("overflow", "overflow_text")]
+    _print(console, layer_table(title, rows, [c for c in columns if not (modules and c[1] == "alone")]))
     f = lr["first_over"]
     console.print(f"first layer over rel. L2 {lr['threshold']:g}: " + (
         f"#{f['index']} {escape(f['node'])} ({f['op']}, rel L2 {_fig(f['rel_l2'])})" if f else "none"))

@@ -104,15 +104,24 @@ def _svg_depth(lr: dict, width: int = 760, height: int = 300) -> str:
 
 
 def _layers_html(lr: dict) -> str:
+    if lr.get("kind") == "plan":  # a TensorRT plan's layers: listed, not compared
+        head = "".join(f"<th>{h}</th>" for h in ("#", "layer", "type", "precision", "ONNX nodes"))
+        body = "".join(f"<tr><td>{r['index']}</td><td>{html.escape(r['name'])}</td>"
+                       f"<td>{html.escape(str(r['type'] or '-'))}</td><td>{r['precision'] or '-'}</td>"
+                       f"<td>{html.escape(', '.join(r['onnx_nodes']))}</td></tr>" for r in lr["layers"])
+        return (f"<h3>TensorRT layers ({len(lr['layers'])}, from the engine inspector; listed, not compared)</h3>"
+                f"<table><tr>{head}</tr>{body}</table>")
     f = lr["first_over"]
     first = (f"first layer over relative L2 {lr['threshold']:g}: #{f['index']} {html.escape(f['node'])} ({f['op']})"
              if f else f"no layer over relative L2 {lr['threshold']:g}")
-    head = "".join(f"<th>{h}</th>" for h in ("rank", "#", "layer", "op", "rel L2", "added", "alone", "cosine"))
+    keys = ("rel_l2", "added", "cosine") if lr["matched_by"] == "module" else ("rel_l2", "added", "alone", "cosine")
+    names = {"rel_l2": "rel L2", "added": "added", "alone": "alone", "cosine": "cosine"}
+    head = "".join(f"<th>{h}</th>" for h in ("rank", "#", "layer", "op", *(names[k] for k in keys)))
     body = "".join(
         f"<tr><td>{k}</td><td>{lr['rows'][i]['index']}</td><td>{html.escape(lr['rows'][i]['node'])}</td>"
         f"<td>{lr['rows'][i]['op']}</td>"
         + "".join(f"<td>{'overflow' if lr['rows'][i].get(key) is None else format(lr['rows'][i][key], '.4f')}</td>"
-                  for key in ("rel_l2", "added", "alone", "cosine")) + "</tr>"
+                  for key in keys) + "</tr>"
         for k, i in enumerate(lr["worst"], 1))
     return (f"<h3>Per layer ({lr['matched']} layers matched by {lr['matched_by']}, {lr['samples']} samples)</h3>"
             f"{_svg_depth(lr)}<p>{html.escape(first)}</p><table><tr>{head}</tr>{body}</table>")

@@ -59,3 +59,16 @@ def test_kl_is_reference_to_candidate_with_known_values():
     # logits: the softmax of each side first
     lp, lq = np.log(p), np.log(q)
     assert compare(lp, lq, probabilities=False).kl == pytest.approx(want, abs=1e-9)
+
+
+def test_a_sample_with_nan_or_inf_outputs_has_cosine_zero():
+    """An FP16 overflow turns a sample's logits into NaN: its cosine is 0 (it used to be 1.0, so that a model giving
+    NaN for every input passed the cosine threshold)."""
+    ref = np.array([[3.0, 1.0, 0.0], [0.0, 2.0, 1.0], [1.0, 0.0, 5.0], [1.0, 2.0, 3.0]])
+    cand = ref.copy()
+    cand[1] = np.nan
+    cand[2, 0] = np.inf
+    p = compare(ref, cand)
+    assert p.cosine == pytest.approx(0.5)  # two of four samples agree exactly, two count 0
+    assert compare(ref, np.full_like(ref, np.nan)).cosine == 0.0
+    assert compare(cand, cand.copy()).cosine == 1.0  # two runs of one overflowing model agree

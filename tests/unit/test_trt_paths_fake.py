@@ -50,13 +50,14 @@ def test_a_version_compatible_plan_loads_only_with_host_code_allowed(monkeypatch
 
 def test_the_post_build_check_allows_host_code_for_a_version_compatible_plan(monkeypatch):
     from engines._trt import make_logger
-    from toolchain.build import engine_precisions
+    from toolchain.build import InspectorUnreadable, engine_precisions
 
     fake = fake_tensorrt.make("10.13.0", engine_io=IO)
     rt = fake.Runtime(make_logger(fake))
     plan = b"P" + fake_tensorrt._VC_MARK
-    with pytest.raises(AttributeError):  # the fake engine has no inspector: deserialization got that far
+    with pytest.raises(InspectorUnreadable):  # the fake engine's inspector lists no layer: deserialization got there
         engine_precisions(fake, rt, plan, "10.13.0", version_compatible=True)
+    assert ("EngineInspector.get_engine_information", "JSON") in fake.calls
     assert rt.engine_host_code_allowed is True
 
 

@@ -39,7 +39,7 @@ from tests import fake_tensorrt
 ROOT = Path(__file__).resolve().parents[2]
 PROBE = ROOT / "tests" / "trt_api_probe.py"
 NAMES = ("tensorrt_lean_bindings", "tensorrt_dispatch_bindings", "tensorrt_rtx_bindings")
-RUNTIME_FILES = ("engines/tensorrt_engine.py", "engines/_trt.py")
+RUNTIME_FILES = ("engines/tensorrt_engine.py", "engines/_trt.py", "toolchain/plan_layers.py")
 BUILD_FILES = ("toolchain/build.py", "toolchain/inspect_artifact.py")
 RTX_ONLY = {"CudaGraphStrategy", "ComputeCapability", "IRuntimeConfig"}  # used only on the TensorRT-RTX path
 # the fake's runtime side: what the lean runtime must have (the rest of the fake is the builder side)
