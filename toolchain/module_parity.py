@@ -171,8 +171,6 @@ def module_parity(reference: str, candidate: str | Path, x: np.ndarray, *, preci
     export made of it in ``candidate`` on the inputs ``x``; a toolchain.layers.LayerReport (``matched_by``:
     "module")."""
     from . import layer_stats as L
-    from .precision import suffix
-    from .precision import calibration as cal
     from .reference import TorchReference
 
     torch = require("torch", "Comparing with a PyTorch reference per module", extra="export")
@@ -182,10 +180,36 @@ def module_parity(reference: str, candidate: str | Path, x: np.ndarray, *, preci
     cand_path = Path(candidate)
     cand, mapped_from = _mapped_model(cand_path)
     found, _ = module_outputs(mapped_from)
-    calls = _calls_per_module(mapped_from)
-    cand_tensors = {t for n in cand.graph.node for t in n.output}
     ref = TorchReference(reference, device=device)
     modules = dict(ref.fn.named_modules()) if hasattr(ref.fn, "named_modules") else {}
+    pairs, warnings = _pairs(found, modules, {t for n in cand.graph.node for t in n.output}, cand_path)
+    unmatched = sorted({m for m, _, _ in found} - {m for m, _, _ in pairs})
+    if not pairs:
+        raise UsageProblem(f"no module of {reference} maps to a tensor of {cand_path.name}",
+                           "give the candidate exported from this reference (trtc export), or its FP16/INT8 copy")
+    sess = L._ort_session(_with_outputs(cand, [t for _, _, t in pairs]), device, qdq_fusion)
+    types = {o.name: L.ORT_TYPES.get(o.type, o.type) for o in sess.get_outputs()}
+    sums, skipped = _compare(torch, ref, modules, pairs, _calls_per_module(mapped_from), sess, types,
+                             next(iter(L._feeds(cand))), x, batch, reporter)
+    if skipped:
+        warnings.append(f"{len(skipped)} module output(s) not compared: " + "; ".join(list(skipped.values())[:4]))
+    rows = _rows(mapped_from, pairs, sums, modules, types)
+    worst = sorted(range(len(rows)), key=lambda i: L.rank_key(rows[i]), reverse=True)[:top]
+    first = next((r for r in rows if L._over(r, threshold)), None)
+    return L.LayerReport(reference=str(reference), candidate=str(candidate), precision=precision, samples=len(x),
+                         matched_by="module", matched=len(rows), unmatched=unmatched, candidate_only={},
+                         not_compared=sorted(skipped), threshold=threshold, first_over=first, worst=worst, rows=rows,
+                         seconds=round(time.perf_counter() - t0, 2), warnings=warnings)
+
+
+def _with_outputs(model, names):
+    from .precision import suffix
+
+    return suffix.with_outputs(model, names)
+
+
+def _pairs(found, modules: dict, cand_tensors: set, cand_path: Path) -> tuple[list, list]:
+    """([(module, call, tensor)] that both sides have, [warnings for tensors the candidate lacks])."""
     warnings, pairs = [], []
     for m, k, t in found:
         if m not in modules:
@@ -194,10 +218,15 @@ def module_parity(reference: str, candidate: str | Path, x: np.ndarray, *, preci
             warnings.append(f"{m}: its tensor {t} is not in {cand_path.name}")
             continue
         pairs.append((m, k, t))
-    unmatched = sorted({m for m, _, _ in found} - {m for m, _, _ in pairs})
-    if not pairs:
-        raise UsageProblem(f"no module of {reference} maps to a tensor of {cand_path.name}",
-                           "give the candidate exported from this reference (trtc export), or its FP16/INT8 copy")
+    return pairs, warnings
+
+
+def _compare(torch, ref, modules, pairs, calls, sess, types, x_name, x, batch, reporter) -> tuple[dict, dict]:
+    """Run the reference (its modules' outputs caught by forward hooks) and the candidate's session batch by batch:
+    ({tensor: its sums}, {tensor: why it was not compared})."""
+    from . import layer_stats as L
+    from .precision import calibration as cal
+
     got: dict[str, list] = {m: [] for m, _, _ in pairs}
     hooks = []
     for m in got:
@@ -205,10 +234,7 @@ def module_parity(reference: str, candidate: str | Path, x: np.ndarray, *, preci
             o = out[0] if isinstance(out, (tuple, list)) else out
             got[m].append(o.detach().float().cpu().numpy() if torch.is_tensor(o) else None)
         hooks.append(modules[m].register_forward_hook(hook))
-    x_name = next(iter(L._feeds(cand)))
     names = [t for _, _, t in pairs]
-    sess = L._ort_session(suffix.with_outputs(cand, names), device, qdq_fusion)
-    types = {o.name: L.ORT_TYPES.get(o.type, o.type) for o in sess.get_outputs()}
     sums = {t: L._Sums() for t in names}
     skipped: dict[str, str] = {}
     fixed = sess.get_inputs()[0].shape[0]
@@ -222,33 +248,31 @@ def module_parity(reference: str, candidate: str | Path, x: np.ndarray, *, preci
                     ref.fn(torch.from_numpy(np.ascontiguousarray(xb, np.float32)).to(ref.device))
                 outs = dict(zip(names, sess.run(names, {x_name: xb})))
                 for m, k, t in pairs:
-                    if t in skipped:
-                        continue
-                    seen = got[m]
-                    if len(seen) != calls.get(m, 1) or k >= len(seen) or seen[k] is None:
-                        skipped[t] = (f"{m} ran {len(seen)} time(s) in PyTorch and {calls.get(m, 1)} in the graph"
-                                      if seen and seen[-1] is not None else f"{m} gives no tensor")
-                        continue
-                    if seen[k].shape != outs[t].shape or types.get(t) not in L.FLOATS:
-                        skipped[t] = f"{m}'s output {seen[k].shape} against {t} {outs[t].shape} {types.get(t)}"
-                        continue
-                    sums[t].add(seen[k], outs[t], n, len(xb))
+                    if t not in skipped:
+                        _add(got[m], m, k, t, calls, outs, types, sums, skipped, n, len(xb))
                 del outs
                 bar.advance(n)
     finally:
         for h in hooks:
             h.remove()
-    for t, why in skipped.items():
+    for t in skipped:
         sums.pop(t, None)
-    if skipped:
-        warnings.append(f"{len(skipped)} module output(s) not compared: " + "; ".join(list(skipped.values())[:4]))
-    rows = _rows(mapped_from, pairs, sums, modules, types)
-    worst = sorted(range(len(rows)), key=lambda i: L.rank_key(rows[i]), reverse=True)[:top]
-    first = next((r for r in rows if L._over(r, threshold)), None)
-    return L.LayerReport(reference=str(reference), candidate=str(candidate), precision=precision, samples=len(x),
-                         matched_by="module", matched=len(rows), unmatched=unmatched, candidate_only={},
-                         not_compared=sorted(skipped), threshold=threshold, first_over=first, worst=worst, rows=rows,
-                         seconds=round(time.perf_counter() - t0, 2), warnings=warnings)
+    return sums, skipped
+
+
+def _add(seen, m, k, t, calls, outs, types, sums, skipped, n, size) -> None:
+    """Module ``m``'s ``k``-th output this batch (``seen``) against the candidate's tensor ``t``: added to its sums,
+    or the reason it cannot be compared noted in ``skipped``."""
+    from . import layer_stats as L
+
+    if len(seen) != calls.get(m, 1) or k >= len(seen) or seen[k] is None:
+        skipped[t] = (f"{m} ran {len(seen)} time(s) in PyTorch and {calls.get(m, 1)} in the graph"
+                      if seen and seen[-1] is not None else f"{m} gives no tensor")
+        return
+    if seen[k].shape != outs[t].shape or types.get(t) not in L.FLOATS:
+        skipped[t] = f"{m}'s output {seen[k].shape} against {t} {outs[t].shape} {types.get(t)}"
+        return
+    sums[t].add(seen[k], outs[t], n, size)
 
 
 def _rows(model, pairs, sums, modules, types) -> list[dict]:
