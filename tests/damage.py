@@ -20,6 +20,7 @@ SEED = 20261205
 CASES = 10  # per codec
 CLIP_FRAMES = 48
 CLIP_SIZE = (256, 112)
+GPU_CLIP_SIZE = (256, 144)  # NVDEC decodes HEVC from 144 x 144 (an H200's caps)
 
 
 @dataclass
@@ -35,7 +36,7 @@ class Reference:
         return bool(self.errors) or self.frames < self.packets
 
 
-def make_clips(bikes: Path, folder: Path) -> dict[str, Path]:
+def make_clips(bikes: Path, folder: Path, size: tuple = CLIP_SIZE) -> dict[str, Path]:
     """{"h264": ..., "hevc": ...}: the first frames of bikes.mp4, small, in MP4 (HEVC with B-frames)."""
     from tests.clips import encode_clip
 
@@ -44,7 +45,7 @@ def make_clips(bikes: Path, folder: Path) -> dict[str, Path]:
     for codec, lib, opts in (("h264", "libx264", {}), ("hevc", "libx265", x265)):
         path = folder / f"clip_{codec}.mp4"
         if not path.exists():
-            encode_clip(bikes, path, lib, CLIP_SIZE, frames=CLIP_FRAMES, options=opts)
+            encode_clip(bikes, path, lib, size, frames=CLIP_FRAMES, options=opts)
         out[codec] = path
     return out
 

@@ -76,7 +76,7 @@ class SourceFleet:
         user info) as source ``name``; its events and predictions carry ``name``."""
         if stride < 1:
             raise UsageProblem(f"stride must be at least 1, got {stride}")
-        k = resolve_k(top_k, self.classes, model_name(self.engine))
+        k = self.topk.k if top_k is None else resolve_k(top_k, self.classes, model_name(self.engine))
         if k > self.topk.k:
             raise UsageProblem(f"top_k {k} is over the {self.topk.k} this fleet was opened with",
                                f"open it with top_k={k} or more")
@@ -236,7 +236,7 @@ class NvdecFleet:
 
         if stride < 1:
             raise UsageProblem(f"stride must be at least 1, got {stride}")
-        k = resolve_k(top_k, self.classes, model_name(self.engine))
+        k = self.k if top_k is None else resolve_k(top_k, self.classes, model_name(self.engine))
         if k > self.k:
             raise UsageProblem(f"top_k {k} is over the {self.k} this fleet was opened with",
                                f"open it with top_k={k} or more")

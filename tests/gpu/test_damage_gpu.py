@@ -39,7 +39,7 @@ def _classify(path: Path, engine, timeout: float = 120.0):
 
 
 def test_nvdec_reports_what_ffmpeg_and_the_packet_count_report(bikes, cuda_lite0, tmp_path):
-    clips = damage.make_clips(Path(bikes), tmp_path)
+    clips = damage.make_clips(Path(bikes), tmp_path, damage.GPU_CLIP_SIZE)
     rows, unsaid, false = [], [], []
     for codec, clip in clips.items():
         n, problems, _ = _classify(clip, cuda_lite0)
