@@ -576,3 +576,23 @@ H100 = {"name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0", "driver": 
         "index": 0}
 RTX4090 = {"name": "NVIDIA GeForce RTX 4090", "compute_capability": "8.9", "driver": "580.1", "cuda": "13.0",
            "index": 0}
+
+
+def mnist_plan(monkeypatch, mnist, folder):
+    """The real MNIST CNN copied to ``folder``/m.onnx and built into m.plan by the fake TensorRT 10.13 (H100): (an
+    ONNX Runtime CPU session of the model, its input name, its output name, the plan's engine_io for :func:`make`),
+    for tests whose fake plan then computes with that session."""
+    import shutil
+
+    import onnxruntime as ort
+
+    from toolchain.build import build_engine
+
+    model = mnist[0]
+    shutil.copy(model, folder / "m.onnx")
+    install(monkeypatch, make("10.13.0"), H100)
+    build_engine(folder / "m.onnx")
+    sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    i_name, o_name = sess.get_inputs()[0].name, sess.get_outputs()[0].name
+    io = [(i_name, "INPUT", "float32", (1, 1, 28, 28)), (o_name, "OUTPUT", "float32", (1, 10))]
+    return sess, i_name, o_name, io

@@ -9,7 +9,6 @@ engine lists (its fusions, its names) may differ, and the listing's matching to 
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 
@@ -19,20 +18,13 @@ pytest.importorskip("onnxruntime")
 
 
 def _run(monkeypatch, tmp_path, mnist, info):
-    import onnxruntime as ort
     from click.testing import CliRunner
 
     import engines.onnxruntime_engine as oe
-    from toolchain.build import build_engine
     from toolchain.cli import cli
 
-    model, npz, _, _ = mnist
-    shutil.copy(model, tmp_path / "m.onnx")
-    fake_tensorrt.install(monkeypatch, fake_tensorrt.make("10.13.0"), fake_tensorrt.H100)
-    build_engine(tmp_path / "m.onnx")
-    sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
-    i_name, o_name = sess.get_inputs()[0].name, sess.get_outputs()[0].name
-    io = [(i_name, "INPUT", "float32", (1, 1, 28, 28)), (o_name, "OUTPUT", "float32", (1, 10))]
+    npz = mnist[1]
+    sess, i_name, o_name, io = fake_tensorrt.mnist_plan(monkeypatch, mnist, tmp_path)
     fake = fake_tensorrt.install(monkeypatch, fake_tensorrt.make(
         "10.13.0", engine_io=io, compute=lambda f: {o_name: sess.run(None, {i_name: f[i_name]})[0]},
         engine_info=info), fake_tensorrt.H100)

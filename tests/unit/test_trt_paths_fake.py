@@ -368,21 +368,14 @@ def test_validate_and_bench_run_a_plan_behind_the_same_parity_gate(monkeypatch, 
     ONNX on ORT's CPU provider (right answers), then with its classes reversed (wrong answers: must fail)."""
     import json
 
-    import onnxruntime as ort
     from click.testing import CliRunner
 
     import engines.onnxruntime_engine as oe
     from tests import fake_cupy
-    from toolchain.build import build_engine
     from toolchain.cli import cli
 
-    model, npz, _, _ = mnist
-    shutil.copy(model, tmp_path / "m.onnx")
-    fake_tensorrt.install(monkeypatch, fake_tensorrt.make("10.13.0"), fake_tensorrt.H100)
-    build_engine(tmp_path / "m.onnx")
-    sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
-    i_name, o_name = sess.get_inputs()[0].name, sess.get_outputs()[0].name
-    io = [(i_name, "INPUT", "float32", (1, 1, 28, 28)), (o_name, "OUTPUT", "float32", (1, 10))]
+    npz = mnist[1]
+    sess, i_name, o_name, io = fake_tensorrt.mnist_plan(monkeypatch, mnist, tmp_path)
 
     def right(feeds):
         return {o_name: sess.run(None, {i_name: feeds[i_name]})[0]}
