@@ -29,12 +29,53 @@ from ..topk import TopK, resolve_k
 from .cpu_pipeline import decode_stage, infer_and_collect
 from .hub import FrameHub
 from .live import LiveOptions, SourceEvent, join_readers, reader_started
+from .orientation import check_rotate
 from .pipeline import (Prediction, RunStats, _default_batch, _input_shape, _manifest_of, check_classifier,
                        label_names, model_classes, model_name)
 from .sources import PyAVSource, SourceError
 
 
-class SourceFleet:
+class _ReaderTable:
+    """What both fleets keep of their sources: one reader thread per name, under one lock (only the caller's thread
+    adds and removes; the consumer and result threads read a source's top_k). Subclasses set ``engine``,
+    ``classes`` and ``k`` (the most classes a source may ask for)."""
+
+    def _open_table(self) -> None:
+        self._lock = threading.Lock()
+        self._readers: dict[str, tuple] = {}  # name -> (thread, stop, source, top_k)
+
+    @property
+    def names(self) -> list[str]:
+        with self._lock:
+            return sorted(self._readers)
+
+    def _top_k(self, stride: int, top_k: int | None) -> int:
+        """A new source's k (``top_k``, or the fleet's), refused where it is over the fleet's or ``stride`` < 1."""
+        if stride < 1:
+            raise UsageProblem(f"stride must be at least 1, got {stride}")
+        k = self.k if top_k is None else resolve_k(top_k, self.classes, model_name(self.engine))
+        if k > self.k:
+            raise UsageProblem(f"top_k {k} is over the {self.k} this fleet was opened with",
+                               f"open it with top_k={k} or more")
+        return k
+
+    def _taken(self, name: str) -> None:
+        """Refuses a name already running (call with the lock held)."""
+        if name in self._readers:
+            raise UsageProblem(f"a source named {name} is already running", "remove it first, or give another name")
+
+    def top_k_of(self, name: str) -> int | None:
+        with self._lock:
+            entry = self._readers.get(name)
+        return entry[3] if entry else None
+
+    def source(self, name: str):
+        with self._lock:
+            entry = self._readers.get(name)
+        return entry[2] if entry else None
+
+
+class SourceFleet(_ReaderTable):
     def __init__(self, engine, *, batch: int | None = None, top_k: int | None = None, max_wait_ms: float = 100.0,
                  scores: str = "auto", on_prediction=None, on_event=None, on_problem=None, on_batch=None):
         check_classifier(engine)
@@ -47,6 +88,7 @@ class SourceFleet:
         _input_shape(engine, self.spec, "manifest" if manifest is not None else None)
         # the most classes any source may ask for; each prediction is cut to its source's own top_k
         self.topk = TopK(resolve_k(top_k, self.classes, model_name(engine)), scores)
+        self.k = self.topk.k
         self.max_wait_ms = max_wait_ms
         self.dtype = engine.inputs[0].numpy_dtype
         self.on_prediction = on_prediction or (lambda p: None)
@@ -58,30 +100,20 @@ class SourceFleet:
         self.counts: dict = defaultdict(int)
         self.hub = FrameHub()
         self.hub.open_producer()  # the fleet itself: the hub does not finish while the fleet is open
-        self._lock = threading.Lock()
-        self._readers: dict[str, tuple] = {}  # name -> (thread, stop, source, top_k)
+        self._open_table()
         self._retiring: dict[str, threading.Thread] = {}  # removed sources' readers that outlived their join
         self._consumer = threading.Thread(target=self._consume, daemon=True, name="trtc-fleet")
         self.error: BaseException | None = None
         self._consumer.start()
 
-    @property
-    def names(self) -> list[str]:
-        with self._lock:
-            return sorted(self._readers)
-
     def add(self, name: str, url, *, stride: int = 1, top_k: int | None = None, options: LiveOptions | None = None,
             rotate: str = "auto", queue_frames: int | None = None) -> None:
         """Start reading ``url`` (a str, or an :class:`~engines.video.credentials.Address` whose ``url`` holds the
-        user info) as source ``name``; its events and predictions carry ``name``."""
-        if stride < 1:
-            raise UsageProblem(f"stride must be at least 1, got {stride}")
-        k = self.topk.k if top_k is None else resolve_k(top_k, self.classes, model_name(self.engine))
-        if k > self.topk.k:
-            raise UsageProblem(f"top_k {k} is over the {self.topk.k} this fleet was opened with",
-                               f"open it with top_k={k} or more")
+        user info) as source ``name``; its events and predictions carry ``name``. ``rotate``: "auto" turns its
+        frames as each connection's display matrix says, 0/90/180/270 clockwise instead."""
+        k = self._top_k(stride, top_k)
         options = (options or LiveOptions()).check()
-        src = PyAVSource(_named(name, url), live=True, options=options, rotate=rotate)
+        src = PyAVSource(_named(name, url), live=True, options=options, rotate=check_rotate(rotate))
         stop = threading.Event()
         earlier = self._retiring.pop(name, None)
         if earlier is not None and join_readers([earlier], 10.0):
@@ -89,8 +121,7 @@ class SourceFleet:
             raise UsageProblem(f"the earlier reader of {name} has not stopped yet (it is inside a network call)",
                                "try again in a few seconds")
         with self._lock:
-            if name in self._readers:
-                raise UsageProblem(f"a source named {name} is already running", "remove it first, or give another name")
+            self._taken(name)
             cap = queue_frames or options.queue_frames or max(2, self.batch)
             self.hub.add(src.name, cap, options.policy)
             thread = threading.Thread(target=decode_stage, daemon=True, name=f"trtc-decode-{name}",
@@ -122,16 +153,6 @@ class SourceFleet:
     def dropped_of(self, name: str) -> int:
         """Frames of source ``name`` dropped in the hand-over to inference (its queue was full)."""
         return self.hub.dropped.get(name, 0)
-
-    def top_k_of(self, name: str) -> int | None:
-        with self._lock:
-            entry = self._readers.get(name)
-        return entry[3] if entry else None
-
-    def source(self, name: str):
-        with self._lock:
-            entry = self._readers.get(name)
-        return entry[2] if entry else None
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop every source, then the consumer (frames still waiting are dropped and counted)."""
@@ -196,7 +217,7 @@ def open_fleet(engine, **kw):
     return SourceFleet(engine, **kw)
 
 
-class NvdecFleet:
+class NvdecFleet(_ReaderTable):
     """:class:`SourceFleet`'s interface on the GPU path: a reader thread per source decodes with NVDEC
     (:class:`~engines.video.sources.NvdecSource`, reconnecting as `trtc run`'s live sources do) and pushes each kept
     frame, NV12 on the device, into one :class:`~engines.video.push.FramePusher`; the next decode on the reader's
@@ -216,8 +237,7 @@ class NvdecFleet:
         self.pusher = FramePusher(engine, batch=batch, top_k=top_k, scores=scores, max_wait_ms=max_wait_ms,
                                   format="NV12", callback=self._deliver)
         self.k = resolve_k(top_k, self.classes, model_name(engine))
-        self._lock = threading.Lock()
-        self._readers: dict[str, tuple] = {}  # name -> (thread, stop, source, top_k)
+        self._open_table()
         self._skipped: dict = defaultdict(int)  # frames a reader could not hand over (the pusher dropped them)
 
     @property
@@ -225,30 +245,18 @@ class NvdecFleet:
         errors = self.pusher._errors
         return errors[0] if errors else None
 
-    @property
-    def names(self) -> list[str]:
-        with self._lock:
-            return sorted(self._readers)
-
     def add(self, name: str, url, *, stride: int = 1, top_k: int | None = None, options: LiveOptions | None = None,
             rotate: str = "auto", queue_frames: int | None = None) -> None:
+        """As :meth:`SourceFleet.add`; ``rotate`` is applied by the preprocessing kernel, in the same pass."""
         from .sources import NvdecSource
 
-        if stride < 1:
-            raise UsageProblem(f"stride must be at least 1, got {stride}")
-        k = self.k if top_k is None else resolve_k(top_k, self.classes, model_name(self.engine))
-        if k > self.k:
-            raise UsageProblem(f"top_k {k} is over the {self.k} this fleet was opened with",
-                               f"open it with top_k={k} or more")
-        if rotate not in ("auto", "0"):
-            raise UsageProblem("a camera's rotate is applied on the CPU path only", "leave rotate out on a GPU")
+        k = self._top_k(stride, top_k)
         options = (options or LiveOptions()).check()
         src = NvdecSource(_named(name, url), getattr(self.engine, "device_id", 0), live=True, options=options,
-                          latency="low")
+                          latency="low", rotate=check_rotate(rotate))
         stop = threading.Event()
         with self._lock:
-            if name in self._readers:
-                raise UsageProblem(f"a source named {name} is already running", "remove it first, or give another name")
+            self._taken(name)
             thread = threading.Thread(target=self._read, args=(src, stop, stride), daemon=True,
                                       name=f"trtc-nvdec-{name}")
             self._readers[name] = (thread, stop, src, k)
@@ -270,16 +278,6 @@ class NvdecFleet:
     def dropped_of(self, name: str) -> int:
         return self._skipped.get(name, 0)
 
-    def top_k_of(self, name: str) -> int | None:
-        with self._lock:
-            entry = self._readers.get(name)
-        return entry[3] if entry else None
-
-    def source(self, name: str):
-        with self._lock:
-            entry = self._readers.get(name)
-        return entry[2] if entry else None
-
     def close(self, timeout: float = 10.0) -> None:
         for name in self.names:
             self.remove(name, reason="stopped", timeout=timeout)
@@ -300,7 +298,8 @@ class NvdecFleet:
             with stream:
                 nv12 = cp.from_dlpack(frame)  # ordered after the decode on this stream (DLPack's event)
             handle = self.pusher.push(src.name, nv12, pts=pts, time=t, frame_id=index,
-                                      colorspace=str(src.info.colorspace) if src.info else None, cuda_stream=stream)
+                                      colorspace=str(src.info.colorspace) if src.info else None, cuda_stream=stream,
+                                      rotate=src.turn)  # this connection's (TurnProbe, the reader's own thread)
             event = handle.wait() if handle is not None else None
             if event is None:
                 self._skipped[src.name] += 1

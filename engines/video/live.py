@@ -579,6 +579,17 @@ class LiveSource:
         if back is not None:
             self._event("reconnected", outage_s=back[0], attempts=back[1])
 
+    def _turned(self, turn) -> None:
+        """A connection's turn (an :class:`~engines.video.orientation.Orientation`, read from its first frame or key
+        frame): its frames are turned by it from here. A live source whose new connection turns differently from
+        the last one (a camera remounted, or its stream re-tagged) says so: a ``rotated`` event with the new turn
+        and the one before (``rotation``, ``previous``)."""
+        before = getattr(self, "_turn_said", None)
+        self.turn = turn
+        self._turn_said = turn.to_dict()
+        if before is not None and before != self._turn_said and getattr(self, "live", False):
+            self._event("rotated", extra={"rotation": self._turn_said, "previous": before})
+
     def _damage(self, n: int = 1) -> None:
         """``n`` more frames or packets of this live stream lost to damage (already counted in ``damaged``): a
         ``damaged`` event at once, then at most one every DAMAGE_EVERY s with those lost since the last (``lost``;

@@ -14,12 +14,14 @@ on. A live source reconnects as on the CPU path (:class:`~engines.video.live.Liv
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import numpy as np
 
 from .._deps import require
-from ..errors import first_line
+from ..errors import UsageProblem, first_line
 from .live import LagClock, Liveness, NoFrames, network_error, open_url, watched_packets
+from .orientation import Orientation, frame_orientation
 from .source_base import (DETAIL_CHARS, MAX_REJECTED_PACKETS, FramesOut, SourceError, SourceInfo, Timeline,
                           _colorspace_from_av, _synchronize, count_lost)
 
@@ -92,6 +94,47 @@ def make_decoder(src, nvc, stream, stream_ptr: int):
                           _colorspace_from_av(cc, cc.height, src.override))
     src.time_base = stream.time_base
     return src._core_decoder(nvc, codec, stream_ptr)
+
+
+class TurnProbe:
+    """How one connection's frames are turned on the GPU path, read as the CPU path reads it: ``rotate`` "auto" decodes
+    the connection's first key frame once on the CPU (PyAV, with the stream's own codec parameters), whose display
+    matrix is the container's (an MP4's track matrix) or the bitstream's (an H.264/HEVC display orientation SEI);
+    a number replaces it. Known before that key frame reaches NVDEC, so no frame NVDEC gives is planned unturned;
+    the preprocessing plan follows the source's ``turn`` (a connection that turns differently is re-planned)."""
+
+    def __init__(self, src, stream):
+        self.src, self.stream = src, stream
+        self.pending = src.rotate == "auto"
+        if not self.pending:
+            self._set(Orientation.clockwise(int(src.rotate)))
+        else:
+            src.turn = Orientation()  # until the first key frame says
+
+    def packet(self, packet) -> None:
+        """Look at a packet before NVDEC gets it; the first key frame that decodes on the CPU settles the turn."""
+        if not self.pending or packet is None or not packet.is_keyframe:
+            return
+        cc = self.stream.codec_context
+        try:
+            if not cc.is_open:
+                cc.thread_count = 1  # one picture: no frame threads to start
+            frames = cc.decode(packet) or cc.decode(None)
+        except Exception:  # noqa: BLE001 - a key frame the CPU decoder cannot read: the next one is tried
+            frames = []
+        finally:
+            cc.flush_buffers()
+        if frames:
+            try:
+                turn = frame_orientation(frames[0])
+            except UsageProblem as exc:  # a matrix that is no whole-pixel turn
+                raise SourceError(self.src.name, exc.reason, exc.fix) from None
+            self._set(turn)
+
+    def _set(self, turn) -> None:
+        self.pending = False
+        self.src._turned(turn)
+        self.src.info = replace(self.src.info, rotation=turn.to_dict())  # replaced, not changed: others may read it
 
 
 class _Lost(Exception):
@@ -182,6 +225,7 @@ def feed_pass(src, nvc, stream_ptr: int, on_frame, index: int, container, stream
     ``lv``: a live source's :class:`~engines.video.live.Liveness`, told of each decoded frame; its watchdog
     (:func:`~engines.video.live.watched_packets`) raises NoFrames when frames stop."""
     feed = _Feed(src, nvc, stream, stream_ptr, on_frame, lv)
+    turn = TurnProbe(src, stream)
     annexb = AnnexB(stream)
     if lv is not None:
         packets = watched_packets(container, stream, lv, src.stop)
@@ -201,6 +245,7 @@ def feed_pass(src, nvc, stream_ptr: int, on_frame, index: int, container, stream
                 src.damaged += 1  # continuity errors): NVDEC would conceal it without a word
                 if lv is not None:
                     src._damage(1)
+            turn.packet(packet)
             # None: end of stream, flush the frames the decoder still holds
             chunks = [(None, None)] if packet is None else annexb.convert(packet)
             for data, pts in chunks:

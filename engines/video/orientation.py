@@ -82,6 +82,16 @@ class Orientation:
             a = a[:, ::-1]
         return a
 
+    def pixels(self, a: np.ndarray) -> np.ndarray:
+        """A packed (rows, columns, channels) image as shown (a view)."""
+        if self.transpose:
+            a = a.swapaxes(0, 1)
+        if self.flip_rows:
+            a = a[::-1]
+        if self.flip_cols:
+            a = a[:, ::-1]
+        return a
+
     def apply(self, planes: YuvPlanes) -> YuvPlanes:
         """The planes as shown (views of the decoded ones)."""
         if self.identity:
@@ -91,6 +101,19 @@ class Orientation:
     def to_dict(self) -> dict:
         """What the results record: {"degrees": clockwise, "mirrored": bool, "from": "metadata"|"--rotate"|"none"}."""
         return {"degrees": self.degrees, "mirrored": self.mirrored, "from": self.origin}
+
+
+def pushed_turn(rotate) -> "Orientation | None":
+    """A pushed frame's turn: None (or 0) for none, clockwise degrees (0, 90, 180, 270), or an :class:`Orientation`.
+    A pushed frame has no metadata to read, so "auto" is refused."""
+    if rotate is None or isinstance(rotate, Orientation):
+        return None if rotate is None or rotate.identity else rotate
+    text = check_rotate(rotate)
+    if text == "auto":
+        raise UsageProblem("rotate='auto' reads a video's metadata, and a pushed frame has none",
+                           "give the clockwise degrees (0, 90, 180 or 270), or leave rotate out")
+    turn = Orientation.clockwise(int(text))
+    return None if turn.identity else turn
 
 
 def _turns() -> dict:

@@ -34,6 +34,7 @@ from ..preprocess import PACKED, ColorSpace, PreprocessSpec, planes_from_surface
 from ..topk import TopK, resolve_k
 from .assembler import Stopped
 from .live import LiveOptions
+from .orientation import Orientation, pushed_turn
 from .pipeline import (Prediction, RunStats, SourceProblem, _announce, _check_batch, _default_batch, _input_shape,
                        _manifest_of, check_classifier, label_names, model_classes, model_name, model_spec)
 
@@ -167,12 +168,14 @@ class FramePusher:
 
     # ------------------------------------------------------------------------------------------ the app's calls
     def push(self, stream, frame, *, pts=None, time: float | None = None, frame_id=None,
-             format: str | None = None, colorspace: str | None = None, cuda_stream=None):  # noqa: A002
+             format: str | None = None, colorspace: str | None = None, cuda_stream=None, rotate=None):  # noqa: A002
         """Queue one frame of ``stream`` (any name; a new name starts a stream). ``pts``, ``time`` (seconds) and
         ``frame_id`` come back in the prediction (``pred.pts``, ``pred.time``, ``pred.frame``; without a
         ``frame_id``, the stream's push count from 0). ``cuda_stream`` (device frames): the CUDA stream that wrote
         the frame (CuPy or torch stream, or a handle; default: the thread's current CuPy stream); trtc's read
-        waits for it on the GPU.
+        waits for it on the GPU. ``rotate``: how the frame is turned to be shown, clockwise degrees (0, 90, 180,
+        270) or an :class:`~engines.video.orientation.Orientation` (None: as it is); on the GPU the
+        preprocessing kernel reads it turned, in the same pass.
 
         Returns, for a device frame on a GPU engine, a :class:`PushHandle`: the frame is read later by a kernel
         for a group of frames, and must not be written again before ``handle.done()``, or before the GPU-side
@@ -181,7 +184,7 @@ class FramePusher:
         until its prediction is out, so dropping yours is safe. None: nothing of the frame is read after push
         returns (NumPy frames). A frame of the wrong format or shape raises :class:`UsageProblem`; the stream
         and the others go on."""
-        meta = (pts, time, frame_id, format or self.format, colorspace or self.colorspace)
+        meta = (pts, time, frame_id, format or self.format, colorspace or self.colorspace, pushed_turn(rotate))
         active = self._active
         active.append(None)
         try:
@@ -191,10 +194,11 @@ class FramePusher:
             active.pop()
 
     def push_many(self, stream, frames, *, pts=None, times=None, frame_ids=None,
-                  format: str | None = None, colorspace: str | None = None, cuda_stream=None) -> list:  # noqa: A002
+                  format: str | None = None, colorspace: str | None = None, cuda_stream=None,  # noqa: A002
+                  rotate=None) -> list:
         """Queue several frames of one ``stream`` at once, in order (cheaper per frame than ``push``: one check of
         the pusher, one producer stream, one lock). ``pts``, ``times``, ``frame_ids``: a value per
-        frame, or None. Every frame is checked before any is queued: a bad one raises :class:`UsageProblem` and
+        frame, or None; ``rotate``: as for ``push``, for every frame of the call. Every frame is checked before any is queued: a bad one raises :class:`UsageProblem` and
         none of the call's frames is queued. Returns a list: what ``push`` returns, per frame."""
         frames = list(frames)
         n = len(frames)
@@ -205,8 +209,8 @@ class FramePusher:
                 raise UsageProblem(f"push_many got {n} frames and {len(values)} {label}", f"give one {label} value "
                                    "per frame, or none")
             cols.append(values)
-        fmt, cs = format or self.format, colorspace or self.colorspace
-        metas = [(p, t, i, fmt, cs) for p, t, i in zip(*cols, strict=True)]
+        fmt, cs, turn = format or self.format, colorspace or self.colorspace, pushed_turn(rotate)
+        metas = [(p, t, i, fmt, cs, turn) for p, t, i in zip(*cols, strict=True)]
         return self._call(stream, self._backend.push_many, frames, metas, cuda_stream)
 
     def _call(self, stream, fn, frames, metas, cuda_stream):
@@ -358,13 +362,14 @@ class _HostPusher:
         return frame_layout(frame.shape, frame.strides, frame.dtype, meta[3])[:3]
 
     def push(self, st: _Stream, frame, meta, _cuda_stream):
-        pts, t, frame_id, _fmt, colorspace = meta
+        pts, t, frame_id, _fmt, colorspace, turn = meta
         fmt, h, w = self._check(frame, meta)
+        turn = turn or Orientation()
         if fmt == "NV12":
-            planes = planes_from_surface(frame, "NV12", h, w)
+            planes = turn.apply(planes_from_surface(frame, "NV12", h, w))
             x = preprocess_yuv(planes, self.spec, ColorSpace.parse(colorspace, h), self.dtype)
         else:
-            x = preprocess_packed(frame, fmt, self.spec, self.dtype)
+            x = preprocess_packed(turn.pixels(frame), fmt, self.spec, self.dtype)
         from .hub import Closed
 
         received = time.time()
@@ -492,7 +497,7 @@ class _FrameReader:
         """((array, pointer, launch plan, pts, time, frame_id, host), imported) for one frame, or the
         UsageProblem that refuses it. ``host``: None for a CuPy array, True for an uploaded NumPy frame, False for
         one taken through DLPack; ``imported``: on this thread's import stream."""
-        pts, t, frame_id, fmt, colorspace = meta
+        pts, t, frame_id, fmt, colorspace, turn = meta
         if type(frame) is self.ndarray:
             arr, host = frame, None
         else:
@@ -501,16 +506,16 @@ class _FrameReader:
         if data.device_id != self.gpu.device_id:
             raise UsageProblem(f"the frame is on GPU {data.device_id}, the engine on GPU {self.gpu.device_id}",
                                "push frames that are on the engine's GPU")
-        key = (arr.shape, arr.strides, arr.dtype, fmt, colorspace)
-        kind = self.kinds.get(key) or self._kind(arr, fmt, colorspace, key)
+        key = (arr.shape, arr.strides, arr.dtype, fmt, colorspace, turn)
+        kind = self.kinds.get(key) or self._kind(arr, fmt, colorspace, turn, key)
         return (arr, data.ptr, kind.plan, pts, t, frame_id, host), host is not None
 
-    def _kind(self, arr, fmt, colorspace, key) -> _Kind:
+    def _kind(self, arr, fmt, colorspace, turn, key) -> _Kind:
         fmt, h, w, pitch = frame_layout(arr.shape, arr.strides, arr.dtype, fmt)
         cs = ColorSpace.parse(colorspace, h) if fmt == "NV12" else ColorSpace()
         gpu = self.gpu
         with self.cp.cuda.Device(gpu.device_id):
-            plan = gpu.pre.plan(fmt, (arr.shape[0], pitch), np.uint8, h, w, cs, gpu.dtype)
+            plan = gpu.pre.plan(fmt, (arr.shape[0], pitch), np.uint8, h, w, cs, gpu.dtype, turn)
         kind = self.kinds[key] = _Kind(plan, h)
         return kind
 

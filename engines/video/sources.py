@@ -224,10 +224,11 @@ class PyAVSource(LiveSource):
     def _orient(self, frame) -> None:
         """How this connection's frames are turned to be shown (the first frame's display matrix, or --rotate)."""
         try:
-            self.turn = frame_orientation(frame, self.rotate)
+            turn = frame_orientation(frame, self.rotate)
         except UsageProblem as exc:
             raise SourceError(self.name, exc.reason, exc.fix) from None
-        self.info.rotation = self.turn.to_dict()
+        self._turned(turn)
+        self.info.rotation = turn.to_dict()
 
     def _live_frames(self):
         """Connect, decode, and on any failure, end or watchdog timeout reconnect with back-off until given up

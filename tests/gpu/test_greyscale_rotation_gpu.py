@@ -1,17 +1,22 @@
 """The GPU preprocessing kernel's one plane (greyscale models) and its turn (rotation metadata, --rotate), on real
-NVDEC frames against the numpy reference the CPU path runs, and the GPU path's top-1 against the CPU path's on
-rotated clips and on MNIST digits. Skipped without an NVIDIA GPU, CuPy and PyNvVideoCodec."""
+NVDEC frames against the numpy reference the CPU path runs; the GPU path's top-1 against the CPU path's and the
+upright clip's on rotated files, on a live RTSP stream whose orientation SEI changes between connections, on
+pushed frames and on trtc serve's GPU fleet; and MNIST digits. Skipped without an NVIDIA GPU, CuPy and
+PyNvVideoCodec."""
 
 from __future__ import annotations
 
 import importlib.util
-import shutil
+import time
 
 import numpy as np
 import pytest
 
+from tests import rtsp_server
+from tests.clips import turned_clip
 from tests.cpu.test_greyscale_real import adopt_mnist, ort_predictions, write_digits_clip
-from tests.cpu.test_video_rotation import FRAMES, STRIDE, VARIANTS, _top1, clips  # noqa: F401 - clips: a fixture
+from tests.cpu.test_live_rotation import classify_reconnecting, pushed_turns
+from tests.cpu.test_video_rotation import FRAMES, STRIDE, _top1
 from tests.gpu.test_video_gpu import _nvdec_frames
 
 pytestmark = [pytest.mark.gpu,
@@ -19,6 +24,14 @@ pytestmark = [pytest.mark.gpu,
                                  reason="needs the gpu extra (cupy, PyNvVideoCodec) and PyAV")]
 
 TURNS = [(d, m) for d in (0, 90, 180, 270) for m in (False, True)]
+
+
+@pytest.fixture(scope="module")
+def rtsp():
+    why = rtsp_server.available()
+    if why:
+        pytest.skip(f"no RTSP server: {why}")
+    return rtsp_server
 
 
 def _host_planes(fmt, host, info):
@@ -80,18 +93,31 @@ def test_kernel_writes_one_plane_for_a_greyscale_model(test_videos, dtype, layou
     assert (got[5] == 7).all()
 
 
-@pytest.mark.skipif(not shutil.which("ffmpeg"), reason="needs ffmpeg to make the rotated clips: apt-get install ffmpeg")
-def test_gpu_path_classifies_rotated_clips_as_the_cpu_path(clips, lite0_onnx, cpu_lite0):  # noqa: F811
-    """The clips the CPU rotation tests make (stored turned with a rotate tag, or untagged with --rotate 90):
-    NVDEC + the turning kernel give the CPU path's top-1 on >= 95% of frames and record the same turn (before,
-    the GPU path refused these files)."""
+# name: (stored turned clockwise, its tag, --rotate): tagged by PyAV (the GPU image has no ffmpeg program)
+GPU_VARIANTS = {"mp4-90": (90, "container", "auto"), "mp4-180": (180, "container", "auto"),
+                "sei-270": (270, "sei", "auto"), "bare-270": (270, None, "90")}
+
+
+@pytest.fixture(scope="module")
+def gpu_clips(tmp_path_factory, bikes):
+    folder = tmp_path_factory.mktemp("rotated-gpu")
+    clips = {"upright": turned_clip(bikes, folder / "upright.mp4", 0, None, FRAMES)}
+    for name, (cw, tag, _) in GPU_VARIANTS.items():
+        clips[name] = turned_clip(bikes, folder / f"{name}.mp4", cw, tag, FRAMES)
+    return clips
+
+
+def test_gpu_path_classifies_rotated_clips_as_the_cpu_path(gpu_clips, lite0_onnx, cpu_lite0):
+    """Clips stored turned (numpy) with an MP4 track matrix, an H.264 orientation SEI, or no tag and --rotate:
+    NVDEC + the turning kernel give the CPU path's top-1 on >= 95% of frames, and the upright clip's, and record
+    the same turn."""
     import engines
     from engines.video import classify
 
     with engines.open_engine(lite0_onnx[0], device="cuda:0", tf32=False) as gpu_engine:
-        upright_cpu, _ = _top1(cpu_lite0, clips / "upright.mp4", "auto")
-        for name, (_, _tag, rotate) in VARIANTS.items():
-            path = clips / f"{name}.mp4"
+        upright_cpu, _ = _top1(cpu_lite0, gpu_clips["upright"], "auto")
+        for name, (_, _tag, rotate) in GPU_VARIANTS.items():
+            path = gpu_clips[name]
             cpu, cpu_turn = _top1(cpu_lite0, path, rotate)
             run = classify([str(path)], gpu_engine, batch=10, top_k=1, stride=STRIDE, decoder="nvdec", rotate=rotate)
             gpu = {p.frame: p.indices[0] for p in run}
@@ -101,6 +127,65 @@ def test_gpu_path_classifies_rotated_clips_as_the_cpu_path(clips, lite0_onnx, cp
             upright = np.mean([gpu[f] == upright_cpu[f] for f in upright_cpu])
             print(f"{name}: GPU vs CPU top-1 {agreement:.0%}, GPU vs upright clip {upright:.0%}")
             assert agreement >= 0.95 and upright >= 0.95, (name, agreement, upright)
+
+
+def test_live_stream_on_nvdec_turned_by_its_sei_and_again_after_it_changes(rtsp, gpu_clips, lite0_onnx, cpu_lite0,
+                                                                            tmp_path_factory, bikes):
+    """The live GPU reader (PyAV's demuxer into NVDEC) on an RTSP stream turned 90 degrees with an orientation
+    SEI, then, after the server's restart, 270: each connection gives the upright clip's top-1 on >= 95% of frames,
+    with a ``rotated`` event between them (the kernel re-planned for the new turn)."""
+    import engines
+    from engines.video import classify
+
+    folder = tmp_path_factory.mktemp("live-rotated-gpu")
+    clips = {"sei90": turned_clip(bikes, folder / "sei90.mp4", 90, "sei", FRAMES), "sei270": gpu_clips["sei-270"]}
+    upright = {p.frame: p.indices[0] for p in classify([str(gpu_clips["upright"])], cpu_lite0, batch=4, top_k=1)}
+    with engines.open_engine(lite0_onnx[0], device="cuda:0", tf32=False) as gpu_engine:
+        (one, two), events = classify_reconnecting(rtsp, clips, "sei90", "sei270", gpu_engine, "nvdec")
+    assert len(one) >= FRAMES - 2 and len(two) >= FRAMES - 2, (len(one), len(two), events)
+    for part in (one, two):
+        first = min(part)
+        agreement = np.mean([part[f] == upright[f - first] for f in part])
+        print(f"live NVDEC, connection from frame {first}: upright top-1 {agreement:.0%}")
+        assert agreement >= 0.95, agreement
+    kinds = [e.event for e in events]
+    assert kinds[kinds.index("reconnected") + 1] == "rotated", kinds
+
+
+def test_pushed_frames_turned_by_the_kernel(gpu_clips, lite0_onnx):
+    """FramePusher(rotate=) on the GPU: a frame stored turned (numpy, uploaded) and pushed with the turn back gives
+    the upright push's scores (the kernel reads the same samples in the turned order), RGB and NV12."""
+    import engines
+
+    with engines.open_engine(lite0_onnx[0], device="cuda:0", tf32=False) as gpu_engine:
+        worst = pushed_turns(gpu_engine, gpu_clips["upright"])
+    print(f"pushed, turned by the kernel: worst score difference {max(worst.values()):.1e}")
+    assert len(worst) == 8 and max(worst.values()) < 1e-4, worst
+
+
+def test_fleet_camera_turned_by_its_sei_and_by_rotate(rtsp, gpu_clips, lite0_onnx, cpu_lite0):
+    """NvdecFleet (trtc serve's GPU fleet): a camera whose stream carries an orientation SEI, and one without a tag
+    added with rotate="90", each give the upright clip's top-1 on >= 95% of frames."""
+    import engines
+    from engines.video import classify
+    from engines.video.fleet import NvdecFleet
+
+    upright = {p.frame: p.indices[0] for p in classify([str(gpu_clips["upright"])], cpu_lite0, batch=4, top_k=1)}
+    got: dict = {"sei": {}, "bare": {}}
+    with engines.open_engine(lite0_onnx[0], device="cuda:0", tf32=False) as gpu_engine, \
+            rtsp.start(file=gpu_clips["sei-270"]) as a, rtsp.start(file=gpu_clips["bare-270"]) as b:
+        fleet = NvdecFleet(gpu_engine, batch=4, top_k=1,
+                           on_prediction=lambda p: got[p.source].setdefault(p.frame, p.indices[0]))
+        fleet.add("sei", a.url)
+        fleet.add("bare", b.url, rotate="90")
+        deadline = time.monotonic() + 60
+        while min(len(v) for v in got.values()) < FRAMES - 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        fleet.close()
+    for name, part in got.items():
+        agreement = np.mean([part[f] == upright[f] for f in part if f in upright])
+        print(f"fleet {name}: {len(part)} frames, upright top-1 {agreement:.0%}")
+        assert len(part) >= FRAMES - 2 and agreement >= 0.95, (name, len(part), agreement)
 
 
 def test_mnist_on_the_gpu_path_within_a_point_of_onnx_runtime(mnist, tmp_path):

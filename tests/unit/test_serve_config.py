@@ -25,6 +25,7 @@ GOOD = textwrap.dedent("""\
         top_k: 3
         read_timeout: 5
         model: r50.fp16.onnx
+        rotate: 180
       yard: {url: rtsp://10.0.0.7/main, enabled: false, max_lag: 0}
     """)
 
@@ -36,6 +37,7 @@ def test_a_good_file_gives_each_camera_its_keys_over_the_top_level_defaults():
     assert (door.stride, door.model, door.top_k, door.read_timeout) == (5, "lite0.fp16.onnx", 5, 10.0)
     assert (dock.stride, dock.model, dock.top_k, dock.read_timeout) == (2, "r50.fp16.onnx", 3, 5)
     assert yard.enabled is False and yard.max_lag == 0 and door.enabled is True
+    assert (dock.rotate, door.rotate) == (180, "auto")
     assert config.sections["mqtt"] == {"host": "127.0.0.1", "port": 1883, "topic_prefix": "trtc", "publish": "on_change"}
     assert config.sections["files"]["keep"] == 10
 
@@ -46,7 +48,7 @@ def test_every_problem_is_named_with_its_key_and_line_and_a_near_key_is_suggeste
         mqtt: {host: 127.0.0.1, prot: 1883, publish: sometimes}
         cameras:
           door: {url: "rtsp://cam:s3cret@10.0.0.5/1", strde: 5}
-          dock: {url: rtsp://10.0.0.6/main, top_k: five, read_timeout: -1}
+          dock: {url: rtsp://10.0.0.6/main, top_k: five, read_timeout: -1, rotate: 45}
           "bad name": {url: rtsp://10.0.0.7/x}
           gate: {stride: 2}
           door2: {url: [1, 2]}
@@ -60,6 +62,7 @@ def test_every_problem_is_named_with_its_key_and_line_and_a_near_key_is_suggeste
         "unknown key cameras.door.strde (line 4); did you mean 'stride'?",
         "cameras.dock.top_k (line 5) must be a whole number of 1 or more, got 'five'",
         "cameras.dock.read_timeout (line 5) must be a positive number of seconds, got -1",
+        "cameras.dock.rotate (line 5) must be auto, 0, 90, 180 or 270, got 45",
         "camera name 'bad name' (line 6): use letters, digits, '-' and '_'",
         "cameras.gate (line 7) has no url",
         "cameras.door2.url (line 8) must be a single value, not a list",
@@ -68,7 +71,7 @@ def test_every_problem_is_named_with_its_key_and_line_and_a_near_key_is_suggeste
         assert any(p.startswith(want) for p in problems), (want, problems)
     assert len(problems) == len(expected), problems
     assert err.value.exit_code == 2 and "s3cret" not in str(err.value)
-    assert err.value.reason.startswith("cameras.yaml: 8 problems: ")
+    assert err.value.reason.startswith("cameras.yaml: 9 problems: ")
 
 
 def test_repeated_keys_bad_yaml_and_no_cameras_are_refused():

@@ -16,7 +16,7 @@ spool: {dir: spool/, max_mb: 512}
 events: {hold: 3, min_score: 0.4}
 cameras:
   door: {url: "rtsp://10.0.0.5/stream1", stride: 5}
-  dock: {url: "rtsp://10.0.0.6/main", top_k: 3, read_timeout: 5}
+  dock: {url: "rtsp://10.0.0.6/main", top_k: 3, read_timeout: 5, rotate: 180}   # mounted upside down
 ```
 
 Every key means what `trtc run`'s option of the same name does (with ``-`` as ``_``). An unknown key is refused
@@ -89,11 +89,13 @@ KINDS = {
     "on_lag": _choice("drop-oldest", "block"),
     "transport": _choice("tcp", "udp"),
     "publish": _choice("on_change", "every_frame"),
+    "rotate": ("auto, 0, 90, 180 or 270", lambda v: str(v).strip().lower() in ("auto", "0", "90", "180", "270")
+               and not isinstance(v, (bool, float))),
 }
 # the per-camera keys (also allowed at the top level as every camera's default), and their kinds
 CAMERA_KEYS = {"model": "text", "stride": "int", "top_k": "int", "read_timeout": "seconds", "open_timeout": "seconds",
                "reconnect_for": "seconds0", "max_lag": "seconds0", "on_lag": "on_lag", "rtsp_transport": "transport",
-               "hold": "int", "min_score": "fraction"}
+               "hold": "int", "min_score": "fraction", "rotate": "rotate"}
 SECTIONS = {
     "mqtt": {"host": "text", "port": "port", "topic_prefix": "text", "publish": "publish", "username": "text",
              "password_file": "text", "qos": "int"},
@@ -124,6 +126,7 @@ class Camera:
     rtsp_transport: str = "tcp"
     hold: int = 3
     min_score: float = 0.4
+    rotate: str | int = "auto"  # "auto": each connection's display matrix; 0/90/180/270: clockwise, instead of it
 
 
 @dataclass

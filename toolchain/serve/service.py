@@ -165,7 +165,8 @@ class Service:
                               policy=cam.on_lag, max_lag=cam.max_lag or None)
         self.state.add_camera(cam.name, cam.read_timeout)
         self._seen.pop(cam.name, None)
-        group.fleet.add(cam.name, source_address(cam.url), stride=cam.stride, top_k=cam.top_k, options=options)
+        group.fleet.add(cam.name, source_address(cam.url), stride=cam.stride, top_k=cam.top_k, options=options,
+                        rotate=str(cam.rotate).strip().lower())
         group.cameras.add(cam.name)
 
     def _stop_camera(self, cam: Camera, reason: str) -> None:
