@@ -253,7 +253,7 @@ def classify(sources, engine, *, batch: int | None = None, top_k: int | None = N
         # every source can hand over a group of up to 16 frames (one kernel launch) one and a half times over
         # without waiting for inference: 4 buffers of 64 made 32 sources wait for slots 18% of their time (H200)
         buffers = max(4, -(-len(sources) * 16 * 3 // (2 * batch)))
-    decoder = _pick_decoder(engine, decoder)
+    decoder = _images_on_the_cpu(decoder, _pick_decoder(engine, decoder), sources, engine)
     _cpu_only(decoder, sources, rotate)
     _announce(engine, batch, "device" if decoder == "nvdec" else "host")  # before the decoder's imports: they overlap
     _require_decoder(decoder)
@@ -289,12 +289,32 @@ def _check_arguments(sources, stride, buffers, max_wait_ms, colorspace) -> list[
     return sources
 
 
+def _images_on_the_cpu(asked: str, decoder: str, sources, engine) -> str:
+    """The decoder for a run with image sources: where NVDEC was only picked by default (``asked`` "auto"), images
+    make it PyAV's (they are read and preprocessed on the host; inference stays on the engine's device), and a
+    video among them is decoded there too, which is said; an explicit nvdec is refused by :func:`_cpu_only`."""
+    images = [s for s in sources if is_image(s)]
+    if asked != "auto" or decoder != "nvdec" or not images:
+        return decoder
+    videos = len(sources) - len(images)
+    device = getattr(engine, "device", "the GPU")
+    if videos:
+        log.warning("images are read on the CPU, so this run's %d video source(s) are decoded there too (PyAV), "
+                    "not by NVDEC; inference stays on %s. Run the videos apart to decode them on the GPU.",
+                    videos, device)
+    else:
+        log.info("images are read and preprocessed on the CPU; inference runs on %s", device)
+    return "pyav"
+
+
 def _cpu_only(decoder: str, sources, rotate: str) -> None:
-    """What only the CPU path does yet, refused on the GPU path (NVDEC): image sources. (``rotate`` is applied on
-    both paths: the GPU path's preprocessing kernel turns NVDEC's frames.)"""
+    """What NVDEC cannot read, refused where it was asked for by name: image sources (by default a run with images
+    reads them on the CPU: :func:`_images_on_the_cpu`). (``rotate`` is applied on both paths: the GPU path's
+    preprocessing kernel turns NVDEC's frames.)"""
     if decoder == "nvdec" and any(is_image(s) for s in sources):
-        raise UsageProblem(f"{next(s for s in sources if is_image(s))} is an image: images are classified on the CPU "
-                           "path only (PyAV decoding, numpy preprocessing)", "add --decoder pyav (or --device cpu)")
+        raise UsageProblem(f"{next(s for s in sources if is_image(s))} is an image: images are read and preprocessed "
+                           "on the CPU (NVDEC decodes video only)", "leave --decoder out (or --decoder pyav): the "
+                           "inference still runs on the GPU")
 
 
 def _pick_decoder(engine, decoder: str) -> str:

@@ -188,6 +188,21 @@ def test_fleet_camera_turned_by_its_sei_and_by_rotate(rtsp, gpu_clips, lite0_onn
         assert len(part) >= FRAMES - 2 and agreement >= 0.95, (name, len(part), agreement)
 
 
+def test_images_with_a_gpu_engine_are_read_on_the_cpu_by_default(photos, lite0_onnx, cpu_lite0):
+    """A folder of photos with a GPU engine and no decoder named: read on the CPU, classified on the GPU, the CPU
+    engine's top-1 for each (before, the default NVDEC path refused images)."""
+    import engines
+    from engines.video import classify
+
+    paths = [str(p) for p in photos]
+    cpu = {p.source: p.indices[0] for p in classify(paths, cpu_lite0, batch=4, top_k=1)}
+    with engines.open_engine(lite0_onnx[0], device="cuda:0", tf32=False) as gpu_engine:
+        run = classify(paths, gpu_engine, batch=4, top_k=1)
+        gpu = {p.source: p.indices[0] for p in run}
+    assert run.ok and run.stats.decoder == "pyav" and len(gpu) == len(paths) == 3, (run.problems, len(gpu))
+    assert gpu == cpu
+
+
 def test_mnist_on_the_gpu_path_within_a_point_of_onnx_runtime(mnist, tmp_path):
     """The greyscale MNIST CNN on digits as a video through NVDEC and the one-plane kernel (ORT CUDA): accuracy
     within 1 point of a plain ONNX Runtime session on the digits' own pixels, and the CPU path's answers."""
