@@ -408,7 +408,8 @@ def export(state: State, source, output, weights, random_weights, num_classes, i
               help="The .onnx file to write (default: MODEL.fp16.onnx / MODEL.int8.onnx beside MODEL).")
 @click.option("--calib", multiple=True, metavar="PATH",
               help="Calibration data (repeatable): an image folder (recursive), a video (frames sampled evenly, "
-                   "PyAV) or .npy/.npz tensors. Required for int8; 'random' only for smoke tests.")
+                   "PyAV, turned upright as its rotation metadata says) or .npy/.npz tensors. Required for int8; "
+                   "'random' only for smoke tests.")
 @click.option("--calib-count", type=click.IntRange(1), default=128, show_default=True,
               help="Samples to calibrate on; the rest of the data is held out for the check. Fewer than 32 "
                    "(asked for, or all the data gives) need --force, and the report says so.")
@@ -568,7 +569,8 @@ def inspect(state: State, artifact, as_json):
               "resnet18 fine-tuned on 10 classes.")
 @click.option("--candidate", "candidates", multiple=True, required=True, help="A model to judge (repeatable).")
 @click.option("--data", multiple=True, required=True, metavar="PATH", help="Images (class subfolders give labels), "
-              "videos (frames sampled evenly) or .npy/.npz (with 'labels'); repeatable.")
+              "videos (frames sampled evenly, turned upright as their rotation metadata says) or .npy/.npz (with "
+              "'labels'); repeatable.")
 @click.option("--count", type=click.IntRange(1), default=512, show_default=True, help="Samples per source at most.")
 @click.option("--device", default="cpu", show_default=True, help="cpu or cuda:N (ONNX Runtime and PyTorch).")
 @click.option("--min-top1-agreement", type=FiniteFloat(), help="Override the per-precision default.")

@@ -279,7 +279,7 @@ def validate(reference: str, candidates: list[str], data: list[str], *, device: 
             each(c, ref, x, ref_logits, results[-1])
     return ValidateReport(schema=SCHEMA, reference={"model": ref.spec, "kind": ref.kind, "precision": ref.precision},
                           data={"sources": dataset.sources, "samples": len(x), "labelled": dataset.labels is not None,
-                                "skipped": dataset.skipped, "device": device},
+                                "skipped": dataset.skipped, "rotated": dataset.rotated, "device": device},
                           candidates=results, passed=all(r.passed for r in results), warnings=warnings,
                           scores="probabilities" if probabilities else "logits", contracts=len(datasets))
 
@@ -664,7 +664,7 @@ def _load(data, manifest: Manifest, dims, count, seed, reporter, warnings, label
     labelled = all(s.labels is not None for s in sets)
     return cal.DataSet(np.concatenate([s.x for s in sets]), [o for s in sets for o in s.origins],
                        [str(d) for d in data], np.concatenate([s.labels for s in sets]) if labelled else None,
-                       [k for s in sets for k in s.skipped])
+                       [k for s in sets for k in s.skipped], [r for s in sets for r in s.rotated])
 
 
 def _number(name: str) -> float | None:
