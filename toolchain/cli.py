@@ -597,8 +597,8 @@ def inspect(state: State, artifact, as_json):
               "CANDIDATE.fixed.onnx).")
 @click.pass_obj
 def validate(state: State, reference, reference_weights, num_classes, candidates, data, count, device,
-             min_top1_agreement, min_cosine, max_accuracy_drop, json_path, html_path, force, layers, layer_samples, top, layer_threshold,
-             fix, fix_output):
+             min_top1_agreement, min_cosine, max_accuracy_drop, json_path, html_path, force, layers, layer_samples,
+             top, layer_threshold, fix, fix_output):
     """Compare candidates with a reference on the same inputs; exit 1 if any candidate fails a threshold.
 
     Metrics per candidate: top-1 agreement (and on decisive samples), top-5 overlap, flips (listed by file or

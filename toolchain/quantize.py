@@ -693,8 +693,8 @@ def _ranges(prepared, src, parent_sha, tensors, calib_set, method, percentile, b
         log.info("calibration ranges from cache %s", path)
     info = {"method": method, "percentile": percentile if method == "percentile" else None,
             "samples": len(calib_set), "sources": calib_set.sources, "data_sha256": digest,
-            "skipped": calib_set.skipped, "rotated": calib_set.rotated, "cache": str(path) if path else None, "from_cache": cached,
-            "activations": len(tensors), "random": random_calib}
+            "skipped": calib_set.skipped, "rotated": calib_set.rotated, "cache": str(path) if path else None,
+            "from_cache": cached, "activations": len(tensors), "random": random_calib}
     return stats, info
 
 

@@ -73,7 +73,7 @@ def test_mnist_accuracy_deltas_on_labelled_digits(mnist, tmp_path):
              "--candidate", str(tmp_path / "mnist.int8.onnx"), "--data", str(npz), "--count", "5000", "--json", "-"])
     assert r.exit_code == 0, r.output
     report = json.loads(r.stdout)
-    assert report["data"] == {"sources": [str(npz)], "samples": 5000, "labelled": True, "skipped": [],
+    assert report["data"] == {"sources": [str(npz)], "samples": 5000, "labelled": True, "skipped": [], "rotated": [],
                               "device": "cpu"}
     for c in report["candidates"]:
         m = c["metrics"]
