@@ -408,7 +408,8 @@ def export(state: State, source, output, weights, random_weights, num_classes, i
               help="The .onnx file to write (default: MODEL.fp16.onnx / MODEL.int8.onnx beside MODEL).")
 @click.option("--calib", multiple=True, metavar="PATH",
               help="Calibration data (repeatable): an image folder (recursive), a video (frames sampled evenly, "
-                   "PyAV) or .npy/.npz tensors. Required for int8; 'random' only for smoke tests.")
+                   "PyAV, turned upright as its rotation metadata says) or .npy/.npz tensors. Required for int8; "
+                   "'random' only for smoke tests.")
 @click.option("--calib-count", type=click.IntRange(1), default=128, show_default=True,
               help="Samples to calibrate on; the rest of the data is held out for the check. Fewer than 32 "
                    "(asked for, or all the data gives) need --force, and the report says so.")
@@ -563,9 +564,13 @@ def inspect(state: State, artifact, as_json):
 @click.option("--reference-weights", type=click.Path(dir_okay=False), help="Trained weights (state_dict or "
               "checkpoint) of a --reference built by code: torchvision:ARCH, timm:NAME or file.py:factory (required "
               "there).")
+@click.option("--num-classes", type=click.IntRange(1), help="The classes of the head a --reference built by code is "
+              "built with before its --reference-weights are loaded (as trtc export --num-classes); e.g. 10 for "
+              "resnet18 fine-tuned on 10 classes.")
 @click.option("--candidate", "candidates", multiple=True, required=True, help="A model to judge (repeatable).")
 @click.option("--data", multiple=True, required=True, metavar="PATH", help="Images (class subfolders give labels), "
-              "videos (frames sampled evenly) or .npy/.npz (with 'labels'); repeatable.")
+              "videos (frames sampled evenly, turned upright as their rotation metadata says) or .npy/.npz (with "
+              "'labels'); repeatable.")
 @click.option("--count", type=click.IntRange(1), default=512, show_default=True, help="Samples per source at most.")
 @click.option("--device", default="cpu", show_default=True, help="cpu or cuda:N (ONNX Runtime and PyTorch).")
 @click.option("--min-top1-agreement", type=FiniteFloat(), help="Override the per-precision default.")
@@ -591,9 +596,9 @@ def inspect(state: State, artifact, as_json):
 @click.option("--fix-output", type=click.Path(dir_okay=False), help="Where --fix writes the model (default: "
               "CANDIDATE.fixed.onnx).")
 @click.pass_obj
-def validate(state: State, reference, reference_weights, candidates, data, count, device, min_top1_agreement,
-             min_cosine, max_accuracy_drop, json_path, html_path, force, layers, layer_samples, top, layer_threshold,
-             fix, fix_output):
+def validate(state: State, reference, reference_weights, num_classes, candidates, data, count, device,
+             min_top1_agreement, min_cosine, max_accuracy_drop, json_path, html_path, force, layers, layer_samples,
+             top, layer_threshold, fix, fix_output):
     """Compare candidates with a reference on the same inputs; exit 1 if any candidate fails a threshold.
 
     Metrics per candidate: top-1 agreement (and on decisive samples), top-5 overlap, flips (listed by file or
@@ -617,7 +622,7 @@ def validate(state: State, reference, reference_weights, candidates, data, count
         check_output_path(html_path, force, suffix=None, option="--html")
     overrides = {k: v for k, v in (("min_top1_agreement", min_top1_agreement), ("min_cosine", min_cosine),
                                    ("max_accuracy_drop", max_accuracy_drop)) if v is not None}
-    _no_reference_weights(reference_weights, fix, layers)
+    _no_reference_weights(reference_weights, num_classes, fix, layers)
     if fix:
         return _validate_fix(state, reference, candidates, data, count, device, overrides, json_path, html_path,
                              force, layer_samples, top, layer_threshold, fix_output)
@@ -629,7 +634,8 @@ def validate(state: State, reference, reference_weights, candidates, data, count
                                  reporter=state.reporter())
     else:
         report = run_validate(reference, list(candidates), list(data), device=device, count=count,
-                              thresholds=overrides, reporter=state.reporter(), reference_weights=reference_weights)
+                              thresholds=overrides, reporter=state.reporter(), reference_weights=reference_weights,
+                              reference_num_classes=num_classes)
     d = report.to_dict()
     _write_reports(json_path, html_path, d, d)
     if json_path == "-":
@@ -663,12 +669,14 @@ def _write_reports(json_path, html_path, d: dict, validate_report: dict) -> None
         atomic_write_text(html_path, validate_html(validate_report))
 
 
-def _no_reference_weights(reference_weights, fix: bool, layers: bool) -> None:
-    """--reference-weights builds a PyTorch reference; --fix and --layers compare with an ONNX one."""
-    if reference_weights and (fix or layers):
-        raise UsageProblem(f"--reference-weights is for a PyTorch reference, and --{'fix' if fix else 'layers'} "
+def _no_reference_weights(reference_weights, num_classes, fix: bool, layers: bool) -> None:
+    """--reference-weights and --num-classes build a PyTorch reference; --fix and --layers compare with an ONNX
+    one."""
+    given = "--reference-weights" if reference_weights else "--num-classes" if num_classes else None
+    if given and (fix or layers):
+        raise UsageProblem(f"{given} is for a PyTorch reference, and --{'fix' if fix else 'layers'} "
                            "compares with an ONNX reference", "export the reference first (trtc export ARCH --weights "
-                           "FILE -o M.onnx) and give --reference M.onnx")
+                           "FILE [--num-classes N] -o M.onnx) and give --reference M.onnx")
 
 
 def _validate_fix(state: State, reference, candidates, data, count, device, overrides, json_path, html_path, force,

@@ -592,6 +592,19 @@ def _one_sentence(exc: Exception) -> str:
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
+def head_classes(own: dict, mismatched: list) -> int | None:
+    """The classes of the weights' head when the head is all that differs: every mismatched tensor belongs to the
+    model's last layer (the module of its last weight or bias) and differs only in its first dimension, the same
+    in each; None otherwise. ``mismatched``: (key, file shape, model shape)."""
+    last = next((k.rsplit(".", 1)[0] for k in reversed(list(own)) if k.endswith((".weight", ".bias"))), None)
+    if last is None or not mismatched:
+        return None
+    if any(k.rsplit(".", 1)[0] != last or a[1:] != b[1:] or not a for k, a, b in mismatched):
+        return None
+    counts = {a[0] for _, a, _ in mismatched}
+    return counts.pop() if len(counts) == 1 else None
+
+
 def load_weights(module, path: str, source: str) -> None:
     import torch
 
@@ -621,9 +634,8 @@ def load_weights(module, path: str, source: str) -> None:
             parts.append(f"{len(missing)} missing from the file (first: {', '.join(missing[:3])})")
         if unexpected:
             parts.append(f"{len(unexpected)} not in the model (first: {', '.join(unexpected[:3])})")
-        fix = "check that the weights belong to this architecture"
-        head = [m for m in mismatched if len(m[1]) >= 1 and len(m[1]) <= 2 and m[1][0] != m[2][0]]
-        if head:
-            fix = f"the classifier head differs: add --num-classes {head[0][1][0]}"
+        classes = None if missing or unexpected else head_classes(own, mismatched)
+        fix = (f"the weights have {classes} classes: add --num-classes {classes}" if classes else
+               "check that the weights belong to this architecture")
         raise ExportError(f"weights {Path(path).name} do not fit {source}: " + "; ".join(parts), fix)
     module.load_state_dict(sd)

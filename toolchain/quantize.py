@@ -136,6 +136,7 @@ def _labelled_parity(ref, got, labels, data: cal.DataSet, what: str) -> dict:
     d = p.to_dict()
     d["flips"] = [data.origins[i] for i in p.flips]
     d["data"] = what
+    d["rotated"] = data.rotated  # videos whose frames were turned upright (calibration.DataSet.rotated)
     if labels is not None:
         d["accuracy_parent"] = parity.accuracy(ref, labels)
         d["accuracy"] = parity.accuracy(got, labels)
@@ -692,8 +693,8 @@ def _ranges(prepared, src, parent_sha, tensors, calib_set, method, percentile, b
         log.info("calibration ranges from cache %s", path)
     info = {"method": method, "percentile": percentile if method == "percentile" else None,
             "samples": len(calib_set), "sources": calib_set.sources, "data_sha256": digest,
-            "skipped": calib_set.skipped, "cache": str(path) if path else None, "from_cache": cached,
-            "activations": len(tensors), "random": random_calib}
+            "skipped": calib_set.skipped, "rotated": calib_set.rotated, "cache": str(path) if path else None,
+            "from_cache": cached, "activations": len(tensors), "random": random_calib}
     return stats, info
 
 

@@ -128,6 +128,16 @@ def render_adopt(console, report) -> None:
     _warn(report.warnings)
 
 
+def turned(rotated) -> str:
+    """"; frames turned upright (rotation metadata): clip.mp4 90 degrees" for the videos of a data set whose frames
+    were turned (calibration.DataSet.rotated), or nothing."""
+    if not rotated:
+        return ""
+    return "; frames turned upright (rotation metadata): " + ", ".join(
+        f"{r['file'].rsplit('/', 1)[-1]} {r['degrees']} degrees"
+        + (" after a mirror" if r.get("mirrored") else "") for r in rotated)
+
+
 def render_quantize(console, report) -> None:
     from rich.markup import escape
     from rich.table import Table
@@ -151,7 +161,8 @@ def render_quantize(console, report) -> None:
         t.add_row("calibration", f"{how} on {cal['samples']} samples of {escape(src)}"
                                  + (" [yellow](RANDOM)[/]" if cal.get("random") else "")
                                  + (" (ranges from cache)" if cal.get("from_cache") else "")
-                                 + (f"; skipped {len(cal['skipped'])} unreadable" if cal.get("skipped") else ""))
+                                 + (f"; skipped {len(cal['skipped'])} unreadable" if cal.get("skipped") else "")
+                                 + escape(turned(cal.get("rotated"))))
     else:
         t.add_row("recipe", f"FP16 on {report.layers['converted']} nodes, FP32 inputs/outputs")
     if report.kept:
@@ -169,7 +180,8 @@ def render_quantize(console, report) -> None:
     t.add_row("vs parent", f"top-1 agreement [bold]{100 * c['top1_agreement']:.1f}%[/], top-5 overlap "
                            f"{100 * c['top5_overlap']:.1f}%, max abs logit diff {c['max_abs_diff']:.3g}, "
                            f"cosine {c['cosine']:.4f}{acc}")
-    t.add_row("check data", f"{c['samples']} samples: {escape(c['data'])} ({c['device']})")
+    t.add_row("check data", f"{c['samples']} samples: {escape(c['data'])} ({c['device']})"
+              + escape(turned(c.get("rotated"))))
     ds = c.get("default_session")
     if ds:
         t.add_row("default ORT session", ("the check's own session (no trtc session options)" if ds["same_as_check"]
@@ -325,6 +337,8 @@ def render_validate(console, report: dict) -> None:
                   f"{100 * m['top1_agreement']:.1f}% ({100 * m['decisive_agreement']:.1f}%)",
                   f"{100 * m['top5_overlap']:.1f}%", f"{m['cosine']:.4f}", f"{m['max_abs_diff']:.3g}", acc, verdict)
     _print(console, t)
+    if d.get("rotated"):
+        console.print(escape("F" + turned(d["rotated"])[3:]))
     for c in report["candidates"]:
         if c["flips"]:
             shown = ", ".join(f"{f['sample']} ({f['reference']} -> {f['candidate']})" for f in c["flips"][:5])

@@ -43,6 +43,7 @@ class ModelRef:
     precision: str
     manifest: Manifest | None = None
     weights: str | None = None  # a PyTorch reference's trained weights (--reference-weights)
+    num_classes: int | None = None  # the classes of the head it is built with (--num-classes), before its weights
 
 
 @dataclass
@@ -164,7 +165,7 @@ class Runner:
 
             from .model_source import input_channels
 
-            self.engine = TorchReference(ref.spec, device=device, weights=ref.weights)
+            self.engine = TorchReference(ref.spec, device=device, weights=ref.weights, num_classes=ref.num_classes)
             size = self.engine.loaded.defaults.get("size", 224)
             self.fixed, self.batch = False, 32
             channels = input_channels(self.engine.loaded) or 3
@@ -229,12 +230,15 @@ def judge(metrics: dict, thresholds: dict) -> list[dict]:
 
 def validate(reference: str, candidates: list[str], data: list[str], *, device: str = "cpu",
              count: int = 512, seed: int = 0, thresholds: dict | None = None,
-             reporter: Reporter | None = None, each=None, reference_weights: str | None = None) -> ValidateReport:
+             reporter: Reporter | None = None, each=None, reference_weights: str | None = None,
+             reference_num_classes: int | None = None) -> ValidateReport:
     """Run the reference and each candidate on the same inputs and judge each candidate. ``each(candidate, reference,
     x, ref_logits, result)``, when given, is called after each candidate is judged, with the inputs both ran on (the
     per-layer comparison of toolchain.layers adds to the result there). ``reference_weights``: the trained weights
     (a state_dict or checkpoint) of a reference built by code (torchvision:ARCH, timm:NAME, file.py:factory), which
-    is refused without them: its random weights would make every comparison meaningless.
+    is refused without them: its random weights would make every comparison meaningless. ``reference_num_classes``:
+    such a reference is built with a head of that many classes (as ``trtc export --num-classes``) before its weights
+    are loaded; refused for any other reference.
 
     The steps: check the arguments, read the models and their manifests (each model's preprocessing contract),
     load the data once per contract, run the reference, then run and judge each candidate."""
@@ -242,6 +246,7 @@ def validate(reference: str, candidates: list[str], data: list[str], *, device: 
     _check_arguments(candidates, data, thresholds)
     ref = _classify(reference)
     ref.weights = _reference_weights(ref, reference_weights)
+    ref.num_classes = _reference_classes(ref, reference_num_classes)
     cands = [_classify(c) for c in candidates]
     models = [ref, *cands]
     spec_from = _contract_source(ref, cands)
@@ -274,19 +279,25 @@ def validate(reference: str, candidates: list[str], data: list[str], *, device: 
             each(c, ref, x, ref_logits, results[-1])
     return ValidateReport(schema=SCHEMA, reference={"model": ref.spec, "kind": ref.kind, "precision": ref.precision},
                           data={"sources": dataset.sources, "samples": len(x), "labelled": dataset.labels is not None,
-                                "skipped": dataset.skipped, "device": device},
+                                "skipped": dataset.skipped, "rotated": dataset.rotated, "device": device},
                           candidates=results, passed=all(r.passed for r in results), warnings=warnings,
                           scores="probabilities" if probabilities else "logits", contracts=len(datasets))
+
+
+def _built_by_code(ref: ModelRef) -> bool:
+    """A PyTorch reference that its code builds (torchvision:ARCH, timm:NAME, file.py:factory): its weights and
+    its head are the user's to give."""
+    if ref.kind != "pytorch":
+        return False
+    from .model_source import parse_source
+
+    return parse_source(ref.spec).kind in ("torchvision", "timm", "pyfile")
 
 
 def _reference_weights(ref: ModelRef, weights: str | None) -> str | None:
     """--reference-weights for a PyTorch reference built by code: required there (refused without, by name), and
     refused for any other reference (which carries its own weights)."""
-    built = None
-    if ref.kind == "pytorch":
-        from .model_source import parse_source
-
-        built = parse_source(ref.spec).kind in ("torchvision", "timm", "pyfile")
+    built = _built_by_code(ref)
     if weights is None:
         if built:
             raise UsageProblem(f"the reference {ref.spec} is built by its code with random weights, which would make "
@@ -300,6 +311,17 @@ def _reference_weights(ref: ModelRef, weights: str | None) -> str | None:
     if not Path(weights).is_file():
         raise UsageProblem(f"reference weights not found: {weights}", "check the --reference-weights path")
     return weights
+
+
+def _reference_classes(ref: ModelRef, num_classes: int | None) -> int | None:
+    """--num-classes: the head a reference built by code gets before its weights are loaded (export's meaning);
+    any other reference has its classes already."""
+    if num_classes is None or _built_by_code(ref):
+        return num_classes
+    kind = {"onnx": "an ONNX model", "opencv": "an ONNX model", "plan": "a TensorRT plan",
+            "torch": "a compiled PyTorch program"}.get(ref.kind, "a saved model")
+    raise UsageProblem(f"--num-classes replaces the head of a reference built by code (torchvision:ARCH, timm:NAME, "
+                       f"file.py:factory), and {ref.spec} is {kind} with its own classes", "drop --num-classes")
 
 
 def _check_arguments(candidates: list[str], data: list[str], thresholds: dict | None) -> None:
@@ -642,7 +664,7 @@ def _load(data, manifest: Manifest, dims, count, seed, reporter, warnings, label
     labelled = all(s.labels is not None for s in sets)
     return cal.DataSet(np.concatenate([s.x for s in sets]), [o for s in sets for o in s.origins],
                        [str(d) for d in data], np.concatenate([s.labels for s in sets]) if labelled else None,
-                       [k for s in sets for k in s.skipped])
+                       [k for s in sets for k in s.skipped], [r for s in sets for r in s.rotated])
 
 
 def _number(name: str) -> float | None:

@@ -74,8 +74,9 @@ class Orientation:
         return not (self.transpose or self.flip_rows or self.flip_cols)
 
     def plane(self, a: np.ndarray) -> np.ndarray:
+        """One plane (H x W), or a packed image (H x W x C: the same steps on its first two axes), as shown."""
         if self.transpose:
-            a = a.T
+            a = a.swapaxes(0, 1)
         if self.flip_rows:
             a = a[::-1]
         if self.flip_cols:

@@ -73,7 +73,7 @@ def test_mnist_accuracy_deltas_on_labelled_digits(mnist, tmp_path):
              "--candidate", str(tmp_path / "mnist.int8.onnx"), "--data", str(npz), "--count", "5000", "--json", "-"])
     assert r.exit_code == 0, r.output
     report = json.loads(r.stdout)
-    assert report["data"] == {"sources": [str(npz)], "samples": 5000, "labelled": True, "skipped": [],
+    assert report["data"] == {"sources": [str(npz)], "samples": 5000, "labelled": True, "skipped": [], "rotated": [],
                               "device": "cpu"}
     for c in report["candidates"]:
         m = c["metrics"]
@@ -249,3 +249,39 @@ def test_a_reference_built_by_code_needs_its_weights(photos, tmp_path):
     r = run(["validate", "--reference", str(onnx_path), "--candidate", str(onnx_path), "--data", str(folder),
              "--reference-weights", str(weights)])
     assert r.exit_code == 2 and "drop --reference-weights" in r.output, r.output
+
+
+@needs_export
+def test_a_reference_fine_tuned_on_its_own_classes(resnet18_weights, resnet18_onnx, photos, tmp_path):
+    """A ResNet-18 fine-tuned on 10 classes: `--reference torchvision:resnet18 --reference-weights w.pth` alone is
+    refused naming the weights' classes and the option; with --num-classes 10 the reference is built with that
+    head and gives the fine-tuned model's own logits (computed here by the model itself). --num-classes with a
+    reference that has its own classes is refused."""
+    import torch
+
+    from toolchain.validate import validate
+
+    weights, model = resnet18_weights
+    onnx_path, _ = resnet18_onnx
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    for p in photos[:3]:
+        shutil.copy(p, folder / p.name)
+    args = ["validate", "--reference", "torchvision:resnet18", "--reference-weights", str(weights), "--candidate",
+            str(onnx_path), "--data", str(folder)]
+    r = run(args)
+    assert r.exit_code == 1 and "fix: the weights have 10 classes: add --num-classes 10" in r.output, r.output
+
+    seen = {}
+    report = validate("torchvision:resnet18", [str(onnx_path)], [str(folder)], reference_weights=str(weights),
+                      reference_num_classes=10, each=lambda c, ref, x, logits, result: seen.update(x=x, y=logits))
+    with torch.inference_mode():
+        own = model(torch.from_numpy(seen["x"])).numpy()
+    assert seen["y"].shape == (3, 10)
+    np.testing.assert_allclose(seen["y"], own, rtol=1e-5, atol=1e-5)
+    assert report.passed, report.candidates[0].failures
+
+    r = run(["validate", "--reference", str(onnx_path), "--candidate", str(onnx_path), "--data", str(folder),
+             "--num-classes", "10"])
+    assert r.exit_code == 2 and "is an ONNX model with its own classes" in r.output, r.output
+    assert "fix: drop --num-classes" in r.output

@@ -124,3 +124,39 @@ def test_the_gpu_path_turns_a_file_as_the_cpu_path_does(clips):
     assert file_orientation(str(clips / "tag90.mp4"), "auto").to_dict() == {"degrees": 270, "mirrored": False,
                                                                            "from": "metadata"}
     assert file_orientation(str(clips / "tag90.mp4"), "0").identity
+
+
+def test_calibration_and_check_frames_are_turned_as_run_turns_them(clips):
+    """quantize's calibration and check data and validate's data read video frames through one loader
+    (calibration.load_data): a tagged clip's frames come out as the upright clip's, sample for sample (lossless
+    clips: equal exactly), and the data set records each turn; the upright clip records none."""
+    from engines.preprocess import PreprocessSpec
+    from toolchain.precision import calibration as cal
+
+    spec = PreprocessSpec(size=(64, 64), resize=72)
+
+    def load(name):
+        return cal.load_data([clips / name], spec, [1, 3, 64, 64], "input", want=3)
+
+    upright = load("upright.mp4")
+    assert upright.rotated == [] and len(upright) == 3
+    for name, degrees in (("tag90.mp4", 270), ("tag180.mp4", 180)):
+        turned = load(name)
+        assert np.array_equal(turned.x, upright.x), name
+        assert turned.rotated == [{"file": str(clips / name), "degrees": degrees, "mirrored": False,
+                                   "from": "metadata"}]
+        assert turned.subset([0]).rotated == turned.rotated
+
+
+def test_validate_reports_the_turned_frames(lite0_onnx, clips, tmp_path):
+    from click.testing import CliRunner
+
+    from toolchain.cli import cli
+
+    model, report = str(lite0_onnx[0]), tmp_path / "r.json"
+    r = CliRunner().invoke(cli, ["validate", "--reference", model, "--candidate", model, "--data",
+                                 str(clips / "tag270.mp4"), "--count", "2", "--json", str(report)])
+    assert r.exit_code == 0, r.output
+    assert "Frames turned upright (rotation metadata): tag270.mp4 90 degrees" in " ".join(r.output.split())
+    assert json.loads(report.read_text())["data"]["rotated"] == [
+        {"file": str(clips / "tag270.mp4"), "degrees": 90, "mirrored": False, "from": "metadata"}]

@@ -1,9 +1,10 @@
 """Calibration and check data, and the activation ranges INT8 needs.
 
 Data comes from image folders (recursive), video files (frames sampled evenly across the whole file, decoded on
-the CPU with PyAV) and .npy/.npz tensors. Images and frames go through :func:`engines.preprocess.preprocess_rgb`
-with the model's manifest preprocessing: the same function the CPU runtime and validation use, so calibration
-sees exactly what the deployed model will see. Tensors from .npy/.npz are taken as model inputs as they are.
+the CPU with PyAV and turned as the video's rotation metadata says, as ``trtc run`` turns them) and .npy/.npz
+tensors. Images and frames go through :func:`engines.preprocess.preprocess_rgb` with the model's manifest
+preprocessing: the same function the CPU runtime and validation use, so calibration sees exactly what the deployed
+model will see. Tensors from .npy/.npz are taken as model inputs as they are.
 
 Ranges (the absolute value each quantized activation is clipped to) come from running the FP32 model in ONNX
 Runtime with those activations exposed as outputs:
@@ -23,6 +24,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -33,6 +35,9 @@ from engines.preprocess import IMAGE_SUFFIXES, PreprocessSpec, load_rgb, preproc
 
 from .._ui import Reporter
 from ..errors import QuantizeError, TrtcError, UsageProblem
+
+if TYPE_CHECKING:
+    from engines.video.orientation import Orientation
 
 log = logging.getLogger("trtc")
 TENSOR_SUFFIXES = (".npy", ".npz")
@@ -51,6 +56,8 @@ class DataSet:
     sources: list[str]
     labels: np.ndarray | None = None
     skipped: list[dict] = field(default_factory=list)  # {"file", "reason"}
+    # videos whose frames were turned upright by their rotation metadata: {"file", "degrees", "mirrored", "from"}
+    rotated: list[dict] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.x)
@@ -58,7 +65,7 @@ class DataSet:
     def subset(self, idx) -> "DataSet":
         idx = np.asarray(idx, dtype=np.int64)
         return DataSet(self.x[idx], [self.origins[i] for i in idx], self.sources,
-                       None if self.labels is None else self.labels[idx], self.skipped)
+                       None if self.labels is None else self.labels[idx], self.skipped, self.rotated)
 
     def describe(self) -> str:
         return f"{len(self)} samples from {', '.join(Path(s).name for s in self.sources)}"
@@ -112,7 +119,21 @@ def _check_image_shape(spec: PreprocessSpec, model_shape: list, source: Path) ->
                             f"{hw[0]}x{hw[1]}", f"fix --input-size (or the manifest) to {hw[0]}")
 
 
-def _video_frames(path: Path, want: int, spec: PreprocessSpec, bar) -> tuple[list[np.ndarray], list[str]]:
+def _frame_turn(frame, path: Path) -> Orientation:
+    """How the frames of ``path`` are turned to be shown: its first frame's display matrix, read as ``trtc run``
+    reads it (:func:`engines.video.orientation.frame_orientation`)."""
+    from engines.video.orientation import frame_orientation
+
+    try:
+        return frame_orientation(frame)
+    except UsageProblem as exc:
+        raise QuantizeError(f"{path}: {exc.reason}", "re-encode the video upright (ffmpeg -i IN OUT.mp4 turns the "
+                            "frames as players show them)") from None
+
+
+def _video_frames(path: Path, want: int, spec: PreprocessSpec, bar) -> tuple[list[np.ndarray], list[str],
+                                                                             Orientation]:
+    """Up to ``want`` frames sampled evenly across ``path``, each turned as the video is shown, preprocessed."""
     av = require("av", "Reading calibration frames from video on the CPU", extra="video-cpu")
     try:
         container = av.open(str(path))
@@ -129,15 +150,18 @@ def _video_frames(path: Path, want: int, spec: PreprocessSpec, bar) -> tuple[lis
             container.seek(0)
         wanted = set(_evenly(total, want).tolist())
         last = max(wanted) if wanted else -1
-        out, origins = [], []
+        out, origins, turn = [], [], None
         try:
             for i, frame in enumerate(container.decode(stream)):
+                turn = turn or _frame_turn(frame, path)
                 if i in wanted:
-                    out.append(preprocess_rgb(frame.to_ndarray(format="rgb24"), spec))
+                    out.append(preprocess_rgb(turn.plane(frame.to_ndarray(format="rgb24")), spec))
                     origins.append(f"{path.name}#{i}")
                     bar.advance()
                 if i >= last:
                     break
+        except TrtcError:
+            raise
         except Exception as exc:
             if not out:
                 raise QuantizeError(f"cannot decode video {path}: {exc}", "check the file plays, or re-encode it") \
@@ -145,7 +169,7 @@ def _video_frames(path: Path, want: int, spec: PreprocessSpec, bar) -> tuple[lis
             log.warning("%s: decoding stopped at frame %d (%s); using the %d frames read", path, i, exc, len(out))
     if not out:
         raise QuantizeError(f"no frames could be decoded from {path}", "check the file plays, or re-encode it")
-    return out, origins
+    return out, origins, turn
 
 
 def _tensor_file(path: Path, model_shape: list, input_name: str):
@@ -201,7 +225,7 @@ def load_data(paths, spec: PreprocessSpec | None, model_shape: list, input_name:
     """Up to ``want`` samples from each source (images chosen with ``seed``, frames evenly across each video)."""
     reporter = reporter or Reporter()
     rng = np.random.default_rng(seed)
-    xs, origins, sources, skipped, labels_all = [], [], [], [], []
+    xs, origins, sources, skipped, labels_all, rotated = [], [], [], [], [], []
     any_labels = False
     for p in check_sources(paths):
         kind = classify_path(p)
@@ -223,7 +247,9 @@ def load_data(paths, spec: PreprocessSpec | None, model_shape: list, input_name:
         _check_image_shape(spec, model_shape, p)
         if kind == "video":
             with reporter.phase(f"decoding {what} frames from {p.name}", total=want) as bar:
-                frames, names = _video_frames(p, want, spec, bar)
+                frames, names, turn = _video_frames(p, want, spec, bar)
+            if not turn.identity:
+                rotated.append({"file": str(p), **turn.to_dict()})
             xs.extend(frames)
             origins.extend(names)
             labels_all.extend([None] * len(frames))
@@ -252,7 +278,7 @@ def load_data(paths, spec: PreprocessSpec | None, model_shape: list, input_name:
     labels = None
     if any_labels and all(lb is not None for lb in labels_all):
         labels = np.asarray(labels_all)
-    return DataSet(np.stack(xs).astype(np.float32, copy=False), origins, sources, labels, skipped)
+    return DataSet(np.stack(xs).astype(np.float32, copy=False), origins, sources, labels, skipped, rotated)
 
 
 def random_data(model_shape: list, count: int, seed: int) -> DataSet:
