@@ -83,16 +83,6 @@ class Orientation:
             a = a[:, ::-1]
         return a
 
-    def pixels(self, a: np.ndarray) -> np.ndarray:
-        """A packed (rows, columns, channels) image as shown (a view)."""
-        if self.transpose:
-            a = a.swapaxes(0, 1)
-        if self.flip_rows:
-            a = a[::-1]
-        if self.flip_cols:
-            a = a[:, ::-1]
-        return a
-
     def apply(self, planes: YuvPlanes) -> YuvPlanes:
         """The planes as shown (views of the decoded ones)."""
         if self.identity:

@@ -369,7 +369,7 @@ class _HostPusher:
             planes = turn.apply(planes_from_surface(frame, "NV12", h, w))
             x = preprocess_yuv(planes, self.spec, ColorSpace.parse(colorspace, h), self.dtype)
         else:
-            x = preprocess_packed(turn.pixels(frame), fmt, self.spec, self.dtype)
+            x = preprocess_packed(turn.plane(frame), fmt, self.spec, self.dtype)
         from .hub import Closed
 
         received = time.time()
