@@ -19,8 +19,8 @@ import numpy as np
 SEED = 20261205
 CASES = 10  # per codec
 CLIP_FRAMES = 48
-CLIP_SIZE = (256, 112)
-GPU_CLIP_SIZE = (256, 144)  # NVDEC decodes HEVC from 144 x 144 (an H200's caps)
+CLIP_SIZE = (256, 144)  # NVDEC decodes HEVC from 144 x 144 (an H200's caps); the CPU path reads the same clips
+GPU_CLIP_SIZE = CLIP_SIZE
 
 
 @dataclass

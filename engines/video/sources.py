@@ -160,14 +160,13 @@ class PyAVSource(LiveSource):
             container.close()
             raise SourceError(self.name, f"has no video stream (only {', '.join(kinds)})", "give a video file")
         stream = container.streams.video[0]
-        # slice threads, not frame threads: with frame threads FFmpeg's H.264 decoder flags a picture it concealed
-        # errors in only some of the time (3 of 5 decodes of the same damaged file missed it), and its HEVC decoder
-        # drops pictures that one thread decodes with concealment (39 of 48 frames against 47). Damage must be
-        # counted the same every time; decoding is seldom the CPU path's bottleneck (inference is). A live stream
-        # keeps frame threads: with slice threads a camera whose RTP payloads had bytes flipped for 6 s showed one
-        # damaged picture or none (its concealed pictures went unflagged: the damage test of test_live_rtsp.py timed
-        # out 4 times in 4), with frame threads the damage is said within seconds (2 in 2)
-        stream.thread_type = "AUTO" if self.live else "SLICE"
+        # a live stream keeps frame threads: with slice threads a camera whose RTP payloads had bytes flipped for 6 s
+        # showed one damaged picture or none (its concealed pictures went unflagged: the damage test of
+        # test_live_rtsp.py timed out 4 times in 4), with frame threads the damage is said within seconds (2 in 2)
+        if self.live:
+            stream.thread_type = "AUTO"
+        else:
+            _file_decoding(stream)
         cc = stream.codec_context
         fps = float(stream.average_rate) if stream.average_rate else None
         self.info = SourceInfo(self.name, cc.name, cc.width, cc.height, fps, stream.frames or None,
@@ -183,12 +182,14 @@ class PyAVSource(LiveSource):
             container, stream = self._open()
             start = time.perf_counter()
             skipped: list = []
+            refused: set = set()  # the pts of packets the decoder refused
             corrupt: list = []  # frames the decoder flagged as damaged (it concealed errors in them)
+            withheld: list = []  # frames of packets the decoder refused, given out later (HEVC with err_detect)
             fed = [0]  # packets with data the decoder was given
             out = FramesOut()
             clock = Timeline(stream, live=False)
             try:
-                for frame in _decode(container, stream, self.name, skipped, fed=fed):
+                for frame in _decode(container, stream, self.name, skipped, fed=fed, refused=refused):
                     out.add(frame)
                     if clock.first:
                         self.info.colorspace = _colorspace_from_av(frame, frame.height, self.override)
@@ -197,7 +198,10 @@ class PyAVSource(LiveSource):
                     if self.realtime and t is not None:
                         _sleep_until(start + t)
                     self.decoded += 1
-                    if frame.is_corrupt:  # not classified: its picture is partly made up by the decoder
+                    if frame.pts is not None and frame.pts in refused:  # its packet was refused: a damaged picture
+                        withheld.append(index)
+                        self.damaged += 1
+                    elif frame.is_corrupt:  # not classified: its picture is partly made up by the decoder
                         corrupt.append(index)
                         self.damaged += 1
                     else:
@@ -205,21 +209,31 @@ class PyAVSource(LiveSource):
                     index += 1
             finally:
                 container.close()
-            damage = []
-            lost = out.lost(stream.codec_context.name, fed[0])  # packets that gave no frame, the skipped included
-            self.damaged += max(lost, len(skipped))
-            if skipped:
-                damage.append(f"{len(skipped)} corrupt packet(s) skipped ({skipped[0]})")
-            if lost > len(skipped):
-                damage.append(f"{lost - len(skipped)} packet(s) gave no frame ({fed[0]} packets in, {out.frames} "
-                              "frames out)")
-            if corrupt:
-                damage.append(f"{len(corrupt)} damaged frame(s) not classified (first: frame {corrupt[0]})")
-            if _cut_transport_stream(self.name, container):
-                damage.append("the file ends inside a transport packet: it was cut short, frames are missing")
-            if damage:
-                raise SourceError(self.name, "; ".join(damage) + f"; {self.decoded} frames decoded",
-                                  "check or re-encode the file")
+            self._file_damage(container, stream, out, fed[0], skipped, withheld, corrupt)
+
+    def _file_damage(self, container, stream, out, fed: int, skipped: list, withheld: list, corrupt: list) -> None:
+        """Count one pass's damage and raise a :class:`SourceError` naming it, if there was any. Every packet is
+        a classified frame or counted here: a refused packet whose frame came out anyway is counted once, as its
+        withheld frame; the refused ones that gave no frame are among the packets that gave no frame."""
+        lost = out.lost(stream.codec_context.name, fed)  # packets that gave no frame, the skipped included
+        dropped = max(0, len(skipped) - len(withheld))  # refused packets that gave no frame
+        self.damaged += max(lost, dropped)  # the flagged and withheld frames are counted as they come out
+        damage = []
+        if dropped > 0:
+            damage.append(f"{dropped} corrupt packet(s) skipped ({skipped[0]})")
+        if withheld:
+            damage.append(f"{len(withheld)} packet(s) the decoder reported damaged, their frame(s) not classified "
+                          f"(first: frame {withheld[0]}; {skipped[0]})")
+        if lost > dropped:
+            damage.append(f"{lost - dropped} packet(s) gave no frame ({fed} packets in, {out.frames} "
+                          "frames out)")
+        if corrupt:
+            damage.append(f"{len(corrupt)} damaged frame(s) not classified (first: frame {corrupt[0]})")
+        if _cut_transport_stream(self.name, container):
+            damage.append("the file ends inside a transport packet: it was cut short, frames are missing")
+        if damage:
+            raise SourceError(self.name, "; ".join(damage) + f"; {self.decoded} frames decoded",
+                              "check or re-encode the file")
 
     def _orient(self, frame) -> None:
         """How this connection's frames are turned to be shown (the first frame's display matrix, or --rotate)."""
@@ -317,7 +331,8 @@ def _cut_transport_stream(name: str, container) -> bool:
     return all(size % n for n in (188, 192, 204))
 
 
-def _decode(container, stream, name, skipped: list, packets=None, cut: list | None = None, fed: list | None = None):
+def _decode(container, stream, name, skipped: list, packets=None, cut: list | None = None, fed: list | None = None,
+            refused: set | None = None):
     """Frames of one stream; a packet the decoder rejects is skipped and counted (``skipped``), as NVDEC does
     with corrupt pictures; the demuxer failing (file cut off, connection lost) ends the source with an error.
     ``packets``: (packet, interrupted) pairs to decode instead of the container's own
@@ -325,7 +340,8 @@ def _decode(container, stream, name, skipped: list, packets=None, cut: list | No
     counted, being cut short by trtc's own watchdog rather than damaged in the stream. ``cut``: a one-item list set
     True at such a packet and False at the next whole key frame (the frames between may be made up from the cut
     data). Its :class:`NoFrames` passes through. ``fed``: a one-item list counting the packets with data given to
-    the decoder (those not marked to be discarded: an edit list's pre-roll gives no frame by design)."""
+    the decoder (those not marked to be discarded: an edit list's pre-roll gives no frame by design). ``refused``: a
+    set that gets the pts of each packet counted in ``skipped`` (a decoder may still give its picture out later)."""
     if packets is None:
         packets = ((p, False) for p in container.demux(stream))
     while True:
@@ -352,8 +368,30 @@ def _decode(container, stream, name, skipped: list, packets=None, cut: list | No
         except Exception as exc:  # noqa: BLE001 - av.error.InvalidDataError and friends
             if not interrupted:
                 skipped.append(first_line(exc, DETAIL_CHARS))
+                if refused is not None and packet.pts is not None:
+                    refused.add(packet.pts)
             continue
         yield from frames
+
+
+def _file_decoding(stream) -> None:
+    """How a file's stream is decoded on the CPU, so that the decoder says which pictures are damaged.
+
+    H.264 and HEVC are decoded on one thread. With slice threads FFmpeg's H.264 decoder flagged none of the damaged
+    pictures of a 256x144 clip (ffprobe logged a decoder error in 6 of 10 damaged copies), and its HEVC decoder let
+    errors in wavefront rows pass unsaid; on one thread H.264 conceals and flags them, and HEVC, which conceals
+    nothing, is told to refuse a picture it finds an error in (``err_detect=explode``): the packet raises, and the
+    picture, which it still gives out later to keep its references, is known by its pts and not classified. Other
+    codecs keep slice threads. Frame threads are no option: with them FFmpeg's H.264 decoder flagged a concealed
+    picture in only some decodes (3 of 5 decodes of the same damaged file missed it), and its HEVC decoder dropped
+    pictures that one thread decoded with concealment (39 of 48 frames against 47)."""
+    cc = stream.codec_context
+    if cc.name in ("h264", "hevc"):
+        stream.thread_type = "NONE"
+        if cc.name == "hevc":
+            cc.options = {**cc.options, "err_detect": "explode"}
+    else:
+        stream.thread_type = "SLICE"
 
 
 _PLANAR = ("yuv420p", "yuvj420p", "yuv422p", "yuvj422p", "yuv444p", "yuvj444p")
