@@ -260,3 +260,19 @@ def test_kernel_source_turns_the_frame_in_the_same_pass(host_kernels, degrees, m
     got = _run_kernel(host_kernels[False], frames, "NV12", h, w, spec, cs, turn=turn)
     for g, r in zip(got, refs, strict=True):
         np.testing.assert_allclose(g, r, atol=5e-5, rtol=0)
+
+
+@pytest.mark.parametrize("degrees,mirrored", [(90, False), (270, False), (90, True)])
+@pytest.mark.parametrize("fmt", ["RGB", "BGRA"])
+def test_kernel_source_turns_packed_pixels_in_the_same_pass(host_kernels, photos, degrees, mirrored, fmt):
+    """A pushed packed frame with a turn (FramePusher's rotate=): what the host path computes on the turned pixels
+    (Orientation.plane's numpy view, then preprocess_packed), from pitched rows."""
+    from engines.video.orientation import _STEPS, Orientation
+
+    turn = Orientation(*_STEPS[(degrees, mirrored)])
+    image = load_rgb(photos[0])[:120, :200]
+    h, w = image.shape[:2]
+    frame = _as(np.ascontiguousarray(image), fmt, pad=24)
+    flat = np.lib.stride_tricks.as_strided(frame, (h, frame.strides[0]), (frame.strides[0], 1))
+    got = _run_kernel(host_kernels[True], [flat], fmt, h, w, SPECS[1], turn=turn)
+    np.testing.assert_allclose(got[0], preprocess_packed(turn.plane(frame), fmt, SPECS[1]), atol=5e-5, rtol=0)
