@@ -1,9 +1,20 @@
-"""Fixtures the GPU tests share: the real Lite0 opened on the GPU (once per test module); the CPU one, cpu_lite0,
-is in tests/conftest.py."""
+"""Fixtures the GPU tests share: the real Lite0 opened on the GPU (once per test module; the CPU one, cpu_lite0,
+is in tests/conftest.py), and the RTSP server of the live tests."""
 
 from __future__ import annotations
 
 import pytest
+
+from tests import rtsp_server
+
+
+@pytest.fixture(scope="session")
+def rtsp():
+    """tests/rtsp_server.py where a server runs: gst-rtsp-server, else aio-rtsp-toolkit (the GPU image's)."""
+    why = rtsp_server.available()
+    if why:
+        pytest.skip(f"no RTSP server: {why}")
+    return rtsp_server
 
 
 @pytest.fixture(scope="module")

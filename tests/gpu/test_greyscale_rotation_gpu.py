@@ -12,7 +12,6 @@ import time
 import numpy as np
 import pytest
 
-from tests import rtsp_server
 from tests.clips import turned_clip
 from tests.cpu.test_greyscale_real import adopt_mnist, ort_predictions, write_digits_clip
 from tests.cpu.test_live_rotation import classify_reconnecting, pushed_turns
@@ -24,14 +23,6 @@ pytestmark = [pytest.mark.gpu,
                                  reason="needs the gpu extra (cupy, PyNvVideoCodec) and PyAV")]
 
 TURNS = [(d, m) for d in (0, 90, 180, 270) for m in (False, True)]
-
-
-@pytest.fixture(scope="module")
-def rtsp():
-    why = rtsp_server.available()
-    if why:
-        pytest.skip(f"no RTSP server: {why}")
-    return rtsp_server
 
 
 def _host_planes(fmt, host, info):

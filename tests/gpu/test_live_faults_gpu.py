@@ -11,7 +11,6 @@ import json
 
 import pytest
 
-from tests import rtsp_server
 from tests.cpu import test_live_faults as cpu_table
 from tests.cpu.test_live_faults import (  # noqa: F401 (the CPU tests, collected here again for the GPU)
     camera,
@@ -27,14 +26,6 @@ from tests.cpu.test_live_faults import (  # noqa: F401 (the CPU tests, collected
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not all(importlib.util.find_spec(m) for m in ("cupy", "PyNvVideoCodec", "av")),
                                  reason="needs the gpu extra (cupy, PyNvVideoCodec) and PyAV")]
-
-
-@pytest.fixture(scope="session")
-def rtsp():
-    why = rtsp_server.available()
-    if why:
-        pytest.skip(f"no RTSP server: {why}")
-    return rtsp_server
 
 
 @pytest.fixture(autouse=True)
