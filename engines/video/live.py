@@ -139,6 +139,15 @@ class LiveOptions:
         return opts
 
 
+def _turn_words(turn: dict) -> str:
+    """A turn as Orientation.to_dict gives it, in words: "turned 90 degrees clockwise (its metadata)"."""
+    if not turn["degrees"] and not turn.get("mirrored"):
+        return "not turned"
+    mirror = "mirrored, then " if turn.get("mirrored") else ""
+    why = {"metadata": "its metadata", "--rotate": "--rotate"}.get(turn.get("from"), turn.get("from"))
+    return f"{mirror}turned {turn['degrees']} degrees clockwise ({why})"
+
+
 @dataclass
 class SourceEvent:
     """Something that happened to a live source: ``connect_failed`` (its first attempt failed, with the reason),
@@ -196,6 +205,10 @@ class SourceEvent:
             since = time.strftime("%H:%M:%S", time.localtime(self.extra["since"]))
             return f"{self.source}: {self.extra['lost']} frame(s) or packet(s) lost to damage in the stream since " \
                    f"{since} ({self.extra['total']} in all); the run goes on"
+        if self.event == "rotated":
+            new, old = self.extra["rotation"], self.extra["previous"]
+            return f"{self.source}: the new connection's frames are {_turn_words(new)}; the last connection's were " \
+                   f"{_turn_words(old)}"
         if self.event == "auth_failed":
             return f"{self.source}: the server refused the credentials or this client, not retrying: {self.reason}"
         if self.event == "gave_up":

@@ -76,6 +76,8 @@ def test_a_new_connection_that_turns_otherwise_is_a_rotated_event(live_clips):
     assert [(e.event, e.extra) for e in events] == [
         ("rotated", {"rotation": {"degrees": 90, "mirrored": False, "from": "metadata"},
                      "previous": {"degrees": 270, "mirrored": False, "from": "metadata"}})]
+    assert events[0].line() == ("cam: the new connection's frames are turned 90 degrees clockwise (its metadata); the "
+                                "last connection's were turned 270 degrees clockwise (its metadata)")
 
 
 def classify_reconnecting(rtsp, clips, first: str, second: str, engine, decoder: str):
