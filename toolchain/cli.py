@@ -1053,7 +1053,8 @@ def serve(state: State, config, check, as_json):
             click.echo(f"{config}: {len(report['cameras'])} camera(s), device {report['device']}, "
                        f"sinks: {', '.join(report['sections']) or 'none'}")
             for name, cam in report["cameras"].items():
-                click.echo(f"  {name}: {cam['url']} model {cam['model']} stride {cam['stride']}"
+                turn = "" if str(cam["rotate"]) == "auto" else f" rotate {cam['rotate']}"
+                click.echo(f"  {name}: {cam['url']} model {cam['model']} stride {cam['stride']}{turn}"
                            f"{'' if cam['enabled'] else ' (disabled)'}")
         return
     run_service(config)  # until SIGTERM or Ctrl-C: a clean stop, exit 0

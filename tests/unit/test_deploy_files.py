@@ -205,3 +205,4 @@ def test_the_example_cameras_file_is_accepted():
 
     r = CliRunner().invoke(cli, ["serve", str(DEPLOY / "cameras.yaml"), "--check"])  # the command's own check
     assert r.exit_code == 0 and "3 camera(s)" in r.output, r.output
+    assert "dock: rtsp://10.0.0.6/main model lite0.fp16.onnx stride 1 rotate 180" in r.output, r.output
