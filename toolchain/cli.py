@@ -912,7 +912,8 @@ def run(state: State, sources, model, engine, device, batch, top_k, stride, outp
         open_timeout, read_timeout, credentials):
     """Classify the frames of video SOURCES (files, or URLs such as rtsp://) and print one JSON line per frame:
     source, frame index, pts, time in seconds, and the top-k labels with scores. Images and folders of images are
-    sources too (CPU path): one line per image, its path as the source, frame 0.
+    sources too: one line per image, its path as the source, frame 0 (read on the CPU, and so are the videos of a
+    run that has images; the model still runs on --device).
 
     A source that cannot be read (missing, empty, corrupt, cut off, not supported by NVDEC) is reported with its
     name; the others go on, every result is kept, and the exit code is 1 at the end. When no source named exists
