@@ -46,9 +46,11 @@ def remux_ts(src: Path, out: Path) -> Path:
     return out
 
 
-def turned_clip(src: Path, dst: Path, clockwise: int, tag: str | None, frames: int, size=(320, 180)) -> Path:
+def turned_clip(src: Path, dst: Path, clockwise: int, tag: str | None, frames: int, size=(320, 180),
+                qp: int = 0) -> Path:
     """``src``'s first ``frames`` frames scaled to ``size`` (the upright picture), stored turned ``clockwise`` degrees
-    (numpy's rot90 of the decoded RGB, so nothing of trtc's turning is used), lossless H.264 (qp 0), with the
+    (numpy's rot90 of the decoded RGB, so nothing of trtc's turning is used), H.264 at ``qp`` (0: lossless, which
+    x264 writes in the High 4:4:4 Predictive profile that NVDEC does not decode; give NVDEC a qp above 0), with the
     rotation ``tag`` that shows them upright again: "container" (the MP4 track matrix, set through PyAV's
     ``set_display_rotation``), "sei" (an H.264 display orientation SEI in the first access unit, inserted by FFmpeg's
     ``h264_metadata`` bitstream filter), or None (no metadata). Checked: PyAV's own reading of the first frame
@@ -61,7 +63,7 @@ def turned_clip(src: Path, dst: Path, clockwise: int, tag: str | None, frames: i
         s = o.add_stream("libx264", rate=25)
         turned = clockwise % 180 == 90
         s.width, s.height = (size[1], size[0]) if turned else size
-        s.pix_fmt, s.options = "yuv420p", {"qp": "0", "preset": "ultrafast", "bf": "0"}
+        s.pix_fmt, s.options = "yuv420p", {"qp": str(qp), "preset": "ultrafast", "bf": "0"}
         if tag == "container":
             s.set_display_rotation(clockwise % 360)  # counter-clockwise degrees: turns the stored frames back
         for n, frame in enumerate(i.decode(video=0)):

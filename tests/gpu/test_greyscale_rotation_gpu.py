@@ -84,7 +84,14 @@ def test_kernel_writes_one_plane_for_a_greyscale_model(test_videos, dtype, layou
     assert (got[5] == 7).all()
 
 
-# name: (stored turned clockwise, its tag, --rotate): tagged by PyAV (the GPU image has no ffmpeg program)
+# name: (stored turned clockwise, its tag, --rotate): tagged by PyAV (the GPU image has no ffmpeg program), at qp 2:
+# lossless x264 is High 4:4:4 Predictive, which NVDEC does not decode. Lossy, a turned clip's samples are not the
+# upright clip's, and Lite0's top-1 on these small frames moves with that noise: on the CPU path 87-100% of frames
+# kept the upright clip's top-1 at qp 1-10, where a wrong turn kept 23-27%. So the GPU path is held to the CPU
+# path's top-1 on the same clip (>= 95%), and to the upright clip's on >= UPRIGHT (the lossless CPU tests,
+# tests/cpu/test_video_rotation.py, hold the CPU path's turn to the upright clip exactly).
+QP = 2
+UPRIGHT = 0.8
 GPU_VARIANTS = {"mp4-90": (90, "container", "auto"), "mp4-180": (180, "container", "auto"),
                 "sei-270": (270, "sei", "auto"), "bare-270": (270, None, "90")}
 
@@ -92,9 +99,9 @@ GPU_VARIANTS = {"mp4-90": (90, "container", "auto"), "mp4-180": (180, "container
 @pytest.fixture(scope="module")
 def gpu_clips(tmp_path_factory, bikes):
     folder = tmp_path_factory.mktemp("rotated-gpu")
-    clips = {"upright": turned_clip(bikes, folder / "upright.mp4", 0, None, FRAMES)}
+    clips = {"upright": turned_clip(bikes, folder / "upright.mp4", 0, None, FRAMES, qp=QP)}
     for name, (cw, tag, _) in GPU_VARIANTS.items():
-        clips[name] = turned_clip(bikes, folder / f"{name}.mp4", cw, tag, FRAMES)
+        clips[name] = turned_clip(bikes, folder / f"{name}.mp4", cw, tag, FRAMES, qp=QP)
     return clips
 
 
@@ -117,20 +124,21 @@ def test_gpu_path_classifies_rotated_clips_as_the_cpu_path(gpu_clips, lite0_onnx
             agreement = np.mean([gpu[f] == cpu[f] for f in cpu])
             upright = np.mean([gpu[f] == upright_cpu[f] for f in upright_cpu])
             print(f"{name}: GPU vs CPU top-1 {agreement:.0%}, GPU vs upright clip {upright:.0%}")
-            assert agreement >= 0.95 and upright >= 0.95, (name, agreement, upright)
+            assert agreement >= 0.95 and upright >= UPRIGHT, (name, agreement, upright)
 
 
 def test_live_stream_on_nvdec_turned_by_its_sei_and_again_after_it_changes(rtsp, gpu_clips, lite0_onnx, cpu_lite0,
                                                                             tmp_path_factory, bikes):
     """The live GPU reader (PyAV's demuxer into NVDEC) on an RTSP stream turned 90 degrees with an orientation
-    SEI, then, after the server's restart, 270: each connection gives the upright clip's top-1 on >= 95% of frames,
+    SEI, then, after the server's restart, 270: each connection gives the upright clip's top-1 on >= UPRIGHT of frames,
     with a ``rotated`` event between them (the kernel re-planned for the new turn): next to ``reconnected``, which
     comes with the connection's first decoded frame, after the key frame's packet that told the turn."""
     import engines
     from engines.video import classify
 
     folder = tmp_path_factory.mktemp("live-rotated-gpu")
-    clips = {"sei90": turned_clip(bikes, folder / "sei90.mp4", 90, "sei", FRAMES), "sei270": gpu_clips["sei-270"]}
+    clips = {"sei90": turned_clip(bikes, folder / "sei90.mp4", 90, "sei", FRAMES, qp=QP),
+             "sei270": gpu_clips["sei-270"]}
     upright = {p.frame: p.indices[0] for p in classify([str(gpu_clips["upright"])], cpu_lite0, batch=4, top_k=1)}
     with engines.open_engine(lite0_onnx[0], device="cuda:0", tf32=False) as gpu_engine:
         (one, two), events = classify_reconnecting(rtsp, clips, "sei90", "sei270", gpu_engine, "nvdec")
@@ -139,7 +147,7 @@ def test_live_stream_on_nvdec_turned_by_its_sei_and_again_after_it_changes(rtsp,
         first = min(part)
         agreement = np.mean([part[f] == upright[f - first] for f in part])
         print(f"live NVDEC, connection from frame {first}: upright top-1 {agreement:.0%}")
-        assert agreement >= 0.95, agreement
+        assert agreement >= UPRIGHT, agreement
     kinds = [e.event for e in events]
     # NVDEC's reader reads the turn from the key frame's packet, before the frame that makes it "reconnected"
     assert kinds.count("rotated") == 1 and kinds.index("disconnected") < kinds.index("rotated"), kinds
@@ -159,7 +167,7 @@ def test_pushed_frames_turned_by_the_kernel(gpu_clips, lite0_onnx):
 
 def test_fleet_camera_turned_by_its_sei_and_by_rotate(rtsp, gpu_clips, lite0_onnx, cpu_lite0):
     """NvdecFleet (trtc serve's GPU fleet): a camera whose stream carries an orientation SEI, and one without a tag
-    added with rotate="90", each give the upright clip's top-1 on >= 95% of frames."""
+    added with rotate="90", each give the upright clip's top-1 on >= UPRIGHT of frames."""
     import engines
     from engines.video import classify
     from engines.video.fleet import NvdecFleet
@@ -179,7 +187,7 @@ def test_fleet_camera_turned_by_its_sei_and_by_rotate(rtsp, gpu_clips, lite0_onn
     for name, part in got.items():
         agreement = np.mean([part[f] == upright[f] for f in part if f in upright])
         print(f"fleet {name}: {len(part)} frames, upright top-1 {agreement:.0%}")
-        assert len(part) >= FRAMES - 2 and agreement >= 0.95, (name, len(part), agreement)
+        assert len(part) >= FRAMES - 2 and agreement >= UPRIGHT, (name, len(part), agreement)
 
 
 def test_images_with_a_gpu_engine_are_read_on_the_cpu_by_default(photos, lite0_onnx, cpu_lite0):
