@@ -222,8 +222,8 @@ class NvdecFleet(_ReaderTable):
     (:class:`~engines.video.sources.NvdecSource`, reconnecting as `trtc run`'s live sources do) and pushes each kept
     frame, NV12 on the device, into one :class:`~engines.video.push.FramePusher`; the next decode on the reader's
     stream waits for the kernel that read the frame (NVDEC reuses its surfaces). Predictions come from the pusher's
-    result thread, events from the readers' threads. A removed source's frames already pushed may still be
-    classified after its ``removed`` event."""
+    result thread, events from the readers' threads. A source's ``removed`` event follows the predictions of every
+    frame it pushed (:meth:`FramePusher.flush`), unless that takes longer than the removal's ``timeout``."""
 
     def __init__(self, engine, *, batch: int | None = None, top_k: int | None = None, max_wait_ms: float = 100.0,
                  scores: str = "auto", on_prediction=None, on_event=None, on_problem=None, on_batch=None):
@@ -271,6 +271,7 @@ class NvdecFleet(_ReaderTable):
         thread, stop, src, _ = entry
         stop.set()
         join_readers([thread], timeout)
+        self.pusher.flush(src.name, timeout)  # its frames pushed already are classified (or dropped) before the event
         self.on_event(SourceEvent(src.name, reason, time.time(), src.decoded,
                                   extra={"dropped": self._skipped.pop(name, 0)}, loud=False))
         return True

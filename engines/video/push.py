@@ -157,6 +157,9 @@ class FramePusher:
         self._out: queue.Queue = queue.Queue()
         self._errors: list = []  # the engine's or the pipeline's: the pusher stops
         self._callback_errors: list = []  # the app's callback's: the pusher goes on
+        # predictions handed on (the callback returned, or put on results()) per stream, under _handed (flush())
+        self._handed_on: dict[str, int] = {}
+        self._handed = threading.Condition()
         topk = TopK(resolve_k(top_k, model_classes(engine, manifest), model_name(engine)), scores)
         backend = _GpuPusher if _pushes_on_gpu(engine) else _HostPusher
         _announce(engine, self.batch, "device" if backend is _GpuPusher else "host")
@@ -256,6 +259,22 @@ class FramePusher:
                 return
             yield item
 
+    def flush(self, stream, timeout: float | None = None) -> bool:
+        """Wait until every frame pushed to ``stream`` so far has had its prediction handed on (the callback
+        returned, or it is on :meth:`results`' queue) or was dropped; the stream stays open. True when so, False
+        at ``timeout`` seconds (None: no bound) or when the pusher stopped (its first error is raised by close())."""
+        name = stream if type(stream) is str else str(stream)
+        pushed = self.stats.decoded.get(name, 0)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._handed:
+            while self._handed_on.get(name, 0) + self._backend.dropped.get(name, 0) < pushed:
+                left = None if deadline is None else deadline - time.monotonic()
+                if (left is not None and left <= 0) or self._errors:
+                    return False
+                # a drop is counted outside this lock: look again at least every 50 ms
+                self._handed.wait(0.05 if left is None else min(left, 0.05))
+        return True
+
     def close(self, drain: bool = True) -> RunStats:
         """No more pushes. ``drain``: classify every frame queued (default), else count those not yet run as
         dropped. Waits for pushes in progress and for the results; returns the stats (``stats.dropped``,
@@ -293,13 +312,16 @@ class FramePusher:
             for pred in self._backend.predictions():
                 if self.callback is None:
                     self._out.put(pred)
-                    continue
-                try:
-                    self.callback(pred)
-                except Exception as exc:  # noqa: BLE001 - the app's callback: raised again by close(), the run goes on
-                    if not self._callback_errors:
-                        log.error("the push callback raised %s: %s", type(exc).__name__, exc)
-                    self._callback_errors.append(exc)
+                else:
+                    try:
+                        self.callback(pred)
+                    except Exception as exc:  # noqa: BLE001 - the app's callback: raised again by close(); it goes on
+                        if not self._callback_errors:
+                            log.error("the push callback raised %s: %s", type(exc).__name__, exc)
+                        self._callback_errors.append(exc)
+                with self._handed:
+                    self._handed_on[pred.source] = self._handed_on.get(pred.source, 0) + 1
+                    self._handed.notify_all()
         except BaseException as exc:  # noqa: BLE001 - the engine failed: pushes and results() say so
             self._errors.append(exc)
             self._backend.abort()

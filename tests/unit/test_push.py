@@ -213,3 +213,28 @@ def test_push_many_on_the_cpu_path_keeps_order_and_refuses_a_bad_frame_whole():
     assert [q.indices[0] for q in preds] == list(range(7))
     assert [q.frame for q in preds[:6]] == [f"f{v}" for v in range(6)] and preds[6].time == 0.5
     assert p.stats.decoded == {"cam": 7}
+
+
+def test_flush_waits_for_every_pushed_frame_of_one_stream():
+    """flush(stream): when it returns True, each frame pushed to that stream before the call has reached the
+    callback (a slow engine: without the wait most would still be queued)."""
+    seen: list = []
+    with pusher(MeanEngine(delay=0.02), on_lag="block", max_wait_ms=5,
+                callback=lambda p: seen.append((p.source, p.frame))) as p:
+        for i in range(20):
+            p.push("a", rgb(i))
+            p.push("b", rgb(i))
+        assert p.flush("a", timeout=30)
+        assert [f for s, f in list(seen) if s == "a"] == list(range(20))
+    assert len(seen) == 40
+
+
+def test_flush_counts_dropped_frames_as_done():
+    """Under drop-oldest a frame dropped unread never reaches the callback: flush counts it and returns."""
+    got: list = []
+    with pusher(MeanEngine(delay=0.05), on_lag="drop-oldest", queue_frames=2, max_wait_ms=5,
+                callback=got.append) as p:
+        for i in range(30):
+            p.push("a", rgb(i))
+        assert p.flush("a", timeout=30)
+        assert len(got) + p.dropped.get("a", 0) == 30 and p.dropped.get("a", 0) > 0

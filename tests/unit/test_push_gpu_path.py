@@ -431,3 +431,17 @@ def test_an_interrupted_warm_up_leaves_no_inference_thread_waiting(cp, monkeypat
     (infer,) = [t for t in started if t.name == "trtc-infer"]
     infer.join(5)
     assert not infer.is_alive()
+
+
+def test_flush_waits_for_the_writer_and_the_engine(cp):
+    """flush(stream) on the GPU path: every frame of the stream pushed before it is through the writer's kernel,
+    inference and top-k, and at the callback, when it returns True (a slow engine keeps most queued without it)."""
+    seen: list = []
+    with pusher(push_fake_gpu.ValueEngine(delay=0.02), batch=4, max_wait_ms=5,
+                callback=lambda q: seen.append((q.source, q.frame))) as p:
+        for i in range(24):
+            p.push("a", nv12(cp, i))
+            p.push("b", nv12(cp, i))
+        assert p.flush("a", timeout=30)
+        assert [f for s, f in list(seen) if s == "a"] == list(range(24))
+    assert len(seen) == 48
