@@ -24,14 +24,17 @@ class _Collect:
         self.lock = threading.Lock()
         self.preds: dict = defaultdict(list)
         self.events: list = []
+        self.order: list = []  # results and events as they came
 
     def prediction(self, p):
         with self.lock:
             self.preds[p.source].append((p.frame, p.indices[0]))
+            self.order.append((p.source, "result"))
 
     def event(self, e):
         with self.lock:
             self.events.append((e.source, e.event))
+            self.order.append((e.source, e.event))
 
     def count(self, name) -> int:
         with self.lock:
@@ -72,7 +75,9 @@ def test_nvdec_fleet_agrees_with_the_cpu_fleet_and_removes_one_camera_alone(lite
         cpu_engine.close()
         server.kill()
     assert ("b", "removed") in gpu_seen.events and ("a", "removed") not in gpu_seen.events
-    assert gpu_seen.count("b") <= removed_at + 2 * gpu.pusher.batch  # only frames already pushed may follow
+    b_order = [kind for name, kind in gpu_seen.order if name == "b"]
+    assert b_order[-1] == "removed", b_order[-5:]  # no result of b after its removed event
+    assert gpu_seen.count("b") == removed_at  # remove() returned after b's last result (the pusher's flush)
     a = gpu_seen.preds["a"]
     frames = [f for f, _ in a]
     assert frames == sorted(set(frames)) and frames[0] < 30, frames[:10]  # in order, from the stream's start
