@@ -164,7 +164,7 @@ def test_bandwidth_below_the_bitrate_shows_lag_and_bounds_it(camera, lite0_onnx,
     events = [e for e in run.events() if e in ("lagging", "caught_up")]
     assert events[:2] == ["lagging", "caught_up"], run.events()
     lagging = next(r for r in run.records() if r.get("event") == "lagging")
-    assert lagging["lag_s"] > 2.0
+    assert lagging["lag_s"] >= 2.0  # over the bound; the event rounds it to the millisecond (2.0004 reads 2.0)
     lag = run.source_summary()["lag_s"]
     assert 0 < lag["max"] <= 3.0, lag
 

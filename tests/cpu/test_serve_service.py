@@ -23,6 +23,7 @@ import pytest
 
 from tests import mqtt_broker
 from tests.conftest import needs_export
+from toolchain.serve.mqtt import ACK_S
 from tests.cpu.test_serve_mqtt import mosquitto  # noqa: F401 - the broker fixture
 
 pytestmark = [needs_export, pytest.mark.slow]
@@ -116,10 +117,11 @@ def test_serve_keeps_every_frame_across_edits_a_broker_outage_and_a_restart(rtsp
               proc=proc)
         # the broker goes down mid-run; serve is stopped while it is down (its queue goes to the spool)
         mosquitto.stop()
-        time.sleep(1.5)
-        metrics = _get(http, "/metrics")[1]  # what goes to the spool meanwhile is counted, and waits there
-        assert _metric(metrics, 'trtc_messages_spooled_total{camera="door",sink="mqtt"}') > 0
-        assert _metric(metrics, 'trtc_spool_bytes{sink="mqtt"}') > 0
+        # what goes to the spool meanwhile is counted, and waits there (a batch in flight when the broker went
+        # waits up to the sink's ACK_S for its acknowledgements first: the sender spools after that)
+        series = ('trtc_messages_spooled_total{camera="door",sink="mqtt"}', 'trtc_spool_bytes{sink="mqtt"}')
+        _wait("the spool counted and on disk", lambda: all(
+            _metric(text, s, missing=0.0) > 0 for text in [_get(http, "/metrics")[1]] for s in series), ACK_S + 5, proc)
         code, err = _stop(proc)
         assert code == 0, err
         assert not re.search(r"Traceback|internal error", err), err
@@ -163,8 +165,11 @@ def test_serve_keeps_every_frame_across_edits_a_broker_outage_and_a_restart(rtsp
         dock.kill()
 
 
-def _metric(text: str, series: str) -> float:
+def _metric(text: str, series: str, missing: float | None = None) -> float:
+    """The value of ``series`` in a /metrics text; ``missing`` where it is not there yet (None: an error)."""
     for line in text.splitlines():
         if line.startswith(series + " "):
             return float(line.split()[-1])
+    if missing is not None:
+        return missing
     raise AssertionError(f"{series} not in /metrics")
