@@ -117,8 +117,9 @@ def test_serve_keeps_every_frame_across_edits_a_broker_outage_and_a_restart(rtsp
               proc=proc)
         # the broker goes down mid-run; serve is stopped while it is down (its queue goes to the spool)
         mosquitto.stop()
-        # what goes to the spool meanwhile is counted, and waits there (a batch in flight when the broker went
-        # waits up to the sink's ACK_S for its acknowledgements first: the sender spools after that)
+        # what goes to the spool meanwhile is counted, and waits there: polled, since the sink spools once it has
+        # seen the connection lost (a batch waits at most ACK_S for its acknowledgements), and a fixed 1.5 s sleep
+        # once came too early in CI
         series = ('trtc_messages_spooled_total{camera="door",sink="mqtt"}', 'trtc_spool_bytes{sink="mqtt"}')
         _wait("the spool counted and on disk", lambda: all(
             _metric(text, s, missing=0.0) > 0 for text in [_get(http, "/metrics")[1]] for s in series), ACK_S + 5, proc)
