@@ -64,6 +64,17 @@ class _ReaderTable:
         if name in self._readers:
             raise UsageProblem(f"a source named {name} is already running", "remove it first, or give another name")
 
+    def _stop_reader(self, name: str, timeout: float):
+        """Take ``name`` out of the table and stop its reader, waiting up to ``timeout``: (its source, its thread,
+        whether the thread outlived the wait), or None when no source of that name runs."""
+        with self._lock:
+            entry = self._readers.pop(name, None)
+        if entry is None:
+            return None
+        thread, stop, src, _ = entry
+        stop.set()
+        return src, thread, bool(join_readers([thread], timeout))
+
     def top_k_of(self, name: str) -> int | None:
         with self._lock:
             entry = self._readers.get(name)
@@ -136,13 +147,11 @@ class SourceFleet(_ReaderTable):
         waiting are dropped (counted), and an event ``reason`` follows its last prediction. False if it was not
         running; raises nothing when the reader outlives ``timeout`` (it is a daemon thread, stopped at its next
         read)."""
-        with self._lock:
-            entry = self._readers.pop(name, None)
-        if entry is None:
+        stopped = self._stop_reader(name, timeout)
+        if stopped is None:
             return False
-        thread, stop, src, _ = entry
-        stop.set()
-        if join_readers([thread], timeout):
+        src, thread, outlived = stopped
+        if outlived:
             self._retiring[name] = thread  # its next read sees the stop; a new source of this name waits for it
         dropped = self.hub.remove(src.name)
         self.stats.add_source(src, dropped=dropped)
@@ -264,13 +273,10 @@ class NvdecFleet(_ReaderTable):
         reader_started(thread)
 
     def remove(self, name: str, reason: str = "removed", timeout: float = 10.0) -> bool:
-        with self._lock:
-            entry = self._readers.pop(name, None)
-        if entry is None:
+        stopped = self._stop_reader(name, timeout)
+        if stopped is None:
             return False
-        thread, stop, src, _ = entry
-        stop.set()
-        join_readers([thread], timeout)
+        src = stopped[0]
         self.pusher.flush(src.name, timeout)  # its frames pushed already are classified (or dropped) before the event
         self.on_event(SourceEvent(src.name, reason, time.time(), src.decoded,
                                   extra={"dropped": self._skipped.pop(name, 0)}, loud=False))
