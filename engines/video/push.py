@@ -41,6 +41,7 @@ from .pipeline import (Prediction, RunStats, SourceProblem, _announce, _check_ba
 log = logging.getLogger("trtc")
 
 FORMATS = ("NV12", *PACKED)
+_AS_STORED = Orientation()  # a pushed frame without rotate=
 _END = object()
 
 
@@ -200,9 +201,10 @@ class FramePusher:
                   format: str | None = None, colorspace: str | None = None, cuda_stream=None,  # noqa: A002
                   rotate=None) -> list:
         """Queue several frames of one ``stream`` at once, in order (cheaper per frame than ``push``: one check of
-        the pusher, one producer stream, one lock). ``pts``, ``times``, ``frame_ids``: a value per
-        frame, or None; ``rotate``: as for ``push``, for every frame of the call. Every frame is checked before any is queued: a bad one raises :class:`UsageProblem` and
-        none of the call's frames is queued. Returns a list: what ``push`` returns, per frame."""
+        the pusher, one producer stream, one lock). ``pts``, ``times``, ``frame_ids``: a value per frame, or None;
+        ``rotate``: as for ``push``, for every frame of the call. Every frame is checked before any is queued: a bad
+        one raises :class:`UsageProblem` and none of the call's frames is queued. Returns a list: what ``push``
+        returns, per frame."""
         frames = list(frames)
         n = len(frames)
         cols = []
@@ -386,7 +388,7 @@ class _HostPusher:
     def push(self, st: _Stream, frame, meta, _cuda_stream):
         pts, t, frame_id, _fmt, colorspace, turn = meta
         fmt, h, w = self._check(frame, meta)
-        turn = turn or Orientation()
+        turn = turn or _AS_STORED
         if fmt == "NV12":
             planes = turn.apply(planes_from_surface(frame, "NV12", h, w))
             x = preprocess_yuv(planes, self.spec, ColorSpace.parse(colorspace, h), self.dtype)
