@@ -166,22 +166,29 @@ def test_kernel_source_reads_pitched_nv12(host_kernels, cs):
         np.testing.assert_allclose(g, r, atol=5e-5, rtol=0)
 
 
+def _three_frames(fmt: str, spec, photos, seed: int):
+    """Three frames of one size for one launch, and the numpy reference of each: (frames, refs, height, width).
+    NV12: random pitched surfaces (90 x 160 in rows of 192 bytes, BT.601 limited); a packed format: the first three
+    photos cut to a common size, in rows padded by 8 pixels, as flat pitched views."""
+    if fmt == "NV12":
+        rng = np.random.default_rng(seed)
+        h, w, pitch = 90, 160, 192
+        frames = [rng.integers(0, 256, (h * 3 // 2, pitch), dtype=np.uint8) for _ in range(3)]
+        refs = [preprocess_yuv(planes_from_surface(f[:, :w], "NV12", h, w), spec, ColorSpace()) for f in frames]
+        return frames, refs, h, w
+    images = [load_rgb(path) for path in photos[:3]]
+    h, w = min(i.shape[0] for i in images), min(i.shape[1] for i in images)
+    packed = [_as(np.ascontiguousarray(i[:h, :w]), fmt, pad=8) for i in images]
+    frames = [np.lib.stride_tricks.as_strided(f, (h, f.strides[0]), (f.strides[0], 1)) for f in packed]
+    return frames, [preprocess_packed(f, fmt, spec) for f in packed], h, w
+
+
 @pytest.mark.parametrize("fmt", ["NV12", "BGRA"])
 def test_kernel_source_writes_channels_last_slots_with_the_same_values(host_kernels, photos, fmt):
     """layout NHWC (the compiled PyTorch engine's): each slot is (H, W, 3), every value the one the NCHW slot holds,
     bit for bit, and the reference's; slots follow each other without overlap (three frames in one launch)."""
     spec = SPECS[0]
-    if fmt == "NV12":
-        rng = np.random.default_rng(5)
-        h, w, pitch = 90, 160, 192
-        frames = [rng.integers(0, 256, (h * 3 // 2, pitch), dtype=np.uint8) for _ in range(3)]
-        refs = [preprocess_yuv(planes_from_surface(f[:, :w], "NV12", h, w), spec, ColorSpace()) for f in frames]
-    else:
-        images = [load_rgb(path) for path in photos[:3]]
-        h, w = min(i.shape[0] for i in images), min(i.shape[1] for i in images)
-        packed = [_as(np.ascontiguousarray(i[:h, :w]), fmt, pad=8) for i in images]
-        frames = [np.lib.stride_tricks.as_strided(f, (h, f.strides[0]), (f.strides[0], 1)) for f in packed]
-        refs = [preprocess_packed(f, fmt, spec) for f in packed]
+    frames, refs, h, w = _three_frames(fmt, spec, photos, seed=5)
     kernel = host_kernels[fmt != "NV12"]
     planar = _run_kernel(kernel, frames, fmt, h, w, spec)
     channels_last = _run_kernel(kernel, frames, fmt, h, w, spec, nhwc=True)
@@ -227,17 +234,7 @@ def test_a_grey_picture_keeps_its_values():
 @pytest.mark.parametrize("fmt", ["NV12", "RGB"])
 def test_kernel_source_writes_one_plane_for_a_greyscale_model(host_kernels, photos, fmt):
     """The kernel's grey (one (1, H, W) slot per frame, slots packed one after another) is the numpy reference's."""
-    if fmt == "NV12":
-        rng = np.random.default_rng(7)
-        h, w, pitch = 90, 160, 192
-        frames = [rng.integers(0, 256, (h * 3 // 2, pitch), dtype=np.uint8) for _ in range(3)]
-        refs = [preprocess_yuv(planes_from_surface(f[:, :w], "NV12", h, w), GREY, ColorSpace()) for f in frames]
-    else:
-        images = [load_rgb(path) for path in photos[:3]]
-        h, w = min(i.shape[0] for i in images), min(i.shape[1] for i in images)
-        packed = [_as(np.ascontiguousarray(i[:h, :w]), fmt, pad=8) for i in images]
-        frames = [np.lib.stride_tricks.as_strided(f, (h, f.strides[0]), (f.strides[0], 1)) for f in packed]
-        refs = [preprocess_packed(f, fmt, GREY) for f in packed]
+    frames, refs, h, w = _three_frames(fmt, GREY, photos, seed=7)
     got = _run_kernel(host_kernels[fmt != "NV12"], frames, fmt, h, w, GREY)
     assert got.shape == (3, 1, 48, 64) and not np.isnan(got).any()
     for g, r in zip(got, refs, strict=True):
